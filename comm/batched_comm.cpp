@@ -1,0 +1,287 @@
+#include "ordo/batched_comm.hpp"
+
+#include <algorithm>
+
+#include "comm/framing.hpp"
+#include "ordo/error.hpp"
+
+namespace ordo {
+
+using clock = std::chrono::steady_clock;
+
+// The state shared by the public object and the two coroutines; the coroutines hold it alive
+// until they end, so destroying the batched_comm never leaves them with a dangling pointer.
+struct batched_comm::impl {
+    enum class state { open, closing, ended };
+    enum class wait { none, idle, interval, peer_eof };
+
+    impl(std::unique_ptr<transport> tr, comm_options opt, message_fn m, closed_fn c)
+        : t(std::move(tr)),
+          o(std::move(opt)),
+          on_message(std::move(m)),
+          on_closed(std::move(c)),
+          writer_wake(t->get_executor(), clock::time_point::max()),
+          changed(t->get_executor(), clock::time_point::max()),
+          framer(o.limits) {}
+
+    std::unique_ptr<transport> t;
+    comm_options o;
+    message_fn on_message;
+    closed_fn on_closed;
+    net::steady_timer writer_wake;  // the writer sleeps on it; cancel() wakes it
+    net::steady_timer changed;      // drain and close waiters sleep on it
+
+    // Messages are kept back to back in one byte vector, with their end offsets beside: one
+    // allocation per batch rather than per message, and one contiguous buffer per write.
+    std::vector<char> queue, writing;
+    std::vector<std::size_t> queue_ends, writing_ends;
+
+    state st = state::open;
+    wait writer_wait = wait::none;
+    bool started = false, finished = false, detached = false, reader_done = false;
+    bool has_reason = false;
+    int drain_waiters = 0;
+    clock::time_point last_write_start{};
+    close_result result;
+    comm_counters c;
+    detail::framer framer;
+
+    void set_reason(std::error_code code, std::string reason) {
+        if (has_reason) return;
+        has_reason = true;
+        result.code = code;
+        result.reason = std::move(reason);
+    }
+
+    // Ends the connection now: both loops see it at their next step.
+    void fail(std::error_code code, std::string reason) {
+        set_reason(code, std::move(reason));
+        if (st == state::ended) return;
+        st = state::ended;
+        t->close();
+        writer_wake.cancel();
+        changed.cancel();
+        if (!started) finish();
+    }
+
+    void wake_writer() {
+        writer_wait = wait::none;
+        writer_wake.cancel();
+    }
+
+    net::awaitable<void> sleep_writer(wait why, clock::time_point until) {
+        writer_wait = why;
+        writer_wake.expires_at(until);
+        co_await writer_wake.async_wait(use_tuple);
+        writer_wait = wait::none;
+    }
+
+    void send(std::string_view m) {
+        if (st != state::open) {
+            auto code = has_reason ? result.code : make_error_code(errc::closed);
+            throw std::system_error(code, "ordo: send to " + t->remote_address() +
+                                              " refused: " +
+                                              (has_reason ? result.reason : "connection is closing"));
+        }
+        if (m.size() > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
+            throw_error(errc::overloaded,
+                        "ordo: send to " + t->remote_address() + " refused: " +
+                            std::to_string(c.buffered_bytes) + " bytes buffered + " +
+                            std::to_string(m.size()) + " would exceed max_buffer_bytes (" +
+                            std::to_string(o.max_buffer_bytes) + ")");
+        queue.insert(queue.end(), m.begin(), m.end());
+        queue_ends.push_back(queue.size());
+        c.buffered_bytes += m.size();
+        c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
+        if (writer_wait == wait::idle ||
+            (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes))
+            wake_writer();
+    }
+
+    // Moves messages [first, ends.size()) of a batch to the undelivered list.
+    void hand_back(const std::vector<char>& bytes, const std::vector<std::size_t>& ends,
+                   std::size_t first) {
+        std::size_t begin = first == 0 ? 0 : ends[first - 1];
+        for (std::size_t i = first; i < ends.size(); ++i) {
+            result.undelivered.emplace_back(bytes.data() + begin, ends[i] - begin);
+            begin = ends[i];
+        }
+    }
+
+    net::awaitable<void> write_loop() {
+        try {
+            co_await write_batches();
+        } catch (const std::exception& e) {
+            fail(errc::closed, std::string("ordo: writer failed: ") + e.what());
+        }
+    }
+
+    net::awaitable<void> write_batches() {
+        for (;;) {
+            while (queue.empty() && st == state::open)
+                co_await sleep_writer(wait::idle, clock::time_point::max());
+            if (st == state::ended || queue.empty()) break;
+            if (o.interval.count() > 0 && st == state::open) {
+                const auto due = last_write_start + o.interval;
+                while (st == state::open && queue.size() < o.max_batch_bytes && clock::now() < due)
+                    co_await sleep_writer(wait::interval, due);
+                if (st == state::ended) break;
+            }
+            queue.swap(writing);
+            queue_ends.swap(writing_ends);
+            last_write_start = clock::now();
+            if (o.on_write) o.on_write({last_write_start, writing_ends.size(), writing.size()});
+
+            std::error_code ec;
+            const std::size_t n = co_await t->async_write(net::buffer(writing), ec);
+            // Messages wholly handed to the transport count as sent; the rest go back.
+            const std::size_t whole =
+                ec ? std::size_t(std::upper_bound(writing_ends.begin(), writing_ends.end(), n) -
+                                 writing_ends.begin())
+                   : writing_ends.size();
+            c.messages_sent += whole;
+            c.bytes_sent += n;
+            ++c.writes;
+            c.buffered_bytes -= writing.size();
+            if (ec) {
+                hand_back(writing, writing_ends, whole);
+                fail(errc::peer_lost,
+                     "ordo: write to " + t->remote_address() + " failed: " + ec.message());
+            }
+            writing.clear();
+            writing_ends.clear();
+            // A burst must not pin its peak memory for the life of the connection.
+            if (writing.capacity() > std::max<std::size_t>(4 * o.max_batch_bytes, 1 << 20)) {
+                std::vector<char>().swap(writing);
+                std::vector<std::size_t>().swap(writing_ends);
+            }
+            if (drain_waiters > 0) changed.cancel();
+            if (ec) break;
+        }
+        if (st != state::closing) co_return;
+        // Flushed after close(): end our direction, then give the peer close_timeout to end its.
+        t->shutdown_send();
+        const auto deadline = clock::now() + o.close_timeout;
+        while (!reader_done && st == state::closing && clock::now() < deadline)
+            co_await sleep_writer(wait::peer_eof, deadline);
+        fail(errc::closed, "ordo: connection to " + t->remote_address() + " closed by this side");
+    }
+
+    net::awaitable<void> read_loop() {
+        try {
+            co_await read_messages();
+        } catch (const std::system_error& e) {
+            fail(e.code(), e.what() + std::string(" (from ") + t->remote_address() + ")");
+        } catch (const std::exception& e) {
+            fail(errc::protocol_error, "ordo: message handler failed: " + std::string(e.what()) +
+                                           " (from " + t->remote_address() + ")");
+        }
+        reader_done = true;
+        if (writer_wait == wait::peer_eof) wake_writer();
+    }
+
+    net::awaitable<void> read_messages() {
+        while (st != state::ended) {
+            auto area = framer.prepare(o.read_chunk_bytes);
+            std::error_code ec;
+            const std::size_t n =
+                co_await t->async_read_some(net::buffer(area.data(), area.size()), ec);
+            if (ec == net::error::eof) {
+                framer.finish();  // throws if the stream ended inside a message
+                if (st == state::open)
+                    fail(errc::peer_lost,
+                         "ordo: peer " + t->remote_address() + " closed the connection");
+                co_return;
+            }
+            if (ec) {
+                fail(errc::peer_lost,
+                     "ordo: read from " + t->remote_address() + " failed: " + ec.message());
+                co_return;
+            }
+            framer.commit(n);
+            c.bytes_received += n;
+            while (st != state::ended) {
+                auto m = framer.next();
+                if (!m) break;
+                ++c.messages_received;
+                if (!detached) on_message(*m);
+            }
+        }
+    }
+
+    void finish() {
+        hand_back(queue, queue_ends, 0);
+        queue.clear();
+        queue_ends.clear();
+        c.buffered_bytes = 0;
+        st = state::ended;
+        finished = true;
+        set_reason(errc::closed, "ordo: connection to " + t->remote_address() + " closed");
+        t->close();
+        changed.cancel();
+        if (!detached && on_closed) on_closed(result);
+    }
+};
+
+batched_comm::batched_comm(std::unique_ptr<transport> t, comm_options options,
+                           message_fn on_message, closed_fn on_closed)
+    : impl_(std::make_shared<impl>(std::move(t), std::move(options), std::move(on_message),
+                                   std::move(on_closed))) {}
+
+batched_comm::~batched_comm() {
+    impl_->detached = true;
+    if (!impl_->finished)
+        impl_->fail(errc::closed,
+                    "ordo: connection to " + impl_->t->remote_address() + " destroyed");
+}
+
+void batched_comm::start() {
+    if (impl_->started || impl_->finished) return;
+    impl_->started = true;
+    using namespace net::experimental::awaitable_operators;
+    auto self = impl_;
+    net::co_spawn(
+        self->t->get_executor(),
+        [self]() -> net::awaitable<void> { co_await (self->read_loop() && self->write_loop()); },
+        [self](std::exception_ptr) { self->finish(); });
+}
+
+void batched_comm::send(std::string_view message) { impl_->send(message); }
+
+net::awaitable<void> batched_comm::async_drain() {
+    auto self = impl_;
+    ++self->drain_waiters;
+    while (self->st != impl::state::ended && self->c.buffered_bytes > self->o.high_water_bytes)
+        co_await self->changed.async_wait(use_tuple);
+    --self->drain_waiters;
+    if (self->st == impl::state::ended) throw std::system_error(self->result.code, self->result.reason);
+}
+
+void batched_comm::close() {
+    if (impl_->st != impl::state::open) return;
+    impl_->st = impl::state::closing;
+    impl_->wake_writer();
+}
+
+void batched_comm::abort(std::error_code code) {
+    impl_->fail(code, "ordo: connection to " + impl_->t->remote_address() + " aborted by this side");
+}
+
+net::awaitable<close_result> batched_comm::async_close() {
+    close();
+    co_return co_await async_wait_closed();
+}
+
+net::awaitable<close_result> batched_comm::async_wait_closed() {
+    auto self = impl_;
+    while (!self->finished) co_await self->changed.async_wait(use_tuple);
+    co_return self->result;
+}
+
+bool batched_comm::is_closing() const noexcept { return impl_->st != impl::state::open; }
+const std::string& batched_comm::remote_address() const noexcept {
+    return impl_->t->remote_address();
+}
+const comm_counters& batched_comm::counters() const noexcept { return impl_->c; }
+
+}  // namespace ordo

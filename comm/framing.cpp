@@ -1,0 +1,166 @@
+#include "comm/framing.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "ordo/error.hpp"
+
+namespace ordo::detail {
+namespace {
+
+std::uint64_t load_be(const unsigned char* p, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v = (v << 8) | p[i];
+    return v;
+}
+
+// What one msgpack token is, read from its first byte.
+struct token_shape {
+    enum kind_t { scalar, payload, array, map, invalid } kind;
+    int header;       // bytes before the payload, type byte included
+    int length_at;    // offset of the big-endian length field (payload, array, map)
+    int length_size;  // 0: the length is in the type byte (fix types)
+    std::uint64_t fixed_length;
+};
+
+token_shape shape_of(unsigned char b) {
+    if (b <= 0x7f || b >= 0xe0) return {token_shape::scalar, 1, 0, 0, 0};
+    if (b <= 0x8f) return {token_shape::map, 1, 0, 0, std::uint64_t(b & 0x0f)};
+    if (b <= 0x9f) return {token_shape::array, 1, 0, 0, std::uint64_t(b & 0x0f)};
+    if (b <= 0xbf) return {token_shape::payload, 1, 0, 0, std::uint64_t(b & 0x1f)};
+    switch (b) {
+        case 0xc0: case 0xc2: case 0xc3: return {token_shape::scalar, 1, 0, 0, 0};
+        case 0xc4: return {token_shape::payload, 2, 1, 1, 0};  // bin 8
+        case 0xc5: return {token_shape::payload, 3, 1, 2, 0};
+        case 0xc6: return {token_shape::payload, 5, 1, 4, 0};
+        case 0xc7: return {token_shape::payload, 3, 1, 1, 0};  // ext 8: length, then type
+        case 0xc8: return {token_shape::payload, 4, 1, 2, 0};
+        case 0xc9: return {token_shape::payload, 6, 1, 4, 0};
+        case 0xca: return {token_shape::scalar, 5, 0, 0, 0};  // float 32
+        case 0xcb: return {token_shape::scalar, 9, 0, 0, 0};
+        case 0xcc: case 0xd0: return {token_shape::scalar, 2, 0, 0, 0};
+        case 0xcd: case 0xd1: return {token_shape::scalar, 3, 0, 0, 0};
+        case 0xce: case 0xd2: return {token_shape::scalar, 5, 0, 0, 0};
+        case 0xcf: case 0xd3: return {token_shape::scalar, 9, 0, 0, 0};
+        case 0xd4: return {token_shape::scalar, 3, 0, 0, 0};  // fixext 1: type + 1 byte
+        case 0xd5: return {token_shape::scalar, 4, 0, 0, 0};
+        case 0xd6: return {token_shape::scalar, 6, 0, 0, 0};
+        case 0xd7: return {token_shape::scalar, 10, 0, 0, 0};
+        case 0xd8: return {token_shape::scalar, 18, 0, 0, 0};
+        case 0xd9: return {token_shape::payload, 2, 1, 1, 0};  // str 8
+        case 0xda: return {token_shape::payload, 3, 1, 2, 0};
+        case 0xdb: return {token_shape::payload, 5, 1, 4, 0};
+        case 0xdc: return {token_shape::array, 3, 1, 2, 0};
+        case 0xdd: return {token_shape::array, 5, 1, 4, 0};
+        case 0xde: return {token_shape::map, 3, 1, 2, 0};
+        case 0xdf: return {token_shape::map, 5, 1, 4, 0};
+        default: return {token_shape::invalid, 1, 0, 0, 0};  // 0xc1 is never used
+    }
+}
+
+}  // namespace
+
+framer::framer(const limits& l) : limits_(l) {}
+
+std::span<char> framer::prepare(std::size_t n) {
+    if (begin_ == end_) {
+        begin_ = scan_ = end_ = 0;
+    } else if (buf_.size() - end_ < n && begin_ > 0) {
+        std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+        scan_ -= begin_;
+        end_ -= begin_;
+        begin_ = 0;
+    }
+    if (buf_.size() - end_ < n) buf_.resize(std::max(buf_.size() * 2, end_ + n));
+    return {buf_.data() + end_, n};
+}
+
+void framer::commit(std::size_t n) { end_ += n; }
+
+void framer::feed(std::string_view bytes) {
+    auto area = prepare(bytes.size());
+    if (!bytes.empty()) std::memcpy(area.data(), bytes.data(), bytes.size());
+    commit(bytes.size());
+}
+
+void framer::fail(const char* what, std::uint64_t value, std::size_t limit) const {
+    std::string msg = "ordo: protocol error: ";
+    msg += what;
+    msg += " (";
+    msg += std::to_string(value);
+    if (limit != 0) {
+        msg += ", limit ";
+        msg += std::to_string(limit);
+    }
+    msg += ")";
+    throw_error(errc::protocol_error, msg);
+}
+
+void framer::push_container(std::uint64_t entries, std::uint64_t length) {
+    if (length > limits_.max_container_length)
+        fail("container length over max_container_length", length, limits_.max_container_length);
+    // Every entry takes at least one byte: a header that announces more entries than the message
+    // may still hold is refused now rather than after waiting for the bytes.
+    if (entries > limits_.max_message_bytes - (scan_ - begin_))
+        fail("container announces more entries than max_message_bytes can hold", entries,
+             limits_.max_message_bytes);
+    if (open_.size() + 1 > limits_.max_depth)
+        fail("nesting deeper than max_depth", open_.size() + 1, limits_.max_depth);
+    open_.push_back(entries);
+}
+
+std::optional<std::string_view> framer::next() {
+    const auto* data = reinterpret_cast<const unsigned char*>(buf_.data());
+    while (scan_ < end_) {
+        const std::size_t avail = end_ - scan_;
+        const token_shape s = shape_of(data[scan_]);
+        if (s.kind == token_shape::invalid)
+            fail("invalid msgpack type byte 0xc1 at message offset", scan_ - begin_, 0);
+        if (avail < std::size_t(s.header)) break;
+        std::uint64_t length = s.length_size == 0
+                                   ? s.fixed_length
+                                   : load_be(data + scan_ + s.length_at, s.length_size);
+        std::uint64_t size = std::uint64_t(s.header);
+        if (s.kind == token_shape::payload) {
+            if (length > limits_.max_string_bytes)
+                fail("str/bin/ext length over max_string_bytes", length, limits_.max_string_bytes);
+            size += length;
+        }
+        if (size > limits_.max_message_bytes - (scan_ - begin_))
+            fail("message longer than max_message_bytes", scan_ - begin_ + size,
+                 limits_.max_message_bytes);
+        if (avail < size) break;
+        if (++objects_ > limits_.max_objects)
+            fail("more objects in one message than max_objects", objects_, limits_.max_objects);
+        scan_ += size;
+        bool item_done = true;
+        if ((s.kind == token_shape::array || s.kind == token_shape::map) && length > 0) {
+            push_container(s.kind == token_shape::map ? length * 2 : length, length);
+            item_done = false;
+        } else if (s.kind == token_shape::array || s.kind == token_shape::map) {
+            if (open_.size() + 1 > limits_.max_depth)
+                fail("nesting deeper than max_depth", open_.size() + 1, limits_.max_depth);
+        }
+        // A finished item completes its container when it was the last entry, and so on up.
+        while (item_done && !open_.empty()) {
+            if (--open_.back() != 0) item_done = false;
+            else open_.pop_back();
+        }
+        if (item_done) {
+            std::string_view whole(buf_.data() + begin_, scan_ - begin_);
+            begin_ = scan_;
+            objects_ = 0;
+            return whole;
+        }
+    }
+    if (end_ - begin_ > limits_.max_message_bytes)
+        fail("message longer than max_message_bytes", end_ - begin_, limits_.max_message_bytes);
+    return std::nullopt;
+}
+
+void framer::finish() const {
+    if (end_ != begin_)
+        fail("stream ended inside a message: truncated, bytes buffered", end_ - begin_, 0);
+}
+
+}  // namespace ordo::detail

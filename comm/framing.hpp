@@ -1,0 +1,61 @@
+// Cutting a byte stream into whole msgpack objects, within limits, without decoding them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ordo/limits.hpp"
+
+namespace ordo::detail {
+
+/// Finds msgpack object boundaries in a stream of bytes that arrives in chunks split anywhere.
+///
+/// The framer owns its buffer: read into prepare(), announce with commit(), then take whole
+/// objects with next() until it returns nothing. Each header is checked against the limits as
+/// soon as its bytes are in, so a 4 GiB string header fails at once and memory stays within
+/// max_message_bytes plus one read chunk. Work is linear in the bytes received: the scan resumes
+/// where it stopped, and a partial token (at most a 9-byte header) is read again at most once per
+/// commit.
+///
+/// Errors are std::system_error with errc::protocol_error and a message saying what was wrong;
+/// after one the framer is unusable (the connection must close).
+class framer {
+public:
+    explicit framer(const limits& l = {});
+
+    /// A writable area of at least `n` bytes at the end of the buffer. Invalidates views
+    /// returned by next().
+    std::span<char> prepare(std::size_t n);
+    /// Marks `n` bytes written into the area from prepare() as received.
+    void commit(std::size_t n);
+    /// Copies `bytes` in (prepare + copy + commit).
+    void feed(std::string_view bytes);
+
+    /// The next whole object, as a view of its bytes valid until the next prepare() or feed();
+    /// nothing when more bytes are needed. Throws on malformed input or a broken limit.
+    std::optional<std::string_view> next();
+
+    /// Call at end of stream: throws if an incomplete object is buffered ("truncated").
+    void finish() const;
+
+    /// Bytes received but not yet returned by next().
+    std::size_t buffered() const noexcept { return end_ - begin_; }
+
+private:
+    [[noreturn]] void fail(const char* what, std::uint64_t value, std::size_t limit) const;
+    void push_container(std::uint64_t entries, std::uint64_t length);
+
+    limits limits_;
+    std::vector<char> buf_;
+    std::size_t begin_ = 0;  // start of the object being scanned
+    std::size_t scan_ = 0;   // next unscanned token
+    std::size_t end_ = 0;    // end of received bytes
+    std::vector<std::uint64_t> open_;  // entries still expected, per open container
+    std::size_t objects_ = 0;          // tokens seen in the current object
+};
+
+}  // namespace ordo::detail

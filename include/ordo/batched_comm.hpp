@@ -1,0 +1,147 @@
+// BatchedComm: one ordered, bidirectional connection to one peer (DESIGN.md section 4).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "ordo/error.hpp"
+#include "ordo/limits.hpp"
+#include "ordo/net.hpp"
+#include "ordo/transport.hpp"
+
+namespace ordo {
+
+/// One write of the writer: when it started, what it carried.
+struct write_event {
+    std::chrono::steady_clock::time_point start;
+    std::size_t messages = 0;
+    std::size_t bytes = 0;
+};
+
+struct comm_options {
+    /// The writer starts a write at most once per interval (a rate limit, not a tick: the first
+    /// message after an idle spell goes out at once). 0: write as soon as the previous write is
+    /// done, with everything queued meanwhile.
+    std::chrono::milliseconds interval{0};
+    /// A queue this large is written at once, without waiting for the rest of the interval.
+    std::size_t max_batch_bytes = 64 * 1024;
+    /// Above this many buffered bytes, async_drain() waits.
+    std::size_t high_water_bytes = std::size_t{4} << 20;
+    /// send() refuses (errc::overloaded) a message that would take the buffered bytes above
+    /// this. Buffered = taken by send() and not yet written, the write in flight included.
+    std::size_t max_buffer_bytes = std::size_t{256} << 20;
+    /// Bounds on incoming messages.
+    ordo::limits limits;
+    /// Bytes asked of the transport per read.
+    std::size_t read_chunk_bytes = 64 * 1024;
+    /// After close() has flushed and ended the sending direction, how long to wait for the
+    /// peer's end of stream before closing anyway.
+    std::chrono::milliseconds close_timeout{5000};
+    /// Called at the start of every write (tracing, tests). Runs on the comm's executor.
+    std::function<void(const write_event&)> on_write;
+};
+
+/// Always-on counters. Sent = handed to the transport by a completed write.
+struct comm_counters {
+    std::uint64_t messages_sent = 0;
+    std::uint64_t bytes_sent = 0;
+    std::uint64_t messages_received = 0;
+    std::uint64_t bytes_received = 0;
+    std::uint64_t writes = 0;
+    std::size_t buffered_bytes = 0;
+    std::size_t peak_buffered_bytes = 0;
+
+    double messages_per_write() const noexcept {
+        return writes == 0 ? 0.0 : double(messages_sent) / double(writes);
+    }
+};
+
+/// How a connection ended.
+struct close_result {
+    /// errc::closed after close()/abort(); errc::peer_lost when the peer ended the stream, reset
+    /// it or a read/write failed; errc::protocol_error on bad input; or the code given to abort().
+    std::error_code code;
+    /// Human-readable: names the peer and what happened.
+    std::string reason;
+    /// Messages taken by send() and not written whole, in the order they were sent. A message
+    /// cut by a failed write is here too: the peer may have received its first bytes only.
+    std::vector<std::string> undelivered;
+};
+
+/// An ordered, batched connection over one transport.
+///
+/// - send() never blocks or suspends: it appends to the outgoing buffer, which one writer
+///   coroutine writes as one batch (see comm_options::interval). The peer receives messages in
+///   the order send() was called.
+/// - Incoming messages (whole msgpack objects, checked against the limits) are passed in order to
+///   the on_message function given at construction.
+/// - When the connection ends for any reason, messages not written are handed back in
+///   close_result::undelivered (through on_closed and async_wait_closed()).
+///
+/// Belongs to the transport's executor: every member is called from it, and the callbacks run on
+/// it. Not copyable or movable. Destroying it aborts the connection; its coroutines end on their
+/// own afterwards without touching the destroyed object.
+class batched_comm {
+public:
+    /// Receives one whole msgpack object; the view is valid during the call only. The call may
+    /// send(), close() or abort(). If it throws, the connection is aborted with the exception's
+    /// message (and its code, for a std::system_error).
+    using message_fn = std::function<void(std::string_view message)>;
+    /// Called once when the connection has ended and both loops have stopped.
+    using closed_fn = std::function<void(const close_result&)>;
+
+    batched_comm(std::unique_ptr<transport> t, comm_options options, message_fn on_message,
+                 closed_fn on_closed = {});
+    ~batched_comm();
+    batched_comm(const batched_comm&) = delete;
+    batched_comm& operator=(const batched_comm&) = delete;
+
+    /// Starts the reader and writer coroutines. Messages sent before start() are queued.
+    void start();
+
+    /// Takes one encoded msgpack object for sending. Never blocks or suspends. Throws
+    /// std::system_error: errc::overloaded when taking it would exceed max_buffer_bytes (the
+    /// message is not taken), or the close reason's code once close()/abort() was called or the
+    /// connection ended (errc::closed, errc::peer_lost...).
+    void send(std::string_view message);
+
+    /// Waits until the buffered bytes are at or below high_water_bytes. Throws std::system_error
+    /// with the close reason if the connection ends first. Cancellation: per-operation
+    /// cancellation of the awaiting coroutine is not supported; it completes when the condition
+    /// holds or the connection ends.
+    net::awaitable<void> async_drain();
+
+    /// Graceful close: refuses further send()s, flushes what is queued (without waiting for the
+    /// interval), ends the sending direction, waits up to close_timeout for the peer to end its
+    /// side, and closes. Incoming messages are still delivered meanwhile.
+    void close();
+    /// Closes at once; queued messages and the unwritten part of a write in flight are handed
+    /// back. `code` becomes close_result::code.
+    void abort(std::error_code code = errc::closed);
+
+    /// close(), then waits until the connection has ended; yields how it ended.
+    net::awaitable<close_result> async_close();
+    /// Waits until the connection has ended (for any reason); yields how it ended. Every waiter
+    /// gets a copy.
+    net::awaitable<close_result> async_wait_closed();
+
+    /// True from close()/abort()/the end of the connection on: send() will throw.
+    bool is_closing() const noexcept;
+    /// The peer's address as a URL.
+    const std::string& remote_address() const noexcept;
+    const comm_counters& counters() const noexcept;
+
+    struct impl;
+
+private:
+    std::shared_ptr<impl> impl_;
+};
+
+}  // namespace ordo

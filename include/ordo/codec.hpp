@@ -1,0 +1,92 @@
+// The msgpack-rpc wire format (docs/protocol.md): encoding the three message kinds, decoding and
+// validating one message, and a streaming decoder over byte chunks split anywhere.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include <msgpack.hpp>
+
+#include "ordo/error.hpp"
+#include "ordo/limits.hpp"
+
+namespace ordo {
+
+enum class message_kind : std::uint8_t { request = 0, response = 1, notification = 2 };
+
+/// One decoded msgpack-rpc message. The msgpack objects and the method view live in `handle`'s
+/// zone: they stay valid as long as this value does (it is move-only).
+struct message {
+    message_kind kind = message_kind::request;
+    std::uint32_t msgid = 0;      ///< request, response
+    std::string_view method;      ///< request, notification (sent as str, or as bin by some peers)
+    msgpack::object params;       ///< request, notification: always an array
+    msgpack::object error;        ///< response: nil on success, else the error object as sent
+    msgpack::object result;       ///< response
+    msgpack::object_handle handle;
+};
+
+/// The buffer messages are encoded into (msgpack's growing byte buffer).
+using buffer = msgpack::sbuffer;
+
+/// Appends `[0, msgid, method, [args...]]` to `out`.
+template <class... Args>
+void encode_request(buffer& out, std::uint32_t msgid, std::string_view method, const Args&... args) {
+    msgpack::packer<buffer> p(out);
+    p.pack_array(4).pack_uint8(0).pack_uint32(msgid);
+    p.pack_str(static_cast<std::uint32_t>(method.size())).pack_str_body(method.data(), method.size());
+    p.pack_array(sizeof...(Args));
+    (p.pack(args), ...);
+}
+
+/// Appends `[2, method, [args...]]` to `out`.
+template <class... Args>
+void encode_notification(buffer& out, std::string_view method, const Args&... args) {
+    msgpack::packer<buffer> p(out);
+    p.pack_array(3).pack_uint8(2);
+    p.pack_str(static_cast<std::uint32_t>(method.size())).pack_str_body(method.data(), method.size());
+    p.pack_array(sizeof...(Args));
+    (p.pack(args), ...);
+}
+
+/// Appends the success response `[1, msgid, nil, result]` to `out`.
+template <class T>
+void encode_response(buffer& out, std::uint32_t msgid, const T& result) {
+    msgpack::packer<buffer> p(out);
+    p.pack_array(4).pack_uint8(1).pack_uint32(msgid).pack_nil();
+    p.pack(result);
+}
+
+/// Appends `[1, msgid, {"code": code, "message": text}, nil]`: ordo's own error object.
+void encode_error_response(buffer& out, std::uint32_t msgid, errc code, std::string_view text);
+
+/// Decodes and validates one whole msgpack object (as cut by the framer) as a msgpack-rpc
+/// message. Throws std::system_error(errc::protocol_error) saying what is wrong: not an array,
+/// wrong arity, unknown kind, msgid not a uint32, method not a string, params not an array, or a
+/// broken limit.
+message decode_message(std::string_view bytes, const limits& l = {});
+
+/// Streaming decoder: feed() byte chunks split anywhere, take whole messages in order with
+/// next(). Memory stays within the limits whatever the length headers announce.
+class decoder {
+public:
+    explicit decoder(const limits& l = {});
+    ~decoder();
+    decoder(decoder&&) noexcept;
+    decoder& operator=(decoder&&) noexcept;
+
+    void feed(std::string_view chunk);
+    /// The next whole message, or nothing when more bytes are needed. Throws on bad input
+    /// (errc::protocol_error); after that the decoder is unusable.
+    std::optional<message> next();
+    /// End of stream: throws errc::protocol_error if a message was cut short.
+    void finish() const;
+
+private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ordo

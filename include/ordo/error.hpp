@@ -1,0 +1,40 @@
+// ordo's one error vocabulary: ordo::errc values with their error_category. The numeric values are
+// also the "code" field of error maps on the wire (docs/protocol.md), so they never change.
+#pragma once
+
+#include <string>
+#include <system_error>
+
+namespace ordo {
+
+enum class errc {
+    peer_lost = 1,         ///< connection ended (EOF, reset) or the peer stopped answering
+    timed_out = 2,         ///< a deadline passed
+    cancelled = 3,         ///< the operation was cancelled (locally, or by ordo.cancel remotely)
+    protocol_error = 4,    ///< malformed input or a broken limit: the connection is closed
+    method_not_found = 5,  ///< no handler for that method name
+    bad_arguments = 6,     ///< the arguments do not convert to the handler's signature
+    remote_error = 7,      ///< the remote handler failed (threw); the message says why
+    overloaded = 8,        ///< a buffer or queue limit was reached; nothing was taken
+    shutting_down = 9,     ///< the server or connection is stopping
+    closed = 10,           ///< used after a local close()/abort()
+    bad_address = 11,      ///< an address (URL) that cannot be parsed or used
+};
+
+/// The category of ordo::errc; its name is "ordo".
+const std::error_category& error_category() noexcept;
+
+inline std::error_code make_error_code(errc e) noexcept {
+    return {static_cast<int>(e), error_category()};
+}
+
+/// Short lowercase words for a code ("peer lost", "protocol error"), as used in messages.
+const char* to_string(errc e) noexcept;
+
+/// Throws std::system_error(code, what). Out of line so that throw sites stay small.
+[[noreturn]] void throw_error(errc code, const std::string& what);
+
+}  // namespace ordo
+
+template <>
+struct std::is_error_code_enum<ordo::errc> : std::true_type {};

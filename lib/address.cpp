@@ -1,0 +1,85 @@
+#include "ordo/address.hpp"
+
+#include <charconv>
+
+#include "ordo/error.hpp"
+
+namespace ordo {
+namespace {
+
+[[noreturn]] void bad(std::string_view url, std::string_view why) {
+    throw_error(errc::bad_address,
+                "ordo: invalid address \"" + std::string(url) + "\": " + std::string(why));
+}
+
+void parse_params(std::string_view url, std::string_view query, address& a) {
+    while (!query.empty()) {
+        auto amp = query.find('&');
+        auto item = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+        if (item.empty()) continue;
+        auto eq = item.find('=');
+        if (eq == 0) bad(url, "query parameter without a name");
+        if (eq == std::string_view::npos)
+            a.params.emplace_back(std::string(item), std::string());
+        else
+            a.params.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    }
+}
+
+}  // namespace
+
+std::optional<std::string> address::param(std::string_view key) const {
+    std::optional<std::string> found;
+    for (const auto& [k, v] : params)
+        if (k == key) found = v;
+    return found;
+}
+
+std::string address::to_string() const {
+    if (scheme == "unix") return "unix://" + path;
+    std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+    return scheme + "://" + h + ":" + std::to_string(port);
+}
+
+address parse_address(std::string_view url) {
+    auto sep = url.find("://");
+    if (sep == std::string_view::npos || sep == 0) bad(url, "expected scheme://...");
+    address a;
+    a.scheme = std::string(url.substr(0, sep));
+    auto rest = url.substr(sep + 3);
+    auto q = rest.find('?');
+    if (q != std::string_view::npos) {
+        parse_params(url, rest.substr(q + 1), a);
+        rest = rest.substr(0, q);
+    }
+    if (a.scheme == "unix") {
+        if (rest.empty()) bad(url, "empty socket path");
+        a.path = std::string(rest);
+        return a;
+    }
+    if (a.scheme != "tcp") bad(url, "unknown scheme \"" + a.scheme + "\" (known: tcp, unix)");
+    std::string_view port;
+    if (!rest.empty() && rest.front() == '[') {
+        auto close = rest.find(']');
+        if (close == std::string_view::npos) bad(url, "unterminated [ in IPv6 host");
+        a.host = std::string(rest.substr(1, close - 1));
+        rest = rest.substr(close + 1);
+        if (rest.empty() || rest.front() != ':') bad(url, "missing :port");
+        port = rest.substr(1);
+    } else {
+        auto colon = rest.rfind(':');
+        if (colon == std::string_view::npos) bad(url, "missing :port");
+        a.host = std::string(rest.substr(0, colon));
+        port = rest.substr(colon + 1);
+    }
+    if (a.host.empty()) bad(url, "empty host");
+    unsigned value = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value > 65535)
+        bad(url, "port must be a number from 0 to 65535");
+    a.port = static_cast<std::uint16_t>(value);
+    return a;
+}
+
+}  // namespace ordo

@@ -1,0 +1,2 @@
+// Asio is compiled once, here (ASIO_SEPARATE_COMPILATION is defined project-wide).
+#include <asio/impl/src.hpp>

@@ -1,0 +1,49 @@
+#include "ordo/address.hpp"
+
+#include <gtest/gtest.h>
+
+#include "ordo/error.hpp"
+
+namespace ordo {
+namespace {
+
+TEST(Address, TcpHostPortAndParameters) {
+    auto a = parse_address("tcp://127.0.0.1:7000?mode=pooled&max_connections=16");
+    EXPECT_EQ(a.scheme, "tcp");
+    EXPECT_EQ(a.host, "127.0.0.1");
+    EXPECT_EQ(a.port, 7000);
+    EXPECT_EQ(a.param("mode"), "pooled");
+    EXPECT_EQ(a.param("max_connections"), "16");
+    EXPECT_FALSE(a.param("other").has_value());
+    EXPECT_EQ(a.to_string(), "tcp://127.0.0.1:7000");
+}
+
+TEST(Address, TcpIpv6InBrackets) {
+    auto a = parse_address("tcp://[::1]:0");
+    EXPECT_EQ(a.host, "::1");
+    EXPECT_EQ(a.port, 0);
+    EXPECT_EQ(a.to_string(), "tcp://[::1]:0");
+}
+
+TEST(Address, UnixPath) {
+    auto a = parse_address("unix:///tmp/ordo.sock");
+    EXPECT_EQ(a.scheme, "unix");
+    EXPECT_EQ(a.path, "/tmp/ordo.sock");
+    EXPECT_EQ(a.to_string(), "unix:///tmp/ordo.sock");
+}
+
+TEST(Address, BadAddressesNameTheUrlAndTheProblem) {
+    for (const char* url : {"127.0.0.1:7000", "tcp://127.0.0.1", "tcp://:7000", "tcp://h:70000",
+                            "tcp://h:7x", "tcp://[::1:7000", "unix://", "udp://h:1"}) {
+        try {
+            parse_address(url);
+            ADD_FAILURE() << url << " was accepted";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address);
+            EXPECT_NE(std::string(e.what()).find(url), std::string::npos) << e.what();
+        }
+    }
+}
+
+}  // namespace
+}  // namespace ordo

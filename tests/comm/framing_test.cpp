@@ -1,0 +1,216 @@
+#include "comm/framing.hpp"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <msgpack.hpp>
+
+#include "ordo/error.hpp"
+
+namespace ordo::detail {
+namespace {
+
+template <class T>
+std::string packed(const T& v) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, v);
+    return {b.data(), b.size()};
+}
+
+// A stream exercising every token shape: fix and sized ints, floats, strings of each width,
+// bin, ext and fixext, nested arrays and maps, empty containers.
+std::vector<std::string> sample_objects() {
+    std::vector<std::string> out;
+    auto add = [&](const auto& v) {
+        msgpack::sbuffer b;
+        msgpack::pack(b, v);
+        out.emplace_back(b.data(), b.size());
+    };
+    add(1);
+    add(-1);
+    add(-200);
+    add(70000);
+    add(-70000);
+    add(std::uint64_t(1) << 40);
+    add(std::int64_t(-1) << 40);
+    add(1.5f);
+    add(2.5);
+    add(std::string(5, 'a'));
+    add(std::string(40, 'b'));
+    add(std::string(300, 'c'));
+    add(std::string(70000, 'd'));
+    add(std::vector<int>{});
+    add(std::vector<int>(20, 7));
+    add(std::vector<int>(70000, 1));
+    add(std::map<std::string, std::vector<int>>{{"x", {1, 2}}, {"y", {}}});
+    add(std::vector<std::vector<std::string>>{{"a", "b"}, {}, {"c"}});
+    add(msgpack::type::nil_t());
+    add(true);
+    add(std::vector<char>(10, 'z'));  // bin 8
+    for (std::size_t n : {1u, 2u, 4u, 8u, 16u, 3u, 300u, 70000u}) {  // fixext and ext 8/16/32
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        p.pack_ext(n, 5);
+        std::string body(n, 'e');
+        p.pack_ext_body(body.data(), body.size());
+        out.emplace_back(b.data(), b.size());
+    }
+    return out;
+}
+
+std::string concat(const std::vector<std::string>& parts) {
+    std::string s;
+    for (const auto& p : parts) s += p;
+    return s;
+}
+
+std::vector<std::string> drain(framer& f) {
+    std::vector<std::string> got;
+    while (auto m = f.next()) got.emplace_back(*m);
+    return got;
+}
+
+TEST(Framer, EverySplitPointOfASampleStreamYieldsTheSameObjects) {
+    // Small objects only, so that trying every split point stays quick.
+    std::vector<std::string> objects;
+    for (auto& o : sample_objects())
+        if (o.size() < 400) objects.push_back(o);
+    const std::string stream = concat(objects);
+    for (std::size_t split = 0; split <= stream.size(); ++split) {
+        framer f;
+        f.feed(std::string_view(stream).substr(0, split));
+        auto got = drain(f);
+        f.feed(std::string_view(stream).substr(split));
+        auto rest = drain(f);
+        got.insert(got.end(), rest.begin(), rest.end());
+        ASSERT_EQ(got, objects) << "split at " << split;
+        f.finish();
+    }
+}
+
+TEST(Framer, OneByteAtATimeYieldsTheSameObjects) {
+    const auto objects = sample_objects();
+    const std::string stream = concat(objects);
+    framer f;
+    std::vector<std::string> got;
+    for (char ch : stream) {
+        f.feed(std::string_view(&ch, 1));
+        auto more = drain(f);
+        got.insert(got.end(), more.begin(), more.end());
+    }
+    EXPECT_EQ(got, objects);
+    EXPECT_EQ(f.buffered(), 0u);
+}
+
+TEST(Framer, WholeStreamInOneChunkYieldsTheSameObjects) {
+    const auto objects = sample_objects();
+    framer f;
+    f.feed(concat(objects));
+    EXPECT_EQ(drain(f), objects);
+}
+
+void expect_protocol_error(framer& f, std::string_view bytes, const std::string& words) {
+    try {
+        f.feed(bytes);
+        drain(f);
+        f.finish();
+        ADD_FAILURE() << "no error; expected one mentioning \"" << words << "\"";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), errc::protocol_error);
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+}
+
+TEST(Framer, A4GiBStringHeaderFailsAtOnceWithoutAllocating) {
+    framer f;
+    expect_protocol_error(f, std::string("\xdb\xff\xff\xff\xff", 5), "max_string_bytes");
+    EXPECT_LE(f.buffered(), 5u);
+}
+
+TEST(Framer, StringHeaderWithinStringLimitButOverMessageLimitFailsAtOnce) {
+    limits l;
+    l.max_message_bytes = 1000;
+    framer f(l);
+    expect_protocol_error(f, std::string("\x91\xda\x10\x00", 4), "max_message_bytes");
+}
+
+TEST(Framer, A4GiBArrayHeaderFailsAtOnce) {
+    framer f;
+    expect_protocol_error(f, std::string("\xdd\xff\xff\xff\xff", 5), "max_container_length");
+    framer g;
+    expect_protocol_error(g, std::string("\xdf\xff\xff\xff\xff", 5), "max_container_length");
+}
+
+TEST(Framer, ContainerAnnouncingMoreEntriesThanTheMessageCanHoldFailsAtOnce) {
+    limits l;
+    l.max_message_bytes = 100;
+    framer f(l);
+    expect_protocol_error(f, std::string("\xdc\x01\x00", 3), "more entries");
+}
+
+TEST(Framer, HundredThousandDeepNestingFailsFastAtMaxDepth) {
+    framer f;
+    const std::string deep(100000, '\x91');  // [[[[...
+    expect_protocol_error(f, deep, "max_depth");
+    EXPECT_LE(f.buffered(), deep.size());
+}
+
+TEST(Framer, DeepEmptyContainerBeyondMaxDepthFails) {
+    limits l;
+    l.max_depth = 2;
+    framer f(l);
+    expect_protocol_error(f, std::string("\x91\x91\x90", 3), "max_depth");
+    framer ok(l);
+    ok.feed(std::string("\x91\x90", 2));
+    EXPECT_TRUE(ok.next().has_value());
+}
+
+TEST(Framer, TooManyObjectsInOneMessageFails) {
+    limits l;
+    l.max_objects = 10;
+    framer f(l);
+    expect_protocol_error(f, packed(std::vector<int>(20, 1)),
+                          "max_objects");
+}
+
+TEST(Framer, InvalidTypeByteFails) {
+    framer f;
+    expect_protocol_error(f, std::string("\x92\x01\xc1", 3), "0xc1");
+}
+
+TEST(Framer, TruncatedMessageAtEndOfStreamFails) {
+    framer f;
+    expect_protocol_error(f, std::string("\x93\x01\x02", 3), "truncated");
+}
+
+TEST(Framer, MessageOverMaxMessageBytesFailsEvenWhenMadeOfSmallPieces) {
+    limits l;
+    l.max_message_bytes = 64;
+    framer f(l);
+    std::string big("\xdc\x00\x64", 3);  // array of 100 entries
+    big += std::string(100, '\x01');
+    expect_protocol_error(f, big, "max_message_bytes");
+}
+
+TEST(Framer, LargeMessageInManyChunksIsScannedOnceAndYieldedWhole) {
+    const std::string big = packed(std::string(8 << 20, 'q'));
+    framer f;
+    std::size_t at = 0, yielded = 0;
+    while (at < big.size()) {
+        auto n = std::min<std::size_t>(65536, big.size() - at);
+        auto area = f.prepare(n);
+        std::copy_n(big.data() + at, n, area.data());
+        f.commit(n);
+        at += n;
+        while (auto m = f.next()) {
+            EXPECT_EQ(m->size(), big.size());
+            ++yielded;
+        }
+    }
+    EXPECT_EQ(yielded, 1u);
+    EXPECT_EQ(f.buffered(), 0u);
+}
+
+}  // namespace
+}  // namespace ordo::detail

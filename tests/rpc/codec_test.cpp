@@ -1,0 +1,167 @@
+#include "ordo/codec.hpp"
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace ordo {
+namespace {
+
+std::string bytes_of(const buffer& b) { return {b.data(), b.size()}; }
+
+template <class T>
+std::string packed(const T& v) {
+    buffer b;
+    msgpack::pack(b, v);
+    return bytes_of(b);
+}
+
+TEST(Codec, RequestRoundTrips) {
+    buffer b;
+    encode_request(b, 42, "inc", 1, std::string("x"));
+    auto m = decode_message(bytes_of(b));
+    EXPECT_EQ(m.kind, message_kind::request);
+    EXPECT_EQ(m.msgid, 42u);
+    EXPECT_EQ(m.method, "inc");
+    auto params = m.params.as<std::tuple<int, std::string>>();
+    EXPECT_EQ(std::get<0>(params), 1);
+    EXPECT_EQ(std::get<1>(params), "x");
+}
+
+TEST(Codec, ResponseAndErrorResponseRoundTrip) {
+    buffer b;
+    encode_response(b, 0xffffffffu, std::vector<int>{1, 2});
+    auto ok = decode_message(bytes_of(b));
+    EXPECT_EQ(ok.kind, message_kind::response);
+    EXPECT_EQ(ok.msgid, 0xffffffffu);
+    EXPECT_TRUE(ok.error.is_nil());
+    EXPECT_EQ(ok.result.as<std::vector<int>>(), (std::vector<int>{1, 2}));
+
+    buffer e;
+    encode_error_response(e, 7, errc::method_not_found, "no method \"dec\"");
+    auto err = decode_message(bytes_of(e));
+    EXPECT_EQ(err.msgid, 7u);
+    auto map = err.error.as<std::map<std::string, msgpack::object>>();
+    EXPECT_EQ(map.at("code").as<int>(), static_cast<int>(errc::method_not_found));
+    EXPECT_EQ(map.at("message").as<std::string>(), "no method \"dec\"");
+    EXPECT_TRUE(err.result.is_nil());
+}
+
+TEST(Codec, NotificationRoundTrips) {
+    buffer b;
+    encode_notification(b, "add", 5);
+    auto m = decode_message(bytes_of(b));
+    EXPECT_EQ(m.kind, message_kind::notification);
+    EXPECT_EQ(m.method, "add");
+    EXPECT_EQ(m.params.via.array.size, 1u);
+}
+
+TEST(Codec, MethodSentAsBinIsAccepted) {
+    buffer b;
+    msgpack::packer<buffer> p(b);
+    p.pack_array(4).pack(0).pack(1);
+    p.pack_bin(3).pack_bin_body("inc", 3);
+    p.pack_array(0);
+    auto m = decode_message(bytes_of(b));
+    EXPECT_EQ(m.method, "inc");
+}
+
+void expect_bad(const std::string& bytes, const std::string& words) {
+    try {
+        decode_message(bytes);
+        ADD_FAILURE() << "no error; expected one mentioning \"" << words << "\"";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), errc::protocol_error);
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+}
+
+TEST(Codec, EachMalformedMessageSaysWhatIsWrong) {
+    using msgpack::type::nil_t;
+    expect_bad(packed(std::map<int, int>{{1, 2}}), "not an array (got map)");
+    expect_bad(packed(5), "not an array (got positive int)");
+    expect_bad(packed(std::make_tuple(0, 1, "inc")), "request has 3 elements, expected 4");
+    expect_bad(packed(std::make_tuple(1, 1, nil_t())), "response has 3 elements, expected 4");
+    expect_bad(packed(std::make_tuple(2, "x", std::vector<int>{}, 1)),
+               "notification has 4 elements, expected 3");
+    expect_bad(packed(std::make_tuple(0)), "message has 1 elements");
+    expect_bad(packed(std::make_tuple(3, 1, "inc", std::vector<int>{})), "unknown message kind");
+    expect_bad(packed(std::make_tuple("0", 1, "inc", std::vector<int>{})), "unknown message kind");
+    expect_bad(packed(std::make_tuple(0, -1, "inc", std::vector<int>{})), "msgid is not a uint32");
+    expect_bad(packed(std::make_tuple(0, std::uint64_t(1) << 32, "inc", std::vector<int>{})),
+               "msgid is not a uint32");
+    expect_bad(packed(std::make_tuple(0, "1", "inc", std::vector<int>{})), "msgid is not a uint32");
+    expect_bad(packed(std::make_tuple(0, 1, 5, std::vector<int>{})), "method is not a string");
+    expect_bad(packed(std::make_tuple(0, 1, "inc", 5)), "params of \"inc\" is not an array");
+    expect_bad(packed(std::make_tuple(2, "add", nil_t())), "params of \"add\" is not an array");
+}
+
+TEST(Codec, DecodeMessageEnforcesLimitsOnItsOwn) {
+    limits l;
+    l.max_message_bytes = 16;
+    buffer b;
+    encode_request(b, 1, "inc", std::string(100, 'x'));
+    try {
+        decode_message(bytes_of(b), l);
+        ADD_FAILURE() << "no error";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), errc::protocol_error);
+    }
+}
+
+TEST(Codec, StreamingDecoderYieldsMessagesInOrderAcrossEverySplit) {
+    buffer b;
+    for (std::uint32_t i = 0; i < 20; ++i) {
+        if (i % 3 == 0) encode_notification(b, "note", i);
+        else if (i % 3 == 1) encode_request(b, i, "call", i, std::string(i * 7, 'p'));
+        else encode_response(b, i, i);
+    }
+    const std::string stream = bytes_of(b);
+    for (std::size_t split = 0; split <= stream.size(); ++split) {
+        decoder d;
+        std::vector<std::uint32_t> seen;
+        auto take = [&] {
+            while (auto m = d.next()) {
+                if (m->kind == message_kind::notification) seen.push_back(m->params.via.array.ptr[0].as<std::uint32_t>());
+                else seen.push_back(m->msgid);
+            }
+        };
+        d.feed(std::string_view(stream).substr(0, split));
+        take();
+        d.feed(std::string_view(stream).substr(split));
+        take();
+        d.finish();
+        ASSERT_EQ(seen.size(), 20u) << "split " << split;
+        for (std::uint32_t i = 0; i < 20; ++i) ASSERT_EQ(seen[i], i) << "split " << split;
+    }
+}
+
+TEST(Codec, StreamingDecoderReportsTruncationAtEnd) {
+    buffer b;
+    encode_request(b, 1, "inc", 1);
+    decoder d;
+    d.feed(std::string_view(b.data(), b.size() - 1));
+    EXPECT_FALSE(d.next().has_value());
+    try {
+        d.finish();
+        ADD_FAILURE() << "no error";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), errc::protocol_error);
+        EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos);
+    }
+}
+
+TEST(Codec, StreamingDecoderRejectsA4GiBStringAtOnce) {
+    decoder d;
+    EXPECT_THROW(
+        {
+            d.feed(std::string("\x94\x00\x01\xdb\xff\xff\xff\xff", 8));
+            d.next();
+        },
+        std::system_error);
+}
+
+}  // namespace
+}  // namespace ordo
