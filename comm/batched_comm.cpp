@@ -39,6 +39,8 @@ struct batched_comm::impl {
     state st = state::open;
     wait writer_wait = wait::none;
     bool started = false, finished = false, detached = false, reader_done = false;
+    bool paused = false, reader_paused = false;
+    net::steady_timer reader_wake{t->get_executor(), clock::time_point::max()};
     bool has_reason = false;
     int drain_waiters = 0;
     clock::time_point last_write_start{};
@@ -60,6 +62,7 @@ struct batched_comm::impl {
         st = state::ended;
         t->close();
         writer_wake.cancel();
+        reader_wake.cancel();
         changed.cancel();
         if (!started) finish();
     }
@@ -76,22 +79,24 @@ struct batched_comm::impl {
         writer_wait = wait::none;
     }
 
-    void send(std::string_view m) {
+    void send(std::string_view m, std::string_view body = {}) {
         if (st != state::open) {
             auto code = has_reason ? result.code : make_error_code(errc::closed);
             throw std::system_error(code, "ordo: send to " + t->remote_address() +
                                               " refused: " +
                                               (has_reason ? result.reason : "connection is closing"));
         }
-        if (m.size() > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
+        const std::size_t size = m.size() + body.size();
+        if (size > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
             throw_error(errc::overloaded,
                         "ordo: send to " + t->remote_address() + " refused: " +
                             std::to_string(c.buffered_bytes) + " bytes buffered + " +
-                            std::to_string(m.size()) + " would exceed max_buffer_bytes (" +
+                            std::to_string(size) + " would exceed max_buffer_bytes (" +
                             std::to_string(o.max_buffer_bytes) + ")");
         queue.insert(queue.end(), m.begin(), m.end());
+        queue.insert(queue.end(), body.begin(), body.end());
         queue_ends.push_back(queue.size());
-        c.buffered_bytes += m.size();
+        c.buffered_bytes += size;
         c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
         if (writer_wait == wait::idle ||
             (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes))
@@ -182,6 +187,12 @@ struct batched_comm::impl {
 
     net::awaitable<void> read_messages() {
         while (st != state::ended) {
+            while (paused && st != state::ended) {
+                reader_paused = true;
+                co_await reader_wake.async_wait(use_tuple);
+                reader_paused = false;
+            }
+            if (st == state::ended) break;
             auto area = framer.prepare(o.read_chunk_bytes);
             std::error_code ec;
             const std::size_t n =
@@ -247,6 +258,12 @@ void batched_comm::start() {
 }
 
 void batched_comm::send(std::string_view message) { impl_->send(message); }
+void batched_comm::send(std::string_view head, std::string_view body) { impl_->send(head, body); }
+
+void batched_comm::pause_reading(bool paused) {
+    impl_->paused = paused;
+    if (!paused && impl_->reader_paused) impl_->reader_wake.cancel();
+}
 
 net::awaitable<void> batched_comm::async_drain() {
     auto self = impl_;

@@ -29,6 +29,7 @@ const char* to_string(errc e) noexcept {
         case errc::shutting_down: return "shutting down";
         case errc::closed: return "closed";
         case errc::bad_address: return "bad address";
+        case errc::bad_result: return "bad result";
     }
     return "unknown ordo error";
 }
@@ -36,5 +37,22 @@ const char* to_string(errc e) noexcept {
 void throw_error(errc code, const std::string& what) {
     throw std::system_error(make_error_code(code), what);
 }
+
+namespace {
+std::string describe(const std::error_code& code, const std::string& method,
+                     const std::string& peer, const std::string& detail) {
+    std::string s = "ordo: call " + method + " to " + peer + " failed: " + code.message();
+    if (!detail.empty() && detail != code.message()) s += " (" + detail + ")";
+    return s;
+}
+}  // namespace
+
+rpc_error::rpc_error(std::error_code code, std::string method, std::string peer,
+                     std::string detail)
+    : std::system_error(code),
+      method_(std::move(method)),
+      peer_(std::move(peer)),
+      detail_(std::move(detail)),
+      text_(describe(code, method_, peer_, detail_)) {}
 
 }  // namespace ordo

@@ -111,6 +111,14 @@ public:
     /// message is not taken), or the close reason's code once close()/abort() was called or the
     /// connection ended (errc::closed, errc::peer_lost...).
     void send(std::string_view message);
+    /// send() of one message made of `head` followed by `body` (saves a copy when a header is
+    /// built separately from an encoded payload).
+    void send(std::string_view head, std::string_view body);
+
+    /// While paused, the reader takes no more bytes from the transport (messages already read
+    /// are still delivered), so that a peer that outruns its handlers meets TCP flow control
+    /// instead of unbounded queues. Not paused at start.
+    void pause_reading(bool paused);
 
     /// Waits until the buffered bytes are at or below high_water_bytes. Throws std::system_error
     /// with the close reason if the connection ends first. Cancellation: per-operation

@@ -19,6 +19,7 @@ enum class errc {
     shutting_down = 9,     ///< the server or connection is stopping
     closed = 10,           ///< used after a local close()/abort()
     bad_address = 11,      ///< an address (URL) that cannot be parsed or used
+    bad_result = 12,       ///< a response's result does not convert to the caller's type
 };
 
 /// The category of ordo::errc; its name is "ordo".
@@ -33,6 +34,23 @@ const char* to_string(errc e) noexcept;
 
 /// Throws std::system_error(code, what). Out of line so that throw sites stay small.
 [[noreturn]] void throw_error(errc code, const std::string& what);
+
+/// A failed call, as coroutine APIs throw it: the code (an ordo::errc where ordo knows it), the
+/// method, the peer's address and the detail (the remote error message, or what went wrong
+/// locally). what() reads like
+/// `ordo: call inc to tcp://127.0.0.1:7000 failed: peer lost (connection reset by peer)`.
+class rpc_error : public std::system_error {
+public:
+    rpc_error(std::error_code code, std::string method, std::string peer, std::string detail);
+
+    const std::string& method() const noexcept { return method_; }
+    const std::string& peer() const noexcept { return peer_; }
+    const std::string& detail() const noexcept { return detail_; }
+    const char* what() const noexcept override { return text_.c_str(); }
+
+private:
+    std::string method_, peer_, detail_, text_;
+};
 
 }  // namespace ordo
 

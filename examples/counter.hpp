@@ -1,0 +1,14 @@
+// The interface served by ordo-inc-server and called by ordo-inc-client and examples/inc.cpp.
+#pragma once
+
+#include <string>
+
+#include <ordo/ordo.hpp>
+
+struct counter : ordo::interface {
+    ordo::method<int(int)> inc{"inc"};            // x + 1
+    ordo::method<long(int)> add{"add"};           // adds to the server's total, returns it
+    ordo::method<long()> total{"total"};          // the server's total
+    ordo::method<int(int)> sleep_ms{"sleep_ms"};  // suspends that long, returns its argument
+    ordo::method<void(std::string)> fail{"fail"}; // answers an error with that message
+};

@@ -1,0 +1,98 @@
+// ordo-inc-client --connect URL [--mode ordered|pooled] [--calls N] [--inflight K]
+//                 [--timeout-ms T]
+// Calls inc(i) for i in 0..N-1 with up to K calls in flight and checks every result. Prints
+// "ok N calls in S s (R calls/s)" and exits 0, or "error: <message>" on stderr and exits 1.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "counter.hpp"
+
+namespace net = ordo::net;
+
+namespace {
+
+struct config {
+    std::string url = "tcp://127.0.0.1:7000";
+    std::string mode = "ordered";
+    long calls = 1000;
+    long inflight = 1;
+    long timeout_ms = 0;
+};
+
+net::awaitable<void> worker(counter c, const config& cfg, long& next, long& done) {
+    while (next < cfg.calls) {
+        const int i = static_cast<int>(next++);
+        const int v = co_await c.inc(i, ordo::timeout(std::chrono::milliseconds(cfg.timeout_ms)));
+        if (v != i + 1)
+            throw std::runtime_error("inc(" + std::to_string(i) + ") returned " +
+                                     std::to_string(v));
+        ++done;
+    }
+}
+
+net::awaitable<void> run(const config& cfg) {
+    if (cfg.mode == "pooled") throw std::runtime_error("--mode pooled is not yet supported");
+    if (cfg.mode != "ordered") throw std::runtime_error("unknown --mode " + cfg.mode);
+    ordo::channel ch = co_await ordo::async_connect(cfg.url);
+    auto c = ordo::stub<counter>(ch);
+    long next = 0, done = 0;
+    const auto start = std::chrono::steady_clock::now();
+    using namespace net::experimental::awaitable_operators;
+    // K workers, each with one call outstanding; the first failure cancels the others.
+    auto ex = co_await net::this_coro::executor;
+    std::exception_ptr first_error;
+    long running = 0;
+    net::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
+    for (long k = 0; k < std::max(1L, cfg.inflight); ++k) {
+        ++running;
+        net::co_spawn(ex, worker(c, cfg, next, done), [&](std::exception_ptr e) {
+            if (e && !first_error) {
+                first_error = e;
+                next = cfg.calls;  // the other workers stop after their current call
+            }
+            if (--running == 0) all_done.cancel();
+        });
+    }
+    while (running > 0) co_await all_done.async_wait(ordo::use_tuple);
+    if (first_error) std::rethrow_exception(first_error);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("ok %ld calls in %.3f s (%.0f calls/s)\n", done, s, done / s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    config cfg;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
+            return argv[++i];
+        };
+        try {
+            if (a == "--connect") cfg.url = value();
+            else if (a == "--mode") cfg.mode = value();
+            else if (a == "--calls") cfg.calls = std::stol(value());
+            else if (a == "--inflight") cfg.inflight = std::stol(value());
+            else if (a == "--timeout-ms") cfg.timeout_ms = std::stol(value());
+            else throw std::runtime_error("unknown flag " + a);
+        } catch (const std::exception& e) {
+            std::cerr << "error: " << e.what() << "\n";
+            return 1;
+        }
+    }
+    net::io_context io;
+    int status = 0;
+    net::co_spawn(io, run(cfg), [&](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            std::cerr << "error: " << ex.what() << "\n";
+            status = 1;
+        }
+    });
+    io.run();
+    return status;
+}

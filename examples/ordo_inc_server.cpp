@@ -1,0 +1,53 @@
+// ordo-inc-server --listen URL [--listen URL...]
+// Serves counter (examples/counter.hpp) and echo(any) on every URL. Prints "listening on URL"
+// for each (with the real port for port 0) and exits 0 after a graceful stop on SIGINT/SIGTERM.
+#include <asio/signal_set.hpp>
+
+#include <iostream>
+#include <vector>
+
+#include "counter.hpp"
+
+namespace net = ordo::net;
+
+int main(int argc, char** argv) {
+    std::vector<std::string> urls;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--listen" && i + 1 < argc) {
+            urls.push_back(argv[++i]);
+        } else {
+            std::cerr << "usage: ordo-inc-server --listen URL [--listen URL...]\n";
+            return 2;
+        }
+    }
+    if (urls.empty()) urls.push_back("tcp://127.0.0.1:7000");
+
+    net::io_context io;
+    ordo::server srv(io.get_executor());
+    long total = 0;  // process-wide, shared by every peer
+    srv.on(counter{}.inc, [](int x) { return x + 1; });
+    srv.on(counter{}.add, [&](int x) { return total += x; });
+    srv.on(counter{}.total, [&] { return total; });
+    srv.on(counter{}.sleep_ms, [](int ms) -> net::awaitable<int> {
+        net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+        co_await t.async_wait(net::use_awaitable);
+        co_return ms;
+    });
+    srv.on(counter{}.fail, [](std::string why) { throw std::runtime_error(why); });
+    srv.on("echo", [](msgpack::object v) { return v; });
+
+    try {
+        for (const auto& u : urls) std::cout << "listening on " << srv.listen(u) << std::endl;
+    } catch (const std::exception& e) {
+        std::cerr << "error: " << e.what() << "\n";
+        return 1;
+    }
+    net::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](std::error_code ec, int) {
+        if (ec) return;
+        net::co_spawn(io, srv.async_stop(), net::detached);
+    });
+    io.run();
+    return 0;
+}

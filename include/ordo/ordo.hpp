@@ -1,0 +1,15 @@
+// Everything ordo offers, in one include.
+#pragma once
+
+#include "ordo/address.hpp"
+#include "ordo/batched_comm.hpp"
+#include "ordo/channel.hpp"
+#include "ordo/codec.hpp"
+#include "ordo/error.hpp"
+#include "ordo/handlers.hpp"
+#include "ordo/interface.hpp"
+#include "ordo/limits.hpp"
+#include "ordo/net.hpp"
+#include "ordo/peer.hpp"
+#include "ordo/server.hpp"
+#include "ordo/transport.hpp"

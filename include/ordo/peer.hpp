@@ -1,0 +1,110 @@
+// ordo::peer: ordered request/response calls over one batched_comm (DESIGN.md section 5).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ordo/batched_comm.hpp"
+#include "ordo/channel.hpp"
+#include "ordo/handlers.hpp"
+
+namespace ordo {
+
+struct peer_options {
+    comm_options comm;
+    /// Deadline of calls that set none. 0: none.
+    std::chrono::milliseconds default_timeout{0};
+    /// The first msgid used (tests start near 2^32 to exercise the wrap).
+    std::uint32_t first_msgid = 0;
+    /// Incoming requests and notifications waiting for a serial handler; at this many the peer
+    /// stops reading until the queue halves (TCP flow control pushes back on the sender).
+    std::size_t max_queued_messages = 65536;
+    /// msgids of cancelled or timed-out calls remembered so that their late responses are
+    /// dropped quietly (a response to an id never used is a protocol error).
+    std::size_t max_abandoned_ids = 65536;
+};
+
+/// Counters, always on. "Pending" are this side's calls waiting for a response; "queued" and
+/// "running" are incoming messages waiting for or inside a handler.
+struct peer_counters {
+    std::size_t pending_calls = 0;
+    std::size_t queued_messages = 0;
+    std::size_t running_handlers = 0;
+    std::uint64_t calls_started = 0;
+    std::uint64_t calls_completed = 0;
+    std::uint64_t requests_served = 0;
+    std::uint64_t notifications_served = 0;
+    std::uint64_t unknown_notifications = 0;  ///< notifications for methods with no handler
+    std::uint64_t notification_errors = 0;    ///< notification handlers that threw
+    std::uint64_t handlers_cancelled = 0;     ///< by ordo.cancel or by the connection ending
+};
+
+/// One ordered connection, symmetric: both ends call (through ordo::channel) and both serve
+/// (with the handlers given at creation).
+///
+/// Ordering: requests and notifications sent through one peer reach the remote handlers in the
+/// order sent. Incoming messages are dispatched in arrival order; a serial handler runs to
+/// completion before the next message is dispatched; a concurrent one lets the next start while
+/// it is suspended. Responses to this side's calls are matched by msgid as they arrive and are
+/// never held behind a running handler. A serial handler that awaits a call back to a peer whose
+/// serial handler awaits it deadlocks until a deadline fires: give such calls deadlines.
+///
+/// When the connection ends, every pending call fails with its reason (errc::peer_lost for an
+/// end of stream or a reset, errc::protocol_error for bad input, errc::closed after a local
+/// close), running handlers are cancelled, queued messages are dropped, and later calls fail at
+/// once with the same error. A peer never reconnects.
+///
+/// Belongs to one executor (a strand, if the io_context runs on several threads). Created
+/// shared (make_peer); handlers and channels keep it alive.
+class peer final : public channel_impl, public std::enable_shared_from_this<peer> {
+public:
+    struct private_tag {};
+    peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h);
+    ~peer() override;
+    peer(const peer&) = delete;
+    peer& operator=(const peer&) = delete;
+
+    /// Starts reading and writing.
+    void start();
+
+    void start_call(std::unique_ptr<detail::pending_call> call) override;
+    void notify_raw(std::string_view method, std::string_view params) override;
+    const std::string& remote_address() const noexcept override;
+    net::any_io_executor get_executor() const override;
+
+    /// Flushes what is queued and closes; pending calls fail with errc::closed. Completes when
+    /// the connection has ended.
+    net::awaitable<void> async_close();
+    /// close() without waiting.
+    void close();
+    /// Closes at once.
+    void abort();
+    /// Completes when the connection has ended; yields its code and reason.
+    net::awaitable<std::pair<std::error_code, std::string>> async_wait_closed();
+    /// Called once when the connection has ended (after pending calls have failed).
+    void on_closed(std::function<void(const std::error_code&, const std::string&)> f);
+
+    bool is_open() const noexcept;
+    const peer_counters& counters() const noexcept;
+    const comm_counters& comm() const noexcept;
+
+    struct state;
+
+private:
+    std::unique_ptr<state> s_;
+};
+
+/// Creates a peer over a connected transport. `h` (optional) must outlive the peer.
+std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o = {},
+                                const handlers* h = nullptr);
+
+/// Connects to `url` and returns an ordered channel over a started peer. `h` (optional) serves
+/// requests the remote side sends back; it must outlive the channel. Throws std::system_error
+/// naming the address when the connection fails.
+net::awaitable<channel> async_connect(std::string_view url, peer_options o = {},
+                                      const handlers* h = nullptr);
+
+}  // namespace ordo

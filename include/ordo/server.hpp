@@ -1,0 +1,58 @@
+// ordo::server: listeners, a handler table, and one peer per accepted connection.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ordo/handlers.hpp"
+#include "ordo/peer.hpp"
+
+namespace ordo {
+
+struct server_options {
+    peer_options peer;  ///< for every accepted connection
+};
+
+/// Serves the registered handlers on every listener. Each accepted connection becomes an
+/// ordo::peer (so handlers can call back through their peer&). Belongs to the executor given at
+/// construction. Stop it with async_stop() before destroying it.
+class server {
+public:
+    explicit server(net::any_io_executor ex, server_options o = {});
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    /// Registers a handler (see ordo::handlers::on).
+    template <class F>
+    server& on(std::string name, F f, handler_options o = {}) {
+        handlers_.on(std::move(name), std::move(f), o);
+        return *this;
+    }
+    template <class Sig, class F>
+    server& on(const method<Sig>& m, F f, handler_options o = {}) {
+        handlers_.on(m, std::move(f), o);
+        return *this;
+    }
+
+    /// Binds `url` and starts accepting. Returns the bound address (with the real port for
+    /// tcp port 0). Throws std::system_error naming the address on failure.
+    std::string listen(std::string_view url);
+
+    /// Stops accepting, closes every connection (flushing responses already queued; handlers
+    /// still running are cancelled) and completes when all of them have ended.
+    net::awaitable<void> async_stop();
+
+    /// Connections currently open.
+    std::size_t peer_count() const noexcept;
+    ordo::handlers& handlers() noexcept { return handlers_; }
+
+    struct state;
+
+private:
+    ordo::handlers handlers_;
+    std::shared_ptr<state> s_;
+};
+
+}  // namespace ordo

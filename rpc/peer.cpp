@@ -1,0 +1,574 @@
+#include "ordo/peer.hpp"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <deque>
+#include <list>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ordo {
+
+channel_impl::~channel_impl() = default;
+
+namespace detail {
+
+std::string type_name(const std::type_info& t) {
+    int status = 0;
+    char* raw = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+    std::string name = status == 0 && raw ? raw : t.name();
+    std::free(raw);
+    if (name.find("basic_string<char") != std::string::npos) return "std::string";
+    return name;
+}
+
+void throw_bad_arguments(std::string_view method, const std::string& signature,
+                         const std::string& what) {
+    throw_error(errc::bad_arguments,
+                "bad arguments for " + std::string(method) + signature + ": " + what);
+}
+
+}  // namespace detail
+
+namespace {
+
+void put_be32(std::string& s, std::uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) s += char((v >> shift) & 0xff);
+}
+
+void put_str(std::string& s, std::string_view str) {
+    const auto n = static_cast<std::uint32_t>(str.size());
+    if (n < 32) {
+        s += char(0xa0 | n);
+    } else if (n < 256) {
+        s += '\xd9';
+        s += char(n);
+    } else if (n < 65536) {
+        s += '\xda';
+        s += char(n >> 8);
+        s += char(n & 0xff);
+    } else {
+        s += '\xdb';
+        put_be32(s, n);
+    }
+    s += str;
+}
+
+// The part of a request before its params: [0, msgid, method, ...
+std::string request_head(std::uint32_t id, std::string_view method) {
+    std::string h = "\x94";
+    h += '\x00';
+    h += '\xce';
+    put_be32(h, id);
+    put_str(h, method);
+    return h;
+}
+
+// [2, method, ...
+std::string notification_head(std::string_view method) {
+    std::string h = "\x93\x02";
+    put_str(h, method);
+    return h;
+}
+
+// [1, msgid, nil, ... (the result follows)
+void response_head(buffer& out, std::uint32_t id) {
+    msgpack::packer<buffer>(out).pack_array(4).pack_uint8(1).pack_uint32(id).pack_nil();
+}
+
+// The error object of a response as an error code and a detail. ordo's own {code, message}
+// map keeps its code; anything else from a foreign peer is a remote_error, its text surfaced:
+// neovim's [type, message] arrays give their message, other values their msgpack text form.
+std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
+    if (e.type == msgpack::type::MAP) {
+        std::optional<std::int64_t> code;
+        for (std::uint32_t i = 0; i < e.via.map.size; ++i) {
+            const auto& kv = e.via.map.ptr[i];
+            if (kv.key.type != msgpack::type::STR) continue;
+            std::string_view k(kv.key.via.str.ptr, kv.key.via.str.size);
+            if (k == "code" && (kv.val.type == msgpack::type::POSITIVE_INTEGER ||
+                                kv.val.type == msgpack::type::NEGATIVE_INTEGER))
+                code = kv.val.via.i64;
+            else if (k == "message" && kv.val.type == msgpack::type::STR)
+                detail.assign(kv.val.via.str.ptr, kv.val.via.str.size);
+        }
+        if (code && *code >= 1 && *code <= static_cast<int>(errc::bad_result) && !detail.empty())
+            return static_cast<errc>(*code);
+    }
+    if (detail.empty()) {
+        if (e.type == msgpack::type::STR) {
+            detail.assign(e.via.str.ptr, e.via.str.size);
+        } else if (e.type == msgpack::type::ARRAY && e.via.array.size == 2 &&
+                   e.via.array.ptr[1].type == msgpack::type::STR) {
+            detail.assign(e.via.array.ptr[1].via.str.ptr, e.via.array.ptr[1].via.str.size);
+        } else {
+            std::ostringstream text;
+            text << e;
+            detail = text.str();
+        }
+    }
+    return errc::remote_error;
+}
+
+// What a handler's exception answers: ordo's codes keep their code; a cancelled operation is
+// errc::cancelled; anything else is errc::remote_error with the exception's message.
+std::pair<errc, std::string> describe_current_exception() {
+    try {
+        throw;
+    } catch (const std::system_error& e) {
+        if (e.code().category() == error_category()) {
+            // std::system_error appends ": <code message>"; the code travels on its own.
+            std::string text = e.what();
+            const std::string suffix = ": " + e.code().message();
+            if (!dynamic_cast<const rpc_error*>(&e) && text.size() > suffix.size() &&
+                text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0)
+                text.resize(text.size() - suffix.size());
+            return {static_cast<errc>(e.code().value()), text};
+        }
+        if (e.code() == net::error::operation_aborted) return {errc::cancelled, "handler cancelled"};
+        return {errc::remote_error, e.what()};
+    } catch (const std::exception& e) {
+        return {errc::remote_error, e.what()};
+    } catch (...) {
+        return {errc::remote_error, "unknown exception"};
+    }
+}
+
+}  // namespace
+
+struct peer::state {
+    using clock = std::chrono::steady_clock;
+
+    struct pending_entry {
+        std::unique_ptr<detail::pending_call> call;
+        std::unique_ptr<net::steady_timer> timer;
+        std::chrono::milliseconds timeout{0};
+    };
+    struct running {
+        std::uint32_t msgid = 0;
+        bool is_request = false;
+        bool serial = false;
+        bool cancelled = false;
+        net::cancellation_signal signal;
+    };
+
+    state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* hs)
+        : self(p),
+          o(std::move(opt)),
+          h(hs),
+          ex(t->get_executor()),
+          remote(t->remote_address()),
+          next_id(o.first_msgid),
+          closed_event(ex, clock::time_point::max()) {
+        comm = std::make_unique<batched_comm>(
+            std::move(t), o.comm, [this](std::string_view bytes) { on_message(bytes); },
+            [this](const close_result& r) { on_comm_closed(r); });
+    }
+
+    ~state() {
+        if (open) {
+            open = false;
+            close_code = errc::closed;
+            close_reason = "ordo: peer " + remote + " destroyed";
+            fail_all_pending();
+        }
+    }
+
+    peer& self;
+    peer_options o;
+    const handlers* h;
+    net::any_io_executor ex;
+    std::string remote;
+    std::unique_ptr<batched_comm> comm;
+
+    std::unordered_map<std::uint32_t, pending_entry> pending;
+    std::unordered_set<std::uint32_t> abandoned;
+    std::deque<std::uint32_t> abandoned_order;
+    std::uint32_t next_id;
+
+    std::deque<message> queue;
+    bool serial_busy = false;
+    bool paused = false;
+    std::list<running> runs;
+    buffer scratch;
+
+    bool open = true;
+    bool ended = false;
+    std::error_code close_code;
+    std::string close_reason;
+    peer_counters c;
+    std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
+    net::steady_timer closed_event;
+
+    // ---- calls made by this side ----
+
+    std::uint32_t allocate_id() {
+        std::uint32_t id;
+        do id = next_id++;
+        while (pending.count(id) != 0 || abandoned.count(id) != 0);
+        return id;
+    }
+
+    void complete(detail::pending_call& call, std::error_code ec, std::string detail) {
+        call_outcome out;
+        out.detail = std::move(detail);
+        call.complete(ec, std::move(out));
+        ++c.calls_completed;
+    }
+
+    void start_call(std::unique_ptr<detail::pending_call> call) {
+        ++c.calls_started;
+        if (!open) return complete(*call, close_code, close_reason);
+        const std::uint32_t id = allocate_id();
+        try {
+            comm->send(request_head(id, call->method),
+                       std::string_view(call->params.data(), call->params.size()));
+        } catch (const std::system_error& e) {
+            return complete(*call, e.code(), e.what());
+        }
+        std::free(call->params.release());  // sent: the copy in the batch is enough
+        auto& e = pending[id];
+        e.timeout = call->options.timeout.count() > 0 ? call->options.timeout : o.default_timeout;
+        std::weak_ptr<peer> w = self.weak_from_this();
+        if (e.timeout.count() > 0) {
+            e.timer = std::make_unique<net::steady_timer>(ex, e.timeout);
+            e.timer->async_wait([w, id](std::error_code ec) {
+                if (ec) return;
+                if (auto p = w.lock()) p->s_->expire(id, errc::timed_out);
+            });
+        }
+        if (call->slot.is_connected()) {
+            // Posted, never run inside emit(): expire() clears this very slot.
+            call->slot.assign([w, id, ex = ex](net::cancellation_type) {
+                net::post(ex, [w, id] {
+                    if (auto p = w.lock()) p->s_->expire(id, errc::cancelled);
+                });
+            });
+        }
+        e.call = std::move(call);
+        c.pending_calls = pending.size();
+    }
+
+    void abandon(std::uint32_t id) {
+        abandoned.insert(id);
+        abandoned_order.push_back(id);
+        if (abandoned_order.size() > o.max_abandoned_ids) {
+            abandoned.erase(abandoned_order.front());
+            abandoned_order.pop_front();
+        }
+    }
+
+    // A deadline passed or the caller cancelled: withdraw the call and tell the remote side.
+    void expire(std::uint32_t id, errc why) {
+        auto it = pending.find(id);
+        if (it == pending.end()) return;
+        pending_entry e = std::move(it->second);
+        pending.erase(it);
+        c.pending_calls = pending.size();
+        if (e.timer) e.timer->cancel();
+        e.call->slot.clear();
+        abandon(id);
+        if (open) {
+            try {
+                buffer b;
+                encode_notification(b, "ordo.cancel", id);
+                comm->send(std::string_view(b.data(), b.size()));
+            } catch (const std::system_error&) {
+                // The connection is ending or full: the remote handler ends with it.
+            }
+        }
+        complete(*e.call, why,
+                 why == errc::timed_out
+                     ? "no response within " + std::to_string(e.timeout.count()) + " ms"
+                     : std::string("cancelled by the caller"));
+    }
+
+    void on_response(message m) {
+        auto it = pending.find(m.msgid);
+        if (it == pending.end()) {
+            if (abandoned.erase(m.msgid) != 0) return;  // a late answer to a withdrawn call
+            throw_error(errc::protocol_error, "ordo: protocol error: response to msgid " +
+                                                  std::to_string(m.msgid) +
+                                                  ", which no call is waiting for");
+        }
+        pending_entry e = std::move(it->second);
+        pending.erase(it);
+        c.pending_calls = pending.size();
+        if (e.timer) e.timer->cancel();
+        e.call->slot.clear();
+        call_outcome out;
+        std::error_code ec;
+        if (m.error.is_nil()) out.result = m.result;
+        else ec = error_from_wire(m.error, out.detail);
+        out.message = std::move(m.handle);
+        e.call->complete(ec, std::move(out));
+        ++c.calls_completed;
+    }
+
+    void fail_all_pending() {
+        auto calls = std::move(pending);
+        pending.clear();
+        abandoned.clear();
+        abandoned_order.clear();
+        c.pending_calls = 0;
+        for (auto& [id, e] : calls) {
+            if (e.timer) e.timer->cancel();
+            e.call->slot.clear();
+            complete(*e.call, close_code, close_reason);
+        }
+    }
+
+    // ---- messages from the remote side ----
+
+    void on_message(std::string_view bytes) {
+        message m = decode_message(bytes, o.comm.limits);
+        if (m.kind == message_kind::response) return on_response(std::move(m));
+        if (m.method.starts_with("ordo.")) return on_reserved(std::move(m));
+        if (serial_busy || !queue.empty()) {
+            queue.push_back(std::move(m));
+            c.queued_messages = queue.size();
+            if (!paused && queue.size() >= o.max_queued_messages) {
+                paused = true;
+                comm->pause_reading(true);
+            }
+            return;
+        }
+        dispatch(std::move(m));
+    }
+
+    void on_reserved(message m) {
+        const bool req = m.kind == message_kind::request;
+        if (m.method == "ordo.ping") {
+            if (req) {
+                buffer b;
+                encode_response(b, m.msgid, msgpack::type::nil_t());
+                send_response(b);
+            }
+        } else if (m.method == "ordo.cancel") {
+            if (m.params.via.array.size == 1 &&
+                m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
+                cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+        } else if (req) {
+            respond_error(m.msgid, errc::method_not_found,
+                          "no method \"" + std::string(m.method) + "\" (reserved name)");
+        }
+    }
+
+    void cancel_handler(std::uint32_t id) {
+        for (auto& r : runs) {
+            if (r.is_request && r.msgid == id && !r.cancelled) {
+                r.cancelled = true;
+                ++c.handlers_cancelled;
+                r.signal.emit(net::cancellation_type::terminal);
+                return;
+            }
+        }
+        for (auto it = queue.begin(); it != queue.end(); ++it) {
+            if (it->kind == message_kind::request && it->msgid == id) {
+                queue.erase(it);
+                c.queued_messages = queue.size();
+                respond_error(id, errc::cancelled, "cancelled by the caller before it started");
+                return;
+            }
+        }
+    }
+
+    void send_response(const buffer& b) {
+        if (!open) return;
+        try {
+            comm->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            // Refusing a response would leave its caller waiting: end the connection loudly.
+            if (e.code() == errc::overloaded) comm->abort(errc::overloaded);
+        }
+    }
+
+    void respond_error(std::uint32_t id, errc code, const std::string& text) {
+        buffer b;
+        encode_error_response(b, id, code, text);
+        send_response(b);
+    }
+
+    void dispatch(message m) {
+        const bool req = m.kind == message_kind::request;
+        const detail::handler_entry* e = h ? h->find(m.method) : nullptr;
+        if (!e) {
+            if (req)
+                respond_error(m.msgid, errc::method_not_found,
+                              "no method \"" + std::string(m.method) + "\"");
+            else
+                ++c.unknown_notifications;
+            return;
+        }
+        if (e->sync) return run_sync(*e, m);
+        start_async(*e, std::move(m));
+    }
+
+    void run_sync(const detail::handler_entry& e, const message& m) {
+        const bool req = m.kind == message_kind::request;
+        scratch.clear();
+        if (req) response_head(scratch, m.msgid);
+        try {
+            e.sync(self, m.params, scratch);
+        } catch (...) {
+            auto [code, text] = describe_current_exception();
+            scratch.clear();
+            if (req) encode_error_response(scratch, m.msgid, code, text);
+            else ++c.notification_errors;
+        }
+        if (req) {
+            send_response(scratch);
+            ++c.requests_served;
+        } else {
+            ++c.notifications_served;
+        }
+    }
+
+    void start_async(const detail::handler_entry& e, message m) {
+        auto& r = runs.emplace_back();
+        r.msgid = m.msgid;
+        r.is_request = m.kind == message_kind::request;
+        r.serial = !e.concurrent;
+        if (r.serial) serial_busy = true;
+        c.running_handlers = runs.size();
+        auto out = std::make_unique<buffer>();
+        if (r.is_request) response_head(*out, m.msgid);
+        // Creating the coroutine copies the handler into its frame: re-registering the name
+        // while it runs is harmless.
+        auto body = e.async(self, m.params, *out);
+        net::co_spawn(ex,
+                      run_handler(self.shared_from_this(), std::prev(runs.end()), std::move(m),
+                                  std::move(out), std::move(body)),
+                      net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+    }
+
+    static net::awaitable<void> run_handler(std::shared_ptr<peer> keep,
+                                            std::list<running>::iterator it, message m,
+                                            std::unique_ptr<buffer> out,
+                                            net::awaitable<void> body) {
+        bool failed = false;
+        std::pair<errc, std::string> why;
+        try {
+            co_await std::move(body);
+        } catch (...) {
+            failed = true;
+            why = describe_current_exception();
+        }
+        keep->s_->finish_handler(it, m, *out, failed, why);
+    }
+
+    void finish_handler(std::list<running>::iterator it, const message& m, buffer& out,
+                        bool failed, const std::pair<errc, std::string>& why) {
+        const bool serial = it->serial;
+        const bool req = it->is_request;
+        runs.erase(it);
+        c.running_handlers = runs.size();
+        if (req) {
+            if (failed) {
+                out.clear();
+                encode_error_response(out, m.msgid, why.first, why.second);
+            }
+            send_response(out);
+            ++c.requests_served;
+        } else {
+            if (failed) ++c.notification_errors;
+            ++c.notifications_served;
+        }
+        if (serial) {
+            serial_busy = false;
+            drain_queue();
+        }
+    }
+
+    void drain_queue() {
+        while (!serial_busy && !queue.empty() && open) {
+            message m = std::move(queue.front());
+            queue.pop_front();
+            dispatch(std::move(m));
+        }
+        c.queued_messages = queue.size();
+        if (paused && queue.size() <= o.max_queued_messages / 2) {
+            paused = false;
+            comm->pause_reading(false);
+        }
+    }
+
+    // ---- the end ----
+
+    void on_comm_closed(const close_result& r) {
+        open = false;
+        close_code = r.code;
+        close_reason = r.reason;
+        fail_all_pending();
+        for (auto& run : runs) {
+            if (run.cancelled) continue;
+            run.cancelled = true;
+            ++c.handlers_cancelled;
+            run.signal.emit(net::cancellation_type::terminal);
+        }
+        queue.clear();
+        c.queued_messages = 0;
+        ended = true;
+        closed_event.cancel();
+        auto fns = std::move(closed_fns);
+        for (auto& f : fns) f(close_code, close_reason);
+    }
+};
+
+peer::peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h)
+    : s_(std::make_unique<state>(*this, std::move(t), std::move(o), h)) {}
+
+peer::~peer() = default;
+
+void peer::start() { s_->comm->start(); }
+
+void peer::start_call(std::unique_ptr<detail::pending_call> call) {
+    s_->start_call(std::move(call));
+}
+
+void peer::notify_raw(std::string_view method, std::string_view params) {
+    if (!s_->open)
+        throw std::system_error(s_->close_code, "ordo: notify " + std::string(method) + " to " +
+                                                    s_->remote + " failed: " + s_->close_reason);
+    s_->comm->send(notification_head(method), params);
+}
+
+const std::string& peer::remote_address() const noexcept { return s_->remote; }
+net::any_io_executor peer::get_executor() const { return s_->ex; }
+
+void peer::close() { s_->comm->close(); }
+void peer::abort() { s_->comm->abort(); }
+
+net::awaitable<void> peer::async_close() {
+    close();
+    co_await async_wait_closed();
+}
+
+net::awaitable<std::pair<std::error_code, std::string>> peer::async_wait_closed() {
+    auto keep = shared_from_this();
+    while (!s_->ended) co_await s_->closed_event.async_wait(use_tuple);
+    co_return std::make_pair(s_->close_code, s_->close_reason);
+}
+
+void peer::on_closed(std::function<void(const std::error_code&, const std::string&)> f) {
+    if (s_->ended) f(s_->close_code, s_->close_reason);
+    else s_->closed_fns.push_back(std::move(f));
+}
+
+bool peer::is_open() const noexcept { return s_->open; }
+const peer_counters& peer::counters() const noexcept { return s_->c; }
+const comm_counters& peer::comm() const noexcept { return s_->comm->counters(); }
+
+std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h) {
+    return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h);
+}
+
+net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
+    auto p = make_peer(co_await async_connect_transport(url), std::move(o), h);
+    p->start();
+    co_return channel(std::move(p));
+}
+
+}  // namespace ordo

@@ -1,0 +1,392 @@
+#include "ordo/ordo.hpp"
+
+#include <atomic>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+struct counter : interface {
+    method<int(int)> inc{"inc"};
+    method<void(int)> note{"note"};
+    method<int(int)> sleep_ms{"sleep_ms"};
+};
+
+net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::use_awaitable);
+}
+
+// Requests (rec) and notifications (note) from one peer, 100,000 of them interleaved, are seen
+// by the server in send order.
+void check_order(handler_options opts, bool suspending) {
+    run_test([&]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        std::vector<int> started, finished;
+        int running = 0, max_running = 0;
+        auto enter = [&](int i) {
+            started.push_back(i);
+            max_running = std::max(max_running, ++running);
+        };
+        auto leave = [&](int i) {
+            --running;
+            finished.push_back(i);
+        };
+        if (suspending) {
+            auto h = [&](int i) -> net::awaitable<int> {
+                enter(i);
+                co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
+                leave(i);
+                co_return i;
+            };
+            srv.on("rec", h, opts);
+            srv.on("note", [&](int i) -> net::awaitable<void> { co_await h(i); }, opts);
+        } else {
+            srv.on("rec", [&](int i) { enter(i); leave(i); return i; });
+            srv.on("note", [&](int i) { enter(i); leave(i); });
+        }
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        constexpr int n = 100'000;
+        int answered = 0, wrong = 0;
+        for (int i = 0; i < n; ++i) {
+            if (i % 3 == 0) {
+                ch.notify("note", i);
+            } else {
+                ch.async_call<int>("rec", i, [&, i](std::error_code ec, int v) {
+                    ++answered;
+                    if (ec || v != i) ++wrong;
+                });
+            }
+        }
+        EXPECT_TRUE(co_await wait_until([&] { return finished.size() == std::size_t(n); }, 120s));
+        EXPECT_TRUE(co_await wait_until([&] { return answered == n - (n + 2) / 3; }, 60s));
+        EXPECT_EQ(wrong, 0);
+        ORDO_CO_ASSERT_EQ(started.size(), std::size_t(n));
+        for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(started[i], i);
+        if (!opts.concurrent) {
+            for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(finished[i], i);
+            EXPECT_EQ(max_running, 1);
+        } else if (suspending) {
+            EXPECT_GT(max_running, 1) << "concurrent handlers never overlapped";
+        }
+        co_await srv.async_stop();
+    }, 300s);
+}
+
+TEST(Ordering, MixedRequestsAndNotificationsReachSerialHandlersInSendOrder) {
+    check_order({}, false);
+}
+TEST(Ordering, SerialHandlersThatSuspendStillTakeEffectInSendOrder) { check_order({}, true); }
+TEST(Ordering, ConcurrentHandlersStartInSendOrder) { check_order({.concurrent = true}, true); }
+
+// A server with the counter handlers on tcp, and a connected channel.
+struct fixture {
+    explicit fixture(net::any_io_executor ex) : srv(ex) {
+        srv.on(counter{}.inc, [](int x) { return x + 1; });
+        srv.on(counter{}.sleep_ms, [this](int ms) -> net::awaitable<int> {
+            try {
+                co_await sleep_for(std::chrono::milliseconds(ms));
+            } catch (const std::system_error& e) {
+                if (e.code() == net::error::operation_aborted) ++handler_saw_cancel;
+                throw;
+            }
+            co_return ms;
+        });
+        srv.on("fail", [](std::string why) -> int { throw std::runtime_error(why); });
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    server srv;
+    std::string url;
+    int handler_saw_cancel = 0;
+};
+
+TEST(Calls, TypedStubCallsLookLikeLocalCalls) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto c = stub<counter>(co_await async_connect(f.url));
+        EXPECT_EQ(co_await c.inc(1), 2);
+        EXPECT_EQ(co_await c.inc(41, timeout(5s)), 42);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Calls, TheSameCallWorksThroughEveryCompletionToken) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        auto c = stub<counter>(ch);
+        EXPECT_EQ(co_await c.inc(1, net::use_awaitable), 2);
+        EXPECT_EQ(co_await c.inc(2, net::experimental::deferred)(net::use_awaitable), 3);
+        auto [ec, v] = co_await c.inc(3, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_FALSE(ec);
+        EXPECT_EQ(v, 4);
+        std::error_code rec;
+        EXPECT_EQ(co_await c.inc(4, net::redirect_error(net::use_awaitable, rec)), 5);
+        EXPECT_FALSE(rec);
+        int from_callback = 0;
+        c.inc(5, [&](std::error_code e, int r) { from_callback = e ? -1 : r; });
+        EXPECT_TRUE(co_await wait_until([&] { return from_callback != 0; }));
+        EXPECT_EQ(from_callback, 6);
+        // The untyped form yields the raw value.
+        value raw = co_await ch.async_call("inc", 6);
+        EXPECT_EQ(raw.get().as<int>(), 7);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Calls, UseFutureFromAnotherThreadCompletes) {
+    net::io_context io;
+    auto guard = net::make_work_guard(io);
+    std::thread t([&] { io.run(); });
+    {
+        fixture f(io.get_executor());
+        auto ch = net::co_spawn(io, async_connect(f.url), net::use_future).get();
+        auto c = stub<counter>(ch);
+        EXPECT_EQ(c.inc(10, net::use_future).get(), 11);
+        auto failing = ch.async_call<int>("nope", 1, net::use_future);
+        EXPECT_THROW(failing.get(), std::system_error);
+        net::co_spawn(io, f.srv.async_stop(), net::use_future).get();
+        ch = channel();
+        c = stub<counter>(channel());
+        net::post(io, net::use_future).get();  // drop the last references on the io thread
+    }
+    guard.reset();
+    io.stop();
+    t.join();
+}
+
+TEST(Errors, UnknownMethodBadArgumentsAndThrowingHandlersAnswerErrorsAndTheConnectionStaysUp) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        // (Words as separate strings: GCC 12 cannot keep an initializer list in a coroutine frame.)
+        auto expect = [&](errc code, auto call, std::string w1, std::string w2,
+                          std::string w3) -> net::awaitable<void> {
+            try {
+                co_await call();
+                ADD_FAILURE() << "no error";
+            } catch (const rpc_error& e) {
+                EXPECT_EQ(e.code(), code) << e.what();
+                for (const std::string* w : {&w1, &w2, &w3})
+                    EXPECT_NE(std::string(e.what()).find(*w), std::string::npos) << e.what();
+                EXPECT_EQ(e.peer(), f.url);
+            }
+        };
+        co_await expect(errc::method_not_found, [&] { return ch.async_call<int>("dec", 1); },
+                        "dec", f.url, "no method");
+        co_await expect(errc::bad_arguments, [&] { return ch.async_call<int>("inc", "one"); },
+                        "inc", "(int)", "argument 1");
+        co_await expect(errc::bad_arguments, [&] { return ch.async_call<int>("inc", 1, 2); },
+                        "inc", "(int)", "got 2 arguments");
+        co_await expect(errc::remote_error,
+                        [&] { return ch.async_call<int>("fail", "account 42 is frozen"); },
+                        "account 42 is frozen", "fail", "remote error");
+        co_await expect(errc::bad_result, [&] { return ch.async_call<std::string>("inc", 1); },
+                        "inc", "bad result", "convert");
+        auto [ec, v] = co_await ch.async_call<int>("dec", 1, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_EQ(ec, errc::method_not_found);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);  // still connected
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Deadlines, ExpiryFailsWithTimedOutRemovesThePendingEntryAndCancelsTheHandler) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        auto c = stub<counter>(ch);
+        try {
+            co_await c.sleep_ms(30'000, timeout(50ms));
+            ADD_FAILURE() << "no timeout";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::timed_out);
+            EXPECT_NE(std::string(e.what()).find("sleep_ms"), std::string::npos);
+        }
+        auto& p = static_cast<peer&>(*ch.impl());
+        EXPECT_EQ(p.counters().pending_calls, 0u);
+        EXPECT_TRUE(co_await wait_until([&] { return f.handler_saw_cancel == 1; }));
+        // The late "cancelled" answer is dropped quietly; the connection goes on.
+        EXPECT_EQ(co_await c.inc(1), 2);
+        EXPECT_TRUE(p.is_open());
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Deadlines, AsioCancellationFailsWithCancelledAndTheHandlerObservesIt) {
+    run_test([]() -> net::awaitable<void> {
+        using namespace net::experimental::awaitable_operators;
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        auto c = stub<counter>(ch);
+        net::steady_timer t(co_await net::this_coro::executor, 50ms);
+        auto r = co_await (c.sleep_ms(30'000, net::experimental::as_tuple(net::use_awaitable)) ||
+                           t.async_wait(net::use_awaitable));
+        ORDO_CO_ASSERT_EQ(r.index(), 1u);  // the timer won
+        auto& p = static_cast<peer&>(*ch.impl());
+        EXPECT_EQ(p.counters().pending_calls, 0u);
+        EXPECT_TRUE(co_await wait_until([&] { return f.handler_saw_cancel == 1; }));
+        EXPECT_EQ(co_await c.inc(1), 2);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Peers, BothSidesCallEachOtherOverOneConnection) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        // The server's handler calls back into the client that called it.
+        srv.on("twice_via_client", [](peer& p, int x) -> net::awaitable<int> {
+            int y = co_await channel(p.shared_from_this()).async_call<int>("client_double", x);
+            co_return y + 1;
+        });
+        srv.on(counter{}.inc, [](int x) { return x + 1; });
+        handlers mine;
+        mine.on("client_double", [](int x) { return 2 * x; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"), {}, &mine);
+        int ok = 0;
+        for (int i = 0; i < 100; ++i) {
+            ch.async_call<int>("twice_via_client", i, [&, i](std::error_code ec, int v) {
+                if (!ec && v == 2 * i + 1) ++ok;
+            });
+            ch.async_call<int>("inc", i, [&, i](std::error_code ec, int v) {
+                if (!ec && v == i + 1) ++ok;
+            });
+        }
+        EXPECT_TRUE(co_await wait_until([&] { return ok == 200; }));
+        co_await srv.async_stop();
+    });
+}
+
+TEST(Msgids, WrapAroundKeepsMatchingResponses) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        peer_options o;
+        o.first_msgid = 0xffffffffu - 20;
+        auto ch = co_await async_connect(f.url, o);
+        int ok = 0;
+        for (int i = 0; i < 64; ++i)
+            ch.async_call<int>("inc", i, [&, i](std::error_code ec, int v) {
+                if (!ec && v == i + 1) ++ok;
+            });
+        EXPECT_TRUE(co_await wait_until([&] { return ok == 64; }));
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Msgids, AResponseToAnUnknownIdIsAProtocolError) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto l = listen(ex, "tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(l->local_address());
+        auto raw = co_await l->async_accept();
+        std::error_code ec;
+        std::optional<std::error_code> call_ec;
+        ch.async_call<int>("inc", 1, [&](std::error_code e, int) { call_ec = e; });
+        buffer b;
+        encode_response(b, 999, 1);
+        co_await raw->async_write(net::buffer(b.data(), b.size()), ec);
+        EXPECT_TRUE(co_await wait_until([&] { return call_ec.has_value(); }));
+        ORDO_CO_ASSERT_TRUE(call_ec.has_value());
+        EXPECT_EQ(*call_ec, errc::protocol_error);
+        auto& p = static_cast<peer&>(*ch.impl());
+        auto [code, reason] = co_await p.async_wait_closed();
+        EXPECT_EQ(code, errc::protocol_error);
+        EXPECT_NE(reason.find("msgid 999"), std::string::npos) << reason;
+        // Later calls fail at once with the same error.
+        auto [ec2, v] = co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_EQ(ec2, errc::protocol_error);
+    });
+}
+
+TEST(Peers, ResponsesForAPeerThatWentAwayAreDroppedAndItsResourcesFreed) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        int finished = 0;
+        // Ignores cancellation, so it answers after its peer has gone.
+        srv.on("stubborn", [&](int ms) -> net::awaitable<int> {
+            try {
+                co_await sleep_for(std::chrono::milliseconds(ms));
+            } catch (const std::system_error&) {
+            }
+            co_await net::this_coro::reset_cancellation_state();  // Asio would throw again
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(use_tuple);
+            ++finished;
+            co_return ms;
+        });
+        auto url = srv.listen("tcp://127.0.0.1:0");
+        {
+            auto ch = co_await async_connect(url);
+            std::optional<std::error_code> got;
+            ch.async_call<int>("stubborn", 100, [&](std::error_code e, int) { got = e; });
+            EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 1; }));
+            static_cast<peer&>(*ch.impl()).abort();
+            EXPECT_TRUE(co_await wait_until([&] { return got.has_value(); }));
+            EXPECT_EQ(*got, errc::closed);
+        }
+        EXPECT_TRUE(co_await wait_until([&] { return finished == 1 && srv.peer_count() == 0; }));
+        co_await srv.async_stop();
+    });
+}
+
+TEST(Threads, CallsFromManyCoroutinesOnTwoThreadsAreAllMatched) {
+    net::io_context io(2);
+    auto strand = net::make_strand(io);
+    auto guard = net::make_work_guard(io);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) threads.emplace_back([&] { io.run(); });
+    {
+        auto srv_strand = net::make_strand(io);
+        std::unique_ptr<server> srv;
+        std::string url;
+        net::post(srv_strand, net::use_future).get();
+        net::dispatch(srv_strand, [&] {
+            srv = std::make_unique<server>(srv_strand);
+            srv->on(counter{}.inc, [](int x) { return x + 1; });
+            url = srv->listen("tcp://127.0.0.1:0");
+        });
+        net::post(srv_strand, net::use_future).get();
+        // The peer lives on its own strand; callers run on other strands of the same threads.
+        auto ch = net::co_spawn(strand, async_connect(url), net::use_future).get();
+        std::atomic<int> ok{0}, bad{0};
+        std::vector<std::future<void>> done;
+        for (int k = 0; k < 16; ++k) {
+            done.push_back(net::co_spawn(
+                net::make_strand(io),
+                [&, k]() -> net::awaitable<void> {
+                    auto c = stub<counter>(ch);
+                    for (int i = 0; i < 200; ++i) {
+                        int v = k * 1000 + i;
+                        if (co_await c.inc(v) == v + 1) ++ok;
+                        else ++bad;
+                    }
+                },
+                net::use_future));
+        }
+        for (auto& d : done) EXPECT_EQ(d.wait_for(60s), std::future_status::ready);
+        EXPECT_EQ(ok.load(), 16 * 200);
+        EXPECT_EQ(bad.load(), 0);
+        net::co_spawn(srv_strand, srv->async_stop(), net::use_future).get();
+        net::dispatch(strand, [&] { ch = channel(); });
+        net::post(strand, net::use_future).get();
+        net::dispatch(srv_strand, [&] { srv.reset(); });
+        net::post(srv_strand, net::use_future).get();
+    }
+    guard.reset();
+    for (auto& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace ordo
