@@ -264,14 +264,23 @@ public:
     auto async_call(std::string_view method, Ts&&... ts) const {
         constexpr std::size_t n = sizeof...(Ts);
         auto all = std::forward_as_tuple(std::forward<Ts>(ts)...);
-        if constexpr (n >= 1 && detail::is_completion_token_v<last_t<Ts...>, R>) {
-            if constexpr (n >= 2 && detail::is_call_options_v<nth_t<n - 2, Ts...>>)
-                return call_with<R>(method, std::get<n - 2>(all), std::get<n - 1>(all), all,
-                                    std::make_index_sequence<n - 2>());
-            else
-                return call_with<R>(method, call_options{}, std::get<n - 1>(all), all,
-                                    std::make_index_sequence<n - 1>());
-        } else if constexpr (n >= 1 && detail::is_call_options_v<last_t<Ts...>>) {
+        // Nested, so that last_t and nth_t are only formed for packs long enough.
+        if constexpr (n == 0) {
+            return call_with<R>(method, call_options{}, net::use_awaitable, all,
+                                std::make_index_sequence<0>());
+        } else if constexpr (detail::is_completion_token_v<last_t<Ts...>, R>) {
+            if constexpr (n >= 2) {
+                if constexpr (detail::is_call_options_v<nth_t<n - 2, Ts...>>)
+                    return call_with<R>(method, std::get<n - 2>(all), std::get<n - 1>(all), all,
+                                        std::make_index_sequence<n - 2>());
+                else
+                    return call_with<R>(method, call_options{}, std::get<n - 1>(all), all,
+                                        std::make_index_sequence<n - 1>());
+            } else {
+                return call_with<R>(method, call_options{}, std::get<0>(all), all,
+                                    std::make_index_sequence<0>());
+            }
+        } else if constexpr (detail::is_call_options_v<last_t<Ts...>>) {
             return call_with<R>(method, std::get<n - 1>(all), net::use_awaitable, all,
                                 std::make_index_sequence<n - 1>());
         } else {

@@ -241,6 +241,46 @@ TEST(Deadlines, AsioCancellationFailsWithCancelledAndTheHandlerObservesIt) {
     });
 }
 
+TEST(Deadlines, ThePeerDefaultTimeoutAppliesToCallsThatSetNone) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        peer_options o;
+        o.default_timeout = 50ms;
+        auto c = stub<counter>(co_await async_connect(f.url, o));
+        auto [ec, v] = co_await c.sleep_ms(30'000, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_EQ(ec, errc::timed_out);
+        EXPECT_EQ(co_await c.sleep_ms(1, timeout(30s)), 1);  // a per-call timeout overrides it
+        co_await f.srv.async_stop();
+    });
+}
+
+int plain_function(int a, std::string b) { return a + static_cast<int>(b.size()); }
+
+TEST(Handlers, PlainFunctionsAndPeerTakingHandlersAreRegisteredAlike) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        srv.on("plain", plain_function);
+        srv.on("whoami", [](peer& p) { return p.remote_address().substr(0, 6); });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        EXPECT_EQ(co_await ch.async_call<int>("plain", 1, "abc"), 4);
+        EXPECT_EQ(co_await ch.async_call<std::string>("whoami"), "tcp://");
+        co_await srv.async_stop();
+    });
+}
+
+TEST(Handlers, NotificationsThenACallAreSeenInThatOrder) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        long total = 0;
+        srv.on("add", [&](int x) { return total += x; });
+        srv.on("total", [&] { return total; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        for (int i = 1; i <= 100; ++i) ch.notify("add", i);
+        EXPECT_EQ(co_await ch.async_call<long>("total"), 5050);
+        co_await srv.async_stop();
+    });
+}
+
 TEST(Peers, BothSidesCallEachOtherOverOneConnection) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;

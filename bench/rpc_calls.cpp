@@ -1,0 +1,147 @@
+// Call rate and latency over one ordered ordo::peer: a forked server process serves inc(int);
+// the client makes --count calls one at a time (seq) and then with --inflight calls outstanding
+// (pipelined), checks every result, and prints one JSON line per workload.
+//
+//   rpc_calls [--transport tcp|unix] [--count N] [--inflight K]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ordo/ordo.hpp>
+
+namespace net = ordo::net;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct config {
+    std::string transport = "tcp";
+    long count = 100'000;
+    long inflight = 256;
+};
+
+int serve(const config& cfg, int ready_fd) {
+    net::io_context io;
+    ordo::server srv(io.get_executor());
+    srv.on("inc", [](int x) { return x + 1; });
+    const std::string url = cfg.transport == "unix"
+                                ? "unix:///tmp/ordo-bench-rpc-" + std::to_string(::getpid()) + ".sock"
+                                : "tcp://127.0.0.1:0";
+    const std::string bound = srv.listen(url) + "\n";
+    if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
+    ::close(ready_fd);
+    // The client's connection ending is the signal to stop.
+    net::co_spawn(io, [&]() -> net::awaitable<void> {
+        net::steady_timer t(io);
+        bool seen = false;
+        for (;;) {
+            t.expires_after(std::chrono::milliseconds(20));
+            co_await t.async_wait(ordo::use_tuple);
+            if (srv.peer_count() > 0) seen = true;
+            if (seen && srv.peer_count() == 0) break;
+        }
+        co_await srv.async_stop();
+    }, net::detached);
+    io.run();
+    return 0;
+}
+
+double percentile(std::vector<double>& v, double p) {
+    if (v.empty()) return 0;
+    std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * v.size()));
+    std::nth_element(v.begin(), v.begin() + k, v.end());
+    return v[k];
+}
+
+void report(const config& cfg, const char* workload, long inflight, double seconds,
+            std::vector<double>& lat) {
+    std::printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"ordered\",\"count\":%ld,"
+                "\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
+                "\"p90_us\":%.1f,\"p99_us\":%.1f}\n",
+                workload, cfg.transport.c_str(), cfg.count, inflight, seconds, cfg.count / seconds,
+                percentile(lat, 0.5), percentile(lat, 0.9), percentile(lat, 0.99));
+}
+
+net::awaitable<void> client(const config& cfg, const std::string& url) {
+    ordo::channel ch = co_await ordo::async_connect(url);
+    std::vector<double> lat;
+    lat.reserve(cfg.count);
+
+    auto start = clock_type::now();
+    for (long i = 0; i < cfg.count; ++i) {
+        auto t0 = clock_type::now();
+        int v = co_await ch.async_call<int>("inc", static_cast<int>(i));
+        lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+        if (v != i + 1) throw std::runtime_error("wrong result");
+    }
+    report(cfg, "seq", 1, std::chrono::duration<double>(clock_type::now() - start).count(), lat);
+
+    lat.clear();
+    long next = 0, done = 0, wrong = 0;
+    net::steady_timer finished(co_await net::this_coro::executor, clock_type::time_point::max());
+    std::function<void()> issue = [&] {
+        const long i = next++;
+        const auto t0 = clock_type::now();
+        ch.async_call<int>("inc", static_cast<int>(i), [&, i, t0](std::error_code ec, int v) {
+            lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+            if (ec || v != i + 1) ++wrong;
+            if (++done == cfg.count) finished.cancel();
+            else if (next < cfg.count) issue();
+        });
+    };
+    start = clock_type::now();
+    for (long k = 0; k < std::min(cfg.inflight, cfg.count); ++k) issue();
+    while (done < cfg.count) co_await finished.async_wait(ordo::use_tuple);
+    report(cfg, "pipelined", cfg.inflight,
+           std::chrono::duration<double>(clock_type::now() - start).count(), lat);
+    if (wrong) throw std::runtime_error("wrong results");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    config cfg;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        std::string k = argv[i], v = argv[i + 1];
+        if (k == "--transport") cfg.transport = v;
+        else if (k == "--count") cfg.count = std::stol(v);
+        else if (k == "--inflight") cfg.inflight = std::stol(v);
+        else {
+            std::cerr << "unknown flag " << k << "\n";
+            return 2;
+        }
+    }
+    int fds[2];
+    if (::pipe(fds) != 0) return 1;
+    const pid_t child = ::fork();
+    if (child == 0) {
+        ::close(fds[0]);
+        std::_Exit(serve(cfg, fds[1]));
+    }
+    ::close(fds[1]);
+    std::string url;
+    char c;
+    while (::read(fds[0], &c, 1) == 1 && c != '\n') url += c;
+    net::io_context io;
+    int status = 0;
+    net::co_spawn(io, client(cfg, url), [&](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            std::cerr << "rpc_calls: " << ex.what() << "\n";
+            status = 1;
+        }
+    });
+    io.run();
+    int child_status = 0;
+    ::waitpid(child, &child_status, 0);
+    return status;
+}
