@@ -2,7 +2,11 @@
 // the client makes --count calls one at a time (seq) and then with --inflight calls outstanding
 // (pipelined), checks every result, and prints one JSON line per workload.
 //
-//   rpc_calls [--transport tcp|unix] [--count N] [--inflight K]
+// With --workload hol, it measures instead the latency of a small call made right after a
+// --size byte echo call (ordered: it waits behind it; pooled: it does not).
+//
+//   rpc_calls [--transport tcp|unix] [--mode ordered|pooled] [--workload calls|hol]
+//             [--count N] [--inflight K] [--size BYTES]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,14 +27,18 @@ namespace {
 
 struct config {
     std::string transport = "tcp";
+    std::string mode = "ordered";
+    std::string workload = "calls";
     long count = 100'000;
     long inflight = 256;
+    long size = 64 << 20;
 };
 
 int serve(const config& cfg, int ready_fd) {
     net::io_context io;
     ordo::server srv(io.get_executor());
     srv.on("inc", [](int x) { return x + 1; });
+    srv.on("echo", [](msgpack::object v) { return v; });
     const std::string url = cfg.transport == "unix"
                                 ? "unix:///tmp/ordo-bench-rpc-" + std::to_string(::getpid()) + ".sock"
                                 : "tcp://127.0.0.1:0";
@@ -62,15 +70,50 @@ double percentile(std::vector<double>& v, double p) {
 
 void report(const config& cfg, const char* workload, long inflight, double seconds,
             std::vector<double>& lat) {
-    std::printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"ordered\",\"count\":%ld,"
+    std::printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\",\"count\":%ld,"
                 "\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
                 "\"p90_us\":%.1f,\"p99_us\":%.1f}\n",
-                workload, cfg.transport.c_str(), cfg.count, inflight, seconds, cfg.count / seconds,
+                workload, cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, inflight, seconds, cfg.count / seconds,
                 percentile(lat, 0.5), percentile(lat, 0.9), percentile(lat, 0.99));
 }
 
-net::awaitable<void> client(const config& cfg, const std::string& url) {
+net::awaitable<void> hol(const config& cfg, ordo::channel ch) {
+    const std::string big(static_cast<std::size_t>(cfg.size), 'x');
+    std::vector<double> small_lat, big_lat;
+    bool bad = false;
+    for (long round = 0; round < cfg.count && !bad; ++round) {
+        int done = 0;
+        const auto t0 = clock_type::now();
+        ch.async_call<std::string>("echo", big, [&](std::error_code ec, std::string r) {
+            if (ec || r.size() != big.size()) bad = true;
+            big_lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+            ++done;
+        });
+        const auto t1 = clock_type::now();
+        ch.async_call<int>("inc", 1, [&](std::error_code ec, int v) {
+            if (ec || v != 2) bad = true;
+            small_lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t1).count());
+            ++done;
+        });
+        net::steady_timer t(co_await net::this_coro::executor);
+        while (done < 2) {
+            t.expires_after(std::chrono::microseconds(100));
+            co_await t.async_wait(ordo::use_tuple);
+        }
+    }
+    std::printf("{\"workload\":\"hol\",\"transport\":\"%s\",\"mode\":\"%s\",\"count\":%ld,"
+                "\"size\":%ld,\"small_p50_us\":%.0f,\"small_max_us\":%.0f,\"big_p50_us\":%.0f}\n",
+                cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, cfg.size,
+                percentile(small_lat, 0.5), percentile(small_lat, 1.0), percentile(big_lat, 0.5));
+    if (bad) throw std::runtime_error("a call failed or returned a wrong result");
+}
+
+net::awaitable<void> client(const config& cfg, std::string url) {
+    if (cfg.mode == "pooled")
+        url += "?mode=pooled&max_connections=" + std::to_string(std::max(2L, cfg.inflight));
     ordo::channel ch = co_await ordo::async_connect(url);
+    co_await ch.async_call<int>("inc", 0);  // connected and warm before the clock starts
+    if (cfg.workload == "hol") co_return co_await hol(cfg, ch);
     std::vector<double> lat;
     lat.reserve(cfg.count);
 
@@ -111,6 +154,9 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string k = argv[i], v = argv[i + 1];
         if (k == "--transport") cfg.transport = v;
+        else if (k == "--mode") cfg.mode = v;
+        else if (k == "--workload") cfg.workload = v;
+        else if (k == "--size") cfg.size = std::stol(v);
         else if (k == "--count") cfg.count = std::stol(v);
         else if (k == "--inflight") cfg.inflight = std::stol(v);
         else {

@@ -32,9 +32,13 @@ net::awaitable<void> worker(counter c, const config& cfg, long& next, long& done
 }
 
 net::awaitable<void> run(const config& cfg) {
-    if (cfg.mode == "pooled") throw std::runtime_error("--mode pooled is not yet supported");
-    if (cfg.mode != "ordered") throw std::runtime_error("unknown --mode " + cfg.mode);
-    ordo::channel ch = co_await ordo::async_connect(cfg.url);
+    if (cfg.mode != "ordered" && cfg.mode != "pooled")
+        throw std::runtime_error("unknown --mode " + cfg.mode + " (ordered or pooled)");
+    std::string url = cfg.url;
+    if (cfg.mode == "pooled")
+        url += std::string(url.find('?') == std::string::npos ? "?" : "&") +
+               "mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight));
+    ordo::channel ch = co_await ordo::async_connect(url);
     auto c = ordo::stub<counter>(ch);
     long next = 0, done = 0;
     const auto start = std::chrono::steady_clock::now();

@@ -565,10 +565,4 @@ std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, co
     return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h);
 }
 
-net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
-    auto p = make_peer(co_await async_connect_transport(url), std::move(o), h);
-    p->start();
-    co_return channel(std::move(p));
-}
-
 }  // namespace ordo

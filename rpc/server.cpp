@@ -15,6 +15,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
     std::vector<std::unique_ptr<listener>> listeners;
     std::list<std::shared_ptr<peer>> peers;
     int accept_loops = 0;
+    std::uint64_t accepted = 0;
     bool stopping = false;
     net::steady_timer changed;
 
@@ -33,6 +34,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
                 co_await backoff.async_wait(use_tuple);
                 continue;
             }
+            ++s->accepted;
             auto p = make_peer(std::move(t), s->o.peer, s->h);
             s->peers.push_back(p);
             auto it = std::prev(s->peers.end());
@@ -82,5 +84,6 @@ net::awaitable<void> server::async_stop() {
 }
 
 std::size_t server::peer_count() const noexcept { return s_->peers.size(); }
+std::uint64_t server::connections_accepted() const noexcept { return s_->accepted; }
 
 }  // namespace ordo

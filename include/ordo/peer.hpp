@@ -101,10 +101,4 @@ private:
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o = {},
                                 const handlers* h = nullptr);
 
-/// Connects to `url` and returns an ordered channel over a started peer. `h` (optional) serves
-/// requests the remote side sends back; it must outlive the channel. Throws std::system_error
-/// naming the address when the connection fails.
-net::awaitable<channel> async_connect(std::string_view url, peer_options o = {},
-                                      const handlers* h = nullptr);
-
 }  // namespace ordo

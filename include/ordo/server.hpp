@@ -46,6 +46,8 @@ public:
 
     /// Connections currently open.
     std::size_t peer_count() const noexcept;
+    /// Connections accepted since construction.
+    std::uint64_t connections_accepted() const noexcept;
     ordo::handlers& handlers() noexcept { return handlers_; }
 
     struct state;

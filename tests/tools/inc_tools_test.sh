@@ -20,8 +20,10 @@ for sig in TERM INT; do
     [[ "$out" =~ ^ok\ 2000\ calls\ in\ [0-9.]+\ s\ \([0-9]+\ calls/s\)$ ]] || fail "bad ok line: $out"
     out=$("$client" --connect "unix://$dir/s.sock" --calls 500 --inflight 1) || fail "unix client: $out"
 
-    err=$("$client" --connect "$url" --mode pooled 2>&1 >/dev/null); rc=$?
-    [ $rc = 1 ] && [[ "$err" == error:* ]] || fail "pooled mode: rc=$rc $err"
+    out=$("$client" --connect "$url" --mode pooled --calls 2000 --inflight 8) || fail "pooled: $out"
+    [[ "$out" =~ ^ok\ 2000\ calls ]] || fail "bad pooled ok line: $out"
+    err=$("$client" --connect "$url" --mode bogus 2>&1 >/dev/null); rc=$?
+    [ $rc = 1 ] && [[ "$err" == error:* ]] || fail "bad mode: rc=$rc $err"
 
     kill -"$sig" "$pid"
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done

@@ -1,0 +1,40 @@
+// ordo::async_connect: a channel from a URL. The URL chooses ordered or pooled; call sites do not
+// change.
+#pragma once
+
+#include <string_view>
+
+#include "ordo/channel.hpp"
+#include "ordo/handlers.hpp"
+#include "ordo/peer.hpp"
+#include "ordo/pool.hpp"
+
+namespace ordo {
+
+/// Connects to `url` (tcp://host:port or unix:///path) and returns a channel, on the calling
+/// coroutine's executor.
+///
+/// `mode=ordered` (default): one ordered connection (an ordo::peer), opened now. `h`
+/// (optional) serves requests the remote side sends back; it must outlive the channel.
+/// `mode=pooled`: an ordo::pool; one connection is opened now, so that a wrong address fails
+/// here. Pooled notifications are not ordered.
+///
+/// URL parameters (all optional; they override the fields of `o`):
+///
+/// | parameter | modes | meaning |
+/// | --- | --- | --- |
+/// | mode | both | ordered or pooled |
+/// | timeout_ms | both | default deadline of calls (0: none) |
+/// | interval_ms | both | batching interval of each connection |
+/// | max_connections | pooled | connections open at once (default 16) |
+/// | max_idle | pooled | idle connections kept (default 16) |
+/// | idle_timeout_ms | pooled | idle connections closed after this (default 30000) |
+/// | connect_timeout_ms | pooled | limit on opening one connection (default 10000) |
+/// | max_queued | pooled | calls waiting for a connection (default 65536) |
+///
+/// Throws std::system_error: errc::bad_address naming an unknown parameter or a bad value, or
+/// the connection error naming the address.
+net::awaitable<channel> async_connect(std::string_view url, peer_options o = {},
+                                      const handlers* h = nullptr);
+
+}  // namespace ordo

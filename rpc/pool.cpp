@@ -1,0 +1,373 @@
+#include "ordo/pool.hpp"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+namespace ordo {
+
+struct pool::state {
+    using clock = std::chrono::steady_clock;
+
+    // The call as lent to one connection: forwards the outcome to the caller and gives the
+    // connection back to the pool (posted: never from inside the peer's own code).
+    class pooled_call final : public detail::pending_call {
+    public:
+        pooled_call(std::weak_ptr<pool> pl, std::shared_ptr<peer> conn,
+                    std::unique_ptr<detail::pending_call> inner)
+            : pool_(std::move(pl)), conn_(std::move(conn)), inner_(std::move(inner)) {}
+
+        void complete(std::error_code ec, call_outcome out) override {
+            if (auto pl = pool_.lock()) {
+                auto ex = pl->s_->ex;
+                net::post(ex, [pl = std::move(pl), conn = std::move(conn_), ok = !ec] {
+                    pl->s_->release(conn, ok);
+                });
+            }
+            inner_->complete(ec, std::move(out));
+        }
+
+    private:
+        std::weak_ptr<pool> pool_;
+        std::shared_ptr<peer> conn_;
+        std::unique_ptr<detail::pending_call> inner_;
+    };
+
+    struct waiting {
+        std::unique_ptr<detail::pending_call> call;
+        std::unique_ptr<net::steady_timer> timer;
+        clock::time_point deadline = clock::time_point::max();
+        std::chrono::milliseconds timeout{0};
+    };
+    struct idle_entry {
+        std::shared_ptr<peer> conn;
+        clock::time_point since;
+    };
+
+    state(pool& p, net::any_io_executor e, std::string u, pool_options opt)
+        : self(p), ex(std::move(e)), url(std::move(u)), o(std::move(opt)), sweeper(ex) {
+        parse_address(url);  // a bad URL fails here, not at the first call
+    }
+
+    pool& self;
+    net::any_io_executor ex;
+    std::string url;
+    pool_options o;
+    std::vector<std::shared_ptr<peer>> open;  // idle and busy
+    std::vector<idle_entry> idle;             // most recently used last
+    std::map<std::uint64_t, waiting> queue;   // FIFO by sequence number
+    std::uint64_t next_seq = 0;
+    std::vector<std::pair<std::string, std::string>> notes;  // waiting for a connection
+    std::size_t connecting = 0;
+    bool closed = false;
+    bool sweeping = false;
+    net::steady_timer sweeper;
+    pool_counters c;
+
+    void update() {
+        c.open = open.size();
+        c.idle = idle.size();
+        c.connecting = connecting;
+        c.queued_calls = queue.size();
+    }
+
+    static void fail(detail::pending_call& call, std::error_code ec, std::string detail) {
+        call_outcome out;
+        out.detail = std::move(detail);
+        call.complete(ec, std::move(out));
+    }
+
+    void start_call(std::unique_ptr<detail::pending_call> call) {
+        if (closed) return fail(*call, errc::closed, "ordo: pool for " + url + " is closed");
+        const auto timeout = call->options.timeout.count() > 0 ? call->options.timeout
+                                                               : o.peer.default_timeout;
+        if (auto conn = take_idle()) return lend(conn, std::move(call), timeout);
+        if (queue.size() >= o.max_queued_calls)
+            return fail(*call, errc::overloaded,
+                        "ordo: " + std::to_string(queue.size()) + " calls already wait for a " +
+                            "connection to " + url + " (max_queued_calls)");
+        const std::uint64_t seq = next_seq++;
+        waiting& w = queue[seq];
+        w.timeout = timeout;
+        std::weak_ptr<pool> wp = self.weak_from_this();
+        if (timeout.count() > 0) {
+            w.deadline = clock::now() + timeout;
+            w.timer = std::make_unique<net::steady_timer>(ex, w.deadline);
+            w.timer->async_wait([wp, seq](std::error_code ec) {
+                if (!ec)
+                    if (auto p = wp.lock()) p->s_->withdraw(seq, errc::timed_out);
+            });
+        }
+        if (call->slot.is_connected())
+            call->slot.assign([wp, seq, ex = ex](net::cancellation_type) {
+                net::post(ex, [wp, seq] {
+                    if (auto p = wp.lock()) p->s_->withdraw(seq, errc::cancelled);
+                });
+            });
+        w.call = std::move(call);
+        update();
+        maybe_connect();
+    }
+
+    // A waiting call's deadline passed or its caller cancelled it.
+    void withdraw(std::uint64_t seq, errc why) {
+        auto it = queue.find(seq);
+        if (it == queue.end()) return;
+        waiting w = std::move(it->second);
+        queue.erase(it);
+        update();
+        if (w.timer) w.timer->cancel();
+        w.call->slot.clear();
+        fail(*w.call, why,
+             why == errc::timed_out
+                 ? "no connection to " + url + " became free within " +
+                       std::to_string(w.timeout.count()) + " ms"
+                 : std::string("cancelled by the caller while waiting for a connection"));
+    }
+
+    std::shared_ptr<peer> take_idle() {
+        while (!idle.empty()) {
+            auto conn = std::move(idle.back().conn);
+            idle.pop_back();
+            if (conn->is_open()) return conn;
+            discard(conn);
+        }
+        return nullptr;
+    }
+
+    void lend(const std::shared_ptr<peer>& conn, std::unique_ptr<detail::pending_call> call,
+              std::chrono::milliseconds timeout) {
+        call->slot.clear();  // a waiting call's slot held the pool's handler; the peer sets its own
+        std::string method = std::move(call->method);
+        buffer params = std::move(call->params);
+        call_options options = call->options;
+        options.timeout = timeout;
+        net::cancellation_slot slot = call->slot;
+        auto lent = std::make_unique<pooled_call>(self.weak_from_this(), conn, std::move(call));
+        lent->method = std::move(method);
+        lent->params = std::move(params);
+        lent->options = options;
+        lent->slot = slot;
+        update();
+        conn->start_call(std::move(lent));
+    }
+
+    void lend_waiting(const std::shared_ptr<peer>& conn) {
+        auto it = queue.begin();
+        waiting w = std::move(it->second);
+        queue.erase(it);
+        if (w.timer) w.timer->cancel();
+        auto left = w.timeout;
+        if (w.deadline != clock::time_point::max())
+            left = std::max(std::chrono::milliseconds(1),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline -
+                                                                                  clock::now()));
+        lend(conn, std::move(w.call), left);
+    }
+
+    void release(const std::shared_ptr<peer>& conn, bool ok) {
+        if (!ok || closed || !conn->is_open()) {
+            discard(conn);
+            maybe_connect();
+            return;
+        }
+        if (!queue.empty()) return lend_waiting(conn);
+        if (idle.size() >= o.max_idle) {
+            discard(conn);
+            return;
+        }
+        idle.push_back({conn, clock::now()});
+        update();
+        arm_sweeper();
+    }
+
+    void discard(const std::shared_ptr<peer>& conn) {
+        auto it = std::find(open.begin(), open.end(), conn);
+        if (it == open.end()) return;
+        open.erase(it);
+        ++c.connections_discarded;
+        conn->abort();
+        update();
+    }
+
+    void maybe_connect() {
+        const std::size_t wanted = queue.size() + (notes.empty() ? 0 : 1);
+        while (!closed && wanted > connecting && open.size() + connecting < o.max_connections) {
+            ++connecting;
+            update();
+            net::co_spawn(ex, connect_one(self.shared_from_this()), net::detached);
+        }
+    }
+
+    static net::awaitable<std::unique_ptr<transport>> open_transport(std::string url,
+                                                                     std::chrono::milliseconds limit) {
+        using namespace net::experimental::awaitable_operators;
+        net::steady_timer timer(co_await net::this_coro::executor, limit);
+        auto r = co_await (async_connect_transport(url) || timer.async_wait(net::use_awaitable));
+        if (r.index() == 1)
+            throw_error(errc::timed_out, "ordo: connecting to " + url + " took longer than " +
+                                             std::to_string(limit.count()) + " ms");
+        co_return std::move(std::get<0>(r));
+    }
+
+    static net::awaitable<void> connect_one(std::shared_ptr<pool> keep) {
+        state& s = *keep->s_;
+        std::unique_ptr<transport> t;
+        std::error_code ec;
+        std::string why;
+        try {
+            t = co_await open_transport(s.url, s.o.connect_timeout);
+        } catch (const std::system_error& e) {
+            ec = e.code();
+            why = e.what();
+        }
+        --s.connecting;
+        if (t) s.adopt(std::move(t));
+        else s.connect_failed(ec, why);
+    }
+
+    // A new connection: it serves waiting notifications and the oldest waiting call.
+    std::shared_ptr<peer> adopt(std::unique_ptr<transport> t) {
+        auto conn = make_peer(std::move(t), o.peer, nullptr);
+        conn->start();
+        ++c.connections_opened;
+        std::weak_ptr<pool> wp = self.weak_from_this();
+        conn->on_closed([wp, raw = conn.get()](const std::error_code&, const std::string&) {
+            if (auto p = wp.lock())
+                net::post(p->s_->ex, [wp, raw] {
+                    if (auto p = wp.lock()) p->s_->forget_idle(raw);
+                });
+        });
+        open.push_back(conn);
+        if (closed) {
+            discard(conn);
+            return conn;
+        }
+        auto waiting_notes = std::move(notes);
+        notes.clear();
+        for (auto& [method, params] : waiting_notes) send_note(*conn, method, params);
+        if (!queue.empty()) lend_waiting(conn);
+        else release(conn, true);
+        update();
+        return conn;
+    }
+
+    // An idle connection whose server went away: drop it now rather than at the next call.
+    void forget_idle(peer* raw) {
+        auto it = std::find_if(idle.begin(), idle.end(),
+                               [raw](const idle_entry& e) { return e.conn.get() == raw; });
+        if (it == idle.end()) return;
+        auto conn = it->conn;
+        idle.erase(it);
+        discard(conn);
+    }
+
+    void connect_failed(std::error_code ec, const std::string& why) {
+        update();
+        if (closed || !open.empty() || connecting > 0) return;  // others will serve the queue
+        auto waiting_calls = std::move(queue);
+        queue.clear();
+        update();
+        for (auto& [seq, w] : waiting_calls) {
+            if (w.timer) w.timer->cancel();
+            w.call->slot.clear();
+            fail(*w.call, ec, why);
+        }
+        drop_notes(ec, why);
+    }
+
+    void drop_notes(std::error_code ec, const std::string& why) {
+        auto lost = std::move(notes);
+        notes.clear();
+        if (o.on_undelivered)
+            for (auto& [method, params] : lost) o.on_undelivered(method, ec, why);
+    }
+
+    void send_note(peer& conn, std::string_view method, std::string_view params) {
+        try {
+            conn.notify_raw(method, params);
+        } catch (const std::system_error& e) {
+            if (o.on_undelivered) o.on_undelivered(method, e.code(), e.what());
+        }
+    }
+
+    void notify(std::string_view method, std::string_view params) {
+        if (closed) throw_error(errc::closed, "ordo: pool for " + url + " is closed");
+        for (auto it = open.rbegin(); it != open.rend(); ++it)
+            if ((*it)->is_open()) return (*it)->notify_raw(method, params);
+        notes.emplace_back(std::string(method), std::string(params));
+        maybe_connect();
+    }
+
+    void arm_sweeper() {
+        if (sweeping || idle.empty()) return;
+        sweeping = true;
+        sweeper.expires_at(idle.front().since + o.idle_timeout);
+        std::weak_ptr<pool> wp = self.weak_from_this();
+        sweeper.async_wait([wp](std::error_code ec) {
+            auto p = wp.lock();
+            if (!p) return;
+            p->s_->sweeping = false;
+            if (!ec) p->s_->sweep();
+        });
+    }
+
+    void sweep() {
+        const auto now = clock::now();
+        // idle is ordered by since: the oldest first.
+        while (!idle.empty() && idle.front().since + o.idle_timeout <= now) {
+            auto conn = idle.front().conn;
+            idle.erase(idle.begin());
+            discard(conn);
+        }
+        arm_sweeper();
+    }
+
+    void close_all() {
+        if (closed) return;
+        closed = true;
+        auto waiting_calls = std::move(queue);
+        queue.clear();
+        for (auto& [seq, w] : waiting_calls) {
+            if (w.timer) w.timer->cancel();
+            w.call->slot.clear();
+            fail(*w.call, errc::closed, "ordo: pool for " + url + " closed");
+        }
+        drop_notes(errc::closed, "ordo: pool for " + url + " closed");
+        idle.clear();
+        auto conns = std::move(open);
+        open.clear();
+        for (auto& conn : conns) conn->abort();
+        sweeper.cancel();
+        update();
+    }
+};
+
+pool::pool(private_tag, net::any_io_executor ex, std::string url, pool_options o)
+    : s_(std::make_unique<state>(*this, std::move(ex), std::move(url), std::move(o))) {}
+
+pool::~pool() { s_->close_all(); }
+
+void pool::start_call(std::unique_ptr<detail::pending_call> call) { s_->start_call(std::move(call)); }
+
+void pool::notify_raw(std::string_view method, std::string_view params) {
+    s_->notify(method, params);
+}
+
+const std::string& pool::remote_address() const noexcept { return s_->url; }
+net::any_io_executor pool::get_executor() const { return s_->ex; }
+
+net::awaitable<void> pool::async_warm_up() {
+    auto keep = shared_from_this();
+    auto t = co_await state::open_transport(s_->url, s_->o.connect_timeout);
+    s_->adopt(std::move(t));
+}
+
+void pool::close() { s_->close_all(); }
+const pool_counters& pool::counters() const noexcept { return s_->c; }
+
+std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url, pool_options o) {
+    return std::make_shared<pool>(pool::private_tag{}, std::move(ex), std::move(url), std::move(o));
+}
+
+}  // namespace ordo

@@ -1,0 +1,260 @@
+// One test body for both modes: what a call site sees does not depend on ordered or pooled.
+// Then what differs: head-of-line blocking, connection reuse and limits of the pool.
+#include "ordo/ordo.hpp"
+
+#include <gtest/gtest.h>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+struct service : interface {
+    method<int(int)> inc{"inc"};
+    method<int(int)> sleep_ms{"sleep_ms"};
+    method<int(std::string)> fail{"fail"};
+};
+
+net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::use_awaitable);
+}
+
+struct fixture {
+    explicit fixture(net::any_io_executor ex, std::string listen_url = "tcp://127.0.0.1:0")
+        : srv(ex) {
+        srv.on(service{}.inc, [](int x) { return x + 1; });
+        srv.on(service{}.sleep_ms, [this](int ms) -> net::awaitable<int> {
+            try {
+                co_await sleep_for(std::chrono::milliseconds(ms));
+            } catch (const std::system_error&) {
+                ++cancelled;
+                throw;
+            }
+            co_return ms;
+        }, {.concurrent = true});
+        srv.on(service{}.fail, [](std::string why) -> int { throw std::runtime_error(why); });
+        srv.on("echo", [](msgpack::object v) { return v; });
+        url = srv.listen(listen_url);
+    }
+    server srv;
+    std::string url;
+    int cancelled = 0;
+};
+
+class BothModes : public ::testing::TestWithParam<std::string> {
+protected:
+    std::string with_mode(const std::string& url) const { return url + GetParam(); }
+};
+
+TEST_P(BothModes, CallsErrorsDeadlinesAndStubsBehaveTheSame) {
+    run_test([this]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        ordo::channel ch = co_await async_connect(with_mode(f.url));
+        auto s = stub<service>(ch);
+
+        EXPECT_EQ(co_await s.inc(1), 2);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 41), 42);
+        auto [ec, v] = co_await s.inc(2, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_FALSE(ec);
+        EXPECT_EQ(v, 3);
+
+        try {
+            co_await s.fail("frozen");
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::remote_error);
+            EXPECT_EQ(e.detail(), "frozen");
+            EXPECT_EQ(e.method(), "fail");
+        }
+        try {
+            co_await ch.async_call<int>("nope");
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::method_not_found);
+        }
+        try {
+            co_await s.sleep_ms(30'000, timeout(50ms));
+            ADD_FAILURE() << "no timeout";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::timed_out);
+        }
+        EXPECT_TRUE(co_await wait_until([&] { return f.cancelled == 1; }));
+
+        // Many calls at once, all matched.
+        int ok = 0;
+        for (int i = 0; i < 200; ++i)
+            s.inc(i, [&, i](std::error_code e, int r) { ok += !e && r == i + 1; });
+        EXPECT_TRUE(co_await wait_until([&] { return ok == 200; }));
+
+        // Notifications go through in either mode.
+        long total = 0;
+        f.srv.on("add", [&](int x) { total += x; });
+        for (int i = 0; i < 10; ++i) ch.notify("add", 1);
+        EXPECT_TRUE(co_await wait_until([&] { return total == 10; }));
+        co_await f.srv.async_stop();
+    });
+}
+
+INSTANTIATE_TEST_SUITE_P(OrderedAndPooled, BothModes,
+                         ::testing::Values("", "?mode=pooled&max_connections=4"),
+                         [](const auto& info) {
+                             return info.param.empty() ? std::string("ordered")
+                                                       : std::string("pooled");
+                         });
+
+// A small call made right after a 64 MiB echo: behind it on an ordered channel, ahead of it on a
+// pooled one.
+net::awaitable<bool> small_call_finishes_first(const std::string& url) {
+    auto ch = co_await async_connect(url);
+    co_await ch.async_call<int>("inc", 0);  // connected and warm
+    const std::string big(64 << 20, 'x');
+    int order = 0, big_done = 0, small_done = 0;
+    ch.async_call<std::string>("echo", big, [&](std::error_code e, std::string r) {
+        EXPECT_FALSE(e) << e.message();
+        EXPECT_EQ(r.size(), big.size());
+        big_done = ++order;
+    });
+    ch.async_call<int>("inc", 1, [&](std::error_code e, int r) {
+        EXPECT_FALSE(e) << e.message();
+        EXPECT_EQ(r, 2);
+        small_done = ++order;
+    });
+    EXPECT_TRUE(co_await wait_until([&] { return order == 2; }, 120s));
+    co_return small_done < big_done;
+}
+
+TEST(HeadOfLine, ASmallCallWaitsBehindA64MiBCallWhenOrdered) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        EXPECT_FALSE(co_await small_call_finishes_first(f.url));
+        co_await f.srv.async_stop();
+    }, std::chrono::seconds(180));
+}
+
+TEST(HeadOfLine, ASmallCallOvertakesA64MiBCallWhenPooled) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        EXPECT_TRUE(co_await small_call_finishes_first(f.url + "?mode=pooled"));
+        co_await f.srv.async_stop();
+    }, std::chrono::seconds(180));
+}
+
+TEST(Pool, AThousandSequentialCallsUseOneConnection) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto s = stub<service>(co_await async_connect(f.url + "?mode=pooled"));
+        for (int i = 0; i < 1000; ++i) ORDO_CO_ASSERT_EQ(co_await s.inc(i), i + 1);
+        EXPECT_EQ(f.srv.connections_accepted(), 1u);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Pool, SixtyFourConcurrentCallsNeverOpenMoreThanMaxConnections) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url + "?mode=pooled&max_connections=4");
+        auto& p = static_cast<pool&>(*ch.impl());
+        auto s = stub<service>(ch);
+        int ok = 0;
+        std::size_t most_open = 0, most_peers = 0;
+        for (int i = 0; i < 64; ++i)
+            s.sleep_ms(20, [&](std::error_code e, int r) { ok += !e && r == 20; });
+        EXPECT_TRUE(co_await wait_until([&] {
+            most_open = std::max(most_open, p.counters().open + p.counters().connecting);
+            most_peers = std::max(most_peers, f.srv.peer_count());
+            return ok == 64;
+        }));
+        EXPECT_LE(most_open, 4u);
+        EXPECT_LE(most_peers, 4u);
+        EXPECT_LE(f.srv.connections_accepted(), 4u);
+        EXPECT_EQ(p.counters().queued_calls, 0u);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Pool, ACallWhoseDeadlinePassesWhileQueuedFailsWithTimedOut) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url + "?mode=pooled&max_connections=1");
+        auto& p = static_cast<pool&>(*ch.impl());
+        auto s = stub<service>(ch);
+        std::optional<std::error_code> busy;
+        s.sleep_ms(2000, [&](std::error_code e, int) { busy = e; });  // holds the one connection
+        EXPECT_TRUE(co_await wait_until([&] { return f.srv.peer_count() == 1; }));
+        try {
+            co_await s.inc(1, timeout(100ms));
+            ADD_FAILURE() << "no timeout";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::timed_out);
+            EXPECT_NE(std::string(e.what()).find("became free"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(p.counters().queued_calls, 0u);
+        EXPECT_TRUE(co_await wait_until([&] { return busy.has_value(); }));
+        EXPECT_FALSE(*busy);
+        EXPECT_EQ(co_await s.inc(1), 2);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Pool, AFailedOrCancelledCallsConnectionIsClosedNotReused) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url + "?mode=pooled");
+        auto& p = static_cast<pool&>(*ch.impl());
+        auto s = stub<service>(ch);
+        EXPECT_EQ(co_await s.inc(1), 2);
+        auto [ec, v] = co_await s.sleep_ms(30'000, timeout(30ms),
+                                           net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_EQ(ec, errc::timed_out);
+        EXPECT_TRUE(co_await wait_until([&] { return p.counters().connections_discarded == 1; }));
+        EXPECT_TRUE(co_await wait_until([&] { return f.cancelled == 1; }));  // its handler ended
+        EXPECT_EQ(co_await s.inc(2), 3);
+        EXPECT_EQ(f.srv.connections_accepted(), 2u);
+        co_await f.srv.async_stop();
+    });
+}
+
+TEST(Pool, AConnectionWhoseServerWentAwayIsDiscardedAndTheNextCallOpensANewOne) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto first = std::make_unique<fixture>(ex);
+        const std::string url = first->url;
+        auto ch = co_await async_connect(url + "?mode=pooled");
+        auto& p = static_cast<pool&>(*ch.impl());
+        auto s = stub<service>(ch);
+        EXPECT_EQ(co_await s.inc(1), 2);
+        co_await first->srv.async_stop();
+        first.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return p.counters().open == 0; }));
+        fixture second(ex, url);  // the same port
+        EXPECT_EQ(co_await s.inc(5), 6);
+        EXPECT_EQ(second.srv.connections_accepted(), 1u);
+        co_await second.srv.async_stop();
+    });
+}
+
+TEST(Connect, UnknownParametersAndBadValuesAreRejectedByName) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        for (std::string q : {"?mode=sideways", "?max_connections=lots", "?colour=blue"}) {
+            try {
+                co_await async_connect(f.url + q);
+                ADD_FAILURE() << q << " accepted";
+            } catch (const std::system_error& e) {
+                EXPECT_EQ(e.code(), errc::bad_address);
+                EXPECT_NE(std::string(e.what()).find(q.substr(1, q.find('=') - 1)),
+                          std::string::npos)
+                    << e.what();
+            }
+        }
+        co_await f.srv.async_stop();
+    });
+}
+
+}  // namespace
+}  // namespace ordo
