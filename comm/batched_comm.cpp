@@ -211,6 +211,7 @@ struct batched_comm::impl {
             }
             framer.commit(n);
             c.bytes_received += n;
+            c.last_receive = clock::now();
             while (st != state::ended) {
                 auto m = framer.next();
                 if (!m) break;
@@ -282,6 +283,10 @@ void batched_comm::close() {
 
 void batched_comm::abort(std::error_code code) {
     impl_->fail(code, "ordo: connection to " + impl_->t->remote_address() + " aborted by this side");
+}
+
+void batched_comm::abort(std::error_code code, std::string reason) {
+    impl_->fail(code, std::move(reason));
 }
 
 net::awaitable<close_result> batched_comm::async_close() {

@@ -1,7 +1,12 @@
 #include "ordo/transport.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
@@ -59,6 +64,24 @@ public:
     }
 
     net::any_io_executor get_executor() override { return socket_.get_executor(); }
+
+    void set_liveness(std::chrono::milliseconds liveness) noexcept override {
+        if constexpr (std::is_same_v<Socket, tcp::socket>) {
+            const int fd = socket_.native_handle();
+            const int on = 1;
+            const int idle = std::max(1, static_cast<int>(liveness.count() / 1000));
+            const int interval = std::max(1, idle / 3);
+            const int count = 3;
+            const unsigned user_timeout =
+                static_cast<unsigned>(std::max<long long>(2000, 2 * liveness.count()));
+            // Best effort: a socket that refuses an option keeps ordo's own probing.
+            ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+        }
+    }
 
 private:
     Socket socket_;

@@ -1,5 +1,5 @@
 // ordo-inc-client --connect URL [--mode ordered|pooled] [--calls N] [--inflight K]
-//                 [--timeout-ms T]
+//                 [--timeout-ms T] [--liveness-timeout-ms L]
 // Calls inc(i) for i in 0..N-1 with up to K calls in flight and checks every result. Prints
 // "ok N calls in S s (R calls/s)" and exits 0, or "error: <message>" on stderr and exits 1.
 #include <chrono>
@@ -18,6 +18,7 @@ struct config {
     long calls = 1000;
     long inflight = 1;
     long timeout_ms = 0;
+    long liveness_timeout_ms = -1;  // -1: the library's default
 };
 
 net::awaitable<void> worker(counter c, const config& cfg, long& next, long& done) {
@@ -35,9 +36,12 @@ net::awaitable<void> run(const config& cfg) {
     if (cfg.mode != "ordered" && cfg.mode != "pooled")
         throw std::runtime_error("unknown --mode " + cfg.mode + " (ordered or pooled)");
     std::string url = cfg.url;
-    if (cfg.mode == "pooled")
-        url += std::string(url.find('?') == std::string::npos ? "?" : "&") +
-               "mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight));
+    auto add = [&](const std::string& param) {
+        url += (url.find('?') == std::string::npos ? "?" : "&") + param;
+    };
+    if (cfg.mode == "pooled") add("mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight)));
+    if (cfg.liveness_timeout_ms >= 0)
+        add("liveness_timeout_ms=" + std::to_string(cfg.liveness_timeout_ms));
     ordo::channel ch = co_await ordo::async_connect(url);
     auto c = ordo::stub<counter>(ch);
     long next = 0, done = 0;
@@ -80,6 +84,7 @@ int main(int argc, char** argv) {
             else if (a == "--calls") cfg.calls = std::stol(value());
             else if (a == "--inflight") cfg.inflight = std::stol(value());
             else if (a == "--timeout-ms") cfg.timeout_ms = std::stol(value());
+            else if (a == "--liveness-timeout-ms") cfg.liveness_timeout_ms = std::stol(value());
             else throw std::runtime_error("unknown flag " + a);
         } catch (const std::exception& e) {
             std::cerr << "error: " << e.what() << "\n";

@@ -1,4 +1,4 @@
-// ordo-inc-server --listen URL [--listen URL...]
+// ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L]
 // Serves counter (examples/counter.hpp) and echo(any) on every URL. Prints "listening on URL"
 // for each (with the real port for port 0) and exits 0 after a graceful stop on SIGINT/SIGTERM.
 #include <asio/signal_set.hpp>
@@ -12,10 +12,13 @@ namespace net = ordo::net;
 
 int main(int argc, char** argv) {
     std::vector<std::string> urls;
+    ordo::server_options options;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--listen" && i + 1 < argc) {
             urls.push_back(argv[++i]);
+        } else if (a == "--liveness-timeout-ms" && i + 1 < argc) {
+            options.peer.liveness_timeout = std::chrono::milliseconds(std::stol(argv[++i]));
         } else {
             std::cerr << "usage: ordo-inc-server --listen URL [--listen URL...]\n";
             return 2;
@@ -24,7 +27,7 @@ int main(int argc, char** argv) {
     if (urls.empty()) urls.push_back("tcp://127.0.0.1:7000");
 
     net::io_context io;
-    ordo::server srv(io.get_executor());
+    ordo::server srv(io.get_executor(), options);
     long total = 0;  // process-wide, shared by every peer
     srv.on(counter{}.inc, [](int x) { return x + 1; });
     srv.on(counter{}.add, [&](int x) { return total += x; });

@@ -34,6 +34,10 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
             o.default_timeout = ms();
         } else if (key == "interval_ms") {
             o.comm.interval = ms();
+        } else if (key == "liveness_timeout_ms") {
+            o.liveness_timeout = ms();
+        } else if (key == "heartbeat_ms") {
+            o.heartbeat_interval = ms();
         } else if (key == "max_connections") {
             po.max_connections = std::max<std::size_t>(1, number(a, url, key, value));
         } else if (key == "max_idle") {

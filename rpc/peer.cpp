@@ -154,6 +154,16 @@ struct peer::state {
         net::cancellation_signal signal;
     };
 
+    // A liveness probe: only its arrival matters.
+    class ping_call final : public detail::pending_call {
+    public:
+        explicit ping_call(std::size_t& outstanding) : outstanding_(outstanding) {}
+        void complete(std::error_code, call_outcome) override { --outstanding_; }
+
+    private:
+        std::size_t& outstanding_;
+    };
+
     state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* hs)
         : self(p),
           o(std::move(opt)),
@@ -161,7 +171,11 @@ struct peer::state {
           ex(t->get_executor()),
           remote(t->remote_address()),
           next_id(o.first_msgid),
-          closed_event(ex, clock::time_point::max()) {
+          closed_event(ex, clock::time_point::max()),
+          live_timer(ex) {
+        if (o.heartbeat_interval.count() <= 0)
+            o.heartbeat_interval = std::max(std::chrono::milliseconds(1), o.liveness_timeout / 4);
+        if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         comm = std::make_unique<batched_comm>(
             std::move(t), o.comm, [this](std::string_view bytes) { on_message(bytes); },
             [this](const close_result& r) { on_comm_closed(r); });
@@ -201,6 +215,85 @@ struct peer::state {
     peer_counters c;
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
+
+    net::steady_timer live_timer;
+    bool live_armed = false;
+    clock::time_point work_since{};
+    clock::time_point last_ping{};
+    std::size_t pings_pending = 0;
+
+    // ---- liveness (DESIGN.md section 7) ----
+
+    std::size_t calls_waiting() const { return pending.size() - pings_pending; }
+    bool has_work() const { return calls_waiting() > 0 || !runs.empty(); }
+    void count_pending() { c.pending_calls = calls_waiting(); }
+
+    // Called whenever work may have started: arms the check if it is not armed yet.
+    void note_work() {
+        if (live_armed || !open || o.liveness_timeout.count() <= 0) return;
+        live_armed = true;
+        work_since = clock::now();
+        arm_liveness(work_since + o.heartbeat_interval);
+    }
+
+    void arm_liveness(clock::time_point at) {
+        live_timer.expires_at(at);
+        std::weak_ptr<peer> w = self.weak_from_this();
+        live_timer.async_wait([w](std::error_code ec) {
+            if (ec) return;
+            if (auto p = w.lock()) p->s_->check_liveness();
+        });
+    }
+
+    void check_liveness() {
+        live_armed = false;
+        if (!open || !has_work()) return;
+        const auto now = clock::now();
+        const auto silent_since = std::max(comm->counters().last_receive, work_since);
+        const auto silence = now - silent_since;
+        if (silence >= o.liveness_timeout) {
+            const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silence).count();
+            comm->abort(errc::peer_lost,
+                        "no bytes from " + remote + " for " + std::to_string(ms) + " ms while " +
+                            std::to_string(calls_waiting()) + " calls were pending and " +
+                            std::to_string(runs.size()) + " handlers running");
+            return;
+        }
+        if (silence >= o.heartbeat_interval && now - last_ping >= o.heartbeat_interval)
+            send_ping(now);
+        live_armed = true;
+        arm_liveness(std::min(silent_since + o.liveness_timeout, now + o.heartbeat_interval));
+    }
+
+    void send_ping(clock::time_point now) {
+        const std::uint32_t id = allocate_id();
+        try {
+            comm->send(request_head(id, "ordo.ping"), std::string_view("\x90", 1));
+        } catch (const std::system_error&) {
+            return;  // full or ending: the silence check decides
+        }
+        pending[id].call = std::make_unique<ping_call>(pings_pending);
+        ++pings_pending;
+        ++c.pings_sent;
+        last_ping = now;
+    }
+
+    void report_undelivered(const close_result& r) {
+        for (const auto& bytes : r.undelivered) {
+            try {
+                message m = decode_message(bytes, o.comm.limits);
+                if (m.kind != message_kind::notification) continue;
+                ++c.notifications_undelivered;
+                if (!o.on_undelivered) continue;
+                buffer params;
+                msgpack::pack(params, m.params);
+                o.on_undelivered({std::string(m.method), std::string(params.data(), params.size()),
+                                  r.code, r.reason});
+            } catch (const std::exception&) {
+                // Only this side's own encodings get here; nothing else to report.
+            }
+        }
+    }
 
     // ---- calls made by this side ----
 
@@ -248,7 +341,8 @@ struct peer::state {
             });
         }
         e.call = std::move(call);
-        c.pending_calls = pending.size();
+        count_pending();
+        note_work();
     }
 
     void abandon(std::uint32_t id) {
@@ -266,7 +360,7 @@ struct peer::state {
         if (it == pending.end()) return;
         pending_entry e = std::move(it->second);
         pending.erase(it);
-        c.pending_calls = pending.size();
+        count_pending();
         if (e.timer) e.timer->cancel();
         e.call->slot.clear();
         abandon(id);
@@ -295,7 +389,6 @@ struct peer::state {
         }
         pending_entry e = std::move(it->second);
         pending.erase(it);
-        c.pending_calls = pending.size();
         if (e.timer) e.timer->cancel();
         e.call->slot.clear();
         call_outcome out;
@@ -304,7 +397,8 @@ struct peer::state {
         else ec = error_from_wire(m.error, out.detail);
         out.message = std::move(m.handle);
         e.call->complete(ec, std::move(out));
-        ++c.calls_completed;
+        count_pending();
+        if (!dynamic_cast<ping_call*>(e.call.get())) ++c.calls_completed;
     }
 
     void fail_all_pending() {
@@ -316,8 +410,10 @@ struct peer::state {
         for (auto& [id, e] : calls) {
             if (e.timer) e.timer->cancel();
             e.call->slot.clear();
-            complete(*e.call, close_code, close_reason);
+            if (dynamic_cast<ping_call*>(e.call.get())) e.call->complete(close_code, {});
+            else complete(*e.call, close_code, close_reason);
         }
+        count_pending();
     }
 
     // ---- messages from the remote side ----
@@ -433,6 +529,7 @@ struct peer::state {
         r.serial = !e.concurrent;
         if (r.serial) serial_busy = true;
         c.running_handlers = runs.size();
+        note_work();
         auto out = std::make_unique<buffer>();
         if (r.is_request) response_head(*out, m.msgid);
         // Creating the coroutine copies the handler into its frame: re-registering the name
@@ -501,7 +598,9 @@ struct peer::state {
         open = false;
         close_code = r.code;
         close_reason = r.reason;
+        live_timer.cancel();
         fail_all_pending();
+        report_undelivered(r);
         for (auto& run : runs) {
             if (run.cancelled) continue;
             run.cancelled = true;

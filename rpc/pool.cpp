@@ -279,15 +279,15 @@ struct pool::state {
     void drop_notes(std::error_code ec, const std::string& why) {
         auto lost = std::move(notes);
         notes.clear();
-        if (o.on_undelivered)
-            for (auto& [method, params] : lost) o.on_undelivered(method, ec, why);
+        if (o.peer.on_undelivered)
+            for (auto& [method, params] : lost) o.peer.on_undelivered({method, params, ec, why});
     }
 
-    void send_note(peer& conn, std::string_view method, std::string_view params) {
+    void send_note(peer& conn, const std::string& method, const std::string& params) {
         try {
             conn.notify_raw(method, params);
         } catch (const std::system_error& e) {
-            if (o.on_undelivered) o.on_undelivered(method, e.code(), e.what());
+            if (o.peer.on_undelivered) o.peer.on_undelivered({method, params, e.code(), e.what()});
         }
     }
 

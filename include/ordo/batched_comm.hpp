@@ -57,6 +57,8 @@ struct comm_counters {
     std::uint64_t writes = 0;
     std::size_t buffered_bytes = 0;
     std::size_t peak_buffered_bytes = 0;
+    /// When bytes last arrived (the epoch if none yet): liveness checks read it.
+    std::chrono::steady_clock::time_point last_receive{};
 
     double messages_per_write() const noexcept {
         return writes == 0 ? 0.0 : double(messages_sent) / double(writes);
@@ -133,6 +135,8 @@ public:
     /// Closes at once; queued messages and the unwritten part of a write in flight are handed
     /// back. `code` becomes close_result::code.
     void abort(std::error_code code = errc::closed);
+    /// abort() with the reason to report in close_result::reason.
+    void abort(std::error_code code, std::string reason);
 
     /// close(), then waits until the connection has ended; yields how it ended.
     net::awaitable<close_result> async_close();

@@ -26,6 +26,8 @@ namespace ordo {
 /// | mode | both | ordered or pooled |
 /// | timeout_ms | both | default deadline of calls (0: none) |
 /// | interval_ms | both | batching interval of each connection |
+/// | liveness_timeout_ms | both | silence that declares a busy peer lost (default 10000) |
+/// | heartbeat_ms | both | silence before ordo.ping is sent (default a quarter of the above) |
 /// | max_connections | pooled | connections open at once (default 16) |
 /// | max_idle | pooled | idle connections kept (default 16) |
 /// | idle_timeout_ms | pooled | idle connections closed after this (default 30000) |

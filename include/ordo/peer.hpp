@@ -13,8 +13,27 @@
 
 namespace ordo {
 
+/// A notification taken for sending but not written when its connection ended.
+struct undelivered_notification {
+    std::string method;
+    std::string params;  ///< the encoded params array
+    std::error_code code;
+    std::string reason;  ///< why the connection ended
+};
+
 struct peer_options {
     comm_options comm;
+    /// Dead-peer detection (DESIGN.md section 7). While this side waits for the remote one
+    /// (calls pending or handlers running) and nothing has arrived for heartbeat_interval, it
+    /// sends ordo.ping; when nothing at all has arrived for liveness_timeout, the peer is lost:
+    /// pending calls fail with errc::peer_lost, handlers are cancelled. Works down to ~100 ms.
+    /// Also sets TCP keepalive and TCP_USER_TIMEOUT from it (transport::set_liveness). 0: off.
+    std::chrono::milliseconds liveness_timeout{10'000};
+    /// 0: a quarter of liveness_timeout.
+    std::chrono::milliseconds heartbeat_interval{0};
+    /// Told about every notification taken for sending and not written when the connection
+    /// ended (requests need no such report: their calls fail).
+    std::function<void(const undelivered_notification&)> on_undelivered;
     /// Deadline of calls that set none. 0: none.
     std::chrono::milliseconds default_timeout{0};
     /// The first msgid used (tests start near 2^32 to exercise the wrap).
@@ -40,6 +59,8 @@ struct peer_counters {
     std::uint64_t unknown_notifications = 0;  ///< notifications for methods with no handler
     std::uint64_t notification_errors = 0;    ///< notification handlers that threw
     std::uint64_t handlers_cancelled = 0;     ///< by ordo.cancel or by the connection ending
+    std::uint64_t pings_sent = 0;
+    std::uint64_t notifications_undelivered = 0;
 };
 
 /// One ordered connection, symmetric: both ends call (through ordo::channel) and both serve

@@ -26,11 +26,9 @@ struct pool_options {
     /// Calls waiting for a connection when all max_connections are busy (FIFO). One more fails at
     /// once with errc::overloaded. A waiting call's deadline runs while it waits.
     std::size_t max_queued_calls = 65'536;
-    /// For each connection. Its default_timeout is the default deadline of pooled calls.
+    /// For each connection. Its default_timeout is the default deadline of pooled calls; its
+    /// on_undelivered also hears of notifications that found no connection to go on.
     peer_options peer;
-    /// Told about a notification that could not be sent because no connection could be opened.
-    std::function<void(std::string_view method, const std::error_code&, const std::string&)>
-        on_undelivered;
 };
 
 struct pool_counters {

@@ -2,6 +2,7 @@
 // So far: tcp://host:port and unix:///path. Nothing here knows about msgpack-rpc.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -32,6 +33,10 @@ public:
     virtual void shutdown_send() noexcept = 0;
     /// Closes at once; pending operations complete with net::error::operation_aborted.
     virtual void close() noexcept = 0;
+    /// The second line of dead-peer detection, below ordo's own probing: for tcp, keepalive
+    /// probes after `liveness` of silence (at least 1 s) and TCP_USER_TIMEOUT, so that data
+    /// left unacknowledged for 2 x liveness (at least 2 s) ends the connection. No-op elsewhere.
+    virtual void set_liveness(std::chrono::milliseconds liveness) noexcept { (void)liveness; }
 
     /// The peer's address as a URL ("tcp://127.0.0.1:41234", "unix:///run/app.sock").
     const std::string& remote_address() const noexcept { return remote_; }
