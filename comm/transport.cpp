@@ -65,6 +65,14 @@ public:
 
     net::any_io_executor get_executor() override { return socket_.get_executor(); }
 
+    void reset() noexcept override {
+        if constexpr (std::is_same_v<Socket, tcp::socket>) {
+            std::error_code ignored;
+            socket_.set_option(net::socket_base::linger(true, 0), ignored);
+        }
+        close();
+    }
+
     void set_liveness(std::chrono::milliseconds liveness) noexcept override {
         if constexpr (std::is_same_v<Socket, tcp::socket>) {
             const int fd = socket_.native_handle();

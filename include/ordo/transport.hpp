@@ -33,6 +33,8 @@ public:
     virtual void shutdown_send() noexcept = 0;
     /// Closes at once; pending operations complete with net::error::operation_aborted.
     virtual void close() noexcept = 0;
+    /// Closes at once and, for tcp, makes the peer see a reset rather than an end of stream.
+    virtual void reset() noexcept { close(); }
     /// The second line of dead-peer detection, below ordo's own probing: for tcp, keepalive
     /// probes after `liveness` of silence (at least 1 s) and TCP_USER_TIMEOUT, so that data
     /// left unacknowledged for 2 x liveness (at least 2 s) ends the connection. No-op elsewhere.

@@ -1,0 +1,374 @@
+// Dead peers (DESIGN.md section 7): crash, hang and vanish each fail every pending call within a
+// bounded time. Servers run as separate processes (ordo-inc-server, path in ORDO_INC_SERVER)
+// started and killed by PID here; proxies and foreign peers run in the test's io_context.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ordo/ordo.hpp"
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using test::run_test;
+using test::wait_until;
+
+// A child process with its stdout on a pipe; killed (SIGCONT, then SIGKILL) and reaped on
+// destruction. Only this PID is ever signalled.
+class child {
+public:
+    explicit child(std::vector<std::string> argv) {
+        int fds[2];
+        if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            ::dup2(fds[1], 1);
+            ::close(fds[0]);
+            ::close(fds[1]);
+            std::vector<char*> args;
+            for (auto& a : argv) args.push_back(a.data());
+            args.push_back(nullptr);
+            ::execv(args[0], args.data());
+            std::_Exit(127);
+        }
+        ::close(fds[1]);
+        out_ = fds[0];
+    }
+    ~child() {
+        if (pid_ > 0) {
+            ::kill(pid_, SIGCONT);
+            ::kill(pid_, SIGKILL);
+            ::waitpid(pid_, nullptr, 0);
+        }
+        if (out_ >= 0) ::close(out_);
+    }
+    // The next line of output, waiting at most `limit`.
+    std::string read_line(std::chrono::milliseconds limit = 10s) {
+        std::string line;
+        const auto deadline = clock_type::now() + limit;
+        char c;
+        while (clock_type::now() < deadline) {
+            pollfd p{out_, POLLIN, 0};
+            if (::poll(&p, 1, 100) <= 0) continue;
+            if (::read(out_, &c, 1) != 1) break;
+            if (c == '\n') return line;
+            line += c;
+        }
+        return line;
+    }
+    void signal(int sig) { ::kill(pid_, sig); }
+    pid_t pid() const { return pid_; }
+
+private:
+    pid_t pid_ = -1;
+    int out_ = -1;
+};
+
+// ordo-inc-server on a free loopback port; returns its URL from its "listening on" line.
+std::string start_server(std::unique_ptr<child>& srv, const std::string& extra = "") {
+    const char* path = std::getenv("ORDO_INC_SERVER");
+    if (!path) throw std::runtime_error("ORDO_INC_SERVER is not set (run through meson test)");
+    std::vector<std::string> argv{path, "--listen", "tcp://127.0.0.1:0"};
+    if (!extra.empty()) {
+        argv.push_back("--liveness-timeout-ms");
+        argv.push_back(extra);
+    }
+    srv = std::make_unique<child>(argv);
+    const std::string line = srv->read_line();
+    const std::string prefix = "listening on ";
+    if (line.rfind(prefix, 0) != 0) throw std::runtime_error("server said: " + line);
+    return line.substr(prefix.size());
+}
+
+struct outcome_log {
+    int ok = 0, lost = 0, other = 0;
+    clock_type::time_point last{};
+    std::error_code other_code;
+    int done() const { return ok + lost + other; }
+    auto recorder() {
+        return [this](std::error_code ec, int) {
+            if (!ec) ++ok;
+            else if (ec == errc::peer_lost) ++lost;
+            else {
+                ++other;
+                other_code = ec;
+            }
+            last = clock_type::now();
+        };
+    }
+};
+
+peer& peer_of(const channel& ch) { return static_cast<peer&>(*ch.impl()); }
+
+// Pending calls that the server does not answer soon: sleep_ms is serial, so one runs and the
+// rest wait behind it.
+void issue_slow_calls(const channel& ch, int n, outcome_log& log) {
+    for (int i = 0; i < n; ++i) ch.async_call<int>("sleep_ms", 30'000, log.recorder());
+}
+
+TEST(Crash, KilledServerFailsAThousandPendingCallsWithPeerLostWithinTwoSeconds) {
+    std::unique_ptr<child> srv;
+    const std::string url = start_server(srv);
+    run_test([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(url);
+        outcome_log log;
+        issue_slow_calls(ch, 1000, log);
+        EXPECT_TRUE(co_await wait_until([&] { return peer_of(ch).comm().messages_sent >= 1000; }));
+        const auto killed = clock_type::now();
+        srv->signal(SIGKILL);
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 1000; }, 10s));
+        EXPECT_EQ(log.lost, 1000);
+        EXPECT_LT(log.last - killed, 2s);
+        // The next call fails at once, with the same error.
+        const auto t0 = clock_type::now();
+        auto [ec, v] = co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_EQ(ec, errc::peer_lost);
+        EXPECT_LT(clock_type::now() - t0, 1s);
+        EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
+        EXPECT_EQ(peer_of(ch).comm().buffered_bytes, 0u);
+    });
+}
+
+TEST(Hang, StoppedServerFailsEveryPendingCallWithinTheLivenessTimeout) {
+    std::unique_ptr<child> srv;
+    const std::string url = start_server(srv);
+    run_test([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(url + "?liveness_timeout_ms=500");
+        outcome_log log;
+        issue_slow_calls(ch, 100, log);
+        // Three bounds long with calls pending and the server alive: pings keep it so.
+        net::steady_timer t(co_await net::this_coro::executor, 1500ms);
+        co_await t.async_wait(use_tuple);
+        EXPECT_EQ(log.done(), 0);
+        EXPECT_GT(peer_of(ch).counters().pings_sent, 0u);
+        const auto stopped = clock_type::now();
+        srv->signal(SIGSTOP);
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 100; }, 20s));
+        EXPECT_EQ(log.lost, 100);
+        EXPECT_LT(log.last - stopped, 500ms + 2s);
+        EXPECT_GE(log.last - stopped, 250ms);  // not before the bound (less one heartbeat)
+        EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
+    });
+    srv->signal(SIGCONT);
+}
+
+// Forwards bytes both ways until told to go dark; then it drops everything, closing nothing.
+class blackhole_proxy {
+public:
+    blackhole_proxy(net::any_io_executor ex, std::string target)
+        : l_(listen(ex, "tcp://127.0.0.1:0")), target_(std::move(target)) {
+        net::co_spawn(ex, accept_loop(), net::detached);
+    }
+    ~blackhole_proxy() {
+        l_->close();
+        for (auto& t : open_) t->close();
+    }
+    std::string url() const { return l_->local_address(); }
+    void go_dark() { *dark_ = true; }
+
+private:
+    net::awaitable<void> accept_loop() {
+        try {
+            for (;;) {
+                auto down = std::shared_ptr<transport>(co_await l_->async_accept());
+                auto up = std::shared_ptr<transport>(co_await async_connect_transport(target_));
+                open_.push_back(down);
+                open_.push_back(up);
+                auto ex = co_await net::this_coro::executor;
+                net::co_spawn(ex, pump(down, up, dark_), net::detached);
+                net::co_spawn(ex, pump(up, down, dark_), net::detached);
+            }
+        } catch (const std::exception&) {
+            // closed
+        }
+    }
+    static net::awaitable<void> pump(std::shared_ptr<transport> from, std::shared_ptr<transport> to,
+                                     std::shared_ptr<bool> dark) {
+        std::vector<char> buf(65536);
+        for (;;) {
+            std::error_code ec;
+            auto n = co_await from->async_read_some(net::buffer(buf), ec);
+            if (ec) break;
+            if (*dark) continue;
+            co_await to->async_write(net::buffer(buf.data(), n), ec);
+            if (ec) break;
+        }
+    }
+
+    std::unique_ptr<listener> l_;
+    std::string target_;
+    std::vector<std::shared_ptr<transport>> open_;
+    std::shared_ptr<bool> dark_ = std::make_shared<bool>(false);
+};
+
+TEST(Vanish, APeerBehindABlackholeFailsEveryPendingCallWithinTheLivenessTimeout) {
+    std::unique_ptr<child> srv;
+    const std::string url = start_server(srv);
+    run_test([&]() -> net::awaitable<void> {
+        blackhole_proxy proxy(co_await net::this_coro::executor, url);
+        auto ch = co_await async_connect(proxy.url() + "?liveness_timeout_ms=500");
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        outcome_log log;
+        issue_slow_calls(ch, 100, log);
+        net::steady_timer t(co_await net::this_coro::executor, 1500ms);
+        co_await t.async_wait(use_tuple);
+        EXPECT_EQ(log.done(), 0);
+        const auto dark = clock_type::now();
+        proxy.go_dark();
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 100; }, 20s));
+        EXPECT_EQ(log.lost, 100);
+        EXPECT_LT(log.last - dark, 500ms + 2s);
+        EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
+    });
+}
+
+TEST(Vanish, AForeignPeerThatAnswersPingsWithErrorsCountsAsAliveUntilItGoesSilent) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto l = listen(ex, "tcp://127.0.0.1:0");
+        auto answering = std::make_shared<bool>(true);
+        auto pings = std::make_shared<int>(0);
+        // A minimal msgpack-rpc server: ordo.ping gets a neovim-style error, nothing else an
+        // answer.
+        net::co_spawn(ex, [&l, answering, pings]() -> net::awaitable<void> {
+            std::shared_ptr<transport> t = co_await l->async_accept();
+            decoder d;
+            std::vector<char> buf(65536);
+            for (;;) {
+                std::error_code ec;
+                auto n = co_await t->async_read_some(net::buffer(buf), ec);
+                if (ec) co_return;
+                d.feed(std::string_view(buf.data(), n));
+                while (auto m = d.next()) {
+                    if (m->kind != message_kind::request || m->method != "ordo.ping" || !*answering)
+                        continue;
+                    ++*pings;
+                    buffer out;
+                    msgpack::packer<buffer> p(out);
+                    p.pack_array(4).pack(1).pack(m->msgid);
+                    p.pack_array(2).pack(0).pack(std::string("Invalid method: ordo.ping"));
+                    p.pack_nil();
+                    co_await t->async_write(net::buffer(out.data(), out.size()), ec);
+                }
+            }
+        }, net::detached);
+        auto ch = co_await async_connect(l->local_address() + "?liveness_timeout_ms=500");
+        outcome_log log;
+        ch.async_call<int>("inc", 1, log.recorder());
+        net::steady_timer t(ex, 1500ms);
+        co_await t.async_wait(use_tuple);
+        EXPECT_EQ(log.done(), 0) << "declared dead while it answered pings";
+        EXPECT_GT(*pings, 0);
+        const auto silent = clock_type::now();
+        *answering = false;
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 1; }, 20s));
+        EXPECT_EQ(log.lost, 1);
+        EXPECT_LT(log.last - silent, 500ms + 2s);
+        l->close();
+    });
+}
+
+TEST(Reset, AResetInTheMiddleOfALargeBatchFailsEveryCallAndHandsBackNotifications) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto l = listen(ex, "tcp://127.0.0.1:0");
+        int undelivered = 0;
+        peer_options o;
+        o.on_undelivered = [&](const undelivered_notification& u) {
+            EXPECT_EQ(u.method, "bulk");
+            EXPECT_EQ(u.code, errc::peer_lost);
+            ++undelivered;
+        };
+        auto ch = co_await async_connect(l->local_address(), o);
+        auto server_side = co_await l->async_accept();
+        outcome_log log;
+        const std::string chunk(1 << 20, 'b');
+        for (int i = 0; i < 64; ++i) {
+            ch.notify("bulk", chunk);
+            ch.async_call<int>("inc", i, log.recorder());
+        }
+        // Read a little of the 64 MiB batch, then reset the connection (SO_LINGER 0).
+        std::vector<char> buf(256 * 1024);
+        std::error_code ec;
+        co_await server_side->async_read_some(net::buffer(buf), ec);
+        server_side->reset();
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 64; }));
+        EXPECT_EQ(log.lost, 64);
+        EXPECT_GT(undelivered, 0);
+        EXPECT_EQ(peer_of(ch).counters().notifications_undelivered, std::uint64_t(undelivered));
+        EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
+        EXPECT_EQ(peer_of(ch).comm().buffered_bytes, 0u);
+    });
+}
+
+TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
+    // The client process is forked before any io starts; it learns the URL through a pipe.
+    int to_child[2];
+    ASSERT_EQ(::pipe(to_child), 0);
+    const pid_t client = ::fork();
+    if (client == 0) {
+        ::close(to_child[1]);
+        std::string url;
+        char c;
+        while (::read(to_child[0], &c, 1) == 1 && c != '\n') url += c;
+        net::io_context io;
+        net::co_spawn(io, [url]() -> net::awaitable<void> {
+            auto ch = co_await async_connect(url);
+            for (int i = 0; i < 10; ++i)
+                ch.async_call<int>("sleep_ms", 60'000, [](std::error_code, int) {});
+            net::steady_timer forever(co_await net::this_coro::executor, 120s);
+            co_await forever.async_wait(use_tuple);
+        }, net::detached);
+        io.run();
+        std::_Exit(0);
+    }
+    ::close(to_child[0]);
+    struct reaper {
+        pid_t pid;
+        ~reaper() {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } reap{client};
+    run_test([&]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        int started = 0, cancelled = 0;
+        srv.on("sleep_ms", [&](int ms) -> net::awaitable<int> {
+            ++started;
+            try {
+                net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+                co_await t.async_wait(net::use_awaitable);
+            } catch (const std::system_error&) {
+                ++cancelled;
+                throw;
+            }
+            co_return ms;
+        }, {.concurrent = true});
+        srv.on("inc", [](int x) { return x + 1; });
+        const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
+        EXPECT_EQ(::write(to_child[1], url.data(), url.size()), ssize_t(url.size()));
+        EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
+        const auto killed = clock_type::now();
+        ::kill(client, SIGKILL);
+        EXPECT_TRUE(co_await wait_until([&] { return cancelled == 10; }, 20s));
+        EXPECT_LT(clock_type::now() - killed, 2s);
+        EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 0; }));
+        auto other = co_await async_connect(url.substr(0, url.size() - 1));
+        EXPECT_EQ(co_await other.async_call<int>("inc", 1), 2);
+        co_await srv.async_stop();
+    });
+    ::close(to_child[1]);
+}
+
+}  // namespace
+}  // namespace ordo
