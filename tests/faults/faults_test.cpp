@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -27,12 +28,13 @@ using test::wait_until;
 // destruction. Only this PID is ever signalled.
 class child {
 public:
-    explicit child(std::vector<std::string> argv) {
+    explicit child(std::vector<std::string> argv, bool with_stderr = false) {
         int fds[2];
         if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
         pid_ = ::fork();
         if (pid_ == 0) {
             ::dup2(fds[1], 1);
+            if (with_stderr) ::dup2(fds[1], 2);
             ::close(fds[0]);
             ::close(fds[1]);
             std::vector<char*> args;
@@ -67,6 +69,19 @@ public:
         return line;
     }
     void signal(int sig) { ::kill(pid_, sig); }
+    // The exit status once the process has ended within `limit`, or nothing.
+    std::optional<int> wait_exit(std::chrono::milliseconds limit) {
+        const auto deadline = clock_type::now() + limit;
+        while (clock_type::now() < deadline) {
+            int status = 0;
+            if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            }
+            ::usleep(5000);
+        }
+        return std::nullopt;
+    }
     pid_t pid() const { return pid_; }
 
 private:
@@ -368,6 +383,81 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
         co_await srv.async_stop();
     });
     ::close(to_child[1]);
+}
+
+// Runs a command, returning its exit status (its output goes to the test log).
+int run(const std::string& cmd) { return std::system((cmd + " >&2").c_str()); }
+
+// Two network namespaces joined by a veth pair, removed again on destruction.
+class netns_pair {
+public:
+    netns_pair() {
+        const std::string id = std::to_string(::getpid());
+        client = "ordo-c-" + id;
+        server = "ordo-s-" + id;
+        veth_c = "ovc" + id;
+        veth_s = "ovs" + id;
+        const int net = ::getpid() % 250;
+        client_ip = "10.213." + std::to_string(net) + ".1";
+        server_ip = "10.213." + std::to_string(net) + ".2";
+        ok = run("ip netns add " + client) == 0 && run("ip netns add " + server) == 0 &&
+             run("ip link add " + veth_c + " netns " + client + " type veth peer name " + veth_s +
+                 " netns " + server) == 0 &&
+             run(in(client, "ip addr add " + client_ip + "/30 dev " + veth_c)) == 0 &&
+             run(in(server, "ip addr add " + server_ip + "/30 dev " + veth_s)) == 0 &&
+             run(in(client, "ip link set " + veth_c + " up")) == 0 &&
+             run(in(server, "ip link set " + veth_s + " up")) == 0 &&
+             run(in(client, "ip link set lo up")) == 0 && run(in(server, "ip link set lo up")) == 0;
+    }
+    ~netns_pair() {
+        run("ip netns del " + client + " 2>/dev/null");
+        run("ip netns del " + server + " 2>/dev/null");
+    }
+    static std::string in(const std::string& ns, const std::string& cmd) {
+        return "ip netns exec " + ns + " " + cmd;
+    }
+    bool ok = false;
+    std::string client, server, veth_c, veth_s, client_ip, server_ip;
+};
+
+std::string ip_binary() {
+    for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
+        if (::access(p, X_OK) == 0) return p;
+    return "";
+}
+
+TEST(Vanish, ALinkTakenDownBetweenTwoNetworkNamespacesFailsCallsWithinTheBound) {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    const std::string ip = ip_binary();
+    if (ip.empty()) GTEST_SKIP() << "iproute2's ip is not installed";
+    netns_pair ns;
+    if (!ns.ok) GTEST_SKIP() << "ip netns / veth setup failed here (see the log above)";
+    const char* server_path = std::getenv("ORDO_INC_SERVER");
+    const char* client_path = std::getenv("ORDO_INC_CLIENT");
+    ASSERT_TRUE(server_path && client_path) << "run through meson test";
+
+    child srv({ip, "netns", "exec", ns.server, server_path, "--listen",
+               "tcp://" + ns.server_ip + ":0"});
+    const std::string line = srv.read_line();
+    ASSERT_EQ(line.rfind("listening on ", 0), 0u) << line;
+    const std::string url = line.substr(13);
+
+    child cli({ip, "netns", "exec", ns.client, client_path, "--connect", url, "--calls",
+               "1000000000", "--inflight", "64", "--liveness-timeout-ms", "500"},
+              true);
+    ASSERT_FALSE(cli.wait_exit(1500ms).has_value()) << cli.read_line(1s);  // calls flowing
+    const auto down = clock_type::now();
+    ASSERT_EQ(run(netns_pair::in(ns.server, "ip link set " + ns.veth_s + " down")), 0);
+    auto status = cli.wait_exit(20s);
+    const auto took = clock_type::now() - down;
+    ASSERT_TRUE(status.has_value()) << "the client did not notice the link going down";
+    EXPECT_EQ(*status, 1);
+    const std::string err = cli.read_line(1s);
+    EXPECT_NE(err.find("peer lost"), std::string::npos) << err;
+    EXPECT_LT(took, 500ms + 2s);
+    std::cerr << "link down detected after "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms: "
+              << err << "\n";
 }
 
 }  // namespace
