@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
     });
     srv.on(counter{}.fail, [](std::string why) { throw std::runtime_error(why); });
     srv.on("echo", [](msgpack::object v) { return v; });
+    // Single calls from every peer, squared in batches of up to 64 (or after 1 ms).
+    srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
+                 [](std::vector<int> xs) {
+                     for (auto& x : xs) x *= x;
+                     return xs;
+                 });
 
     try {
         for (const auto& u : urls) std::cout << "listening on " << srv.listen(u) << std::endl;

@@ -78,6 +78,14 @@ net::awaitable<void> server::async_stop() {
     auto s = s_;
     s->stopping = true;
     for (auto& l : s->listeners) l->close();
+    // Calls waiting for a batch get their shutting_down answers out before connections close.
+    handlers_.stop_batches();
+    net::steady_timer t(s->ex);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (handlers_.batch_waiters() > 0 && std::chrono::steady_clock::now() < give_up) {
+        t.expires_after(std::chrono::milliseconds(1));
+        co_await t.async_wait(use_tuple);
+    }
     for (auto& p : s->peers) p->close();
     while (!s->peers.empty() || s->accept_loops > 0) co_await s->changed.async_wait(use_tuple);
     s->listeners.clear();

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ordo/batch.hpp"
 #include "ordo/codec.hpp"
 #include "ordo/error.hpp"
 #include "ordo/interface.hpp"
@@ -44,13 +45,6 @@ std::string type_name(const std::type_info& t);
 
 [[noreturn]] void throw_bad_arguments(std::string_view method, const std::string& signature,
                                       const std::string& what);
-
-template <class T>
-struct is_awaitable : std::false_type {};
-template <class T, class E>
-struct is_awaitable<net::awaitable<T, E>> : std::true_type {
-    using value_type = T;
-};
 
 template <class F>
 struct fn_traits : fn_traits<decltype(&F::operator())> {};
@@ -218,6 +212,40 @@ public:
         return on(m.name(), std::move(f), o);
     }
 
+    /// Registers a batch handler for `name`: callers make single calls with one argument (or
+    /// several, taken as a tuple); `f` takes std::vector<Arg> and returns, or co_returns,
+    /// std::vector<R> or std::vector<ordo::element<R>> of the same length (an element_error fails
+    /// only its call). A throw, or a result of the wrong length, fails every call of that batch
+    /// with a message naming the handler and the sizes. Calls from every peer are gathered;
+    /// batches run when full or max_wait after their first call. From one ordered peer, calls
+    /// keep their order inside and across batches (with max_concurrent_batches 1). A cancelled
+    /// call, or one whose peer died, leaves a batch that has not started.
+    template <class F>
+    batch_handle on_batch(std::string name, batch_options o, F f) {
+        using Arg = typename detail::batch_arg<F>::type;
+        auto core = std::make_shared<detail::batcher<Arg, F>>(name, o, std::move(f));
+        detail::handler_entry e;
+        e.signature = "(" + detail::type_name(typeid(Arg)) + ") [batch]";
+        e.concurrent = true;
+        e.async = [core, name](peer&, msgpack::object params, buffer& out) {
+            return detail::submit_batch<Arg>(core, name, params, out);
+        };
+        map_.insert_or_assign(std::move(name), std::move(e));
+        batchers_.push_back(core);
+        return batch_handle(core);
+    }
+
+    /// Fails the calls queued in every batch handler with errc::shutting_down (server stop).
+    void stop_batches() const {
+        for (const auto& b : batchers_) b->stop();
+    }
+    /// Calls still waiting for their batch outcome, over all batch handlers.
+    std::size_t batch_waiters() const {
+        std::size_t n = 0;
+        for (const auto& b : batchers_) n += b->waiters();
+        return n;
+    }
+
     /// The entry for `name`, or null.
     const detail::handler_entry* find(std::string_view name) const {
         auto it = map_.find(name);
@@ -226,6 +254,7 @@ public:
 
 private:
     std::map<std::string, detail::handler_entry, std::less<>> map_;
+    std::vector<std::shared_ptr<detail::batcher_core>> batchers_;
 };
 
 }  // namespace ordo

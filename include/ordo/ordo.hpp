@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ordo/address.hpp"
+#include "ordo/batch.hpp"
 #include "ordo/batched_comm.hpp"
 #include "ordo/channel.hpp"
 #include "ordo/codec.hpp"

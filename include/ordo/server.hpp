@@ -36,12 +36,19 @@ public:
         return *this;
     }
 
+    /// Registers a batch handler (see ordo::handlers::on_batch).
+    template <class F>
+    batch_handle on_batch(std::string name, batch_options o, F f) {
+        return handlers_.on_batch(std::move(name), o, std::move(f));
+    }
+
     /// Binds `url` and starts accepting. Returns the bound address (with the real port for
     /// tcp port 0). Throws std::system_error naming the address on failure.
     std::string listen(std::string_view url);
 
-    /// Stops accepting, closes every connection (flushing responses already queued; handlers
-    /// still running are cancelled) and completes when all of them have ended.
+    /// Stops accepting, fails calls waiting in batch handlers with errc::shutting_down, closes
+    /// every connection (flushing responses already queued; handlers still running are
+    /// cancelled) and completes when all of them have ended.
     net::awaitable<void> async_stop();
 
     /// Connections currently open.
