@@ -6,7 +6,7 @@
 // --size byte echo call (ordered: it waits behind it; pooled: it does not).
 //
 //   rpc_calls [--transport tcp|unix] [--mode ordered|pooled] [--workload calls|hol]
-//             [--count N] [--inflight K] [--size BYTES]
+//             [--count N] [--inflight K] [--size BYTES] [--method inc|square_batch]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +32,7 @@ struct config {
     long count = 100'000;
     long inflight = 256;
     long size = 64 << 20;
+    std::string method = "inc";  // or square_batch (a batch handler: 64 per batch, 1 ms)
 };
 
 int serve(const config& cfg, int ready_fd) {
@@ -39,6 +40,11 @@ int serve(const config& cfg, int ready_fd) {
     ordo::server srv(io.get_executor());
     srv.on("inc", [](int x) { return x + 1; });
     srv.on("echo", [](msgpack::object v) { return v; });
+    auto batches = srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
+                                [](std::vector<int> xs) {
+                                    for (auto& x : xs) x *= x;
+                                    return xs;
+                                });
     const std::string url = cfg.transport == "unix"
                                 ? "unix:///tmp/ordo-bench-rpc-" + std::to_string(::getpid()) + ".sock"
                                 : "tcp://127.0.0.1:0";
@@ -58,7 +64,24 @@ int serve(const config& cfg, int ready_fd) {
         co_await srv.async_stop();
     }, net::detached);
     io.run();
+    if (cfg.method == "square_batch") {
+        std::fprintf(stderr, "server: %llu batches for %llu calls; sizes:",
+                     static_cast<unsigned long long>(batches.stats().batches),
+                     static_cast<unsigned long long>(batches.stats().calls));
+        for (auto [size, n] : batches.stats().size_histogram)
+            std::fprintf(stderr, " %zu:%llu", size, static_cast<unsigned long long>(n));
+        std::fprintf(stderr, "\n");
+    }
     return 0;
+}
+
+// The argument of call i, and what it must return (squares stay within int).
+int arg(const config& cfg, long i) {
+    return static_cast<int>(cfg.method == "square_batch" ? i % 1000 : i);
+}
+int expected(const config& cfg, long i) {
+    const int a = arg(cfg, i);
+    return cfg.method == "square_batch" ? a * a : a + 1;
 }
 
 double percentile(std::vector<double>& v, double p) {
@@ -70,10 +93,11 @@ double percentile(std::vector<double>& v, double p) {
 
 void report(const config& cfg, const char* workload, long inflight, double seconds,
             std::vector<double>& lat) {
-    std::printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\",\"count\":%ld,"
-                "\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
+    std::printf("{\"workload\":\"%s\",\"method\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\","
+                "\"count\":%ld,\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
                 "\"p90_us\":%.1f,\"p99_us\":%.1f}\n",
-                workload, cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, inflight, seconds, cfg.count / seconds,
+                workload, cfg.method.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.count,
+                inflight, seconds, cfg.count / seconds,
                 percentile(lat, 0.5), percentile(lat, 0.9), percentile(lat, 0.99));
 }
 
@@ -120,9 +144,9 @@ net::awaitable<void> client(const config& cfg, std::string url) {
     auto start = clock_type::now();
     for (long i = 0; i < cfg.count; ++i) {
         auto t0 = clock_type::now();
-        int v = co_await ch.async_call<int>("inc", static_cast<int>(i));
+        int v = co_await ch.async_call<int>(cfg.method, arg(cfg, i));
         lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-        if (v != i + 1) throw std::runtime_error("wrong result");
+        if (v != expected(cfg, i)) throw std::runtime_error("wrong result");
     }
     report(cfg, "seq", 1, std::chrono::duration<double>(clock_type::now() - start).count(), lat);
 
@@ -132,9 +156,9 @@ net::awaitable<void> client(const config& cfg, std::string url) {
     std::function<void()> issue = [&] {
         const long i = next++;
         const auto t0 = clock_type::now();
-        ch.async_call<int>("inc", static_cast<int>(i), [&, i, t0](std::error_code ec, int v) {
+        ch.async_call<int>(cfg.method, arg(cfg, i), [&, i, t0](std::error_code ec, int v) {
             lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-            if (ec || v != i + 1) ++wrong;
+            if (ec || v != expected(cfg, i)) ++wrong;
             if (++done == cfg.count) finished.cancel();
             else if (next < cfg.count) issue();
         });
@@ -157,6 +181,7 @@ int main(int argc, char** argv) {
         else if (k == "--mode") cfg.mode = v;
         else if (k == "--workload") cfg.workload = v;
         else if (k == "--size") cfg.size = std::stol(v);
+        else if (k == "--method") cfg.method = v;
         else if (k == "--count") cfg.count = std::stol(v);
         else if (k == "--inflight") cfg.inflight = std::stol(v);
         else {
