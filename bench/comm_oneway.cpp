@@ -16,6 +16,8 @@
 
 #include "ordo/batched_comm.hpp"
 
+#include "fork_server.hpp"
+
 namespace net = ordo::net;
 using clock_type = std::chrono::steady_clock;
 
@@ -87,26 +89,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    int fds[2];
-    if (::pipe(fds) != 0) return 1;
-    const pid_t child = ::fork();
-    if (child == 0) {
-        ::close(fds[0]);
-        std::_Exit(serve(cfg, fds[1]));
-    }
-    ::close(fds[1]);
-    char buf[512] = {};
-    std::size_t got = 0;
-    while (got < sizeof buf - 1) {
-        auto n = ::read(fds[0], buf + got, sizeof buf - 1 - got);
-        if (n <= 0 || std::memchr(buf, '\n', got + n)) {
-            got += n > 0 ? n : 0;
-            break;
-        }
-        got += n;
-    }
-    std::string url(buf, strcspn(buf, "\n"));
-
+    auto [child, url] = fork_server([&](int ready_fd) { return serve(cfg, ready_fd); });
     net::io_context io;
     int status = 1;
     net::co_spawn(io, [&]() -> net::awaitable<void> {

@@ -20,6 +20,9 @@
 
 #include <ordo/ordo.hpp>
 
+#include "fork_server.hpp"
+#include "run_main.hpp"
+
 namespace net = ordo::net;
 using clock_type = std::chrono::steady_clock;
 
@@ -189,29 +192,8 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    int fds[2];
-    if (::pipe(fds) != 0) return 1;
-    const pid_t child = ::fork();
-    if (child == 0) {
-        ::close(fds[0]);
-        std::_Exit(serve(cfg, fds[1]));
-    }
-    ::close(fds[1]);
-    std::string url;
-    char c;
-    while (::read(fds[0], &c, 1) == 1 && c != '\n') url += c;
-    net::io_context io;
-    int status = 0;
-    net::co_spawn(io, client(cfg, url), [&](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::cerr << "rpc_calls: " << ex.what() << "\n";
-            status = 1;
-        }
-    });
-    io.run();
+    auto [child, url] = fork_server([&](int ready_fd) { return serve(cfg, ready_fd); });
+    const int status = run_main("rpc_calls: ", client(cfg, url));
     int child_status = 0;
     ::waitpid(child, &child_status, 0);
     return status;

@@ -8,6 +8,7 @@
 #include <msgpack.hpp>
 
 #include "ordo/batched_comm.hpp"
+#include "run_main.hpp"
 
 namespace net = ordo::net;
 
@@ -53,18 +54,4 @@ net::awaitable<void> run() {
     if (echoes != 10) throw std::runtime_error("missing echoes");
 }
 
-int main() {
-    net::io_context io;
-    int status = 0;
-    net::co_spawn(io, run(), [&](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::cerr << "comm_hello: " << ex.what() << "\n";
-            status = 1;
-        }
-    });
-    io.run();
-    return status;
-}
+int main() { return run_main("comm_hello: ", run()); }

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "counter.hpp"
+#include "run_main.hpp"
 
 namespace net = ordo::net;
 using namespace std::chrono_literals;
@@ -46,18 +47,4 @@ net::awaitable<void> run() {
     co_await srv.async_stop();
 }
 
-int main() {
-    net::io_context io;
-    int status = 0;
-    net::co_spawn(io, run(), [&](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::cerr << "inc: " << ex.what() << "\n";
-            status = 1;
-        }
-    });
-    io.run();
-    return status;
-}
+int main() { return run_main("inc: ", run()); }

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "counter.hpp"
+#include "run_main.hpp"
 
 namespace net = ordo::net;
 
@@ -91,17 +92,5 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    net::io_context io;
-    int status = 0;
-    net::co_spawn(io, run(cfg), [&](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::cerr << "error: " << ex.what() << "\n";
-            status = 1;
-        }
-    });
-    io.run();
-    return status;
+    return run_main("error: ", run(cfg));
 }
