@@ -57,19 +57,23 @@ int serve(const config& cfg, int ready_fd) {
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);
     int status = 1;
-    net::co_spawn(io, [&]() -> net::awaitable<void> {
-        std::uint32_t expected = 0;
-        bool in_order = true;
-        std::unique_ptr<ordo::batched_comm> comm;
-        comm = std::make_unique<ordo::batched_comm>(
-            co_await l->async_accept(), ordo::comm_options{}, [&](std::string_view m) {
-                if (seq_of(m) != expected) in_order = false;
-                if (++expected == cfg.count) comm->send(make_message(in_order ? expected : 0, 0));
-            });
-        comm->start();
-        co_await comm->async_wait_closed();
-        status = in_order && expected == cfg.count ? 0 : 1;
-    }, net::detached);
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            std::uint32_t expected = 0;
+            bool in_order = true;
+            std::unique_ptr<ordo::batched_comm> comm;
+            comm = std::make_unique<ordo::batched_comm>(
+                co_await l->async_accept(), ordo::comm_options{}, [&](std::string_view m) {
+                    if (seq_of(m) != expected) in_order = false;
+                    if (++expected == cfg.count)
+                        comm->send(make_message(in_order ? expected : 0, 0));
+                });
+            comm->start();
+            co_await comm->async_wait_closed();
+            status = in_order && expected == cfg.count ? 0 : 1;
+        },
+        net::detached);
     io.run();
     return status;
 }
@@ -80,10 +84,14 @@ int main(int argc, char** argv) {
     config cfg;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string k = argv[i], v = argv[i + 1];
-        if (k == "--transport") cfg.transport = v;
-        else if (k == "--interval-ms") cfg.interval_ms = std::stoi(v);
-        else if (k == "--count") cfg.count = std::stoul(v);
-        else if (k == "--size") cfg.size = std::stoul(v);
+        if (k == "--transport")
+            cfg.transport = v;
+        else if (k == "--interval-ms")
+            cfg.interval_ms = std::stoi(v);
+        else if (k == "--count")
+            cfg.count = std::stoul(v);
+        else if (k == "--size")
+            cfg.size = std::stoul(v);
         else {
             std::cerr << "unknown flag " << k << "\n";
             return 2;
@@ -92,41 +100,47 @@ int main(int argc, char** argv) {
     auto [child, url] = fork_server([&](int ready_fd) { return serve(cfg, ready_fd); });
     net::io_context io;
     int status = 1;
-    net::co_spawn(io, [&]() -> net::awaitable<void> {
-        ordo::comm_options opts;
-        opts.interval = std::chrono::milliseconds(cfg.interval_ms);
-        bool answered = false;
-        std::uint32_t confirmed = 0;
-        ordo::batched_comm comm(co_await ordo::async_connect_transport(url), opts,
-                                [&](std::string_view m) {
-                                    answered = true;
-                                    confirmed = seq_of(m);
-                                });
-        comm.start();
-        std::vector<std::string> messages;
-        const auto start = clock_type::now();
-        for (std::uint32_t i = 0; i < cfg.count; ++i) {
-            comm.send(make_message(i, cfg.size));
-            if (comm.counters().buffered_bytes > opts.high_water_bytes) co_await comm.async_drain();
-        }
-        net::steady_timer t(io);
-        const auto give_up = clock_type::now() + std::chrono::seconds(120);
-        while (!answered && clock_type::now() < give_up) {
-            t.expires_after(std::chrono::microseconds(200));
-            co_await t.async_wait(ordo::use_tuple);
-        }
-        const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-        const auto& c = comm.counters();
-        std::printf(
-            "{\"workload\":\"oneway\",\"transport\":\"%s\",\"interval_ms\":%d,\"count\":%u,"
-            "\"size\":%zu,\"seconds\":%.4f,\"rate\":%.0f,\"writes\":%llu,\"msgs_per_write\":%.1f,"
-            "\"peak_buffer_bytes\":%zu,\"ok\":%s}\n",
-            cfg.transport.c_str(), cfg.interval_ms, cfg.count, cfg.size, seconds,
-            cfg.count / seconds, static_cast<unsigned long long>(c.writes), c.messages_per_write(),
-            c.peak_buffered_bytes, answered && confirmed == cfg.count ? "true" : "false");
-        co_await comm.async_close();
-        status = answered && confirmed == cfg.count ? 0 : 1;
-    }, net::detached);
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            ordo::comm_options opts;
+            opts.interval = std::chrono::milliseconds(cfg.interval_ms);
+            bool answered = false;
+            std::uint32_t confirmed = 0;
+            ordo::batched_comm comm(co_await ordo::async_connect_transport(url), opts,
+                                    [&](std::string_view m) {
+                                        answered = true;
+                                        confirmed = seq_of(m);
+                                    });
+            comm.start();
+            std::vector<std::string> messages;
+            const auto start = clock_type::now();
+            for (std::uint32_t i = 0; i < cfg.count; ++i) {
+                comm.send(make_message(i, cfg.size));
+                if (comm.counters().buffered_bytes > opts.high_water_bytes)
+                    co_await comm.async_drain();
+            }
+            net::steady_timer t(io);
+            const auto give_up = clock_type::now() + std::chrono::seconds(120);
+            while (!answered && clock_type::now() < give_up) {
+                t.expires_after(std::chrono::microseconds(200));
+                co_await t.async_wait(ordo::use_tuple);
+            }
+            const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+            const auto& c = comm.counters();
+            std::printf(
+                "{\"workload\":\"oneway\",\"transport\":\"%s\",\"interval_ms\":%d,\"count\":%u,"
+                "\"size\":%zu,\"seconds\":%.4f,\"rate\":%.0f,\"writes\":%llu,\"msgs_per_write\":%."
+                "1f,"
+                "\"peak_buffer_bytes\":%zu,\"ok\":%s}\n",
+                cfg.transport.c_str(), cfg.interval_ms, cfg.count, cfg.size, seconds,
+                cfg.count / seconds, static_cast<unsigned long long>(c.writes),
+                c.messages_per_write(), c.peak_buffered_bytes,
+                answered && confirmed == cfg.count ? "true" : "false");
+            co_await comm.async_close();
+            status = answered && confirmed == cfg.count ? 0 : 1;
+        },
+        net::detached);
     io.run();
     int child_status = 0;
     ::waitpid(child, &child_status, 0);

@@ -43,29 +43,33 @@ int serve(const config& cfg, int ready_fd) {
     ordo::server srv(io.get_executor());
     srv.on("inc", [](int x) { return x + 1; });
     srv.on("echo", [](msgpack::object v) { return v; });
-    auto batches = srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
+    auto batches = srv.on_batch("square_batch",
+                                {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
                                 [](std::vector<int> xs) {
                                     for (auto& x : xs) x *= x;
                                     return xs;
                                 });
-    const std::string url = cfg.transport == "unix"
-                                ? "unix:///tmp/ordo-bench-rpc-" + std::to_string(::getpid()) + ".sock"
-                                : "tcp://127.0.0.1:0";
+    const std::string url = cfg.transport == "unix" ? "unix:///tmp/ordo-bench-rpc-" +
+                                                          std::to_string(::getpid()) + ".sock"
+                                                    : "tcp://127.0.0.1:0";
     const std::string bound = srv.listen(url) + "\n";
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);
     // The client's connection ending is the signal to stop.
-    net::co_spawn(io, [&]() -> net::awaitable<void> {
-        net::steady_timer t(io);
-        bool seen = false;
-        for (;;) {
-            t.expires_after(std::chrono::milliseconds(20));
-            co_await t.async_wait(ordo::use_tuple);
-            if (srv.peer_count() > 0) seen = true;
-            if (seen && srv.peer_count() == 0) break;
-        }
-        co_await srv.async_stop();
-    }, net::detached);
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            net::steady_timer t(io);
+            bool seen = false;
+            for (;;) {
+                t.expires_after(std::chrono::milliseconds(20));
+                co_await t.async_wait(ordo::use_tuple);
+                if (srv.peer_count() > 0) seen = true;
+                if (seen && srv.peer_count() == 0) break;
+            }
+            co_await srv.async_stop();
+        },
+        net::detached);
     io.run();
     if (cfg.method == "square_batch") {
         std::fprintf(stderr, "server: %llu batches for %llu calls; sizes:",
@@ -96,12 +100,13 @@ double percentile(std::vector<double>& v, double p) {
 
 void report(const config& cfg, const char* workload, long inflight, double seconds,
             std::vector<double>& lat) {
-    std::printf("{\"workload\":\"%s\",\"method\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\","
-                "\"count\":%ld,\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
-                "\"p90_us\":%.1f,\"p99_us\":%.1f}\n",
-                workload, cfg.method.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.count,
-                inflight, seconds, cfg.count / seconds,
-                percentile(lat, 0.5), percentile(lat, 0.9), percentile(lat, 0.99));
+    std::printf(
+        "{\"workload\":\"%s\",\"method\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\","
+        "\"count\":%ld,\"inflight\":%ld,\"seconds\":%.4f,\"rate\":%.0f,\"p50_us\":%.1f,"
+        "\"p90_us\":%.1f,\"p99_us\":%.1f}\n",
+        workload, cfg.method.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, inflight,
+        seconds, cfg.count / seconds, percentile(lat, 0.5), percentile(lat, 0.9),
+        percentile(lat, 0.99));
 }
 
 net::awaitable<void> hol(const config& cfg, ordo::channel ch) {
@@ -113,13 +118,15 @@ net::awaitable<void> hol(const config& cfg, ordo::channel ch) {
         const auto t0 = clock_type::now();
         ch.async_call<std::string>("echo", big, [&](std::error_code ec, std::string r) {
             if (ec || r.size() != big.size()) bad = true;
-            big_lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+            big_lat.push_back(
+                std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
             ++done;
         });
         const auto t1 = clock_type::now();
         ch.async_call<int>("inc", 1, [&](std::error_code ec, int v) {
             if (ec || v != 2) bad = true;
-            small_lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t1).count());
+            small_lat.push_back(
+                std::chrono::duration<double, std::micro>(clock_type::now() - t1).count());
             ++done;
         });
         net::steady_timer t(co_await net::this_coro::executor);
@@ -128,10 +135,11 @@ net::awaitable<void> hol(const config& cfg, ordo::channel ch) {
             co_await t.async_wait(ordo::use_tuple);
         }
     }
-    std::printf("{\"workload\":\"hol\",\"transport\":\"%s\",\"mode\":\"%s\",\"count\":%ld,"
-                "\"size\":%ld,\"small_p50_us\":%.0f,\"small_max_us\":%.0f,\"big_p50_us\":%.0f}\n",
-                cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, cfg.size,
-                percentile(small_lat, 0.5), percentile(small_lat, 1.0), percentile(big_lat, 0.5));
+    std::printf(
+        "{\"workload\":\"hol\",\"transport\":\"%s\",\"mode\":\"%s\",\"count\":%ld,"
+        "\"size\":%ld,\"small_p50_us\":%.0f,\"small_max_us\":%.0f,\"big_p50_us\":%.0f}\n",
+        cfg.transport.c_str(), cfg.mode.c_str(), cfg.count, cfg.size, percentile(small_lat, 0.5),
+        percentile(small_lat, 1.0), percentile(big_lat, 0.5));
     if (bad) throw std::runtime_error("a call failed or returned a wrong result");
 }
 
@@ -160,10 +168,13 @@ net::awaitable<void> client(const config& cfg, std::string url) {
         const long i = next++;
         const auto t0 = clock_type::now();
         ch.async_call<int>(cfg.method, arg(cfg, i), [&, i, t0](std::error_code ec, int v) {
-            lat.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+            lat.push_back(
+                std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
             if (ec || v != expected(cfg, i)) ++wrong;
-            if (++done == cfg.count) finished.cancel();
-            else if (next < cfg.count) issue();
+            if (++done == cfg.count)
+                finished.cancel();
+            else if (next < cfg.count)
+                issue();
         });
     };
     start = clock_type::now();
@@ -180,13 +191,20 @@ int main(int argc, char** argv) {
     config cfg;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string k = argv[i], v = argv[i + 1];
-        if (k == "--transport") cfg.transport = v;
-        else if (k == "--mode") cfg.mode = v;
-        else if (k == "--workload") cfg.workload = v;
-        else if (k == "--size") cfg.size = std::stol(v);
-        else if (k == "--method") cfg.method = v;
-        else if (k == "--count") cfg.count = std::stol(v);
-        else if (k == "--inflight") cfg.inflight = std::stol(v);
+        if (k == "--transport")
+            cfg.transport = v;
+        else if (k == "--mode")
+            cfg.mode = v;
+        else if (k == "--workload")
+            cfg.workload = v;
+        else if (k == "--size")
+            cfg.size = std::stol(v);
+        else if (k == "--method")
+            cfg.method = v;
+        else if (k == "--count")
+            cfg.count = std::stol(v);
+        else if (k == "--inflight")
+            cfg.inflight = std::stol(v);
         else {
             std::cerr << "unknown flag " << k << "\n";
             return 2;

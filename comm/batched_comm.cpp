@@ -82,17 +82,17 @@ struct batched_comm::impl {
     void send(std::string_view m, std::string_view body = {}) {
         if (st != state::open) {
             auto code = has_reason ? result.code : make_error_code(errc::closed);
-            throw std::system_error(code, "ordo: send to " + t->remote_address() +
-                                              " refused: " +
-                                              (has_reason ? result.reason : "connection is closing"));
+            throw std::system_error(
+                code, "ordo: send to " + t->remote_address() +
+                          " refused: " + (has_reason ? result.reason : "connection is closing"));
         }
         const std::size_t size = m.size() + body.size();
         if (size > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
-            throw_error(errc::overloaded,
-                        "ordo: send to " + t->remote_address() + " refused: " +
-                            std::to_string(c.buffered_bytes) + " bytes buffered + " +
-                            std::to_string(size) + " would exceed max_buffer_bytes (" +
-                            std::to_string(o.max_buffer_bytes) + ")");
+            throw_error(errc::overloaded, "ordo: send to " + t->remote_address() +
+                                              " refused: " + std::to_string(c.buffered_bytes) +
+                                              " bytes buffered + " + std::to_string(size) +
+                                              " would exceed max_buffer_bytes (" +
+                                              std::to_string(o.max_buffer_bytes) + ")");
         queue.insert(queue.end(), m.begin(), m.end());
         queue.insert(queue.end(), body.begin(), body.end());
         queue_ends.push_back(queue.size());
@@ -258,8 +258,12 @@ void batched_comm::start() {
         [self](std::exception_ptr) { self->finish(); });
 }
 
-void batched_comm::send(std::string_view message) { impl_->send(message); }
-void batched_comm::send(std::string_view head, std::string_view body) { impl_->send(head, body); }
+void batched_comm::send(std::string_view message) {
+    impl_->send(message);
+}
+void batched_comm::send(std::string_view head, std::string_view body) {
+    impl_->send(head, body);
+}
 
 void batched_comm::pause_reading(bool paused) {
     impl_->paused = paused;
@@ -272,7 +276,8 @@ net::awaitable<void> batched_comm::async_drain() {
     while (self->st != impl::state::ended && self->c.buffered_bytes > self->o.high_water_bytes)
         co_await self->changed.async_wait(use_tuple);
     --self->drain_waiters;
-    if (self->st == impl::state::ended) throw std::system_error(self->result.code, self->result.reason);
+    if (self->st == impl::state::ended)
+        throw std::system_error(self->result.code, self->result.reason);
 }
 
 void batched_comm::close() {
@@ -282,7 +287,8 @@ void batched_comm::close() {
 }
 
 void batched_comm::abort(std::error_code code) {
-    impl_->fail(code, "ordo: connection to " + impl_->t->remote_address() + " aborted by this side");
+    impl_->fail(code,
+                "ordo: connection to " + impl_->t->remote_address() + " aborted by this side");
 }
 
 void batched_comm::abort(std::error_code code, std::string reason) {
@@ -300,10 +306,14 @@ net::awaitable<close_result> batched_comm::async_wait_closed() {
     co_return self->result;
 }
 
-bool batched_comm::is_closing() const noexcept { return impl_->st != impl::state::open; }
+bool batched_comm::is_closing() const noexcept {
+    return impl_->st != impl::state::open;
+}
 const std::string& batched_comm::remote_address() const noexcept {
     return impl_->t->remote_address();
 }
-const comm_counters& batched_comm::counters() const noexcept { return impl_->c; }
+const comm_counters& batched_comm::counters() const noexcept {
+    return impl_->c;
+}
 
 }  // namespace ordo

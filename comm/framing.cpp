@@ -29,7 +29,9 @@ token_shape shape_of(unsigned char b) {
     if (b <= 0x9f) return {token_shape::array, 1, 0, 0, std::uint64_t(b & 0x0f)};
     if (b <= 0xbf) return {token_shape::payload, 1, 0, 0, std::uint64_t(b & 0x1f)};
     switch (b) {
-        case 0xc0: case 0xc2: case 0xc3: return {token_shape::scalar, 1, 0, 0, 0};
+        case 0xc0:
+        case 0xc2:
+        case 0xc3: return {token_shape::scalar, 1, 0, 0, 0};
         case 0xc4: return {token_shape::payload, 2, 1, 1, 0};  // bin 8
         case 0xc5: return {token_shape::payload, 3, 1, 2, 0};
         case 0xc6: return {token_shape::payload, 5, 1, 4, 0};
@@ -38,10 +40,14 @@ token_shape shape_of(unsigned char b) {
         case 0xc9: return {token_shape::payload, 6, 1, 4, 0};
         case 0xca: return {token_shape::scalar, 5, 0, 0, 0};  // float 32
         case 0xcb: return {token_shape::scalar, 9, 0, 0, 0};
-        case 0xcc: case 0xd0: return {token_shape::scalar, 2, 0, 0, 0};
-        case 0xcd: case 0xd1: return {token_shape::scalar, 3, 0, 0, 0};
-        case 0xce: case 0xd2: return {token_shape::scalar, 5, 0, 0, 0};
-        case 0xcf: case 0xd3: return {token_shape::scalar, 9, 0, 0, 0};
+        case 0xcc:
+        case 0xd0: return {token_shape::scalar, 2, 0, 0, 0};
+        case 0xcd:
+        case 0xd1: return {token_shape::scalar, 3, 0, 0, 0};
+        case 0xce:
+        case 0xd2: return {token_shape::scalar, 5, 0, 0, 0};
+        case 0xcf:
+        case 0xd3: return {token_shape::scalar, 9, 0, 0, 0};
         case 0xd4: return {token_shape::scalar, 3, 0, 0, 0};  // fixext 1: type + 1 byte
         case 0xd5: return {token_shape::scalar, 4, 0, 0, 0};
         case 0xd6: return {token_shape::scalar, 6, 0, 0, 0};
@@ -75,7 +81,9 @@ std::span<char> framer::prepare(std::size_t n) {
     return {buf_.data() + end_, n};
 }
 
-void framer::commit(std::size_t n) { end_ += n; }
+void framer::commit(std::size_t n) {
+    end_ += n;
+}
 
 void framer::feed(std::string_view bytes) {
     auto area = prepare(bytes.size());
@@ -143,8 +151,10 @@ std::optional<std::string_view> framer::next() {
         }
         // A finished item completes its container when it was the last entry, and so on up.
         while (item_done && !open_.empty()) {
-            if (--open_.back() != 0) item_done = false;
-            else open_.pop_back();
+            if (--open_.back() != 0)
+                item_done = false;
+            else
+                open_.pop_back();
         }
         if (item_done) {
             std::string_view whole(buf_.data() + begin_, scan_ - begin_);

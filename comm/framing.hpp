@@ -24,7 +24,7 @@ namespace ordo::detail {
 /// Errors are std::system_error with errc::protocol_error and a message saying what was wrong;
 /// after one the framer is unusable (the connection must close).
 class framer {
-public:
+  public:
     explicit framer(const limits& l = {});
 
     /// A writable area of at least `n` bytes at the end of the buffer. Invalidates views
@@ -45,15 +45,15 @@ public:
     /// Bytes received but not yet returned by next().
     std::size_t buffered() const noexcept { return end_ - begin_; }
 
-private:
+  private:
     [[noreturn]] void fail(const char* what, std::uint64_t value, std::size_t limit) const;
     void push_container(std::uint64_t entries, std::uint64_t length);
 
     limits limits_;
     std::vector<char> buf_;
-    std::size_t begin_ = 0;  // start of the object being scanned
-    std::size_t scan_ = 0;   // next unscanned token
-    std::size_t end_ = 0;    // end of received bytes
+    std::size_t begin_ = 0;            // start of the object being scanned
+    std::size_t scan_ = 0;             // next unscanned token
+    std::size_t end_ = 0;              // end of received bytes
     std::vector<std::uint64_t> open_;  // entries still expected, per open container
     std::size_t objects_ = 0;          // tokens seen in the current object
 };

@@ -36,7 +36,7 @@ std::string tcp_url(const tcp::endpoint& ep) {
 // tcp and unix sockets share everything but their names.
 template <class Socket>
 class stream_transport final : public transport {
-public:
+  public:
     stream_transport(Socket s, std::string remote)
         : transport(std::move(remote)), socket_(std::move(s)) {}
 
@@ -91,12 +91,12 @@ public:
         }
     }
 
-private:
+  private:
     Socket socket_;
 };
 
 class tcp_listener final : public listener {
-public:
+  public:
     tcp_listener(const net::any_io_executor& ex, const address& a) : acceptor_(ex) {
         std::error_code ec;
         auto ip = net::ip::make_address(a.host, ec);
@@ -130,14 +130,13 @@ public:
         acceptor_.close(ignored);
     }
 
-private:
+  private:
     tcp::acceptor acceptor_;
 };
 
 class unix_listener final : public listener {
-public:
-    unix_listener(const net::any_io_executor& ex, const address& a)
-        : acceptor_(ex), path_(a.path) {
+  public:
+    unix_listener(const net::any_io_executor& ex, const address& a) : acceptor_(ex), path_(a.path) {
         remove_stale_socket(ex);
         std::error_code ec;
         unix_stream::endpoint ep(path_);
@@ -163,7 +162,7 @@ public:
         ::unlink(path_.c_str());
     }
 
-private:
+  private:
     // A socket file left by a process that died refuses connections: remove it. One that accepts
     // belongs to a live server, and bind will fail with "address in use" as it should.
     void remove_stale_socket(const net::any_io_executor& ex) {
@@ -192,7 +191,7 @@ net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_v
         auto [ec] = co_await s.async_connect(unix_stream::endpoint(a.path), use_tuple);
         if (ec) fail("cannot connect to", a.to_string(), ec);
         co_return std::make_unique<stream_transport<unix_stream::socket>>(std::move(s),
-                                                                           a.to_string());
+                                                                          a.to_string());
     }
     tcp::resolver r(ex);
     auto [rec, endpoints] = co_await r.async_resolve(a.host, std::to_string(a.port), use_tuple);

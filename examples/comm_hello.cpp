@@ -54,4 +54,6 @@ net::awaitable<void> run() {
     if (echoes != 10) throw std::runtime_error("missing echoes");
 }
 
-int main() { return run_main("comm_hello: ", run()); }
+int main() {
+    return run_main("comm_hello: ", run());
+}

@@ -6,9 +6,9 @@
 #include <ordo/ordo.hpp>
 
 struct counter : ordo::interface {
-    ordo::method<int(int)> inc{"inc"};            // x + 1
-    ordo::method<long(int)> add{"add"};           // adds to the server's total, returns it
-    ordo::method<long()> total{"total"};          // the server's total
-    ordo::method<int(int)> sleep_ms{"sleep_ms"};  // suspends that long, returns its argument
-    ordo::method<void(std::string)> fail{"fail"}; // answers an error with that message
+    ordo::method<int(int)> inc{"inc"};             // x + 1
+    ordo::method<long(int)> add{"add"};            // adds to the server's total, returns it
+    ordo::method<long()> total{"total"};           // the server's total
+    ordo::method<int(int)> sleep_ms{"sleep_ms"};   // suspends that long, returns its argument
+    ordo::method<void(std::string)> fail{"fail"};  // answers an error with that message
 };

@@ -47,4 +47,6 @@ net::awaitable<void> run() {
     co_await srv.async_stop();
 }
 
-int main() { return run_main("inc: ", run()); }
+int main() {
+    return run_main("inc: ", run());
+}

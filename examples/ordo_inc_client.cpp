@@ -40,7 +40,8 @@ net::awaitable<void> run(const config& cfg) {
     auto add = [&](const std::string& param) {
         url += (url.find('?') == std::string::npos ? "?" : "&") + param;
     };
-    if (cfg.mode == "pooled") add("mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight)));
+    if (cfg.mode == "pooled")
+        add("mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight)));
     if (cfg.liveness_timeout_ms >= 0)
         add("liveness_timeout_ms=" + std::to_string(cfg.liveness_timeout_ms));
     ordo::channel ch = co_await ordo::async_connect(url);
@@ -65,7 +66,8 @@ net::awaitable<void> run(const config& cfg) {
     }
     while (running > 0) co_await all_done.async_wait(ordo::use_tuple);
     if (first_error) std::rethrow_exception(first_error);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("ok %ld calls in %.3f s (%.0f calls/s)\n", done, s, done / s);
 }
 
@@ -80,13 +82,20 @@ int main(int argc, char** argv) {
             return argv[++i];
         };
         try {
-            if (a == "--connect") cfg.url = value();
-            else if (a == "--mode") cfg.mode = value();
-            else if (a == "--calls") cfg.calls = std::stol(value());
-            else if (a == "--inflight") cfg.inflight = std::stol(value());
-            else if (a == "--timeout-ms") cfg.timeout_ms = std::stol(value());
-            else if (a == "--liveness-timeout-ms") cfg.liveness_timeout_ms = std::stol(value());
-            else throw std::runtime_error("unknown flag " + a);
+            if (a == "--connect")
+                cfg.url = value();
+            else if (a == "--mode")
+                cfg.mode = value();
+            else if (a == "--calls")
+                cfg.calls = std::stol(value());
+            else if (a == "--inflight")
+                cfg.inflight = std::stol(value());
+            else if (a == "--timeout-ms")
+                cfg.timeout_ms = std::stol(value());
+            else if (a == "--liveness-timeout-ms")
+                cfg.liveness_timeout_ms = std::stol(value());
+            else
+                throw std::runtime_error("unknown flag " + a);
         } catch (const std::exception& e) {
             std::cerr << "error: " << e.what() << "\n";
             return 1;

@@ -23,7 +23,8 @@ void parse_params(std::string_view url, std::string_view query, address& a) {
         if (eq == std::string_view::npos)
             a.params.emplace_back(std::string(item), std::string());
         else
-            a.params.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+            a.params.emplace_back(std::string(item.substr(0, eq)),
+                                  std::string(item.substr(eq + 1)));
     }
 }
 

@@ -4,7 +4,7 @@ namespace ordo {
 namespace {
 
 class category final : public std::error_category {
-public:
+  public:
     const char* name() const noexcept override { return "ordo"; }
     std::string message(int value) const override { return to_string(static_cast<errc>(value)); }
 };
@@ -47,8 +47,7 @@ std::string describe(const std::error_code& code, const std::string& method,
 }
 }  // namespace
 
-rpc_error::rpc_error(std::error_code code, std::string method, std::string peer,
-                     std::string detail)
+rpc_error::rpc_error(std::error_code code, std::string method, std::string peer, std::string detail)
     : std::system_error(code),
       method_(std::move(method)),
       peer_(std::move(peer)),

@@ -13,7 +13,8 @@ const char* type_name(const msgpack::object& o) {
         case msgpack::type::BOOLEAN: return "bool";
         case msgpack::type::POSITIVE_INTEGER: return "positive int";
         case msgpack::type::NEGATIVE_INTEGER: return "negative int";
-        case msgpack::type::FLOAT32: case msgpack::type::FLOAT64: return "float";
+        case msgpack::type::FLOAT32:
+        case msgpack::type::FLOAT64: return "float";
         case msgpack::type::STR: return "str";
         case msgpack::type::BIN: return "bin";
         case msgpack::type::ARRAY: return "array";
@@ -30,7 +31,8 @@ const char* type_name(const msgpack::object& o) {
 std::uint32_t read_msgid(const msgpack::object& o) {
     if (o.type != msgpack::type::POSITIVE_INTEGER || o.via.u64 > 0xffffffffu)
         bad(std::string("msgid is not a uint32 (got ") + type_name(o) +
-            (o.type == msgpack::type::POSITIVE_INTEGER ? " " + std::to_string(o.via.u64) : "") + ")");
+            (o.type == msgpack::type::POSITIVE_INTEGER ? " " + std::to_string(o.via.u64) : "") +
+            ")");
     return static_cast<std::uint32_t>(o.via.u64);
 }
 
@@ -83,8 +85,9 @@ message decode_message(std::string_view bytes, const limits& l) {
     if (a.size < 3) bad("message has " + std::to_string(a.size) + " elements, expected 3 or 4");
     if (a.ptr[0].type != msgpack::type::POSITIVE_INTEGER || a.ptr[0].via.u64 > 2)
         bad(std::string("unknown message kind (got ") + type_name(a.ptr[0]) +
-            (a.ptr[0].type == msgpack::type::POSITIVE_INTEGER ? " " + std::to_string(a.ptr[0].via.u64)
-                                                               : "") +
+            (a.ptr[0].type == msgpack::type::POSITIVE_INTEGER
+                 ? " " + std::to_string(a.ptr[0].via.u64)
+                 : "") +
             ")");
     m.kind = static_cast<message_kind>(a.ptr[0].via.u64);
     switch (m.kind) {
@@ -123,7 +126,9 @@ decoder::~decoder() = default;
 decoder::decoder(decoder&&) noexcept = default;
 decoder& decoder::operator=(decoder&&) noexcept = default;
 
-void decoder::feed(std::string_view chunk) { impl_->framer.feed(chunk); }
+void decoder::feed(std::string_view chunk) {
+    impl_->framer.feed(chunk);
+}
 
 std::optional<message> decoder::next() {
     auto bytes = impl_->framer.next();
@@ -131,6 +136,8 @@ std::optional<message> decoder::next() {
     return decode_message(*bytes, impl_->lim);
 }
 
-void decoder::finish() const { impl_->framer.finish(); }
+void decoder::finish() const {
+    impl_->framer.finish();
+}
 
 }  // namespace ordo

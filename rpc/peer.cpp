@@ -127,7 +127,8 @@ std::pair<errc, std::string> describe_current_exception() {
                 text.resize(text.size() - suffix.size());
             return {static_cast<errc>(e.code().value()), text};
         }
-        if (e.code() == net::error::operation_aborted) return {errc::cancelled, "handler cancelled"};
+        if (e.code() == net::error::operation_aborted)
+            return {errc::cancelled, "handler cancelled"};
         return {errc::remote_error, e.what()};
     } catch (const std::exception& e) {
         return {errc::remote_error, e.what()};
@@ -156,11 +157,11 @@ struct peer::state {
 
     // A liveness probe: only its arrival matters.
     class ping_call final : public detail::pending_call {
-    public:
+      public:
         explicit ping_call(std::size_t& outstanding) : outstanding_(outstanding) {}
         void complete(std::error_code, call_outcome) override { --outstanding_; }
 
-    private:
+      private:
         std::size_t& outstanding_;
     };
 
@@ -253,10 +254,10 @@ struct peer::state {
         const auto silence = now - silent_since;
         if (silence >= o.liveness_timeout) {
             const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silence).count();
-            comm->abort(errc::peer_lost,
-                        "no bytes from " + remote + " for " + std::to_string(ms) + " ms while " +
-                            std::to_string(calls_waiting()) + " calls were pending and " +
-                            std::to_string(runs.size()) + " handlers running");
+            comm->abort(errc::peer_lost, "no bytes from " + remote + " for " + std::to_string(ms) +
+                                             " ms while " + std::to_string(calls_waiting()) +
+                                             " calls were pending and " +
+                                             std::to_string(runs.size()) + " handlers running");
             return;
         }
         if (silence >= o.heartbeat_interval && now - last_ping >= o.heartbeat_interval)
@@ -393,8 +394,10 @@ struct peer::state {
         e.call->slot.clear();
         call_outcome out;
         std::error_code ec;
-        if (m.error.is_nil()) out.result = m.result;
-        else ec = error_from_wire(m.error, out.detail);
+        if (m.error.is_nil())
+            out.result = m.result;
+        else
+            ec = error_from_wire(m.error, out.detail);
         out.message = std::move(m.handle);
         e.call->complete(ec, std::move(out));
         count_pending();
@@ -410,8 +413,10 @@ struct peer::state {
         for (auto& [id, e] : calls) {
             if (e.timer) e.timer->cancel();
             e.call->slot.clear();
-            if (dynamic_cast<ping_call*>(e.call.get())) e.call->complete(close_code, {});
-            else complete(*e.call, close_code, close_reason);
+            if (dynamic_cast<ping_call*>(e.call.get()))
+                e.call->complete(close_code, {});
+            else
+                complete(*e.call, close_code, close_reason);
         }
         count_pending();
     }
@@ -511,8 +516,10 @@ struct peer::state {
         } catch (...) {
             auto [code, text] = describe_current_exception();
             scratch.clear();
-            if (req) encode_error_response(scratch, m.msgid, code, text);
-            else ++c.notification_errors;
+            if (req)
+                encode_error_response(scratch, m.msgid, code, text);
+            else
+                ++c.notification_errors;
         }
         if (req) {
             send_response(scratch);
@@ -556,8 +563,8 @@ struct peer::state {
         keep->s_->finish_handler(it, m, *out, failed, why);
     }
 
-    void finish_handler(std::list<running>::iterator it, const message& m, buffer& out,
-                        bool failed, const std::pair<errc, std::string>& why) {
+    void finish_handler(std::list<running>::iterator it, const message& m, buffer& out, bool failed,
+                        const std::pair<errc, std::string>& why) {
         const bool serial = it->serial;
         const bool req = it->is_request;
         runs.erase(it);
@@ -621,7 +628,9 @@ peer::peer(private_tag, std::unique_ptr<transport> t, peer_options o, const hand
 
 peer::~peer() = default;
 
-void peer::start() { s_->comm->start(); }
+void peer::start() {
+    s_->comm->start();
+}
 
 void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     s_->start_call(std::move(call));
@@ -634,11 +643,19 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
     s_->comm->send(notification_head(method), params);
 }
 
-const std::string& peer::remote_address() const noexcept { return s_->remote; }
-net::any_io_executor peer::get_executor() const { return s_->ex; }
+const std::string& peer::remote_address() const noexcept {
+    return s_->remote;
+}
+net::any_io_executor peer::get_executor() const {
+    return s_->ex;
+}
 
-void peer::close() { s_->comm->close(); }
-void peer::abort() { s_->comm->abort(); }
+void peer::close() {
+    s_->comm->close();
+}
+void peer::abort() {
+    s_->comm->abort();
+}
 
 net::awaitable<void> peer::async_close() {
     close();
@@ -652,13 +669,21 @@ net::awaitable<std::pair<std::error_code, std::string>> peer::async_wait_closed(
 }
 
 void peer::on_closed(std::function<void(const std::error_code&, const std::string&)> f) {
-    if (s_->ended) f(s_->close_code, s_->close_reason);
-    else s_->closed_fns.push_back(std::move(f));
+    if (s_->ended)
+        f(s_->close_code, s_->close_reason);
+    else
+        s_->closed_fns.push_back(std::move(f));
 }
 
-bool peer::is_open() const noexcept { return s_->open; }
-const peer_counters& peer::counters() const noexcept { return s_->c; }
-const comm_counters& peer::comm() const noexcept { return s_->comm->counters(); }
+bool peer::is_open() const noexcept {
+    return s_->open;
+}
+const peer_counters& peer::counters() const noexcept {
+    return s_->c;
+}
+const comm_counters& peer::comm() const noexcept {
+    return s_->comm->counters();
+}
 
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h) {
     return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h);

@@ -12,7 +12,7 @@ struct pool::state {
     // The call as lent to one connection: forwards the outcome to the caller and gives the
     // connection back to the pool (posted: never from inside the peer's own code).
     class pooled_call final : public detail::pending_call {
-    public:
+      public:
         pooled_call(std::weak_ptr<pool> pl, std::shared_ptr<peer> conn,
                     std::unique_ptr<detail::pending_call> inner)
             : pool_(std::move(pl)), conn_(std::move(conn)), inner_(std::move(inner)) {}
@@ -27,7 +27,7 @@ struct pool::state {
             inner_->complete(ec, std::move(out));
         }
 
-    private:
+      private:
         std::weak_ptr<pool> pool_;
         std::shared_ptr<peer> conn_;
         std::unique_ptr<detail::pending_call> inner_;
@@ -79,8 +79,8 @@ struct pool::state {
 
     void start_call(std::unique_ptr<detail::pending_call> call) {
         if (closed) return fail(*call, errc::closed, "ordo: pool for " + url + " is closed");
-        const auto timeout = call->options.timeout.count() > 0 ? call->options.timeout
-                                                               : o.peer.default_timeout;
+        const auto timeout =
+            call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
         if (auto conn = take_idle()) return lend(conn, std::move(call), timeout);
         if (queue.size() >= o.max_queued_calls)
             return fail(*call, errc::overloaded,
@@ -159,9 +159,9 @@ struct pool::state {
         if (w.timer) w.timer->cancel();
         auto left = w.timeout;
         if (w.deadline != clock::time_point::max())
-            left = std::max(std::chrono::milliseconds(1),
-                            std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline -
-                                                                                  clock::now()));
+            left = std::max(
+                std::chrono::milliseconds(1),
+                std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - clock::now()));
         lend(conn, std::move(w.call), left);
     }
 
@@ -199,8 +199,8 @@ struct pool::state {
         }
     }
 
-    static net::awaitable<std::unique_ptr<transport>> open_transport(std::string url,
-                                                                     std::chrono::milliseconds limit) {
+    static net::awaitable<std::unique_ptr<transport>> open_transport(
+        std::string url, std::chrono::milliseconds limit) {
         using namespace net::experimental::awaitable_operators;
         net::steady_timer timer(co_await net::this_coro::executor, limit);
         auto r = co_await (async_connect_transport(url) || timer.async_wait(net::use_awaitable));
@@ -222,8 +222,10 @@ struct pool::state {
             why = e.what();
         }
         --s.connecting;
-        if (t) s.adopt(std::move(t));
-        else s.connect_failed(ec, why);
+        if (t)
+            s.adopt(std::move(t));
+        else
+            s.connect_failed(ec, why);
     }
 
     // A new connection: it serves waiting notifications and the oldest waiting call.
@@ -246,8 +248,10 @@ struct pool::state {
         auto waiting_notes = std::move(notes);
         notes.clear();
         for (auto& [method, params] : waiting_notes) send_note(*conn, method, params);
-        if (!queue.empty()) lend_waiting(conn);
-        else release(conn, true);
+        if (!queue.empty())
+            lend_waiting(conn);
+        else
+            release(conn, true);
         update();
         return conn;
     }
@@ -346,16 +350,24 @@ struct pool::state {
 pool::pool(private_tag, net::any_io_executor ex, std::string url, pool_options o)
     : s_(std::make_unique<state>(*this, std::move(ex), std::move(url), std::move(o))) {}
 
-pool::~pool() { s_->close_all(); }
+pool::~pool() {
+    s_->close_all();
+}
 
-void pool::start_call(std::unique_ptr<detail::pending_call> call) { s_->start_call(std::move(call)); }
+void pool::start_call(std::unique_ptr<detail::pending_call> call) {
+    s_->start_call(std::move(call));
+}
 
 void pool::notify_raw(std::string_view method, std::string_view params) {
     s_->notify(method, params);
 }
 
-const std::string& pool::remote_address() const noexcept { return s_->url; }
-net::any_io_executor pool::get_executor() const { return s_->ex; }
+const std::string& pool::remote_address() const noexcept {
+    return s_->url;
+}
+net::any_io_executor pool::get_executor() const {
+    return s_->ex;
+}
 
 net::awaitable<void> pool::async_warm_up() {
     auto keep = shared_from_this();
@@ -363,8 +375,12 @@ net::awaitable<void> pool::async_warm_up() {
     s_->adopt(std::move(t));
 }
 
-void pool::close() { s_->close_all(); }
-const pool_counters& pool::counters() const noexcept { return s_->c; }
+void pool::close() {
+    s_->close_all();
+}
+const pool_counters& pool::counters() const noexcept {
+    return s_->c;
+}
 
 std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url, pool_options o) {
     return std::make_shared<pool>(pool::private_tag{}, std::move(ex), std::move(url), std::move(o));

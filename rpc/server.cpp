@@ -7,7 +7,10 @@ namespace ordo {
 
 struct server::state : std::enable_shared_from_this<server::state> {
     state(net::any_io_executor e, server_options opt, const ordo::handlers* hs)
-        : ex(std::move(e)), o(std::move(opt)), h(hs), changed(ex, std::chrono::steady_clock::time_point::max()) {}
+        : ex(std::move(e)),
+          o(std::move(opt)),
+          h(hs),
+          changed(ex, std::chrono::steady_clock::time_point::max()) {}
 
     net::any_io_executor ex;
     server_options o;
@@ -91,7 +94,11 @@ net::awaitable<void> server::async_stop() {
     s->listeners.clear();
 }
 
-std::size_t server::peer_count() const noexcept { return s_->peers.size(); }
-std::uint64_t server::connections_accepted() const noexcept { return s_->accepted; }
+std::size_t server::peer_count() const noexcept {
+    return s_->peers.size();
+}
+std::uint64_t server::connections_accepted() const noexcept {
+    return s_->accepted;
+}
 
 }  // namespace ordo

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <typeinfo>
 #include <type_traits>
+#include <typeinfo>
 #include <variant>
 #include <vector>
 
@@ -70,22 +70,23 @@ struct batch_element {
     virtual ~batch_element() = default;
     net::steady_timer done_event;
     bool done = false;
-    errc error = errc{};       ///< set on failure
+    errc error = errc{};  ///< set on failure
     std::string error_text;
-    buffer result;             ///< the packed result on success
+    buffer result;  ///< the packed result on success
     std::chrono::steady_clock::time_point arrived{};
 };
 
 template <class Arg>
 struct typed_element final : batch_element {
-    typed_element(net::any_io_executor ex, Arg a) : batch_element(std::move(ex)), arg(std::move(a)) {}
+    typed_element(net::any_io_executor ex, Arg a)
+        : batch_element(std::move(ex)), arg(std::move(a)) {}
     Arg arg;
 };
 
 /// Queueing, timing, cancellation and statistics of one batch handler; the typed part runs
 /// the user's function (run_batch).
 class batcher_core : public std::enable_shared_from_this<batcher_core> {
-public:
+  public:
     batcher_core(std::string name, batch_options o) : name_(std::move(name)), o_(o) {}
     virtual ~batcher_core() = default;
 
@@ -102,13 +103,13 @@ public:
     std::size_t waiters() const noexcept { return waiters_; }
     const std::string& name() const noexcept { return name_; }
 
-protected:
+  protected:
     using batch = std::vector<std::shared_ptr<batch_element>>;
     /// Runs the handler on `b` and sets each element's result or error.
     virtual net::awaitable<void> run_batch(batch& b) = 0;
     void fail_all(batch& b, errc code, const std::string& text);
 
-private:
+  private:
     void maybe_run();
     void arm_wait();
     net::awaitable<void> run(batch b);
@@ -133,11 +134,11 @@ struct is_element<element<T>> : std::true_type {
 
 template <class Arg, class F>
 class batcher final : public batcher_core {
-public:
+  public:
     batcher(std::string name, batch_options o, F f)
         : batcher_core(std::move(name), o), f_(std::move(f)) {}
 
-private:
+  private:
     template <class Results>
     void distribute(batch& b, Results& results) {
         if (results.size() != b.size())
@@ -210,10 +211,10 @@ Arg convert_batch_arg(const msgpack::object& params, const std::string& method) 
             return arr.ptr[0].as<Arg>();
         }
     } catch (const std::exception&) {
-        throw_error(errc::bad_arguments,
-                    "bad arguments for batch method " + method + ": expected (" +
-                        type_name(typeid(Arg)) + "), got " + std::to_string(arr.size) +
-                        " arguments that do not convert");
+        throw_error(errc::bad_arguments, "bad arguments for batch method " + method +
+                                             ": expected (" + type_name(typeid(Arg)) + "), got " +
+                                             std::to_string(arr.size) +
+                                             " arguments that do not convert");
     }
 }
 
@@ -229,13 +230,13 @@ net::awaitable<void> submit_batch(std::shared_ptr<batcher_core> core, std::strin
 
 /// Controls a registered batch handler: limits can change at run time.
 class batch_handle {
-public:
+  public:
     explicit batch_handle(std::shared_ptr<detail::batcher_core> core) : core_(std::move(core)) {}
     void set_max_batch_size(std::size_t n) { core_->set_max_batch_size(n); }
     void set_max_wait(std::chrono::milliseconds w) { core_->set_max_wait(w); }
     const batch_stats& stats() const noexcept { return core_->stats(); }
 
-private:
+  private:
     std::shared_ptr<detail::batcher_core> core_;
 };
 

@@ -91,7 +91,7 @@ struct close_result {
 /// it. Not copyable or movable. Destroying it aborts the connection; its coroutines end on their
 /// own afterwards without touching the destroyed object.
 class batched_comm {
-public:
+  public:
     /// Receives one whole msgpack object; the view is valid during the call only. The call may
     /// send(), close() or abort(). If it throws, the connection is aborted with the exception's
     /// message (and its code, for a std::system_error).
@@ -152,7 +152,7 @@ public:
 
     struct impl;
 
-private:
+  private:
     std::shared_ptr<impl> impl_;
 };
 

@@ -17,9 +17,9 @@
 #include <asio/async_result.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/experimental/deferred.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/use_future.hpp>
-#include <asio/experimental/deferred.hpp>
 
 #include "ordo/codec.hpp"
 #include "ordo/error.hpp"
@@ -36,7 +36,9 @@ struct call_options {
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.
-inline call_options timeout(std::chrono::milliseconds t) { return call_options{t}; }
+inline call_options timeout(std::chrono::milliseconds t) {
+    return call_options{t};
+}
 
 /// A msgpack value that owns its memory: the result type of untyped calls.
 using value = msgpack::object_handle;
@@ -53,7 +55,7 @@ namespace detail {
 /// One call in flight, type-erased. A channel completes it exactly once, on the channel's
 /// executor; complete() never runs the caller's handler inline (it posts it).
 class pending_call {
-public:
+  public:
     virtual ~pending_call() = default;
     virtual void complete(std::error_code ec, call_outcome out) = 0;
 
@@ -67,7 +69,7 @@ public:
 
 /// The interface of everything a channel can stand for. Implementations: ordo::peer.
 class channel_impl {
-public:
+  public:
     virtual ~channel_impl();
     /// Sends `call` and completes it when its response arrives, its deadline passes, it is
     /// cancelled through its slot, or the connection ends. Called on get_executor().
@@ -128,8 +130,7 @@ struct handler_args<void> {
 /// (std::error_code, R) (or (std::error_code) for void).
 template <class T, class R>
 inline constexpr bool is_completion_token_v =
-    is_token_type<std::decay_t<T>>::value ||
-    handler_args<R>::template invocable<std::decay_t<T>>;
+    is_token_type<std::decay_t<T>>::value || handler_args<R>::template invocable<std::decay_t<T>>;
 
 template <class T>
 inline constexpr bool is_call_options_v = std::is_same_v<std::decay_t<T>, call_options>;
@@ -151,7 +152,7 @@ R convert_result(call_outcome& out) {
 
 template <class R, class Handler>
 class call_op final : public pending_call {
-public:
+  public:
     call_op(Handler h, net::any_io_executor channel_ex)
         : handler_(std::move(h)), ex_(net::get_associated_executor(handler_, channel_ex)) {}
 
@@ -177,7 +178,7 @@ public:
         }
     }
 
-private:
+  private:
     Handler handler_;
     net::associated_executor_t<Handler, net::any_io_executor> ex_;
 };
@@ -246,7 +247,7 @@ buffer pack_params(const Args&... args) {
 /// to the channel's executor and complete on the caller's (the completion handler's associated
 /// executor). notify() must be called on the channel's executor.
 class channel {
-public:
+  public:
     channel() = default;
     explicit channel(std::shared_ptr<channel_impl> impl) : impl_(std::move(impl)) {}
 
@@ -302,7 +303,7 @@ public:
     const std::shared_ptr<channel_impl>& impl() const noexcept { return impl_; }
     explicit operator bool() const noexcept { return impl_ != nullptr; }
 
-private:
+  private:
     template <std::size_t I, class... Ts>
     using nth_t = std::tuple_element_t<I, std::tuple<Ts...>>;
     template <class... Ts>

@@ -20,11 +20,11 @@ enum class message_kind : std::uint8_t { request = 0, response = 1, notification
 /// zone: they stay valid as long as this value does (it is move-only).
 struct message {
     message_kind kind = message_kind::request;
-    std::uint32_t msgid = 0;      ///< request, response
-    std::string_view method;      ///< request, notification (sent as str, or as bin by some peers)
-    msgpack::object params;       ///< request, notification: always an array
-    msgpack::object error;        ///< response: nil on success, else the error object as sent
-    msgpack::object result;       ///< response
+    std::uint32_t msgid = 0;  ///< request, response
+    std::string_view method;  ///< request, notification (sent as str, or as bin by some peers)
+    msgpack::object params;   ///< request, notification: always an array
+    msgpack::object error;    ///< response: nil on success, else the error object as sent
+    msgpack::object result;   ///< response
     msgpack::object_handle handle;
 };
 
@@ -33,10 +33,12 @@ using buffer = msgpack::sbuffer;
 
 /// Appends `[0, msgid, method, [args...]]` to `out`.
 template <class... Args>
-void encode_request(buffer& out, std::uint32_t msgid, std::string_view method, const Args&... args) {
+void encode_request(buffer& out, std::uint32_t msgid, std::string_view method,
+                    const Args&... args) {
     msgpack::packer<buffer> p(out);
     p.pack_array(4).pack_uint8(0).pack_uint32(msgid);
-    p.pack_str(static_cast<std::uint32_t>(method.size())).pack_str_body(method.data(), method.size());
+    p.pack_str(static_cast<std::uint32_t>(method.size()))
+        .pack_str_body(method.data(), method.size());
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
 }
@@ -46,7 +48,8 @@ template <class... Args>
 void encode_notification(buffer& out, std::string_view method, const Args&... args) {
     msgpack::packer<buffer> p(out);
     p.pack_array(3).pack_uint8(2);
-    p.pack_str(static_cast<std::uint32_t>(method.size())).pack_str_body(method.data(), method.size());
+    p.pack_str(static_cast<std::uint32_t>(method.size()))
+        .pack_str_body(method.data(), method.size());
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
 }
@@ -71,7 +74,7 @@ message decode_message(std::string_view bytes, const limits& l = {});
 /// Streaming decoder: feed() byte chunks split anywhere, take whole messages in order with
 /// next(). Memory stays within the limits whatever the length headers announce.
 class decoder {
-public:
+  public:
     explicit decoder(const limits& l = {});
     ~decoder();
     decoder(decoder&&) noexcept;
@@ -84,7 +87,7 @@ public:
     /// End of stream: throws errc::protocol_error if a message was cut short.
     void finish() const;
 
-private:
+  private:
     struct impl;
     std::unique_ptr<impl> impl_;
 };

@@ -40,7 +40,7 @@ const char* to_string(errc e) noexcept;
 /// locally). what() reads like
 /// `ordo: call inc to tcp://127.0.0.1:7000 failed: peer lost (connection reset by peer)`.
 class rpc_error : public std::system_error {
-public:
+  public:
     rpc_error(std::error_code code, std::string method, std::string peer, std::string detail);
 
     const std::string& method() const noexcept { return method_; }
@@ -48,7 +48,7 @@ public:
     const std::string& detail() const noexcept { return detail_; }
     const char* what() const noexcept override { return text_.c_str(); }
 
-private:
+  private:
     std::string method_, peer_, detail_, text_;
 };
 

@@ -109,8 +109,8 @@ Values convert_params(const msgpack::object& params, std::string_view method,
         throw_bad_arguments(method, signature,
                             "got " + std::to_string(arr.size) + " arguments, expected " +
                                 std::to_string(sizeof...(I)));
-    return Values{convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method,
-                                                               signature)...};
+    return Values{
+        convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
 }
 
 template <class F>
@@ -120,15 +120,16 @@ decltype(auto) invoke_handler(F& f, peer& p, auto& values) {
         return std::apply([&](auto&... v) -> decltype(auto) { return f(p, std::move(v)...); },
                           values);
     else
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(std::move(v)...); },
-                          values);
+        return std::apply([&](auto&... v) -> decltype(auto) { return f(std::move(v)...); }, values);
 }
 
 template <class T>
 void pack_result(buffer& out, const T& v) {
     msgpack::pack(out, v);
 }
-inline void pack_nil(buffer& out) { msgpack::packer<buffer>(out).pack_nil(); }
+inline void pack_nil(buffer& out) {
+    msgpack::packer<buffer>(out).pack_nil();
+}
 
 template <class F>
 net::awaitable<void> run_async_handler(F f, std::string method, std::string signature, peer& p,
@@ -180,7 +181,7 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
 /// A table of handlers by method name. Registering a name again replaces its handler (for
 /// messages dispatched afterwards).
 class handlers {
-public:
+  public:
     /// Registers `f` for `name`. f is a function, a lambda (not generic) or a coroutine returning
     /// net::awaitable<T>; it may take `ordo::peer&` first (the calling peer, to call back over
     /// the same ordered stream). Arguments are converted with msgpack-c: a mismatch answers
@@ -203,9 +204,10 @@ public:
                       "handler arguments do not match the interface method's");
         using ret = typename traits::result;
         if constexpr (detail::is_awaitable<ret>::value)
-            static_assert(std::is_convertible_v<typename detail::is_awaitable<ret>::value_type, R> ||
-                              std::is_void_v<R>,
-                          "handler result does not match the interface method's");
+            static_assert(
+                std::is_convertible_v<typename detail::is_awaitable<ret>::value_type, R> ||
+                    std::is_void_v<R>,
+                "handler result does not match the interface method's");
         else
             static_assert(std::is_convertible_v<ret, R> || std::is_void_v<R>,
                           "handler result does not match the interface method's");
@@ -252,7 +254,7 @@ public:
         return it == map_.end() ? nullptr : &it->second;
     }
 
-private:
+  private:
     std::map<std::string, detail::handler_entry, std::less<>> map_;
     std::vector<std::shared_ptr<detail::batcher_core>> batchers_;
 };

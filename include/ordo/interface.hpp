@@ -32,7 +32,7 @@ class method;
 /// callable like a local function; elsewhere it only describes (for server::on).
 template <class R, class... Args>
 class method<R(Args...)> {
-public:
+  public:
     using result_type = R;
 
     explicit method(std::string name)
@@ -50,13 +50,13 @@ public:
     /// The same call as an Asio operation completed through `token` (signature
     /// void(error_code, R), or void(error_code) for R = void).
     template <class Token>
-        requires detail::is_completion_token_v<Token, R>
+    requires detail::is_completion_token_v<Token, R>
     auto operator()(const Args&... args, Token&& token) const {
         return detail::call<R>(bound(), name_, detail::pack_params(args...), call_options{},
                                std::forward<Token>(token));
     }
     template <class Token>
-        requires detail::is_completion_token_v<Token, R>
+    requires detail::is_completion_token_v<Token, R>
     auto operator()(const Args&... args, call_options o, Token&& token) const {
         return detail::call<R>(bound(), name_, detail::pack_params(args...), o,
                                std::forward<Token>(token));
@@ -69,9 +69,11 @@ public:
         bound()->notify_raw(name_, std::string_view(params.data(), params.size()));
     }
 
-private:
+  private:
     const std::shared_ptr<channel_impl>& bound() const {
-        if (!channel_) throw_error(errc::bad_address, "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
+        if (!channel_)
+            throw_error(errc::bad_address,
+                        "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
         return channel_.impl();
     }
 
@@ -84,7 +86,9 @@ private:
 template <class I>
 I stub(const channel& ch) {
     struct scope {
-        explicit scope(const channel* c) : saved(detail::binding_channel) { detail::binding_channel = c; }
+        explicit scope(const channel* c) : saved(detail::binding_channel) {
+            detail::binding_channel = c;
+        }
         ~scope() { detail::binding_channel = saved; }
         const channel* saved;
     } bind(&ch);

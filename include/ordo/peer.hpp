@@ -81,7 +81,7 @@ struct peer_counters {
 /// Belongs to one executor (a strand, if the io_context runs on several threads). Created
 /// shared (make_peer); handlers and channels keep it alive.
 class peer final : public channel_impl, public std::enable_shared_from_this<peer> {
-public:
+  public:
     struct private_tag {};
     peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h);
     ~peer() override;
@@ -114,7 +114,7 @@ public:
 
     struct state;
 
-private:
+  private:
     std::unique_ptr<state> s_;
 };
 

@@ -32,7 +32,7 @@ struct pool_options {
 };
 
 struct pool_counters {
-    std::size_t open = 0;        ///< connections open (idle + busy)
+    std::size_t open = 0;  ///< connections open (idle + busy)
     std::size_t idle = 0;
     std::size_t connecting = 0;
     std::size_t queued_calls = 0;
@@ -50,7 +50,7 @@ struct pool_counters {
 /// Belongs to the executor given at creation (a strand when the io_context runs on several
 /// threads). Created shared (make_pool); channels keep it alive.
 class pool final : public channel_impl, public std::enable_shared_from_this<pool> {
-public:
+  public:
     struct private_tag {};
     pool(private_tag, net::any_io_executor ex, std::string url, pool_options o);
     ~pool() override;
@@ -72,7 +72,7 @@ public:
 
     struct state;
 
-private:
+  private:
     std::unique_ptr<state> s_;
 };
 

@@ -18,7 +18,7 @@ struct server_options {
 /// ordo::peer (so handlers can call back through their peer&). Belongs to the executor given at
 /// construction. Stop it with async_stop() before destroying it.
 class server {
-public:
+  public:
     explicit server(net::any_io_executor ex, server_options o = {});
     ~server();
     server(const server&) = delete;
@@ -59,7 +59,7 @@ public:
 
     struct state;
 
-private:
+  private:
     ordo::handlers handlers_;
     std::shared_ptr<state> s_;
 };

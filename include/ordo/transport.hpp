@@ -17,7 +17,7 @@ namespace ordo {
 /// One connected, bidirectional byte stream. Belongs to the executor it was made on; every
 /// member is called from that executor. At most one read and one write may be pending at a time.
 class transport {
-public:
+  public:
     virtual ~transport();
     transport(const transport&) = delete;
     transport& operator=(const transport&) = delete;
@@ -44,16 +44,16 @@ public:
     const std::string& remote_address() const noexcept { return remote_; }
     virtual net::any_io_executor get_executor() = 0;
 
-protected:
+  protected:
     explicit transport(std::string remote) : remote_(std::move(remote)) {}
 
-private:
+  private:
     std::string remote_;
 };
 
 /// A bound, listening endpoint.
 class listener {
-public:
+  public:
     virtual ~listener();
     listener(const listener&) = delete;
     listener& operator=(const listener&) = delete;
@@ -67,7 +67,7 @@ public:
     /// The bound address as a URL; for tcp with port 0 it holds the port the system chose.
     const std::string& local_address() const noexcept { return local_; }
 
-protected:
+  protected:
     listener() = default;
     std::string local_;
 };

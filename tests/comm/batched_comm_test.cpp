@@ -22,8 +22,8 @@ using test::wait_until;
 std::string unique_url(const std::string& scheme) {
     static std::atomic<int> n{0};
     if (scheme == "unix")
-        return "unix:///tmp/ordo-test-" + std::to_string(::getpid()) + "-" +
-               std::to_string(n++) + ".sock";
+        return "unix:///tmp/ordo-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++) +
+               ".sock";
     return "tcp://127.0.0.1:0";
 }
 
@@ -68,39 +68,41 @@ class OrderedStream : public ::testing::TestWithParam<std::tuple<std::string, in
 TEST_P(OrderedStream, AMillionSmallMessagesArriveCompleteAndInOrderWithCoalescedWrites) {
     const auto [scheme, interval_ms] = GetParam();
     constexpr std::uint32_t count = 1'000'000;
-    run_test([&, scheme = scheme, interval_ms = interval_ms]() -> net::awaitable<void> {
-        auto p = co_await connect_pair(unique_url(scheme));
-        std::uint32_t expected = 0;
-        bool in_order = true;
-        batched_comm server(std::move(p.server), {}, [&](std::string_view m) {
-            if (seq_of(m) != expected) in_order = false;
-            ++expected;
-        });
-        comm_options opts;
-        opts.interval = std::chrono::milliseconds(interval_ms);
-        opts.high_water_bytes = 64 * 1024;
-        batched_comm client(std::move(p.client), opts, [](std::string_view) {});
-        server.start();
-        client.start();
-        for (std::uint32_t i = 0; i < count; ++i) {
-            client.send(seq_msg(i));
-            if (client.counters().buffered_bytes > opts.high_water_bytes)
-                co_await client.async_drain();
-        }
-        EXPECT_TRUE(co_await wait_until([&] { return expected == count || !in_order; }, 240s));
-        EXPECT_TRUE(in_order);
-        EXPECT_EQ(expected, count);
-        const auto& c = client.counters();
-        EXPECT_EQ(c.messages_sent, count);
-        EXPECT_EQ(server.counters().messages_received, count);
-        EXPECT_EQ(c.bytes_sent, std::uint64_t(count) * 5);
-        EXPECT_GT(c.messages_per_write(), 100.0) << "writes: " << c.writes;
-        EXPECT_LE(c.peak_buffered_bytes, opts.high_water_bytes + 5);
-        auto r = co_await client.async_close();
-        EXPECT_EQ(r.code, errc::closed) << r.reason;
-        EXPECT_TRUE(r.undelivered.empty());
-        co_await server.async_wait_closed();
-    }, 300s);
+    run_test(
+        [&, scheme = scheme, interval_ms = interval_ms]() -> net::awaitable<void> {
+            auto p = co_await connect_pair(unique_url(scheme));
+            std::uint32_t expected = 0;
+            bool in_order = true;
+            batched_comm server(std::move(p.server), {}, [&](std::string_view m) {
+                if (seq_of(m) != expected) in_order = false;
+                ++expected;
+            });
+            comm_options opts;
+            opts.interval = std::chrono::milliseconds(interval_ms);
+            opts.high_water_bytes = 64 * 1024;
+            batched_comm client(std::move(p.client), opts, [](std::string_view) {});
+            server.start();
+            client.start();
+            for (std::uint32_t i = 0; i < count; ++i) {
+                client.send(seq_msg(i));
+                if (client.counters().buffered_bytes > opts.high_water_bytes)
+                    co_await client.async_drain();
+            }
+            EXPECT_TRUE(co_await wait_until([&] { return expected == count || !in_order; }, 240s));
+            EXPECT_TRUE(in_order);
+            EXPECT_EQ(expected, count);
+            const auto& c = client.counters();
+            EXPECT_EQ(c.messages_sent, count);
+            EXPECT_EQ(server.counters().messages_received, count);
+            EXPECT_EQ(c.bytes_sent, std::uint64_t(count) * 5);
+            EXPECT_GT(c.messages_per_write(), 100.0) << "writes: " << c.writes;
+            EXPECT_LE(c.peak_buffered_bytes, opts.high_water_bytes + 5);
+            auto r = co_await client.async_close();
+            EXPECT_EQ(r.code, errc::closed) << r.reason;
+            EXPECT_TRUE(r.undelivered.empty());
+            co_await server.async_wait_closed();
+        },
+        300s);
 }
 
 INSTANTIATE_TEST_SUITE_P(TcpAndUnix, OrderedStream,
@@ -262,8 +264,9 @@ TEST(BatchedComm, GarbageBytesCloseThatConnectionWithAProtocolErrorAndANewConnec
         auto l = listen(ex, "tcp://127.0.0.1:0");
         auto raw = co_await async_connect_transport(l->local_address());
         std::optional<close_result> closed;
-        batched_comm victim(co_await l->async_accept(), {}, [](std::string_view) {},
-                            [&](const close_result& r) { closed = r; });
+        batched_comm victim(
+            co_await l->async_accept(), {}, [](std::string_view) {},
+            [&](const close_result& r) { closed = r; });
         victim.start();
         std::error_code ec;
         co_await raw->async_write(net::buffer(std::string("\x93\x01\x02\xc1garbage")), ec);
@@ -296,9 +299,9 @@ TEST(BatchedComm, CloseDeliversEverythingQueuedBeforeIt) {
         auto p = co_await connect_pair("tcp://127.0.0.1:0");
         std::vector<std::uint32_t> got;
         std::optional<close_result> server_closed;
-        batched_comm server(std::move(p.server), {},
-                            [&](std::string_view m) { got.push_back(seq_of(m)); },
-                            [&](const close_result& r) { server_closed = r; });
+        batched_comm server(
+            std::move(p.server), {}, [&](std::string_view m) { got.push_back(seq_of(m)); },
+            [&](const close_result& r) { server_closed = r; });
         comm_options opts;
         opts.interval = 20ms;
         batched_comm client(std::move(p.client), opts, [](std::string_view) {});
@@ -322,8 +325,9 @@ TEST(BatchedComm, AbortHandsBackWhatWasNotWrittenInOrder) {
         auto p = co_await connect_pair("tcp://127.0.0.1:0");
         std::uint32_t received = 0;
         std::optional<close_result> server_closed;
-        batched_comm server(std::move(p.server), {}, [&](std::string_view) { ++received; },
-                            [&](const close_result& r) { server_closed = r; });
+        batched_comm server(
+            std::move(p.server), {}, [&](std::string_view) { ++received; },
+            [&](const close_result& r) { server_closed = r; });
         batched_comm client(std::move(p.client), {}, [](std::string_view) {});
         server.start();
         client.start();

@@ -47,7 +47,7 @@ std::vector<std::string> sample_objects() {
     add(std::vector<std::vector<std::string>>{{"a", "b"}, {}, {"c"}});
     add(msgpack::type::nil_t());
     add(true);
-    add(std::vector<char>(10, 'z'));  // bin 8
+    add(std::vector<char>(10, 'z'));                                 // bin 8
     for (std::size_t n : {1u, 2u, 4u, 8u, 16u, 3u, 300u, 70000u}) {  // fixext and ext 8/16/32
         msgpack::sbuffer b;
         msgpack::packer<msgpack::sbuffer> p(b);
@@ -170,8 +170,7 @@ TEST(Framer, TooManyObjectsInOneMessageFails) {
     limits l;
     l.max_objects = 10;
     framer f(l);
-    expect_protocol_error(f, packed(std::vector<int>(20, 1)),
-                          "max_objects");
+    expect_protocol_error(f, packed(std::vector<int>(20, 1)), "max_objects");
 }
 
 TEST(Framer, InvalidTypeByteFails) {

@@ -27,7 +27,7 @@ using test::wait_until;
 // A child process with its stdout on a pipe; killed (SIGCONT, then SIGKILL) and reaped on
 // destruction. Only this PID is ever signalled.
 class child {
-public:
+  public:
     explicit child(std::vector<std::string> argv, bool with_stderr = false) {
         int fds[2];
         if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
@@ -84,7 +84,7 @@ public:
     }
     pid_t pid() const { return pid_; }
 
-private:
+  private:
     pid_t pid_ = -1;
     int out_ = -1;
 };
@@ -112,8 +112,10 @@ struct outcome_log {
     int done() const { return ok + lost + other; }
     auto recorder() {
         return [this](std::error_code ec, int) {
-            if (!ec) ++ok;
-            else if (ec == errc::peer_lost) ++lost;
+            if (!ec)
+                ++ok;
+            else if (ec == errc::peer_lost)
+                ++lost;
             else {
                 ++other;
                 other_code = ec;
@@ -123,7 +125,9 @@ struct outcome_log {
     }
 };
 
-peer& peer_of(const channel& ch) { return static_cast<peer&>(*ch.impl()); }
+peer& peer_of(const channel& ch) {
+    return static_cast<peer&>(*ch.impl());
+}
 
 // Pending calls that the server does not answer soon: sleep_ms is serial, so one runs and the
 // rest wait behind it.
@@ -146,7 +150,8 @@ TEST(Crash, KilledServerFailsAThousandPendingCallsWithPeerLostWithinTwoSeconds) 
         EXPECT_LT(log.last - killed, 2s);
         // The next call fails at once, with the same error.
         const auto t0 = clock_type::now();
-        auto [ec, v] = co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
+        auto [ec, v] =
+            co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
         EXPECT_EQ(ec, errc::peer_lost);
         EXPECT_LT(clock_type::now() - t0, 1s);
         EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
@@ -179,7 +184,7 @@ TEST(Hang, StoppedServerFailsEveryPendingCallWithinTheLivenessTimeout) {
 
 // Forwards bytes both ways until told to go dark; then it drops everything, closing nothing.
 class blackhole_proxy {
-public:
+  public:
     blackhole_proxy(net::any_io_executor ex, std::string target)
         : l_(listen(ex, "tcp://127.0.0.1:0")), target_(std::move(target)) {
         net::co_spawn(ex, accept_loop(), net::detached);
@@ -191,7 +196,7 @@ public:
     std::string url() const { return l_->local_address(); }
     void go_dark() { *dark_ = true; }
 
-private:
+  private:
     net::awaitable<void> accept_loop() {
         try {
             for (;;) {
@@ -255,28 +260,32 @@ TEST(Vanish, AForeignPeerThatAnswersPingsWithErrorsCountsAsAliveUntilItGoesSilen
         auto pings = std::make_shared<int>(0);
         // A minimal msgpack-rpc server: ordo.ping gets a neovim-style error, nothing else an
         // answer.
-        net::co_spawn(ex, [&l, answering, pings]() -> net::awaitable<void> {
-            std::shared_ptr<transport> t = co_await l->async_accept();
-            decoder d;
-            std::vector<char> buf(65536);
-            for (;;) {
-                std::error_code ec;
-                auto n = co_await t->async_read_some(net::buffer(buf), ec);
-                if (ec) co_return;
-                d.feed(std::string_view(buf.data(), n));
-                while (auto m = d.next()) {
-                    if (m->kind != message_kind::request || m->method != "ordo.ping" || !*answering)
-                        continue;
-                    ++*pings;
-                    buffer out;
-                    msgpack::packer<buffer> p(out);
-                    p.pack_array(4).pack(1).pack(m->msgid);
-                    p.pack_array(2).pack(0).pack(std::string("Invalid method: ordo.ping"));
-                    p.pack_nil();
-                    co_await t->async_write(net::buffer(out.data(), out.size()), ec);
+        net::co_spawn(
+            ex,
+            [&l, answering, pings]() -> net::awaitable<void> {
+                std::shared_ptr<transport> t = co_await l->async_accept();
+                decoder d;
+                std::vector<char> buf(65536);
+                for (;;) {
+                    std::error_code ec;
+                    auto n = co_await t->async_read_some(net::buffer(buf), ec);
+                    if (ec) co_return;
+                    d.feed(std::string_view(buf.data(), n));
+                    while (auto m = d.next()) {
+                        if (m->kind != message_kind::request || m->method != "ordo.ping" ||
+                            !*answering)
+                            continue;
+                        ++*pings;
+                        buffer out;
+                        msgpack::packer<buffer> p(out);
+                        p.pack_array(4).pack(1).pack(m->msgid);
+                        p.pack_array(2).pack(0).pack(std::string("Invalid method: ordo.ping"));
+                        p.pack_nil();
+                        co_await t->async_write(net::buffer(out.data(), out.size()), ec);
+                    }
                 }
-            }
-        }, net::detached);
+            },
+            net::detached);
         auto ch = co_await async_connect(l->local_address() + "?liveness_timeout_ms=500");
         outcome_log log;
         ch.async_call<int>("inc", 1, log.recorder());
@@ -337,13 +346,16 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
         char c;
         while (::read(to_child[0], &c, 1) == 1 && c != '\n') url += c;
         net::io_context io;
-        net::co_spawn(io, [url]() -> net::awaitable<void> {
-            auto ch = co_await async_connect(url);
-            for (int i = 0; i < 10; ++i)
-                ch.async_call<int>("sleep_ms", 60'000, [](std::error_code, int) {});
-            net::steady_timer forever(co_await net::this_coro::executor, 120s);
-            co_await forever.async_wait(use_tuple);
-        }, net::detached);
+        net::co_spawn(
+            io,
+            [url]() -> net::awaitable<void> {
+                auto ch = co_await async_connect(url);
+                for (int i = 0; i < 10; ++i)
+                    ch.async_call<int>("sleep_ms", 60'000, [](std::error_code, int) {});
+                net::steady_timer forever(co_await net::this_coro::executor, 120s);
+                co_await forever.async_wait(use_tuple);
+            },
+            net::detached);
         io.run();
         std::_Exit(0);
     }
@@ -358,17 +370,20 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
     run_test([&]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int started = 0, cancelled = 0;
-        srv.on("sleep_ms", [&](int ms) -> net::awaitable<int> {
-            ++started;
-            try {
-                net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
-                co_await t.async_wait(net::use_awaitable);
-            } catch (const std::system_error&) {
-                ++cancelled;
-                throw;
-            }
-            co_return ms;
-        }, {.concurrent = true});
+        srv.on("sleep_ms",
+               [&](int ms) -> net::awaitable<int> {
+                   ++started;
+                   try {
+                       net::steady_timer t(co_await net::this_coro::executor,
+                                           std::chrono::milliseconds(ms));
+                       co_await t.async_wait(net::use_awaitable);
+                   } catch (const std::system_error&) {
+                       ++cancelled;
+                       throw;
+                   }
+                   co_return ms;
+               },
+               {.concurrent = true});
         srv.on("inc", [](int x) { return x + 1; });
         const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
         EXPECT_EQ(::write(to_child[1], url.data(), url.size()), ssize_t(url.size()));
@@ -385,12 +400,82 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
     ::close(to_child[1]);
 }
 
+TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTimeout) {
+    int to_child[2];
+    ASSERT_EQ(::pipe(to_child), 0);
+    const pid_t client = ::fork();
+    if (client == 0) {
+        ::close(to_child[1]);
+        std::string url;
+        char c;
+        while (::read(to_child[0], &c, 1) == 1 && c != '\n') url += c;
+        net::io_context io;
+        net::co_spawn(
+            io,
+            [url]() -> net::awaitable<void> {
+                auto ch = co_await async_connect(url);
+                for (int i = 0; i < 10; ++i)
+                    ch.async_call<int>("sleep_ms", 60'000, [](std::error_code, int) {});
+                net::steady_timer forever(co_await net::this_coro::executor, 120s);
+                co_await forever.async_wait(use_tuple);
+            },
+            net::detached);
+        io.run();
+        std::_Exit(0);
+    }
+    ::close(to_child[0]);
+    struct reaper {
+        pid_t pid;
+        ~reaper() {
+            ::kill(pid, SIGCONT);
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } reap{client};
+    run_test([&]() -> net::awaitable<void> {
+        server_options so;
+        so.peer.liveness_timeout = 500ms;
+        server srv(co_await net::this_coro::executor, so);
+        int started = 0, cancelled = 0;
+        srv.on("sleep_ms",
+               [&](int ms) -> net::awaitable<int> {
+                   ++started;
+                   try {
+                       net::steady_timer t(co_await net::this_coro::executor,
+                                           std::chrono::milliseconds(ms));
+                       co_await t.async_wait(net::use_awaitable);
+                   } catch (const std::system_error&) {
+                       ++cancelled;
+                       throw;
+                   }
+                   co_return ms;
+               },
+               {.concurrent = true});
+        const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
+        EXPECT_EQ(::write(to_child[1], url.data(), url.size()), ssize_t(url.size()));
+        EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
+        // Alive and answering pings: nothing is cancelled for three bounds.
+        net::steady_timer t(co_await net::this_coro::executor, 1500ms);
+        co_await t.async_wait(use_tuple);
+        EXPECT_EQ(cancelled, 0);
+        const auto stopped = clock_type::now();
+        ::kill(client, SIGSTOP);
+        EXPECT_TRUE(co_await wait_until([&] { return cancelled == 10; }, 20s));
+        EXPECT_LT(clock_type::now() - stopped, 500ms + 2s);
+        EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 0; }));
+        co_await srv.async_stop();
+    });
+    ::close(to_child[1]);
+}
+
 // Runs a command, returning its exit status (its output goes to the test log).
-int run(const std::string& cmd) { return std::system((cmd + " >&2").c_str()); }
+int run(const std::string& cmd) {
+    return std::system((cmd + " >&2").c_str());
+}
 
 // Two network namespaces joined by a veth pair, removed again on destruction.
 class netns_pair {
-public:
+  public:
     netns_pair() {
         const std::string id = std::to_string(::getpid());
         client = "ordo-c-" + id;
@@ -436,8 +521,8 @@ TEST(Vanish, ALinkTakenDownBetweenTwoNetworkNamespacesFailsCallsWithinTheBound) 
     const char* client_path = std::getenv("ORDO_INC_CLIENT");
     ASSERT_TRUE(server_path && client_path) << "run through meson test";
 
-    child srv({ip, "netns", "exec", ns.server, server_path, "--listen",
-               "tcp://" + ns.server_ip + ":0"});
+    child srv(
+        {ip, "netns", "exec", ns.server, server_path, "--listen", "tcp://" + ns.server_ip + ":0"});
     const std::string line = srv.read_line();
     ASSERT_EQ(line.rfind("listening on ", 0), 0u) << line;
     const std::string url = line.substr(13);
@@ -456,8 +541,8 @@ TEST(Vanish, ALinkTakenDownBetweenTwoNetworkNamespacesFailsCallsWithinTheBound) 
     EXPECT_NE(err.find("peer lost"), std::string::npos) << err;
     EXPECT_LT(took, 500ms + 2s);
     std::cerr << "link down detected after "
-              << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms: "
-              << err << "\n";
+              << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+              << " ms: " << err << "\n";
 }
 
 }  // namespace

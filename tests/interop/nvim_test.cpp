@@ -21,7 +21,7 @@ using test::run_test;
 using test::wait_until;
 
 class nvim_process {
-public:
+  public:
     explicit nvim_process(const std::string& listen) {
         const char* nvim = std::getenv("ORDO_NVIM");
         if (!nvim || ::access(nvim, X_OK) != 0)
@@ -38,7 +38,7 @@ public:
         ::waitpid(pid_, nullptr, 0);
     }
 
-private:
+  private:
     pid_t pid_;
 };
 
@@ -107,8 +107,9 @@ TEST_P(Neovim, CallsErrorsNotificationsAndRequestsBackAllWork) {
 
         // neovim calls back into this client while our call is pending.
         const std::string c = std::to_string(chan);
-        EXPECT_EQ(co_await ch.async_call<int>("nvim_eval", "rpcrequest(" + c + ", 'client_double', 21)"),
-                  42);
+        EXPECT_EQ(
+            co_await ch.async_call<int>("nvim_eval", "rpcrequest(" + c + ", 'client_double', 21)"),
+            42);
         EXPECT_EQ(asked, 1);
         try {
             co_await ch.async_call<int>("nvim_eval", "rpcrequest(" + c + ", 'client_unknown')");

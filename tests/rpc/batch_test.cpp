@@ -97,11 +97,11 @@ TEST(Batch, LimitsChangeAtRunTime) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         record rec;
-        auto h = srv.on_batch("id", {.max_batch_size = 100, .max_wait = 10s},
-                              [&](std::vector<int> xs) {
-                                  rec.batches.push_back(xs);
-                                  return xs;
-                              });
+        auto h =
+            srv.on_batch("id", {.max_batch_size = 100, .max_wait = 10s}, [&](std::vector<int> xs) {
+                rec.batches.push_back(xs);
+                return xs;
+            });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         calls_log log;
         for (int i = 0; i < 10; ++i) ch.async_call<int>("id", i, log.recorder(i));
@@ -146,15 +146,22 @@ TEST(Batch, PerElementErrorsFailOnlyTheirCallsAndWholeBatchErrorsFailThemAll) {
         srv.on_batch("sqrt", {.max_batch_size = 8, .max_wait = 5ms}, [](std::vector<int> xs) {
             std::vector<element<int>> out;
             for (int x : xs) {
-                if (x < 0) out.push_back(element_error{errc::bad_arguments, "negative: " + std::to_string(x)});
-                else out.push_back(x / 2);
+                if (x < 0)
+                    out.push_back(
+                        element_error{errc::bad_arguments, "negative: " + std::to_string(x)});
+                else
+                    out.push_back(x / 2);
             }
             return out;
         });
         srv.on_batch("explode", {.max_batch_size = 8, .max_wait = 5ms},
-                     [](std::vector<int>) -> std::vector<int> { throw std::runtime_error("gpu fell over"); });
-        srv.on_batch("short", {.max_batch_size = 8, .max_wait = 5ms},
-                     [](std::vector<int> xs) { xs.pop_back(); return xs; });
+                     [](std::vector<int>) -> std::vector<int> {
+                         throw std::runtime_error("gpu fell over");
+                     });
+        srv.on_batch("short", {.max_batch_size = 8, .max_wait = 5ms}, [](std::vector<int> xs) {
+            xs.pop_back();
+            return xs;
+        });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         EXPECT_EQ(co_await ch.async_call<int>("sqrt", 8), 4);
         calls_log log;
@@ -180,7 +187,8 @@ TEST(Batch, PerElementErrorsFailOnlyTheirCallsAndWholeBatchErrorsFailThemAll) {
             ADD_FAILURE() << "no error";
         } catch (const rpc_error& e) {
             EXPECT_NE(e.detail().find("short"), std::string::npos) << e.what();
-            EXPECT_NE(e.detail().find("returned 0 results for 1 calls"), std::string::npos) << e.what();
+            EXPECT_NE(e.detail().find("returned 0 results for 1 calls"), std::string::npos)
+                << e.what();
         }
         try {
             co_await ch.async_call<int>("explode", 1);
@@ -228,14 +236,16 @@ TEST(Batch, ADeadPeersQueuedCallsAreRemoved) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         record rec;
-        auto h = srv.on_batch("id", {.max_batch_size = 3, .max_wait = 10s}, [&](std::vector<int> xs) {
-            rec.batches.push_back(xs);
-            return xs;
-        });
+        auto h =
+            srv.on_batch("id", {.max_batch_size = 3, .max_wait = 10s}, [&](std::vector<int> xs) {
+                rec.batches.push_back(xs);
+                return xs;
+            });
         const auto url = srv.listen("tcp://127.0.0.1:0");
         {
             auto doomed = co_await async_connect(url);
-            for (int i = 100; i < 102; ++i) doomed.async_call<int>("id", i, [](std::error_code, int) {});
+            for (int i = 100; i < 102; ++i)
+                doomed.async_call<int>("id", i, [](std::error_code, int) {});
             EXPECT_TRUE(co_await wait_until([&] { return h.stats().queued == 2; }));
             static_cast<peer&>(*doomed.impl()).abort();
         }
@@ -254,10 +264,11 @@ TEST(Batch, StoppingTheServerFailsQueuedCallsWithShuttingDown) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int ran = 0;
-        auto h = srv.on_batch("id", {.max_batch_size = 100, .max_wait = 10s}, [&](std::vector<int> xs) {
-            ++ran;
-            return xs;
-        });
+        auto h =
+            srv.on_batch("id", {.max_batch_size = 100, .max_wait = 10s}, [&](std::vector<int> xs) {
+                ++ran;
+                return xs;
+            });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         calls_log log;
         for (int i = 0; i < 5; ++i) ch.async_call<int>("id", i, log.recorder(i));

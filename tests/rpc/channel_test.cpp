@@ -28,15 +28,17 @@ struct fixture {
     explicit fixture(net::any_io_executor ex, std::string listen_url = "tcp://127.0.0.1:0")
         : srv(ex) {
         srv.on(service{}.inc, [](int x) { return x + 1; });
-        srv.on(service{}.sleep_ms, [this](int ms) -> net::awaitable<int> {
-            try {
-                co_await sleep_for(std::chrono::milliseconds(ms));
-            } catch (const std::system_error&) {
-                ++cancelled;
-                throw;
-            }
-            co_return ms;
-        }, {.concurrent = true});
+        srv.on(service{}.sleep_ms,
+               [this](int ms) -> net::awaitable<int> {
+                   try {
+                       co_await sleep_for(std::chrono::milliseconds(ms));
+                   } catch (const std::system_error&) {
+                       ++cancelled;
+                       throw;
+                   }
+                   co_return ms;
+               },
+               {.concurrent = true});
         srv.on(service{}.fail, [](std::string why) -> int { throw std::runtime_error(why); });
         srv.on("echo", [](msgpack::object v) { return v; });
         url = srv.listen(listen_url);
@@ -47,7 +49,7 @@ struct fixture {
 };
 
 class BothModes : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     std::string with_mode(const std::string& url) const { return url + GetParam(); }
 };
 
@@ -129,19 +131,23 @@ net::awaitable<bool> small_call_finishes_first(const std::string& url) {
 }
 
 TEST(HeadOfLine, ASmallCallWaitsBehindA64MiBCallWhenOrdered) {
-    run_test([]() -> net::awaitable<void> {
-        fixture f(co_await net::this_coro::executor);
-        EXPECT_FALSE(co_await small_call_finishes_first(f.url));
-        co_await f.srv.async_stop();
-    }, std::chrono::seconds(180));
+    run_test(
+        []() -> net::awaitable<void> {
+            fixture f(co_await net::this_coro::executor);
+            EXPECT_FALSE(co_await small_call_finishes_first(f.url));
+            co_await f.srv.async_stop();
+        },
+        std::chrono::seconds(180));
 }
 
 TEST(HeadOfLine, ASmallCallOvertakesA64MiBCallWhenPooled) {
-    run_test([]() -> net::awaitable<void> {
-        fixture f(co_await net::this_coro::executor);
-        EXPECT_TRUE(co_await small_call_finishes_first(f.url + "?mode=pooled"));
-        co_await f.srv.async_stop();
-    }, std::chrono::seconds(180));
+    run_test(
+        []() -> net::awaitable<void> {
+            fixture f(co_await net::this_coro::executor);
+            EXPECT_TRUE(co_await small_call_finishes_first(f.url + "?mode=pooled"));
+            co_await f.srv.async_stop();
+        },
+        std::chrono::seconds(180));
 }
 
 TEST(Pool, AThousandSequentialCallsUseOneConnection) {

@@ -9,7 +9,9 @@
 namespace ordo {
 namespace {
 
-std::string bytes_of(const buffer& b) { return {b.data(), b.size()}; }
+std::string bytes_of(const buffer& b) {
+    return {b.data(), b.size()};
+}
 
 template <class T>
 std::string packed(const T& v) {
@@ -114,9 +116,12 @@ TEST(Codec, DecodeMessageEnforcesLimitsOnItsOwn) {
 TEST(Codec, StreamingDecoderYieldsMessagesInOrderAcrossEverySplit) {
     buffer b;
     for (std::uint32_t i = 0; i < 20; ++i) {
-        if (i % 3 == 0) encode_notification(b, "note", i);
-        else if (i % 3 == 1) encode_request(b, i, "call", i, std::string(i * 7, 'p'));
-        else encode_response(b, i, i);
+        if (i % 3 == 0)
+            encode_notification(b, "note", i);
+        else if (i % 3 == 1)
+            encode_request(b, i, "call", i, std::string(i * 7, 'p'));
+        else
+            encode_response(b, i, i);
     }
     const std::string stream = bytes_of(b);
     for (std::size_t split = 0; split <= stream.size(); ++split) {
@@ -124,8 +129,10 @@ TEST(Codec, StreamingDecoderYieldsMessagesInOrderAcrossEverySplit) {
         std::vector<std::uint32_t> seen;
         auto take = [&] {
             while (auto m = d.next()) {
-                if (m->kind == message_kind::notification) seen.push_back(m->params.via.array.ptr[0].as<std::uint32_t>());
-                else seen.push_back(m->msgid);
+                if (m->kind == message_kind::notification)
+                    seen.push_back(m->params.via.array.ptr[0].as<std::uint32_t>());
+                else
+                    seen.push_back(m->msgid);
             }
         };
         d.feed(std::string_view(stream).substr(0, split));

@@ -30,65 +30,80 @@ net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
 // Requests (rec) and notifications (note) from one peer, 100,000 of them interleaved, are seen
 // by the server in send order.
 void check_order(handler_options opts, bool suspending) {
-    run_test([&]() -> net::awaitable<void> {
-        auto ex = co_await net::this_coro::executor;
-        server srv(ex);
-        std::vector<int> started, finished;
-        int running = 0, max_running = 0;
-        auto enter = [&](int i) {
-            started.push_back(i);
-            max_running = std::max(max_running, ++running);
-        };
-        auto leave = [&](int i) {
-            --running;
-            finished.push_back(i);
-        };
-        if (suspending) {
-            auto h = [&](int i) -> net::awaitable<int> {
-                enter(i);
-                co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
-                leave(i);
-                co_return i;
+    run_test(
+        [&]() -> net::awaitable<void> {
+            auto ex = co_await net::this_coro::executor;
+            server srv(ex);
+            std::vector<int> started, finished;
+            int running = 0, max_running = 0;
+            auto enter = [&](int i) {
+                started.push_back(i);
+                max_running = std::max(max_running, ++running);
             };
-            srv.on("rec", h, opts);
-            srv.on("note", [&](int i) -> net::awaitable<void> { co_await h(i); }, opts);
-        } else {
-            srv.on("rec", [&](int i) { enter(i); leave(i); return i; });
-            srv.on("note", [&](int i) { enter(i); leave(i); });
-        }
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
-        constexpr int n = 100'000;
-        int answered = 0, wrong = 0;
-        for (int i = 0; i < n; ++i) {
-            if (i % 3 == 0) {
-                ch.notify("note", i);
+            auto leave = [&](int i) {
+                --running;
+                finished.push_back(i);
+            };
+            if (suspending) {
+                auto h = [&](int i) -> net::awaitable<int> {
+                    enter(i);
+                    co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
+                    leave(i);
+                    co_return i;
+                };
+                srv.on("rec", h, opts);
+                srv.on(
+                    "note", [&](int i) -> net::awaitable<void> { co_await h(i); }, opts);
             } else {
-                ch.async_call<int>("rec", i, [&, i](std::error_code ec, int v) {
-                    ++answered;
-                    if (ec || v != i) ++wrong;
+                srv.on("rec", [&](int i) {
+                    enter(i);
+                    leave(i);
+                    return i;
+                });
+                srv.on("note", [&](int i) {
+                    enter(i);
+                    leave(i);
                 });
             }
-        }
-        EXPECT_TRUE(co_await wait_until([&] { return finished.size() == std::size_t(n); }, 120s));
-        EXPECT_TRUE(co_await wait_until([&] { return answered == n - (n + 2) / 3; }, 60s));
-        EXPECT_EQ(wrong, 0);
-        ORDO_CO_ASSERT_EQ(started.size(), std::size_t(n));
-        for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(started[i], i);
-        if (!opts.concurrent) {
-            for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(finished[i], i);
-            EXPECT_EQ(max_running, 1);
-        } else if (suspending) {
-            EXPECT_GT(max_running, 1) << "concurrent handlers never overlapped";
-        }
-        co_await srv.async_stop();
-    }, 300s);
+            auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+            constexpr int n = 100'000;
+            int answered = 0, wrong = 0;
+            for (int i = 0; i < n; ++i) {
+                if (i % 3 == 0) {
+                    ch.notify("note", i);
+                } else {
+                    ch.async_call<int>("rec", i, [&, i](std::error_code ec, int v) {
+                        ++answered;
+                        if (ec || v != i) ++wrong;
+                    });
+                }
+            }
+            EXPECT_TRUE(
+                co_await wait_until([&] { return finished.size() == std::size_t(n); }, 120s));
+            EXPECT_TRUE(co_await wait_until([&] { return answered == n - (n + 2) / 3; }, 60s));
+            EXPECT_EQ(wrong, 0);
+            ORDO_CO_ASSERT_EQ(started.size(), std::size_t(n));
+            for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(started[i], i);
+            if (!opts.concurrent) {
+                for (int i = 0; i < n; ++i) ORDO_CO_ASSERT_EQ(finished[i], i);
+                EXPECT_EQ(max_running, 1);
+            } else if (suspending) {
+                EXPECT_GT(max_running, 1) << "concurrent handlers never overlapped";
+            }
+            co_await srv.async_stop();
+        },
+        300s);
 }
 
 TEST(Ordering, MixedRequestsAndNotificationsReachSerialHandlersInSendOrder) {
     check_order({}, false);
 }
-TEST(Ordering, SerialHandlersThatSuspendStillTakeEffectInSendOrder) { check_order({}, true); }
-TEST(Ordering, ConcurrentHandlersStartInSendOrder) { check_order({.concurrent = true}, true); }
+TEST(Ordering, SerialHandlersThatSuspendStillTakeEffectInSendOrder) {
+    check_order({}, true);
+}
+TEST(Ordering, ConcurrentHandlersStartInSendOrder) {
+    check_order({.concurrent = true}, true);
+}
 
 // A server with the counter handlers on tcp, and a connected channel.
 struct fixture {
@@ -183,18 +198,23 @@ TEST(Errors, UnknownMethodBadArgumentsAndThrowingHandlersAnswerErrorsAndTheConne
                 EXPECT_EQ(e.peer(), f.url);
             }
         };
-        co_await expect(errc::method_not_found, [&] { return ch.async_call<int>("dec", 1); },
-                        "dec", f.url, "no method");
-        co_await expect(errc::bad_arguments, [&] { return ch.async_call<int>("inc", "one"); },
-                        "inc", "(int)", "argument 1");
-        co_await expect(errc::bad_arguments, [&] { return ch.async_call<int>("inc", 1, 2); },
-                        "inc", "(int)", "got 2 arguments");
-        co_await expect(errc::remote_error,
-                        [&] { return ch.async_call<int>("fail", "account 42 is frozen"); },
-                        "account 42 is frozen", "fail", "remote error");
-        co_await expect(errc::bad_result, [&] { return ch.async_call<std::string>("inc", 1); },
-                        "inc", "bad result", "convert");
-        auto [ec, v] = co_await ch.async_call<int>("dec", 1, net::experimental::as_tuple(net::use_awaitable));
+        co_await expect(
+            errc::method_not_found, [&] { return ch.async_call<int>("dec", 1); }, "dec", f.url,
+            "no method");
+        co_await expect(
+            errc::bad_arguments, [&] { return ch.async_call<int>("inc", "one"); }, "inc", "(int)",
+            "argument 1");
+        co_await expect(
+            errc::bad_arguments, [&] { return ch.async_call<int>("inc", 1, 2); }, "inc", "(int)",
+            "got 2 arguments");
+        co_await expect(
+            errc::remote_error, [&] { return ch.async_call<int>("fail", "account 42 is frozen"); },
+            "account 42 is frozen", "fail", "remote error");
+        co_await expect(
+            errc::bad_result, [&] { return ch.async_call<std::string>("inc", 1); }, "inc",
+            "bad result", "convert");
+        auto [ec, v] =
+            co_await ch.async_call<int>("dec", 1, net::experimental::as_tuple(net::use_awaitable));
         EXPECT_EQ(ec, errc::method_not_found);
         EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);  // still connected
         co_await f.srv.async_stop();
@@ -254,7 +274,9 @@ TEST(Deadlines, ThePeerDefaultTimeoutAppliesToCallsThatSetNone) {
     });
 }
 
-int plain_function(int a, std::string b) { return a + static_cast<int>(b.size()); }
+int plain_function(int a, std::string b) {
+    return a + static_cast<int>(b.size());
+}
 
 TEST(Handlers, PlainFunctionsAndPeerTakingHandlersAreRegisteredAlike) {
     run_test([]() -> net::awaitable<void> {
@@ -344,7 +366,8 @@ TEST(Msgids, AResponseToAnUnknownIdIsAProtocolError) {
         EXPECT_EQ(code, errc::protocol_error);
         EXPECT_NE(reason.find("msgid 999"), std::string::npos) << reason;
         // Later calls fail at once with the same error.
-        auto [ec2, v] = co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
+        auto [ec2, v] =
+            co_await ch.async_call<int>("inc", 1, net::experimental::as_tuple(net::use_awaitable));
         EXPECT_EQ(ec2, errc::protocol_error);
     });
 }
@@ -409,8 +432,10 @@ TEST(Threads, CallsFromManyCoroutinesOnTwoThreadsAreAllMatched) {
                     auto c = stub<counter>(ch);
                     for (int i = 0; i < 200; ++i) {
                         int v = k * 1000 + i;
-                        if (co_await c.inc(v) == v + 1) ++ok;
-                        else ++bad;
+                        if (co_await c.inc(v) == v + 1)
+                            ++ok;
+                        else
+                            ++bad;
                     }
                 },
                 net::use_future));

@@ -49,24 +49,24 @@ inline net::awaitable<bool> wait_until(std::function<bool()> cond,
 
 // gtest's ASSERT_* macros `return`, which a coroutine cannot: these record the failure (with
 // gtest's message) and co_return. The expressions are evaluated again on failure only.
-#define ORDO_CO_ASSERT_TRUE(c)        \
-    do {                              \
-        if (!(c)) {                   \
-            EXPECT_TRUE(c);           \
-            co_return;                \
-        }                             \
+#define ORDO_CO_ASSERT_TRUE(c) \
+    do {                       \
+        if (!(c)) {            \
+            EXPECT_TRUE(c);    \
+            co_return;         \
+        }                      \
     } while (0)
-#define ORDO_CO_ASSERT_EQ(a, b)       \
-    do {                              \
-        if (!((a) == (b))) {          \
-            EXPECT_EQ(a, b);          \
-            co_return;                \
-        }                             \
+#define ORDO_CO_ASSERT_EQ(a, b) \
+    do {                        \
+        if (!((a) == (b))) {    \
+            EXPECT_EQ(a, b);    \
+            co_return;          \
+        }                       \
     } while (0)
-#define ORDO_CO_ASSERT_GE(a, b)       \
-    do {                              \
-        if (!((a) >= (b))) {          \
-            EXPECT_GE(a, b);          \
-            co_return;                \
-        }                             \
+#define ORDO_CO_ASSERT_GE(a, b) \
+    do {                        \
+        if (!((a) >= (b))) {    \
+            EXPECT_GE(a, b);    \
+            co_return;          \
+        }                       \
     } while (0)
