@@ -335,10 +335,11 @@ TEST(Reset, AResetInTheMiddleOfALargeBatchFailsEveryCallAndHandsBackNotification
     });
 }
 
-TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
-    // The client process is forked before any io starts; it learns the URL through a pipe.
+// A client process, forked before any io starts, that makes 10 sleep_ms(60000) calls to the URL
+// it is sent (a line) and then waits. Returns its PID and the pipe to send the URL on.
+std::pair<pid_t, int> fork_sleeping_client() {
     int to_child[2];
-    ASSERT_EQ(::pipe(to_child), 0);
+    if (::pipe(to_child) != 0) throw std::runtime_error("pipe failed");
     const pid_t client = ::fork();
     if (client == 0) {
         ::close(to_child[1]);
@@ -360,13 +361,22 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
         std::_Exit(0);
     }
     ::close(to_child[0]);
-    struct reaper {
-        pid_t pid;
-        ~reaper() {
-            ::kill(pid, SIGKILL);
-            ::waitpid(pid, nullptr, 0);
-        }
-    } reap{client};
+    return {client, to_child[1]};
+}
+
+// Kills (after continuing) and reaps the forked client at the end of a test.
+struct reaper {
+    pid_t pid;
+    ~reaper() {
+        ::kill(pid, SIGCONT);
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+    }
+};
+
+TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
+    auto [client, url_pipe] = fork_sleeping_client();
+    reaper reap{client};
     run_test([&]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int started = 0, cancelled = 0;
@@ -386,7 +396,7 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
                {.concurrent = true});
         srv.on("inc", [](int x) { return x + 1; });
         const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
-        EXPECT_EQ(::write(to_child[1], url.data(), url.size()), ssize_t(url.size()));
+        EXPECT_EQ(::write(url_pipe, url.data(), url.size()), ssize_t(url.size()));
         EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
         const auto killed = clock_type::now();
         ::kill(client, SIGKILL);
@@ -397,41 +407,12 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
         EXPECT_EQ(co_await other.async_call<int>("inc", 1), 2);
         co_await srv.async_stop();
     });
-    ::close(to_child[1]);
+    ::close(url_pipe);
 }
 
 TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTimeout) {
-    int to_child[2];
-    ASSERT_EQ(::pipe(to_child), 0);
-    const pid_t client = ::fork();
-    if (client == 0) {
-        ::close(to_child[1]);
-        std::string url;
-        char c;
-        while (::read(to_child[0], &c, 1) == 1 && c != '\n') url += c;
-        net::io_context io;
-        net::co_spawn(
-            io,
-            [url]() -> net::awaitable<void> {
-                auto ch = co_await async_connect(url);
-                for (int i = 0; i < 10; ++i)
-                    ch.async_call<int>("sleep_ms", 60'000, [](std::error_code, int) {});
-                net::steady_timer forever(co_await net::this_coro::executor, 120s);
-                co_await forever.async_wait(use_tuple);
-            },
-            net::detached);
-        io.run();
-        std::_Exit(0);
-    }
-    ::close(to_child[0]);
-    struct reaper {
-        pid_t pid;
-        ~reaper() {
-            ::kill(pid, SIGCONT);
-            ::kill(pid, SIGKILL);
-            ::waitpid(pid, nullptr, 0);
-        }
-    } reap{client};
+    auto [client, url_pipe] = fork_sleeping_client();
+    reaper reap{client};
     run_test([&]() -> net::awaitable<void> {
         server_options so;
         so.peer.liveness_timeout = 500ms;
@@ -452,7 +433,7 @@ TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTime
                },
                {.concurrent = true});
         const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
-        EXPECT_EQ(::write(to_child[1], url.data(), url.size()), ssize_t(url.size()));
+        EXPECT_EQ(::write(url_pipe, url.data(), url.size()), ssize_t(url.size()));
         EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
         // Alive and answering pings: nothing is cancelled for three bounds.
         net::steady_timer t(co_await net::this_coro::executor, 1500ms);
@@ -465,7 +446,7 @@ TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTime
         EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 0; }));
         co_await srv.async_stop();
     });
-    ::close(to_child[1]);
+    ::close(url_pipe);
 }
 
 // Runs a command, returning its exit status (its output goes to the test log).
