@@ -374,26 +374,31 @@ struct reaper {
     }
 };
 
+// Registers a concurrent sleep_ms handler that counts the calls it starts and those cancelled.
+void serve_counting_sleep(server& srv, int& started, int& cancelled) {
+    srv.on("sleep_ms",
+           [&started, &cancelled](int ms) -> net::awaitable<int> {
+               ++started;
+               try {
+                   net::steady_timer t(co_await net::this_coro::executor,
+                                       std::chrono::milliseconds(ms));
+                   co_await t.async_wait(net::use_awaitable);
+               } catch (const std::system_error&) {
+                   ++cancelled;
+                   throw;
+               }
+               co_return ms;
+           },
+           {.concurrent = true});
+}
+
 TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
     auto [client, url_pipe] = fork_sleeping_client();
     reaper reap{client};
     run_test([&]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int started = 0, cancelled = 0;
-        srv.on("sleep_ms",
-               [&](int ms) -> net::awaitable<int> {
-                   ++started;
-                   try {
-                       net::steady_timer t(co_await net::this_coro::executor,
-                                           std::chrono::milliseconds(ms));
-                       co_await t.async_wait(net::use_awaitable);
-                   } catch (const std::system_error&) {
-                       ++cancelled;
-                       throw;
-                   }
-                   co_return ms;
-               },
-               {.concurrent = true});
+        serve_counting_sleep(srv, started, cancelled);
         srv.on("inc", [](int x) { return x + 1; });
         const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
         EXPECT_EQ(::write(url_pipe, url.data(), url.size()), ssize_t(url.size()));
@@ -418,20 +423,7 @@ TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTime
         so.peer.liveness_timeout = 500ms;
         server srv(co_await net::this_coro::executor, so);
         int started = 0, cancelled = 0;
-        srv.on("sleep_ms",
-               [&](int ms) -> net::awaitable<int> {
-                   ++started;
-                   try {
-                       net::steady_timer t(co_await net::this_coro::executor,
-                                           std::chrono::milliseconds(ms));
-                       co_await t.async_wait(net::use_awaitable);
-                   } catch (const std::system_error&) {
-                       ++cancelled;
-                       throw;
-                   }
-                   co_return ms;
-               },
-               {.concurrent = true});
+        serve_counting_sleep(srv, started, cancelled);
         const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
         EXPECT_EQ(::write(url_pipe, url.data(), url.size()), ssize_t(url.size()));
         EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
