@@ -6,34 +6,67 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include <algorithm>
+#include <charconv>
+#include <deque>
 
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/local/stream_protocol.hpp>
+#include <asio/ssl.hpp>
 #include <asio/write.hpp>
 
+#include "comm/transports.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
+namespace detail {
+
+void transport_fail(std::string_view what, std::string_view url, const std::error_code& ec) {
+    throw std::system_error(ec, "ordo: " + std::string(what) + " " + std::string(url));
+}
+
+}  // namespace detail
+
 namespace {
 
 using tcp = net::ip::tcp;
 using unix_stream = net::local::stream_protocol;
+namespace ssl = net::ssl;
+using detail::transport_fail;
 
-std::string tcp_url(const tcp::endpoint& ep) {
+[[noreturn]] void fail(std::string_view what, std::string_view url, const std::error_code& ec) {
+    transport_fail(what, url, ec);
+}
+
+std::string tcp_url(const tcp::endpoint& ep, std::string scheme = "tcp") {
     address a;
-    a.scheme = "tcp";
+    a.scheme = std::move(scheme);
     a.host = ep.address().to_string();
     a.port = ep.port();
     return a.to_string();
 }
 
-[[noreturn]] void fail(std::string_view what, std::string_view url, const std::error_code& ec) {
-    throw std::system_error(ec, "ordo: " + std::string(what) + " " + std::string(url));
-}
+// A TLS stream and the context it was made from, kept together so that the context outlives it.
+struct tls_stream {
+    tls_stream(tcp::socket s, std::shared_ptr<ssl::context> c)
+        : ctx(std::move(c)), stream(std::move(s), *ctx) {}
+    std::shared_ptr<ssl::context> ctx;
+    ssl::stream<tcp::socket> stream;
+};
 
-// tcp and unix sockets share everything but their names.
+tcp::socket& lowest(tcp::socket& s) { return s; }
+unix_stream::socket& lowest(unix_stream::socket& s) { return s; }
+tcp::socket& lowest(std::shared_ptr<tls_stream>& s) { return s->stream.next_layer(); }
+auto& stream_of(tcp::socket& s) { return s; }
+auto& stream_of(unix_stream::socket& s) { return s; }
+auto& stream_of(std::shared_ptr<tls_stream>& s) { return s->stream; }
+
+// tcp, unix and tls streams share everything but their names.
 template <class Socket>
 class stream_transport final : public transport {
   public:
@@ -42,40 +75,44 @@ class stream_transport final : public transport {
 
     net::awaitable<std::size_t> async_read_some(net::mutable_buffer b,
                                                 std::error_code& ec) override {
-        auto [e, n] = co_await socket_.async_read_some(b, use_tuple);
+        auto [e, n] = co_await stream_of(socket_).async_read_some(b, use_tuple);
         ec = e;
+        // ordo ends a TLS connection with a TCP FIN after its last message, without a TLS
+        // close_notify (one cannot be sent while a read is pending). Message boundaries are
+        // checked by the framer, so a stream cut inside a message is still an error.
+        if (ec == ssl::error::stream_truncated) ec = net::error::eof;
         co_return n;
     }
 
     net::awaitable<std::size_t> async_write(net::const_buffer b, std::error_code& ec) override {
-        auto [e, n] = co_await net::async_write(socket_, b, use_tuple);
+        auto [e, n] = co_await net::async_write(stream_of(socket_), b, use_tuple);
         ec = e;
         co_return n;
     }
 
     void shutdown_send() noexcept override {
         std::error_code ignored;
-        socket_.shutdown(Socket::shutdown_send, ignored);
+        lowest(socket_).shutdown(net::socket_base::shutdown_send, ignored);
     }
 
     void close() noexcept override {
         std::error_code ignored;
-        socket_.close(ignored);
+        lowest(socket_).close(ignored);
     }
 
-    net::any_io_executor get_executor() override { return socket_.get_executor(); }
+    net::any_io_executor get_executor() override { return lowest(socket_).get_executor(); }
 
     void reset() noexcept override {
-        if constexpr (std::is_same_v<Socket, tcp::socket>) {
+        if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {
             std::error_code ignored;
-            socket_.set_option(net::socket_base::linger(true, 0), ignored);
+            lowest(socket_).set_option(net::socket_base::linger(true, 0), ignored);
         }
         close();
     }
 
     void set_liveness(std::chrono::milliseconds liveness) noexcept override {
-        if constexpr (std::is_same_v<Socket, tcp::socket>) {
-            const int fd = socket_.native_handle();
+        if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {
+            const int fd = lowest(socket_).native_handle();
             const int on = 1;
             const int idle = std::max(1, static_cast<int>(liveness.count() / 1000));
             const int interval = std::max(1, idle / 3);
@@ -95,25 +132,31 @@ class stream_transport final : public transport {
     Socket socket_;
 };
 
+tcp::acceptor open_acceptor(const net::any_io_executor& ex, const address& a) {
+    tcp::acceptor acceptor(ex);
+    std::error_code ec;
+    auto ip = net::ip::make_address(a.host, ec);
+    tcp::endpoint ep;
+    if (!ec) {
+        ep = tcp::endpoint(ip, a.port);
+    } else {
+        tcp::resolver r(ex);
+        auto results = r.resolve(a.host, std::to_string(a.port), ec);
+        if (ec || results.empty()) fail("cannot resolve listen address", a.to_string(), ec);
+        ep = *results.begin();
+    }
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(ep, ec);
+    if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) fail("cannot listen on", a.to_string(), ec);
+    return acceptor;
+}
+
 class tcp_listener final : public listener {
   public:
-    tcp_listener(const net::any_io_executor& ex, const address& a) : acceptor_(ex) {
-        std::error_code ec;
-        auto ip = net::ip::make_address(a.host, ec);
-        tcp::endpoint ep;
-        if (!ec) {
-            ep = tcp::endpoint(ip, a.port);
-        } else {
-            tcp::resolver r(ex);
-            auto results = r.resolve(a.host, std::to_string(a.port), ec);
-            if (ec || results.empty()) fail("cannot resolve listen address", a.to_string(), ec);
-            ep = *results.begin();
-        }
-        acceptor_.open(ep.protocol(), ec);
-        if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-        if (!ec) acceptor_.bind(ep, ec);
-        if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
-        if (ec) fail("cannot listen on", a.to_string(), ec);
+    tcp_listener(const net::any_io_executor& ex, const address& a)
+        : acceptor_(open_acceptor(ex, a)) {
         local_ = tcp_url(acceptor_.local_endpoint());
     }
 
@@ -132,6 +175,237 @@ class tcp_listener final : public listener {
 
   private:
     tcp::acceptor acceptor_;
+};
+
+// --- TLS -----------------------------------------------------------------------------------
+
+[[noreturn]] void bad_tls(const address& a, const std::string& why) {
+    throw_error(errc::bad_address, "ordo: TLS settings for " + a.to_string() + ": " + why);
+}
+
+std::string openssl_reason(const std::error_code& ec) {
+    std::string r = ec.message();
+    if (unsigned long e = ::ERR_get_error()) {
+        char buf[256];
+        ::ERR_error_string_n(e, buf, sizeof buf);
+        r = buf;
+    }
+    ::ERR_clear_error();
+    return r;
+}
+
+tls_options tls_settings(const address& a, tls_options o) {
+    for (const auto& [k, v] : a.params) {
+        if (k == "cert") o.cert_file = v;
+        else if (k == "key") o.key_file = v;
+        else if (k == "ca") o.ca_file = v;
+        else if (k == "server_name") o.server_name = v;
+        else if (k == "verify") {
+            if (v != "none" && v != "peer") bad_tls(a, "verify must be peer or none");
+            o.verify_peer = v == "peer";
+        } else if (k == "handshake_timeout_ms") {
+            unsigned long ms = 0;
+            auto [end, e] = std::from_chars(v.data(), v.data() + v.size(), ms);
+            if (v.empty() || e != std::errc{} || end != v.data() + v.size())
+                bad_tls(a, "handshake_timeout_ms must be a number");
+            o.handshake_timeout = std::chrono::milliseconds(ms);
+        }
+    }
+    return o;
+}
+
+std::shared_ptr<ssl::context> make_tls_context(const address& a, const tls_options& o,
+                                               bool server) {
+    auto ctx = std::make_shared<ssl::context>(server ? ssl::context::tls_server
+                                                     : ssl::context::tls_client);
+    ::SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+    ctx->set_options(ssl::context::default_workarounds | ssl::context::no_compression);
+    std::error_code ec;
+    if (server && (o.cert_file.empty() || o.key_file.empty()))
+        bad_tls(a, "a tls:// listener needs a certificate and a key (cert= and key=)");
+    if (o.cert_file.empty() != o.key_file.empty())
+        bad_tls(a, "a certificate needs its key, and a key its certificate");
+    if (!o.cert_file.empty()) {
+        if (ctx->use_certificate_chain_file(o.cert_file, ec); ec)
+            bad_tls(a, "cannot use certificate " + o.cert_file + ": " + openssl_reason(ec));
+        if (ctx->use_private_key_file(o.key_file, ssl::context::pem, ec); ec)
+            bad_tls(a, "cannot use key " + o.key_file + ": " + openssl_reason(ec));
+    }
+    if (!o.ca_file.empty()) {
+        if (ctx->load_verify_file(o.ca_file, ec); ec)
+            bad_tls(a, "cannot read CA file " + o.ca_file + ": " + openssl_reason(ec));
+    } else if (!server) {
+        ctx->set_default_verify_paths(ec);
+    }
+    if (server)
+        ctx->set_verify_mode(o.ca_file.empty()
+                                 ? ssl::verify_none
+                                 : ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    else
+        ctx->set_verify_mode(o.verify_peer ? ssl::verify_peer : ssl::verify_none);
+    return ctx;
+}
+
+// Why a handshake failed, in words: OpenSSL's verification result when there is one.
+std::string handshake_reason(ssl::stream<tcp::socket>& s, const std::error_code& ec,
+                             bool timed_out) {
+    if (timed_out) return "no handshake within the handshake timeout";
+    const long v = ::SSL_get_verify_result(s.native_handle());
+    std::string r = ec.message();
+    if (v != X509_V_OK) r += " (" + std::string(::X509_verify_cert_error_string(v)) + ")";
+    ::ERR_clear_error();
+    return r;
+}
+
+// Runs the handshake; closes the socket if it takes longer than the options allow.
+net::awaitable<std::string> handshake(std::shared_ptr<tls_stream> ts, ssl::stream_base::handshake_type type,
+                                      std::chrono::milliseconds timeout) {
+    auto done = std::make_shared<bool>(false);
+    auto timed_out = std::make_shared<bool>(false);
+    net::steady_timer timer(ts->stream.get_executor());
+    timer.expires_after(timeout);
+    timer.async_wait([w = std::weak_ptr<tls_stream>(ts), done, timed_out](std::error_code e) {
+        auto s = w.lock();
+        if (e || *done || !s) return;
+        *timed_out = true;
+        std::error_code ignored;
+        s->stream.next_layer().close(ignored);
+    });
+    auto [ec] = co_await ts->stream.async_handshake(type, use_tuple);
+    *done = true;
+    timer.cancel();
+    if (!ec && !*timed_out) co_return std::string();
+    co_return handshake_reason(ts->stream, ec, *timed_out);
+}
+
+std::unique_ptr<transport> tls_transport(std::shared_ptr<tls_stream> ts, std::string remote) {
+    return std::make_unique<stream_transport<std::shared_ptr<tls_stream>>>(std::move(ts),
+                                                                           std::move(remote));
+}
+
+net::awaitable<std::unique_ptr<transport>> connect_tls(const address& a,
+                                                       const transport_options& to) {
+    const tls_options o = tls_settings(a, to.tls);
+    auto ctx = make_tls_context(a, o, false);
+    auto ex = co_await net::this_coro::executor;
+    tcp::resolver r(ex);
+    auto [rec, endpoints] = co_await r.async_resolve(a.host, std::to_string(a.port), use_tuple);
+    if (rec) fail("cannot resolve", a.to_string(), rec);
+    tcp::socket s(ex);
+    auto [ec, ep] = co_await net::async_connect(s, endpoints, use_tuple);
+    if (ec) fail("cannot connect to", a.to_string(), ec);
+    s.set_option(tcp::no_delay(true), ec);
+    auto ts = std::make_shared<tls_stream>(std::move(s), ctx);
+    const std::string name = o.server_name.empty() ? a.host : o.server_name;
+    SSL* h = ts->stream.native_handle();
+    std::error_code not_ip;
+    net::ip::make_address(name, not_ip);
+    if (not_ip) ::SSL_set_tlsext_host_name(h, name.c_str());
+    if (o.verify_peer) {
+        X509_VERIFY_PARAM* param = ::SSL_get0_param(h);
+        if (not_ip)
+            ::X509_VERIFY_PARAM_set1_host(param, name.c_str(), 0);
+        else
+            ::X509_VERIFY_PARAM_set1_ip_asc(param, name.c_str());
+    }
+    const std::string why = co_await handshake(ts, ssl::stream_base::client, o.handshake_timeout);
+    if (!why.empty())
+        throw_error(errc::peer_lost,
+                    "ordo: TLS handshake with " + a.to_string() + " failed: " + why);
+    co_return tls_transport(std::move(ts), tcp_url(ep, "tls"));
+}
+
+// Accepts tcp connections and runs their handshakes side by side, so that one slow or silent
+// client holds up nobody; async_accept hands out the connections whose handshake succeeded.
+class tls_listener final : public listener {
+  public:
+    tls_listener(const net::any_io_executor& ex, const address& a, const transport_options& to)
+        : st_(std::make_shared<state>(ex, a, to)) {
+        local_ = tcp_url(st_->acceptor.local_endpoint(), "tls");
+        st_->local = local_;
+        net::co_spawn(ex, accept_loop(st_), net::detached);
+    }
+    ~tls_listener() override { close(); }
+
+    net::awaitable<std::unique_ptr<transport>> async_accept() override {
+        auto s = st_;
+        while (s->ready.empty() && s->open) co_await s->wake.async_wait(use_tuple);
+        if (s->ready.empty()) fail("accept failed on", local_, net::error::operation_aborted);
+        auto t = std::move(s->ready.front());
+        s->ready.pop_front();
+        s->wake.cancel();  // the accept loop may wait for room
+        co_return t;
+    }
+
+    void close() noexcept override {
+        if (!st_->open) return;
+        st_->open = false;
+        std::error_code ignored;
+        st_->acceptor.close(ignored);
+        st_->wake.cancel();
+    }
+
+  private:
+    static constexpr std::size_t max_pending = 256;  // handshakes running + ready, not taken
+
+    struct state {
+        state(const net::any_io_executor& ex, const address& a, const transport_options& to)
+            : o(tls_settings(a, to.tls)),
+              ctx(make_tls_context(a, o, true)),
+              on_refused(to.on_refused),
+              acceptor(open_acceptor(ex, a)),
+              wake(ex, std::chrono::steady_clock::time_point::max()) {}
+        tls_options o;
+        std::shared_ptr<ssl::context> ctx;
+        std::function<void(const std::string&)> on_refused;
+        tcp::acceptor acceptor;
+        net::steady_timer wake;
+        std::deque<std::unique_ptr<transport>> ready;
+        std::size_t handshaking = 0;
+        bool open = true;
+        std::string local;
+    };
+
+    static net::awaitable<void> accept_loop(std::shared_ptr<state> s) {
+        net::steady_timer backoff(s->acceptor.get_executor());
+        while (s->open) {
+            while (s->open && s->handshaking + s->ready.size() >= max_pending)
+                co_await s->wake.async_wait(use_tuple);
+            if (!s->open) break;
+            auto [ec, sock] = co_await s->acceptor.async_accept(use_tuple);
+            if (!s->open) break;
+            if (ec) {
+                backoff.expires_after(std::chrono::milliseconds(100));
+                co_await backoff.async_wait(use_tuple);
+                continue;
+            }
+            sock.set_option(tcp::no_delay(true), ec);
+            ++s->handshaking;
+            net::co_spawn(s->acceptor.get_executor(), shake(s, std::move(sock)), net::detached);
+        }
+    }
+
+    static net::awaitable<void> shake(std::shared_ptr<state> s, tcp::socket sock) {
+        std::error_code ec;
+        std::string remote = tcp_url(sock.remote_endpoint(ec), "tls");
+        auto ts = std::make_shared<tls_stream>(std::move(sock), s->ctx);
+        const std::string why =
+            co_await handshake(ts, ssl::stream_base::server, s->o.handshake_timeout);
+        --s->handshaking;
+        if (!why.empty() || !s->open) {
+            std::error_code ignored;
+            ts->stream.next_layer().close(ignored);
+            if (!why.empty() && s->on_refused)
+                s->on_refused("ordo: TLS handshake with " + remote + " on " + s->local +
+                              " failed: " + why);
+            s->wake.cancel();
+            co_return;
+        }
+        s->ready.push_back(tls_transport(std::move(ts), std::move(remote)));
+        s->wake.cancel();
+    }
+
+    std::shared_ptr<state> st_;
 };
 
 class unix_listener final : public listener {
@@ -183,9 +457,24 @@ class unix_listener final : public listener {
 transport::~transport() = default;
 listener::~listener() = default;
 
+bool is_transport_parameter(std::string_view name) noexcept {
+    for (std::string_view k : {"cert", "key", "ca", "verify", "server_name",
+                               "handshake_timeout_ms", "zmq_heartbeat_ms"})
+        if (k == name) return true;
+    return false;
+}
+
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url) {
+    return async_connect_transport(url, transport_options{});
+}
+
+net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url,
+                                                                   transport_options o) {
     const address a = parse_address(url);
     auto ex = co_await net::this_coro::executor;
+    if (a.scheme == "inproc") co_return co_await detail::connect_inproc(a, o);
+    if (a.scheme == "zmq+tcp" || a.scheme == "zmq+ipc") co_return co_await detail::connect_zmq(a, o);
+    if (a.scheme == "tls") co_return co_await connect_tls(a, o);
     if (a.scheme == "unix") {
         unix_stream::socket s(ex);
         auto [ec] = co_await s.async_connect(unix_stream::endpoint(a.path), use_tuple);
@@ -204,8 +493,16 @@ net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_v
 }
 
 std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url) {
+    return listen(ex, url, transport_options{});
+}
+
+std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url,
+                                 const transport_options& o) {
     const address a = parse_address(url);
     if (a.scheme == "unix") return std::make_unique<unix_listener>(ex, a);
+    if (a.scheme == "inproc") return detail::listen_inproc(ex, a, o);
+    if (a.scheme == "zmq+tcp" || a.scheme == "zmq+ipc") return detail::listen_zmq(ex, a, o);
+    if (a.scheme == "tls") return std::make_unique<tls_listener>(ex, a, o);
     return std::make_unique<tcp_listener>(ex, a);
 }
 

@@ -37,8 +37,12 @@ std::optional<std::string> address::param(std::string_view key) const {
     return found;
 }
 
+bool address::has_path() const noexcept {
+    return scheme == "unix" || scheme == "inproc" || scheme == "zmq+ipc";
+}
+
 std::string address::to_string() const {
-    if (scheme == "unix") return "unix://" + path;
+    if (has_path()) return scheme + "://" + path;
     std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
     return scheme + "://" + h + ":" + std::to_string(port);
 }
@@ -54,12 +58,14 @@ address parse_address(std::string_view url) {
         parse_params(url, rest.substr(q + 1), a);
         rest = rest.substr(0, q);
     }
-    if (a.scheme == "unix") {
-        if (rest.empty()) bad(url, "empty socket path");
+    if (a.has_path()) {
+        if (rest.empty()) bad(url, a.scheme == "inproc" ? "empty name" : "empty socket path");
         a.path = std::string(rest);
         return a;
     }
-    if (a.scheme != "tcp") bad(url, "unknown scheme \"" + a.scheme + "\" (known: tcp, unix)");
+    if (a.scheme != "tcp" && a.scheme != "tls" && a.scheme != "zmq+tcp")
+        bad(url, "unknown scheme \"" + a.scheme +
+                     "\" (known: tcp, unix, inproc, tls, zmq+tcp, zmq+ipc)");
     std::string_view port;
     if (!rest.empty() && rest.front() == '[') {
         auto close = rest.find(']');

@@ -19,10 +19,15 @@ std::size_t number(const address& a, std::string_view url, const std::string& ke
 
 }  // namespace
 
+net::awaitable<channel> async_connect(std::string_view url) {
+    return async_connect(url, peer_options{}, nullptr);
+}
+
 net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
     const address a = parse_address(url);
     bool pooled = false;
     pool_options po;
+    std::string kept;  // transport parameters (TLS files...), passed on
     for (const auto& [key, value] : a.params) {
         auto ms = [&] { return std::chrono::milliseconds(number(a, url, key, value)); };
         if (key == "mode") {
@@ -48,13 +53,15 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
             po.connect_timeout = ms();
         } else if (key == "max_queued") {
             po.max_queued_calls = number(a, url, key, value);
+        } else if (is_transport_parameter(key)) {
+            kept += (kept.empty() ? "?" : "&") + key + "=" + value;
         } else {
             throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
                                                "\": unknown parameter \"" + key + "\"");
         }
     }
-    // The transport sees the address without the parameters it does not know.
-    const std::string where = a.to_string();
+    // The transport sees the address with its own parameters only.
+    const std::string where = a.to_string() + kept;
     auto ex = co_await net::this_coro::executor;
     if (pooled) {
         po.peer = o;
@@ -62,7 +69,7 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
         co_await p->async_warm_up();
         co_return channel(std::move(p));
     }
-    auto p = make_peer(co_await async_connect_transport(where), std::move(o), h);
+    auto p = make_peer(co_await async_connect_transport(where, o.transport), std::move(o), h);
     p->start();
     co_return channel(std::move(p));
 }

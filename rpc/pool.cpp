@@ -200,10 +200,10 @@ struct pool::state {
     }
 
     static net::awaitable<std::unique_ptr<transport>> open_transport(
-        std::string url, std::chrono::milliseconds limit) {
+        std::string url, std::chrono::milliseconds limit, transport_options to) {
         using namespace net::experimental::awaitable_operators;
         net::steady_timer timer(co_await net::this_coro::executor, limit);
-        auto r = co_await (async_connect_transport(url) || timer.async_wait(net::use_awaitable));
+        auto r = co_await (async_connect_transport(url, std::move(to)) || timer.async_wait(net::use_awaitable));
         if (r.index() == 1)
             throw_error(errc::timed_out, "ordo: connecting to " + url + " took longer than " +
                                              std::to_string(limit.count()) + " ms");
@@ -216,7 +216,7 @@ struct pool::state {
         std::error_code ec;
         std::string why;
         try {
-            t = co_await open_transport(s.url, s.o.connect_timeout);
+            t = co_await open_transport(s.url, s.o.connect_timeout, s.o.peer.transport);
         } catch (const std::system_error& e) {
             ec = e.code();
             why = e.what();
@@ -371,7 +371,7 @@ net::any_io_executor pool::get_executor() const {
 
 net::awaitable<void> pool::async_warm_up() {
     auto keep = shared_from_this();
-    auto t = co_await state::open_transport(s_->url, s_->o.connect_timeout);
+    auto t = co_await state::open_transport(s_->url, s_->o.connect_timeout, s_->o.peer.transport);
     s_->adopt(std::move(t));
 }
 

@@ -69,7 +69,7 @@ server::~server() {
 }
 
 std::string server::listen(std::string_view url) {
-    auto l = ordo::listen(s_->ex, url);
+    auto l = ordo::listen(s_->ex, url, s_->o.peer.transport);
     std::string bound = l->local_address();
     ++s_->accept_loops;
     net::co_spawn(s_->ex, state::accept_loop(s_, l.get()), net::detached);

@@ -33,10 +33,15 @@ namespace ordo {
 /// | idle_timeout_ms | pooled | idle connections closed after this (default 30000) |
 /// | connect_timeout_ms | pooled | limit on opening one connection (default 10000) |
 /// | max_queued | pooled | calls waiting for a connection (default 65536) |
+/// | cert, key, ca, verify, server_name, handshake_timeout_ms | tls:// | see ordo::tls_options |
+/// | zmq_heartbeat_ms | zmq+tcp://, zmq+ipc:// | see ordo::zmq_options |
 ///
 /// Throws std::system_error: errc::bad_address naming an unknown parameter or a bad value, or
 /// the connection error naming the address.
-net::awaitable<channel> async_connect(std::string_view url, peer_options o = {},
+net::awaitable<channel> async_connect(std::string_view url, peer_options o,
                                       const handlers* h = nullptr);
+/// The same with default options. (Overloads, not default arguments: GCC 12 mishandles a
+/// defaulted class argument of a coroutine called inside a co_await expression.)
+net::awaitable<channel> async_connect(std::string_view url);
 
 }  // namespace ordo

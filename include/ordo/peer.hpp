@@ -10,6 +10,7 @@
 #include "ordo/batched_comm.hpp"
 #include "ordo/channel.hpp"
 #include "ordo/handlers.hpp"
+#include "ordo/transport.hpp"
 
 namespace ordo {
 
@@ -23,6 +24,9 @@ struct undelivered_notification {
 
 struct peer_options {
     comm_options comm;
+    /// TLS and ZeroMQ settings, for connections this side opens (async_connect, pools) or
+    /// accepts (server::listen).
+    transport_options transport;
     /// Dead-peer detection (DESIGN.md section 7). While this side waits for the remote one
     /// (calls pending or handlers running) and nothing has arrived for heartbeat_interval, it
     /// sends ordo.ping; when nothing at all has arrived for liveness_timeout, the peer is lost:

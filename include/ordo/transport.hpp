@@ -1,9 +1,11 @@
-// One interface over the byte transports, selected by URL scheme (DESIGN.md section 8).
-// So far: tcp://host:port and unix:///path. Nothing here knows about msgpack-rpc.
+// One interface over the byte transports, selected by URL scheme (DESIGN.md section 8):
+// tcp://host:port, unix:///path, inproc://name, tls://host:port, zmq+tcp://host:port and
+// zmq+ipc:///path. Nothing here knows about msgpack-rpc.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -13,6 +15,45 @@
 #include "ordo/net.hpp"
 
 namespace ordo {
+
+/// TLS settings (tls:// addresses). Each can also be given as a URL parameter, which wins:
+/// cert=, key=, ca=, verify=none, server_name=, handshake_timeout_ms=.
+struct tls_options {
+    /// PEM certificate chain and private key. A server needs both; a client gives them for
+    /// mutual TLS.
+    std::string cert_file;
+    std::string key_file;
+    /// PEM file of the certificate authorities to trust. A client without one trusts the
+    /// system's store. A server with one asks every client for a certificate signed by them
+    /// and refuses clients without (mutual TLS).
+    std::string ca_file;
+    /// Client: verify the server's certificate and that it names the host (server_name, or the
+    /// URL's host). Turning it off (verify=none) accepts any server: for tests only.
+    bool verify_peer = true;
+    std::string server_name;
+    /// A connection that has not finished its handshake by then is closed.
+    std::chrono::milliseconds handshake_timeout{10'000};
+};
+
+/// ZeroMQ settings (zmq+tcp:// and zmq+ipc:// addresses). URL parameter: zmq_heartbeat_ms=.
+struct zmq_options {
+    /// ZMTP heartbeats: a PING every interval; a connection silent for 3 intervals is dropped
+    /// and its transport fails. 0 turns them off (ordo's own liveness still applies).
+    std::chrono::milliseconds heartbeat{1000};
+    /// ZeroMQ's send and receive high water marks, in messages (one message per batch).
+    int high_water_mark = 1000;
+};
+
+/// Options for every transport; each part applies to its own schemes.
+struct transport_options {
+    tls_options tls;
+    zmq_options zmq;
+    /// inproc: bytes one direction holds before the writer waits (like a socket buffer).
+    std::size_t inproc_buffer_bytes = 4 << 20;
+    /// Called with a message for connections that fail before they become transports (a TLS
+    /// handshake that fails or times out, a plaintext client on a TLS port). Listener side.
+    std::function<void(const std::string&)> on_refused;
+};
 
 /// One connected, bidirectional byte stream. Belongs to the executor it was made on; every
 /// member is called from that executor. At most one read and one write may be pending at a time.
@@ -72,13 +113,25 @@ class listener {
     std::string local_;
 };
 
-/// Connects to `url` (tcp:// or unix://). TCP connections get TCP_NODELAY. Throws
-/// std::system_error naming the address and the reason (errc::bad_address for a bad URL).
+/// Connects to `url` with the coroutine's executor. TCP connections get TCP_NODELAY; tls://
+/// completes the handshake (with peer verification unless turned off) before returning; inproc://
+/// needs a listener of that name in this process. Throws std::system_error naming the address
+/// and the reason (errc::bad_address for a bad URL or bad TLS files).
+net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url,
+                                                                   transport_options o);
+/// The same with default options. (An overload, not a default argument: GCC 12 destroys a
+/// default argument of a coroutine twice when the call is inside a co_await expression.)
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url);
 
-/// Binds and listens on `url` with the executor `ex`. tcp:// reuses the address; unix:// removes
-/// a stale socket file first (one that refuses connections). Throws std::system_error naming
-/// the address and the reason.
+/// Binds and listens on `url` with the executor `ex`. tcp:// reuses the address; unix:// and
+/// zmq+ipc:// remove a stale socket file first (one that refuses connections); inproc:// names
+/// must be unique in the process. Throws std::system_error naming the address and the reason.
+std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url,
+                                 const transport_options& o);
 std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url);
+
+/// The URL parameters the transports read (tls and zmq settings), for callers that check
+/// parameter names.
+bool is_transport_parameter(std::string_view name) noexcept;
 
 }  // namespace ordo

@@ -32,9 +32,25 @@ TEST(Address, UnixPath) {
     EXPECT_EQ(a.to_string(), "unix:///tmp/ordo.sock");
 }
 
+TEST(Address, EveryTransportScheme) {
+    EXPECT_EQ(parse_address("inproc://jobs?interval_ms=1").path, "jobs");
+    EXPECT_EQ(parse_address("inproc://jobs").to_string(), "inproc://jobs");
+    EXPECT_EQ(parse_address("zmq+ipc:///tmp/z.sock").path, "/tmp/z.sock");
+    EXPECT_EQ(parse_address("zmq+ipc:///tmp/z.sock").to_string(), "zmq+ipc:///tmp/z.sock");
+    auto z = parse_address("zmq+tcp://127.0.0.1:5555");
+    EXPECT_EQ(z.host, "127.0.0.1");
+    EXPECT_EQ(z.port, 5555);
+    EXPECT_EQ(z.to_string(), "zmq+tcp://127.0.0.1:5555");
+    auto t = parse_address("tls://localhost:443?ca=/etc/ca.pem");
+    EXPECT_EQ(t.host, "localhost");
+    EXPECT_EQ(t.param("ca"), "/etc/ca.pem");
+    EXPECT_EQ(t.to_string(), "tls://localhost:443");
+}
+
 TEST(Address, BadAddressesNameTheUrlAndTheProblem) {
     for (const char* url : {"127.0.0.1:7000", "tcp://127.0.0.1", "tcp://:7000", "tcp://h:70000",
-                            "tcp://h:7x", "tcp://[::1:7000", "unix://", "udp://h:1"}) {
+                            "tcp://h:7x", "tcp://[::1:7000", "unix://", "udp://h:1",
+                            "inproc://", "zmq+ipc://", "zmq+tcp://h", "tls://:1"}) {
         try {
             parse_address(url);
             ADD_FAILURE() << url << " was accepted";

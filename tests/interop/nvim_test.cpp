@@ -47,7 +47,8 @@ net::awaitable<channel> connect_when_up(std::string url, const handlers* h) {
     net::steady_timer t(co_await net::this_coro::executor);
     for (int i = 0;; ++i) {
         try {
-            co_return co_await async_connect(url, {}, h);
+            const peer_options defaults;
+            co_return co_await async_connect(url, defaults, h);
         } catch (const std::system_error&) {
             if (i >= 200) throw;
         }

@@ -315,7 +315,8 @@ TEST(Peers, BothSidesCallEachOtherOverOneConnection) {
         srv.on(counter{}.inc, [](int x) { return x + 1; });
         handlers mine;
         mine.on("client_double", [](int x) { return 2 * x; });
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"), {}, &mine);
+        const peer_options defaults;
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"), defaults, &mine);
         int ok = 0;
         for (int i = 0; i < 100; ++i) {
             ch.async_call<int>("twice_via_client", i, [&, i](std::error_code ec, int v) {

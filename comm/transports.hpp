@@ -1,0 +1,29 @@
+// Private: the transports behind ordo::async_connect_transport and ordo::listen, one file each
+// (tcp, unix and tls in transport.cpp; inproc.cpp; zmq.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "ordo/address.hpp"
+#include "ordo/transport.hpp"
+
+namespace ordo::detail {
+
+/// Throws std::system_error(ec) reading "ordo: <what> <url>: <reason>".
+[[noreturn]] void transport_fail(std::string_view what, std::string_view url,
+                                 const std::error_code& ec);
+
+net::awaitable<std::unique_ptr<transport>> connect_inproc(const address& a,
+                                                          const transport_options& o);
+std::unique_ptr<listener> listen_inproc(const net::any_io_executor& ex, const address& a,
+                                        const transport_options& o);
+
+net::awaitable<std::unique_ptr<transport>> connect_zmq(const address& a,
+                                                       const transport_options& o);
+std::unique_ptr<listener> listen_zmq(const net::any_io_executor& ex, const address& a,
+                                     const transport_options& o);
+
+}  // namespace ordo::detail
