@@ -685,6 +685,10 @@ const comm_counters& peer::comm() const noexcept {
     return s_->comm->counters();
 }
 
+std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t) {
+    return make_peer(std::move(t), peer_options{}, nullptr);
+}
+
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h) {
     return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h);
 }

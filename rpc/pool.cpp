@@ -382,6 +382,10 @@ const pool_counters& pool::counters() const noexcept {
     return s_->c;
 }
 
+std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url) {
+    return make_pool(std::move(ex), std::move(url), pool_options{});
+}
+
 std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url, pool_options o) {
     return std::make_shared<pool>(pool::private_tag{}, std::move(ex), std::move(url), std::move(o));
 }

@@ -59,6 +59,8 @@ struct server::state : std::enable_shared_from_this<server::state> {
     }
 };
 
+server::server(net::any_io_executor ex) : server(std::move(ex), server_options{}) {}
+
 server::server(net::any_io_executor ex, server_options o)
     : s_(std::make_shared<state>(std::move(ex), std::move(o), &handlers_)) {}
 

@@ -76,6 +76,7 @@ class pool final : public channel_impl, public std::enable_shared_from_this<pool
     std::unique_ptr<state> s_;
 };
 
-std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url, pool_options o = {});
+std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url, pool_options o);
+std::shared_ptr<pool> make_pool(net::any_io_executor ex, std::string url);
 
 }  // namespace ordo

@@ -19,7 +19,8 @@ struct server_options {
 /// construction. Stop it with async_stop() before destroying it.
 class server {
   public:
-    explicit server(net::any_io_executor ex, server_options o = {});
+    server(net::any_io_executor ex, server_options o);
+    explicit server(net::any_io_executor ex);
     ~server();
     server(const server&) = delete;
     server& operator=(const server&) = delete;
