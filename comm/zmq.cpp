@@ -27,6 +27,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <zmq.hpp>
 
@@ -42,8 +43,16 @@ using clock = std::chrono::steady_clock;
 
 zmq::context_t& context() {
     // Never terminated: zmq_ctx_term waits for every socket, and a process must be able to exit
-    // with connections open.
-    static auto* ctx = new zmq::context_t(1);
+    // with connections open. A forked child cannot use its parent's context (its I/O thread did
+    // not come along): it makes its own.
+    static std::mutex m;
+    static zmq::context_t* ctx = nullptr;
+    static pid_t owner = 0;
+    std::lock_guard lock(m);
+    if (!ctx || owner != ::getpid()) {
+        ctx = new zmq::context_t(1);
+        owner = ::getpid();
+    }
     return *ctx;
 }
 

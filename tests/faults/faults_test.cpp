@@ -15,6 +15,7 @@
 
 #include "ordo/ordo.hpp"
 #include "support/run_test.hpp"
+#include "support/streams.hpp"
 
 namespace ordo {
 namespace {
@@ -89,11 +90,13 @@ class child {
     int out_ = -1;
 };
 
-// ordo-inc-server on a free loopback port; returns its URL from its "listening on" line.
-std::string start_server(std::unique_ptr<child>& srv, const std::string& extra = "") {
+// ordo-inc-server on a free loopback port (or a fresh path) of `scheme`; returns the URL to
+// connect to, from its "listening on" line.
+std::string start_server(std::unique_ptr<child>& srv, const std::string& extra = "",
+                         const std::string& scheme = "tcp") {
     const char* path = std::getenv("ORDO_INC_SERVER");
     if (!path) throw std::runtime_error("ORDO_INC_SERVER is not set (run through meson test)");
-    std::vector<std::string> argv{path, "--listen", "tcp://127.0.0.1:0"};
+    std::vector<std::string> argv{path, "--listen", test::listen_url(scheme)};
     if (!extra.empty()) {
         argv.push_back("--liveness-timeout-ms");
         argv.push_back(extra);
@@ -102,7 +105,7 @@ std::string start_server(std::unique_ptr<child>& srv, const std::string& extra =
     const std::string line = srv->read_line();
     const std::string prefix = "listening on ";
     if (line.rfind(prefix, 0) != 0) throw std::runtime_error("server said: " + line);
-    return line.substr(prefix.size());
+    return test::connect_url(line.substr(prefix.size()));
 }
 
 struct outcome_log {
@@ -135,9 +138,11 @@ void issue_slow_calls(const channel& ch, int n, outcome_log& log) {
     for (int i = 0; i < n; ++i) ch.async_call<int>("sleep_ms", 30'000, log.recorder());
 }
 
-TEST(Crash, KilledServerFailsAThousandPendingCallsWithPeerLostWithinTwoSeconds) {
+class Crash : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Crash, KilledServerFailsAThousandPendingCallsWithPeerLostWithinTwoSeconds) {
     std::unique_ptr<child> srv;
-    const std::string url = start_server(srv);
+    const std::string url = start_server(srv, "", GetParam());
     run_test([&]() -> net::awaitable<void> {
         auto ch = co_await async_connect(url);
         outcome_log log;
@@ -157,6 +162,29 @@ TEST(Crash, KilledServerFailsAThousandPendingCallsWithPeerLostWithinTwoSeconds) 
         EXPECT_EQ(peer_of(ch).counters().pending_calls, 0u);
         EXPECT_EQ(peer_of(ch).comm().buffered_bytes, 0u);
     });
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketTransports, Crash,
+                         ::testing::Values("tcp", "unix", "tls", "zmq+tcp", "zmq+ipc"),
+                         [](const auto& info) { return test::scheme_name(info.param); });
+
+// ZeroMQ answers ZMTP heartbeats from its own I/O thread, so they catch a stopped process (not
+// a stuck event loop: ordo.ping does that) even with ordo's liveness timeout at its 10 s default.
+TEST(Hang, ZmtpHeartbeatsFailCallsToAStoppedZeroMQServerWellBeforeTheLivenessTimeout) {
+    std::unique_ptr<child> srv;
+    const std::string url = start_server(srv, "", "zmq+tcp");
+    run_test([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(url + "?zmq_heartbeat_ms=200");
+        outcome_log log;
+        issue_slow_calls(ch, 100, log);
+        EXPECT_TRUE(co_await wait_until([&] { return peer_of(ch).comm().messages_sent >= 100; }));
+        const auto stopped = clock_type::now();
+        srv->signal(SIGSTOP);
+        EXPECT_TRUE(co_await wait_until([&] { return log.done() == 100; }, 20s));
+        EXPECT_EQ(log.lost, 100);
+        EXPECT_LT(log.last - stopped, 3s);  // 3 heartbeats of 200 ms, plus scheduling
+    });
+    srv->signal(SIGCONT);
 }
 
 TEST(Hang, StoppedServerFailsEveryPendingCallWithinTheLivenessTimeout) {
@@ -392,15 +420,17 @@ void serve_counting_sleep(server& srv, int& started, int& cancelled) {
            {.concurrent = true});
 }
 
-TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
+class ClientCrash : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
     auto [client, url_pipe] = fork_sleeping_client();
     reaper reap{client};
-    run_test([&]() -> net::awaitable<void> {
+    run_test([&, scheme = GetParam()]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int started = 0, cancelled = 0;
         serve_counting_sleep(srv, started, cancelled);
         srv.on("inc", [](int x) { return x + 1; });
-        const std::string url = srv.listen("tcp://127.0.0.1:0") + "\n";
+        const std::string url = test::connect_url(srv.listen(test::listen_url(scheme))) + "\n";
         EXPECT_EQ(::write(url_pipe, url.data(), url.size()), ssize_t(url.size()));
         EXPECT_TRUE(co_await wait_until([&] { return started == 10; }));
         const auto killed = clock_type::now();
@@ -414,6 +444,10 @@ TEST(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOther
     });
     ::close(url_pipe);
 }
+
+// A ZeroMQ ROUTER hears of no disconnect by routing id: ordo finds the gone client by probing.
+INSTANTIATE_TEST_SUITE_P(TcpAndZeroMQ, ClientCrash, ::testing::Values("tcp", "zmq+tcp", "tls"),
+                         [](const auto& info) { return test::scheme_name(info.param); });
 
 TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTimeout) {
     auto [client, url_pipe] = fork_sleeping_client();
