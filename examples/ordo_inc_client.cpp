@@ -1,5 +1,8 @@
 // ordo-inc-client --connect URL [--mode ordered|pooled] [--calls N] [--inflight K]
-//                 [--timeout-ms T] [--liveness-timeout-ms L]
+//                 [--timeout-ms T] [--liveness-timeout-ms L] [--ca F] [--cert F --key F]
+// URL is any scheme: tcp://, unix://, tls://, zmq+tcp://, zmq+ipc:// (inproc:// names exist only
+// inside one process). --ca is the CA file that tls:// servers are checked against (default: the
+// system's), --cert/--key a client certificate for servers that ask for one.
 // Calls inc(i) for i in 0..N-1 with up to K calls in flight and checks every result. Prints
 // "ok N calls in S s (R calls/s)" and exits 0, or "error: <message>" on stderr and exits 1.
 #include <chrono>
@@ -20,6 +23,7 @@ struct config {
     long inflight = 1;
     long timeout_ms = 0;
     long liveness_timeout_ms = -1;  // -1: the library's default
+    std::string ca, cert, key;
 };
 
 net::awaitable<void> worker(counter c, const config& cfg, long& next, long& done) {
@@ -44,6 +48,9 @@ net::awaitable<void> run(const config& cfg) {
         add("mode=pooled&max_connections=" + std::to_string(std::max(1L, cfg.inflight)));
     if (cfg.liveness_timeout_ms >= 0)
         add("liveness_timeout_ms=" + std::to_string(cfg.liveness_timeout_ms));
+    if (!cfg.ca.empty()) add("ca=" + cfg.ca);
+    if (!cfg.cert.empty()) add("cert=" + cfg.cert);
+    if (!cfg.key.empty()) add("key=" + cfg.key);
     ordo::channel ch = co_await ordo::async_connect(url);
     auto c = ordo::stub<counter>(ch);
     long next = 0, done = 0;
@@ -94,6 +101,12 @@ int main(int argc, char** argv) {
                 cfg.timeout_ms = std::stol(value());
             else if (a == "--liveness-timeout-ms")
                 cfg.liveness_timeout_ms = std::stol(value());
+            else if (a == "--ca")
+                cfg.ca = value();
+            else if (a == "--cert")
+                cfg.cert = value();
+            else if (a == "--key")
+                cfg.key = value();
             else
                 throw std::runtime_error("unknown flag " + a);
         } catch (const std::exception& e) {

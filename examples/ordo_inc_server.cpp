@@ -1,6 +1,11 @@
 // ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L]
-// Serves counter (examples/counter.hpp) and echo(any) on every URL. Prints "listening on URL"
-// for each (with the real port for port 0) and exits 0 after a graceful stop on SIGINT/SIGTERM.
+//                 [--cert F --key F [--ca F]]
+// Serves counter (examples/counter.hpp) and echo(any) on every URL, of any scheme: tcp://,
+// unix://, tls://, zmq+tcp://, zmq+ipc:// (and inproc://, reachable from this process only).
+// --cert/--key are the certificate and key of tls:// listeners; with --ca, clients must show a
+// certificate signed by that CA (mutual TLS). Prints "listening on URL" for each (with the real
+// port for port 0), "refused: <why>" on stderr for failed TLS handshakes, and exits 0 after a
+// graceful stop on SIGINT/SIGTERM.
 #include <asio/signal_set.hpp>
 
 #include <iostream>
@@ -19,13 +24,23 @@ int main(int argc, char** argv) {
             urls.push_back(argv[++i]);
         } else if (a == "--liveness-timeout-ms" && i + 1 < argc) {
             options.peer.liveness_timeout = std::chrono::milliseconds(std::stol(argv[++i]));
+        } else if (a == "--cert" && i + 1 < argc) {
+            options.peer.transport.tls.cert_file = argv[++i];
+        } else if (a == "--key" && i + 1 < argc) {
+            options.peer.transport.tls.key_file = argv[++i];
+        } else if (a == "--ca" && i + 1 < argc) {
+            options.peer.transport.tls.ca_file = argv[++i];
         } else {
-            std::cerr << "usage: ordo-inc-server --listen URL [--listen URL...]\n";
+            std::cerr << "usage: ordo-inc-server --listen URL [--listen URL...] "
+                         "[--liveness-timeout-ms L] [--cert F --key F [--ca F]]\n";
             return 2;
         }
     }
     if (urls.empty()) urls.push_back("tcp://127.0.0.1:7000");
 
+    options.peer.transport.on_refused = [](const std::string& why) {
+        std::cerr << "refused: " << why << std::endl;
+    };
     net::io_context io;
     ordo::server srv(io.get_executor(), options);
     long total = 0;  // process-wide, shared by every peer

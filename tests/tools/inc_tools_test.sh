@@ -33,6 +33,34 @@ for sig in TERM INT; do
     pid=
 done
 
+# Every socket scheme, and tls with the certificate flags (a throwaway CA made with openssl).
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj "/CN=test CA" \
+    -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null || fail "openssl: no CA"
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+    -keyout "$dir/srv.key" -out "$dir/srv.csr" 2>/dev/null || fail "openssl: no request"
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$dir/ext"
+openssl x509 -req -in "$dir/srv.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
+    -days 1 -extfile "$dir/ext" -out "$dir/srv.pem" 2>/dev/null || fail "openssl: no certificate"
+"$server" --listen tls://127.0.0.1:0 --listen zmq+tcp://127.0.0.1:0 --listen "zmq+ipc://$dir/z.sock" \
+    --cert "$dir/srv.pem" --key "$dir/srv.key" >"$dir/out2" 2>"$dir/err2" &
+pid=$!
+for _ in $(seq 100); do [ "$(grep -c '^listening on ' "$dir/out2")" = 3 ] && break; sleep 0.1; done
+tls=$(grep -o 'tls://127\.0\.0\.1:[0-9]*' "$dir/out2")
+zmq=$(grep -o 'zmq+tcp://127\.0\.0\.1:[0-9]*' "$dir/out2")
+[ -n "$tls" ] && [ -n "$zmq" ] || fail "no tls or zmq listening line: $(cat "$dir/out2" "$dir/err2")"
+out=$("$client" --connect "$tls" --ca "$dir/ca.pem" --calls 1000 --inflight 16) || fail "tls: $out"
+out=$("$client" --connect "$tls" --ca "$dir/ca.pem" --mode pooled --calls 500 --inflight 4) ||
+    fail "tls pooled: $out"
+out=$("$client" --connect "$zmq" --calls 1000 --inflight 16) || fail "zmq+tcp: $out"
+out=$("$client" --connect "zmq+ipc://$dir/z.sock" --calls 1000 --inflight 16) || fail "zmq+ipc: $out"
+# Without the CA the server's certificate is not trusted: an error naming why, both sides.
+err=$("$client" --connect "$tls" --calls 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"certificate verify failed"* ]] || fail "untrusted tls: rc=$rc $err"
+for _ in $(seq 50); do grep -q '^refused: .*TLS handshake' "$dir/err2" && break; sleep 0.1; done
+grep -q '^refused: .*TLS handshake' "$dir/err2" || fail "server did not report the refused handshake"
+kill -TERM "$pid"; wait "$pid" || fail "server exited $? after SIGTERM"
+pid=
+
 # A refused connection is an error line and exit status 1.
 err=$("$client" --connect "unix://$dir/none.sock" --calls 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == error:*none.sock* ]] || fail "refused connection: rc=$rc $err"
