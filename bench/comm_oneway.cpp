@@ -3,7 +3,7 @@
 // their count and order and answers with one message when the last has arrived. The clock runs
 // from the first send to that answer. Prints one JSON line.
 //
-//   comm_oneway [--transport tcp|unix] [--interval-ms N] [--count N] [--size BYTES]
+//   comm_oneway [--transport tcp|unix|inproc|tls|zmq+tcp|zmq+ipc] [--interval-ms N] [--count N] [--size BYTES]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,10 +49,7 @@ std::uint32_t seq_of(std::string_view m) {
 
 int serve(const config& cfg, int ready_fd) {
     net::io_context io;
-    const std::string url = cfg.transport == "unix"
-                                ? "unix:///tmp/ordo-bench-" + std::to_string(::getpid()) + ".sock"
-                                : "tcp://127.0.0.1:0";
-    auto l = ordo::listen(io.get_executor(), url);
+    auto l = ordo::listen(io.get_executor(), bench_listen_url(cfg.transport));
     const std::string bound = l->local_address() + "\n";
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);
@@ -71,6 +68,7 @@ int serve(const config& cfg, int ready_fd) {
                 });
             comm->start();
             co_await comm->async_wait_closed();
+            l->close();  // tls and zmq listeners keep working in the background until closed
             status = in_order && expected == cfg.count ? 0 : 1;
         },
         net::detached);
@@ -97,7 +95,8 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    auto [child, url] = fork_server([&](int ready_fd) { return serve(cfg, ready_fd); });
+    bench_server srv = start_server(cfg.transport, [&](int fd) { return serve(cfg, fd); });
+    const std::string url = srv.url;
     net::io_context io;
     int status = 1;
     net::co_spawn(
@@ -142,7 +141,6 @@ int main(int argc, char** argv) {
         },
         net::detached);
     io.run();
-    int child_status = 0;
-    ::waitpid(child, &child_status, 0);
-    return status != 0 || !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0;
+    const bool server_ok = srv.wait();
+    return status != 0 || !server_ok;
 }

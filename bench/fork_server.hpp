@@ -1,30 +1,84 @@
-// Benchmarks run their server in a child process: fork, let it bind, learn its URL.
+// Benchmarks run their server in a child process (or, for inproc://, on a thread of their own
+// process): start it, let it bind, learn its URL.
 #pragma once
 
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
-/// Forks; the child runs `serve(ready_fd)`, which writes the bound URL and a newline to ready_fd,
-/// and exits with its result. Returns the child's PID and the URL.
-inline std::pair<pid_t, std::string> fork_server(const std::function<int(int ready_fd)>& serve) {
+#include "support/certs.hpp"
+
+/// Certificates for tls:// runs, made before the fork so that both processes use them.
+inline ordo::test::tls_files& bench_tls_files() {
+    static ordo::test::tls_files files;
+    return files;
+}
+
+/// A fresh address for a benchmark server of `transport` (tcp, unix, inproc, tls, zmq+tcp,
+/// zmq+ipc).
+inline std::string bench_listen_url(const std::string& transport) {
+    static std::atomic<int> n{0};
+    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n++);
+    if (transport == "unix") return "unix:///tmp/ordo-bench-" + tag + ".sock";
+    if (transport == "zmq+ipc") return "zmq+ipc:///tmp/ordo-bench-z" + tag + ".sock";
+    if (transport == "inproc") return "inproc://bench-" + tag;
+    if (transport == "tls") return "tls://127.0.0.1:0" + bench_tls_files().server_params();
+    if (transport == "tcp" || transport == "zmq+tcp") return transport + "://127.0.0.1:0";
+    throw std::runtime_error("unknown transport " + transport +
+                             " (tcp, unix, inproc, tls, zmq+tcp, zmq+ipc)");
+}
+
+/// A running benchmark server.
+struct bench_server {
+    pid_t pid = -1;
+    std::thread thread;
+    std::shared_ptr<int> thread_status = std::make_shared<int>(1);
+    std::string url;  // what the client connects to
+
+    /// Waits for the server to end; true when it ended well (exit status 0).
+    bool wait() {
+        if (thread.joinable()) {
+            thread.join();
+            return *thread_status == 0;
+        }
+        int status = 0;
+        if (pid > 0) ::waitpid(pid, &status, 0);
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+};
+
+/// Starts `serve(ready_fd)`, which binds, writes the bound URL and a newline to ready_fd, serves
+/// and returns its exit status: in a forked child, or on a thread for inproc.
+inline bench_server start_server(const std::string& transport,
+                                 const std::function<int(int ready_fd)>& serve) {
+    if (transport == "tls") bench_tls_files();
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    const pid_t child = ::fork();
-    if (child == 0) {
-        ::close(fds[0]);
-        std::_Exit(serve(fds[1]));
+    bench_server s;
+    if (transport == "inproc") {
+        s.thread = std::thread(
+            [status = s.thread_status, serve, fd = fds[1]] { *status = serve(fd); });
+    } else {
+        s.pid = ::fork();
+        if (s.pid == 0) {
+            ::close(fds[0]);
+            std::_Exit(serve(fds[1]));
+        }
+        ::close(fds[1]);
     }
-    ::close(fds[1]);
-    std::string url;
     char c;
-    while (::read(fds[0], &c, 1) == 1 && c != '\n') url += c;
+    while (::read(fds[0], &c, 1) == 1 && c != '\n') s.url += c;
     ::close(fds[0]);
-    if (url.empty()) throw std::runtime_error("the server process did not report its address");
-    return {child, url};
+    if (s.url.empty()) throw std::runtime_error("the server did not report its address");
+    if (transport == "tls") s.url += bench_tls_files().client_params();
+    return s;
 }

@@ -5,7 +5,7 @@
 // With --workload hol, it measures instead the latency of a small call made right after a
 // --size byte echo call (ordered: it waits behind it; pooled: it does not).
 //
-//   rpc_calls [--transport tcp|unix] [--mode ordered|pooled] [--workload calls|hol]
+//   rpc_calls [--transport tcp|unix|inproc|tls|zmq+tcp|zmq+ipc] [--mode ordered|pooled] [--workload calls|hol]
 //             [--count N] [--inflight K] [--size BYTES] [--method inc|square_batch]
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,10 +49,7 @@ int serve(const config& cfg, int ready_fd) {
                                     for (auto& x : xs) x *= x;
                                     return xs;
                                 });
-    const std::string url = cfg.transport == "unix" ? "unix:///tmp/ordo-bench-rpc-" +
-                                                          std::to_string(::getpid()) + ".sock"
-                                                    : "tcp://127.0.0.1:0";
-    const std::string bound = srv.listen(url) + "\n";
+    const std::string bound = srv.listen(bench_listen_url(cfg.transport)) + "\n";
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);
     // The client's connection ending is the signal to stop.
@@ -210,9 +207,8 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    auto [child, url] = fork_server([&](int ready_fd) { return serve(cfg, ready_fd); });
-    const int status = run_main("rpc_calls: ", client(cfg, url));
-    int child_status = 0;
-    ::waitpid(child, &child_status, 0);
+    bench_server srv = start_server(cfg.transport, [&](int fd) { return serve(cfg, fd); });
+    const int status = run_main("rpc_calls: ", client(cfg, srv.url));
+    srv.wait();
     return status;
 }

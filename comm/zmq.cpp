@@ -96,14 +96,14 @@ struct zconn {
 class zsock : public std::enable_shared_from_this<zsock> {
   public:
     zsock(const net::any_io_executor& ex, zmq::socket_type type, const zmq_options& o)
-        : ex_(ex),
+        : accept_wake(ex, clock::time_point::max()),
+          connect_wake(ex, clock::time_point::max()),
+          ex_(ex),
           router_(type == zmq::socket_type::router),
           o_(o),
           sock_(context(), type),
           fd_(ex),
           mon_fd_(ex),
-          accept_wake(ex, clock::time_point::max()),
-          connect_wake(ex, clock::time_point::max()),
           sweep_(ex) {
         static std::atomic<unsigned> monitors{0};
         sock_.set(zmq::sockopt::linger, 1000);
