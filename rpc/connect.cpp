@@ -1,63 +1,194 @@
 #include "ordo/connect.hpp"
 
+#include <asio/experimental/awaitable_operators.hpp>
 #include <charconv>
 
-namespace ordo {
-namespace {
+#include "ordo/router.hpp"
+#include "rpc/detail/connecting.hpp"
 
-std::size_t number(const address& a, std::string_view url, const std::string& key,
-                   const std::string& text) {
+namespace ordo {
+namespace detail {
+
+std::size_t number_parameter(std::string_view url, const std::string& key,
+                             const std::string& text) {
     std::size_t v = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
         throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
                                            "\": parameter " + key + " must be a number, not \"" +
                                            text + "\"");
-    (void)a;
     return v;
 }
 
+bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
+                          peer_options& o) {
+    auto ms = [&] { return std::chrono::milliseconds(number_parameter(url, key, value)); };
+    if (key == "timeout_ms")
+        o.default_timeout = ms();
+    else if (key == "interval_ms")
+        o.comm.interval = ms();
+    else if (key == "liveness_timeout_ms")
+        o.liveness_timeout = ms();
+    else if (key == "heartbeat_ms")
+        o.heartbeat_interval = ms();
+    else
+        return false;
+    return true;
+}
+
+net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url,
+                                                                 std::chrono::milliseconds limit,
+                                                                 transport_options to) {
+    using namespace net::experimental::awaitable_operators;
+    net::steady_timer timer(co_await net::this_coro::executor, limit);
+    auto r = co_await (async_connect_transport(url, std::move(to)) ||
+                       timer.async_wait(net::use_awaitable));
+    if (r.index() == 1)
+        throw_error(errc::timed_out, "ordo: connecting to " + url + " took longer than " +
+                                         std::to_string(limit.count()) + " ms");
+    co_return std::move(std::get<0>(r));
+}
+
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void bad(std::string_view url, const std::string& why) {
+    throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) + "\": " + why);
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+    std::vector<std::string> parts;
+    while (true) {
+        auto at = s.find(sep);
+        parts.emplace_back(s.substr(0, at));
+        if (at == std::string_view::npos) return parts;
+        s = s.substr(at + 1);
+    }
+}
+
+double fraction(std::string_view url, const std::string& key, const std::string& text) {
+    double v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || !(v >= 0))
+        bad(url, "parameter " + key + " must be a non-negative number, not \"" + text + "\"");
+    return v;
+}
+
+net::awaitable<channel> connect_route(std::string_view url, peer_options o) {
+    route_spec spec = parse_route_url(url, std::move(o));
+    auto r = make_router(co_await net::this_coro::executor, spec.options);
+    for (auto& rep : spec.replicas) co_await r->async_add_replica(rep.url, rep.weight, rep.group);
+    co_return channel(std::move(r));
+}
+
 }  // namespace
+
+route_spec parse_route_url(std::string_view url, peer_options o) {
+    constexpr std::string_view prefix = "route+";
+    if (url.substr(0, prefix.size()) != prefix) bad(url, "a router address starts with route+");
+    const auto sep = url.find("://");
+    if (sep == std::string_view::npos) bad(url, "expected route+scheme://replica,replica,...");
+    const std::string scheme(url.substr(prefix.size(), sep - prefix.size()));
+    std::string_view rest = url.substr(sep + 3);
+    std::string_view query;
+    if (auto q = rest.find('?'); q != std::string_view::npos) {
+        query = rest.substr(q + 1);
+        rest = rest.substr(0, q);
+    }
+    route_spec spec;
+    std::vector<std::string> weights, shadows;
+    std::string kept;  // transport parameters, passed on to every replica
+    for (const std::string& item : split(query, '&')) {
+        if (item.empty()) continue;
+        const auto eq = item.find('=');
+        const std::string key = item.substr(0, eq);
+        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+        auto n = [&] { return detail::number_parameter(url, key, value); };
+        router_options& ro = spec.options;
+        if (key == "max_concurrent") {
+            ro.max_concurrent = std::max<std::size_t>(1, n());
+        } else if (key == "max_queued") {
+            ro.max_queued_calls = n();
+        } else if (key == "policy") {
+            if (value == "least_loaded")
+                ro.policy = route_policy::least_loaded;
+            else if (value == "round_robin")
+                ro.policy = route_policy::round_robin;
+            else if (value == "weighted")
+                ro.policy = route_policy::weighted;
+            else
+                bad(url, "policy must be least_loaded, round_robin or weighted");
+        } else if (key == "idempotent") {
+            for (auto& m : split(value, ',')) ro.idempotent_methods.insert(m);
+        } else if (key == "weights") {
+            weights = split(value, ',');
+        } else if (key == "shadow") {
+            shadows = split(value, ',');
+        } else if (key == "shadow_fraction") {
+            ro.shadow_fraction = std::min(1.0, fraction(url, key, value));
+        } else if (key == "connect_timeout_ms") {
+            ro.connect_timeout = std::chrono::milliseconds(n());
+        } else if (detail::apply_peer_parameter(url, key, value, o)) {
+        } else if (is_transport_parameter(key)) {
+            kept += (kept.empty() ? "?" : "&") + item;
+        } else {
+            bad(url, "unknown parameter \"" + key + "\"");
+        }
+    }
+    spec.options.peer = std::move(o);
+    auto replica_url = [&](const std::string& item) {
+        if (item.empty()) bad(url, "empty replica address");
+        const std::string u = scheme + "://" + item;
+        parse_address(u);  // names what is wrong with this one
+        return u + kept;
+    };
+    const auto items = split(rest, ',');
+    if (!weights.empty() && weights.size() != items.size())
+        bad(url, "weights has " + std::to_string(weights.size()) + " entries for " +
+                     std::to_string(items.size()) + " replicas");
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        route_spec::replica r{replica_url(items[i]), 1.0, {}};
+        if (!weights.empty()) r.weight = fraction(url, "weights", weights[i]);
+        if (!(r.weight > 0)) bad(url, "weights must be positive");
+        spec.replicas.push_back(std::move(r));
+    }
+    for (const auto& item : shadows) spec.replicas.push_back({replica_url(item), 1.0, "shadow"});
+    if (!shadows.empty()) spec.options.shadow_group = "shadow";
+    return spec;
+}
 
 net::awaitable<channel> async_connect(std::string_view url) {
     return async_connect(url, peer_options{}, nullptr);
 }
 
 net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
+    if (url.substr(0, 6) == "route+") co_return co_await connect_route(url, std::move(o));
     const address a = parse_address(url);
     bool pooled = false;
     pool_options po;
     std::string kept;  // transport parameters (TLS files...), passed on
     for (const auto& [key, value] : a.params) {
-        auto ms = [&] { return std::chrono::milliseconds(number(a, url, key, value)); };
+        auto n = [&] { return detail::number_parameter(url, key, value); };
         if (key == "mode") {
             if (value != "ordered" && value != "pooled")
-                throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
-                                                   "\": mode must be ordered or pooled");
+                bad(url, "mode must be ordered or pooled");
             pooled = value == "pooled";
-        } else if (key == "timeout_ms") {
-            o.default_timeout = ms();
-        } else if (key == "interval_ms") {
-            o.comm.interval = ms();
-        } else if (key == "liveness_timeout_ms") {
-            o.liveness_timeout = ms();
-        } else if (key == "heartbeat_ms") {
-            o.heartbeat_interval = ms();
+        } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (key == "max_connections") {
-            po.max_connections = std::max<std::size_t>(1, number(a, url, key, value));
+            po.max_connections = std::max<std::size_t>(1, n());
         } else if (key == "max_idle") {
-            po.max_idle = number(a, url, key, value);
+            po.max_idle = n();
         } else if (key == "idle_timeout_ms") {
-            po.idle_timeout = ms();
+            po.idle_timeout = std::chrono::milliseconds(n());
         } else if (key == "connect_timeout_ms") {
-            po.connect_timeout = ms();
+            po.connect_timeout = std::chrono::milliseconds(n());
         } else if (key == "max_queued") {
-            po.max_queued_calls = number(a, url, key, value);
+            po.max_queued_calls = n();
         } else if (is_transport_parameter(key)) {
             kept += (kept.empty() ? "?" : "&") + key + "=" + value;
         } else {
-            throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
-                                               "\": unknown parameter \"" + key + "\"");
+            bad(url, "unknown parameter \"" + key + "\"");
         }
     }
     // The transport sees the address with its own parameters only.

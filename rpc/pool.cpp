@@ -4,6 +4,9 @@
 #include <map>
 #include <vector>
 
+#include "rpc/detail/connecting.hpp"
+#include "rpc/detail/wait_queue.hpp"
+
 namespace ordo {
 
 struct pool::state {
@@ -16,6 +19,7 @@ struct pool::state {
         pooled_call(std::weak_ptr<pool> pl, std::shared_ptr<peer> conn,
                     std::unique_ptr<detail::pending_call> inner)
             : pool_(std::move(pl)), conn_(std::move(conn)), inner_(std::move(inner)) {}
+        void wrap(std::unique_ptr<detail::pending_call> inner) { inner_ = std::move(inner); }
 
         void complete(std::error_code ec, call_outcome out) override {
             if (auto pl = pool_.lock()) {
@@ -33,19 +37,24 @@ struct pool::state {
         std::unique_ptr<detail::pending_call> inner_;
     };
 
-    struct waiting {
-        std::unique_ptr<detail::pending_call> call;
-        std::unique_ptr<net::steady_timer> timer;
-        clock::time_point deadline = clock::time_point::max();
-        std::chrono::milliseconds timeout{0};
-    };
     struct idle_entry {
         std::shared_ptr<peer> conn;
         clock::time_point since;
     };
 
     state(pool& p, net::any_io_executor e, std::string u, pool_options opt)
-        : self(p), ex(std::move(e)), url(std::move(u)), o(std::move(opt)), sweeper(ex) {
+        : self(p),
+          ex(std::move(e)),
+          url(std::move(u)),
+          o(std::move(opt)),
+          queue(
+              ex,
+              [this](std::chrono::milliseconds t) {
+                  return "no connection to " + url + " became free within " +
+                         std::to_string(t.count()) + " ms";
+              },
+              "cancelled by the caller while waiting for a connection", [this] { update(); }),
+          sweeper(ex) {
         parse_address(url);  // a bad URL fails here, not at the first call
     }
 
@@ -55,8 +64,7 @@ struct pool::state {
     pool_options o;
     std::vector<std::shared_ptr<peer>> open;  // idle and busy
     std::vector<idle_entry> idle;             // most recently used last
-    std::map<std::uint64_t, waiting> queue;   // FIFO by sequence number
-    std::uint64_t next_seq = 0;
+    detail::wait_queue queue;                 // calls waiting for a connection
     std::vector<std::pair<std::string, std::string>> notes;  // waiting for a connection
     std::size_t connecting = 0;
     bool closed = false;
@@ -71,58 +79,18 @@ struct pool::state {
         c.queued_calls = queue.size();
     }
 
-    static void fail(detail::pending_call& call, std::error_code ec, std::string detail) {
-        call_outcome out;
-        out.detail = std::move(detail);
-        call.complete(ec, std::move(out));
-    }
-
     void start_call(std::unique_ptr<detail::pending_call> call) {
-        if (closed) return fail(*call, errc::closed, "ordo: pool for " + url + " is closed");
+        if (closed) return detail::fail_call(*call, errc::closed, "ordo: pool for " + url + " is closed");
         const auto timeout =
             call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
         if (auto conn = take_idle()) return lend(conn, std::move(call), timeout);
         if (queue.size() >= o.max_queued_calls)
-            return fail(*call, errc::overloaded,
+            return detail::fail_call(*call, errc::overloaded,
                         "ordo: " + std::to_string(queue.size()) + " calls already wait for a " +
                             "connection to " + url + " (max_queued_calls)");
-        const std::uint64_t seq = next_seq++;
-        waiting& w = queue[seq];
-        w.timeout = timeout;
-        std::weak_ptr<pool> wp = self.weak_from_this();
-        if (timeout.count() > 0) {
-            w.deadline = clock::now() + timeout;
-            w.timer = std::make_unique<net::steady_timer>(ex, w.deadline);
-            w.timer->async_wait([wp, seq](std::error_code ec) {
-                if (!ec)
-                    if (auto p = wp.lock()) p->s_->withdraw(seq, errc::timed_out);
-            });
-        }
-        if (call->slot.is_connected())
-            call->slot.assign([wp, seq, ex = ex](net::cancellation_type) {
-                net::post(ex, [wp, seq] {
-                    if (auto p = wp.lock()) p->s_->withdraw(seq, errc::cancelled);
-                });
-            });
-        w.call = std::move(call);
+        queue.push(std::move(call), timeout);
         update();
         maybe_connect();
-    }
-
-    // A waiting call's deadline passed or its caller cancelled it.
-    void withdraw(std::uint64_t seq, errc why) {
-        auto it = queue.find(seq);
-        if (it == queue.end()) return;
-        waiting w = std::move(it->second);
-        queue.erase(it);
-        update();
-        if (w.timer) w.timer->cancel();
-        w.call->slot.clear();
-        fail(*w.call, why,
-             why == errc::timed_out
-                 ? "no connection to " + url + " became free within " +
-                       std::to_string(w.timeout.count()) + " ms"
-                 : std::string("cancelled by the caller while waiting for a connection"));
     }
 
     std::shared_ptr<peer> take_idle() {
@@ -137,32 +105,16 @@ struct pool::state {
 
     void lend(const std::shared_ptr<peer>& conn, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout) {
-        call->slot.clear();  // a waiting call's slot held the pool's handler; the peer sets its own
-        std::string method = std::move(call->method);
-        buffer params = std::move(call->params);
-        call_options options = call->options;
-        options.timeout = timeout;
-        net::cancellation_slot slot = call->slot;
-        auto lent = std::make_unique<pooled_call>(self.weak_from_this(), conn, std::move(call));
-        lent->method = std::move(method);
-        lent->params = std::move(params);
-        lent->options = options;
-        lent->slot = slot;
+        auto lent = std::make_unique<pooled_call>(self.weak_from_this(), conn, nullptr);
+        detail::move_call_fields(*call, *lent, timeout);
+        lent->wrap(std::move(call));
         update();
         conn->start_call(std::move(lent));
     }
 
     void lend_waiting(const std::shared_ptr<peer>& conn) {
-        auto it = queue.begin();
-        waiting w = std::move(it->second);
-        queue.erase(it);
-        if (w.timer) w.timer->cancel();
-        auto left = w.timeout;
-        if (w.deadline != clock::time_point::max())
-            left = std::max(
-                std::chrono::milliseconds(1),
-                std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - clock::now()));
-        lend(conn, std::move(w.call), left);
+        auto w = queue.take_first();
+        lend(conn, std::move(w->call), w->timeout);
     }
 
     void release(const std::shared_ptr<peer>& conn, bool ok) {
@@ -199,24 +151,13 @@ struct pool::state {
         }
     }
 
-    static net::awaitable<std::unique_ptr<transport>> open_transport(
-        std::string url, std::chrono::milliseconds limit, transport_options to) {
-        using namespace net::experimental::awaitable_operators;
-        net::steady_timer timer(co_await net::this_coro::executor, limit);
-        auto r = co_await (async_connect_transport(url, std::move(to)) || timer.async_wait(net::use_awaitable));
-        if (r.index() == 1)
-            throw_error(errc::timed_out, "ordo: connecting to " + url + " took longer than " +
-                                             std::to_string(limit.count()) + " ms");
-        co_return std::move(std::get<0>(r));
-    }
-
     static net::awaitable<void> connect_one(std::shared_ptr<pool> keep) {
         state& s = *keep->s_;
         std::unique_ptr<transport> t;
         std::error_code ec;
         std::string why;
         try {
-            t = co_await open_transport(s.url, s.o.connect_timeout, s.o.peer.transport);
+            t = co_await detail::open_transport_within(s.url, s.o.connect_timeout, s.o.peer.transport);
         } catch (const std::system_error& e) {
             ec = e.code();
             why = e.what();
@@ -269,14 +210,8 @@ struct pool::state {
     void connect_failed(std::error_code ec, const std::string& why) {
         update();
         if (closed || !open.empty() || connecting > 0) return;  // others will serve the queue
-        auto waiting_calls = std::move(queue);
-        queue.clear();
+        queue.fail_all(ec, why);
         update();
-        for (auto& [seq, w] : waiting_calls) {
-            if (w.timer) w.timer->cancel();
-            w.call->slot.clear();
-            fail(*w.call, ec, why);
-        }
         drop_notes(ec, why);
     }
 
@@ -330,13 +265,7 @@ struct pool::state {
     void close_all() {
         if (closed) return;
         closed = true;
-        auto waiting_calls = std::move(queue);
-        queue.clear();
-        for (auto& [seq, w] : waiting_calls) {
-            if (w.timer) w.timer->cancel();
-            w.call->slot.clear();
-            fail(*w.call, errc::closed, "ordo: pool for " + url + " closed");
-        }
+        queue.fail_all(errc::closed, "ordo: pool for " + url + " closed");
         drop_notes(errc::closed, "ordo: pool for " + url + " closed");
         idle.clear();
         auto conns = std::move(open);
@@ -371,7 +300,7 @@ net::any_io_executor pool::get_executor() const {
 
 net::awaitable<void> pool::async_warm_up() {
     auto keep = shared_from_this();
-    auto t = co_await state::open_transport(s_->url, s_->o.connect_timeout, s_->o.peer.transport);
+    auto t = co_await detail::open_transport_within(s_->url, s_->o.connect_timeout, s_->o.peer.transport);
     s_->adopt(std::move(t));
 }
 

@@ -33,11 +33,20 @@ struct call_options {
     /// expiry the call fails with errc::timed_out, its pending entry is removed and ordo.cancel
     /// tells the remote side to cancel the handler.
     std::chrono::milliseconds timeout{0};
+    /// Affinity key, read by routers (ordo::router): calls with one key go to one replica, in
+    /// the order made, while its replica lives. Ordered peers and pools ignore it.
+    std::string key;
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.
 inline call_options timeout(std::chrono::milliseconds t) {
-    return call_options{t};
+    return call_options{t, {}};
+}
+
+/// call_options with an affinity key: `co_await c.inc(1, ordo::key("user-42"))`. Both:
+/// `call_options{.timeout = 50ms, .key = "user-42"}`.
+inline call_options key(std::string k) {
+    return call_options{std::chrono::milliseconds(0), std::move(k)};
 }
 
 /// A msgpack value that owns its memory: the result type of untyped calls.
@@ -196,7 +205,7 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, buffer 
             op->slot = slot;
             op->method = std::move(method);
             op->params = std::move(params);
-            op->options = o;
+            op->options = std::move(o);
             auto ex = ch->get_executor();
             net::dispatch(ex, [ch = std::move(ch), op = std::move(op)]() mutable {
                 ch->start_call(std::move(op));

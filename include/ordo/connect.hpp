@@ -8,6 +8,7 @@
 #include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
 #include "ordo/pool.hpp"
+#include "ordo/router.hpp"
 
 namespace ordo {
 
@@ -18,6 +19,9 @@ namespace ordo {
 /// (optional) serves requests the remote side sends back; it must outlive the channel.
 /// `mode=pooled`: an ordo::pool; one connection is opened now, so that a wrong address fails
 /// here. Pooled notifications are not ordered.
+///
+/// `route+SCHEME://a,b,...?...`: an ordo::router over the replicas SCHEME://a, SCHEME://b...,
+/// all connected now (see parse_route_url for its parameters). `h` is not used.
 ///
 /// URL parameters (all optional; they override the fields of `o`):
 ///

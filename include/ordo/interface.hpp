@@ -43,8 +43,15 @@ class method<R(Args...)> {
 
     /// Calls the method: `co_await c.inc(1)`, `co_await c.inc(1, ordo::timeout(50ms))`.
     /// Throws ordo::rpc_error on failure.
-    net::awaitable<R> operator()(const Args&... args, call_options o = {}) const {
-        return detail::call<R>(bound(), name_, detail::pack_params(args...), o, net::use_awaitable);
+    /// (Overloads, not a default argument: call_options holds a string, and GCC 12 destroys
+    /// such a default argument twice inside a co_await expression.)
+    net::awaitable<R> operator()(const Args&... args) const {
+        return detail::call<R>(bound(), name_, detail::pack_params(args...), call_options{},
+                               net::use_awaitable);
+    }
+    net::awaitable<R> operator()(const Args&... args, call_options o) const {
+        return detail::call<R>(bound(), name_, detail::pack_params(args...), std::move(o),
+                               net::use_awaitable);
     }
 
     /// The same call as an Asio operation completed through `token` (signature

@@ -14,5 +14,6 @@
 #include "ordo/net.hpp"
 #include "ordo/peer.hpp"
 #include "ordo/pool.hpp"
+#include "ordo/router.hpp"
 #include "ordo/server.hpp"
 #include "ordo/transport.hpp"

@@ -61,6 +61,22 @@ grep -q '^refused: .*TLS handshake' "$dir/err2" || fail "server did not report t
 kill -TERM "$pid"; wait "$pid" || fail "server exited $? after SIGTERM"
 pid=
 
+# A router over two servers: calls spread over both (each server's total counts its own adds).
+"$server" --listen tcp://127.0.0.1:0 >"$dir/r1" 2>&1 &
+pid=$!
+"$server" --listen tcp://127.0.0.1:0 >"$dir/r2" 2>&1 &
+pid2=$!
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/r1" && grep -q '^listening on ' "$dir/r2" && break; sleep 0.1; done
+h1=$(grep -o '127\.0\.0\.1:[0-9]*' "$dir/r1"); h2=$(grep -o '127\.0\.0\.1:[0-9]*' "$dir/r2")
+[ -n "$h1" ] && [ -n "$h2" ] || { kill -9 "$pid2"; fail "router replicas did not start"; }
+out=$("$client" --connect "route+tcp://$h1,$h2?max_concurrent=8&policy=round_robin" --calls 2000 \
+    --inflight 64) || { kill -9 "$pid2"; fail "route: $out"; }
+[[ "$out" =~ ^ok\ 2000\ calls ]] || { kill -9 "$pid2"; fail "bad route ok line: $out"; }
+err=$("$client" --connect "route+tcp://$h1,$h2?policy=random" --calls 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"policy must be"* ]] || { kill -9 "$pid2"; fail "bad policy: rc=$rc $err"; }
+kill -TERM "$pid" "$pid2"; wait "$pid" "$pid2"
+pid=
+
 # A refused connection is an error line and exit status 1.
 err=$("$client" --connect "unix://$dir/none.sock" --calls 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == error:*none.sock* ]] || fail "refused connection: rc=$rc $err"

@@ -1,0 +1,29 @@
+// Pieces of rpc/connect.cpp that pools and routers share: opening a transport within a time
+// limit, and the URL parameters that configure a peer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ordo/peer.hpp"
+#include "ordo/transport.hpp"
+
+namespace ordo::detail {
+
+/// Connects to `url`; throws std::system_error with errc::timed_out naming the URL if it takes
+/// longer than `limit`, or the connection error.
+net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url,
+                                                                 std::chrono::milliseconds limit,
+                                                                 transport_options to);
+
+/// A URL parameter's value as a number; throws errc::bad_address naming `url` and `key`.
+std::size_t number_parameter(std::string_view url, const std::string& key, const std::string& text);
+
+/// Applies `key=value` if it is a peer parameter (timeout_ms, interval_ms,
+/// liveness_timeout_ms, heartbeat_ms); returns false for other keys.
+bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
+                          peer_options& o);
+
+}  // namespace ordo::detail

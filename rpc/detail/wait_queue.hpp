@@ -1,0 +1,146 @@
+// Calls waiting for capacity (a pool's connections, a router's replicas): one FIFO, each call
+// with its deadline and its caller's cancellation. Shared by rpc/pool.cpp and rpc/router.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ordo/channel.hpp"
+
+namespace ordo::detail {
+
+/// Moves what `from` carries to the wire (method, params, options, slot) into `to`, the call
+/// that wraps it on its way to a connection. `from` keeps its handler and completes the caller.
+inline void move_call_fields(pending_call& from, pending_call& to, std::chrono::milliseconds timeout) {
+    to.method = std::move(from.method);
+    to.params = std::move(from.params);
+    to.options = std::move(from.options);
+    to.options.timeout = timeout;
+    to.slot = from.slot;
+}
+
+/// Completes `call` with `ec` and `detail` (no result).
+inline void fail_call(pending_call& call, std::error_code ec, std::string detail) {
+    call_outcome out;
+    out.detail = std::move(detail);
+    call.complete(ec, std::move(out));
+}
+
+/// Belongs to the executor given at construction; every member runs there. Timers and
+/// cancellation handlers that fire after the queue is gone do nothing.
+class wait_queue {
+  public:
+    using clock = std::chrono::steady_clock;
+
+    /// A call taken out to run, with the time left of its deadline (0: none).
+    struct taken {
+        std::unique_ptr<pending_call> call;
+        std::chrono::milliseconds timeout{0};
+    };
+
+    /// `timed_out_reason(timeout)` and `cancelled_reason` describe why a waiting call failed;
+    /// `on_change` runs after a call left the queue by itself (deadline or cancellation).
+    wait_queue(net::any_io_executor ex,
+               std::function<std::string(std::chrono::milliseconds)> timed_out_reason,
+               std::string cancelled_reason, std::function<void()> on_change = {})
+        : ex_(std::move(ex)),
+          timed_out_reason_(std::move(timed_out_reason)),
+          cancelled_reason_(std::move(cancelled_reason)),
+          on_change_(std::move(on_change)) {}
+    wait_queue(const wait_queue&) = delete;
+    wait_queue& operator=(const wait_queue&) = delete;
+
+    std::size_t size() const noexcept { return q_.size(); }
+    bool empty() const noexcept { return q_.empty(); }
+
+    /// Appends `call`. A deadline (`timeout` > 0) or a cancellation through the call's slot
+    /// takes it out and fails it with errc::timed_out or errc::cancelled.
+    void push(std::unique_ptr<pending_call> call, std::chrono::milliseconds timeout) {
+        const std::uint64_t seq = next_seq_++;
+        entry& e = q_[seq];
+        e.timeout = timeout;
+        if (timeout.count() > 0) {
+            e.deadline = clock::now() + timeout;
+            e.timer = std::make_unique<net::steady_timer>(ex_, e.deadline);
+            e.timer->async_wait([this, alive = std::weak_ptr<int>(alive_), seq](std::error_code ec) {
+                if (!ec && !alive.expired()) withdraw(seq, errc::timed_out);
+            });
+        }
+        if (call->slot.is_connected())
+            call->slot.assign([this, alive = std::weak_ptr<int>(alive_), seq, ex = ex_](net::cancellation_type) {
+                net::post(ex, [this, alive, seq] {
+                    if (!alive.expired()) withdraw(seq, errc::cancelled);
+                });
+            });
+        e.call = std::move(call);
+    }
+
+    /// Takes out the oldest call for which `fits(call)` holds (all, without `fits`).
+    std::optional<taken> take_first(const std::function<bool(const pending_call&)>& fits = {}) {
+        for (auto it = q_.begin(); it != q_.end(); ++it) {
+            if (fits && !fits(*it->second.call)) continue;
+            entry e = std::move(it->second);
+            q_.erase(it);
+            if (e.timer) e.timer->cancel();
+            e.call->slot.clear();  // it held the queue's handler; the connection sets its own
+            auto left = e.timeout;
+            if (e.deadline != clock::time_point::max())
+                left = std::max(std::chrono::milliseconds(1),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    e.deadline - clock::now()));
+            return taken{std::move(e.call), left};
+        }
+        return std::nullopt;
+    }
+
+    /// Calls `f` on each waiting call, oldest first.
+    void for_each(const std::function<void(const pending_call&)>& f) const {
+        for (const auto& [seq, e] : q_) f(*e.call);
+    }
+
+    /// Fails every waiting call with `ec` and `why`.
+    void fail_all(std::error_code ec, const std::string& why) {
+        auto all = std::move(q_);
+        q_.clear();
+        for (auto& [seq, e] : all) {
+            if (e.timer) e.timer->cancel();
+            e.call->slot.clear();
+            fail_call(*e.call, ec, why);
+        }
+    }
+
+  private:
+    struct entry {
+        std::unique_ptr<pending_call> call;
+        std::unique_ptr<net::steady_timer> timer;
+        clock::time_point deadline = clock::time_point::max();
+        std::chrono::milliseconds timeout{0};
+    };
+
+    void withdraw(std::uint64_t seq, errc why) {
+        auto it = q_.find(seq);
+        if (it == q_.end()) return;
+        entry e = std::move(it->second);
+        q_.erase(it);
+        if (e.timer) e.timer->cancel();
+        e.call->slot.clear();
+        if (on_change_) on_change_();
+        fail_call(*e.call, why,
+                  why == errc::timed_out ? timed_out_reason_(e.timeout) : cancelled_reason_);
+    }
+
+    net::any_io_executor ex_;
+    std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // handlers hold it weakly
+    std::function<std::string(std::chrono::milliseconds)> timed_out_reason_;
+    std::string cancelled_reason_;
+    std::function<void()> on_change_;
+    std::map<std::uint64_t, entry> q_;  // FIFO by sequence number
+    std::uint64_t next_seq_ = 0;
+};
+
+}  // namespace ordo::detail

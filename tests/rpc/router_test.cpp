@@ -1,0 +1,521 @@
+// ordo::router: spreading, per-replica limits, the waiting queue, weighted split, key affinity,
+// shadow traffic, failover and replicas added at run time. Replicas are ordo::servers in the
+// test's io_context, except in the failover test, which kills ordo-inc-server processes.
+#include "ordo/ordo.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using test::run_test;
+using test::wait_until;
+
+struct service : interface {
+    method<int()> whoami{"whoami"};
+    method<int(int)> work{"work"};            // sleeps ms, concurrent; yields the replica's id
+    method<int(std::string, int)> seq{"seq"};  // records (key, n), serial; yields the id
+};
+
+net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::use_awaitable);
+}
+
+// One replica, with server-side counts.
+struct replica_server {
+    replica_server(net::any_io_executor ex, int id, bool failing = false) : srv(ex), id(id) {
+        srv.on(service{}.whoami, [this, failing]() -> int {
+            ++calls;
+            if (failing) throw std::runtime_error("shadow replica refuses");
+            return this->id;
+        });
+        srv.on(service{}.work,
+               [this](int ms) -> net::awaitable<int> {
+                   ++calls;
+                   max_in_flight = std::max(max_in_flight, ++in_flight);
+                   co_await sleep_for(std::chrono::milliseconds(ms));
+                   --in_flight;
+                   co_return this->id;
+               },
+               {.concurrent = true});
+        srv.on(service{}.seq, [this](std::string key, int n) {
+            ++calls;
+            log[key].push_back(n);
+            return this->id;
+        });
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    server srv;
+    int id;
+    std::string url;
+    int calls = 0, in_flight = 0, max_in_flight = 0;
+    std::map<std::string, std::vector<int>> log;
+};
+
+struct replicas {
+    replicas(net::any_io_executor ex, int n) {
+        for (int i = 0; i < n; ++i) all.push_back(std::make_unique<replica_server>(ex, i));
+    }
+    net::awaitable<void> stop() {
+        for (auto& r : all) co_await r->srv.async_stop();
+    }
+    std::vector<std::unique_ptr<replica_server>> all;
+};
+
+// GCC 12 destroys a braced temporary of a class with strings twice when it is made inside a
+// co_await expression: the tests name their options first.
+net::awaitable<std::shared_ptr<router>> make(replicas& rs, const router_options& o) {
+    auto r = make_router(co_await net::this_coro::executor, o);
+    for (auto& s : rs.all) co_await r->async_add_replica(s->url);
+    co_return r;
+}
+
+// Starts `n` calls of `method`(ms) (work by default) at once; counts outcomes by replica id
+// (-1: failed).
+struct fan {
+    std::map<int, int> by_replica;
+    int done = 0;
+    std::vector<std::error_code> errors;
+    void start(const channel& ch, int n, int ms, const char* method = "work") {
+        for (int i = 0; i < n; ++i)
+            ch.async_call<int>(method, ms, [this](std::error_code ec, int id) {
+                ++done;
+                ++by_replica[ec ? -1 : id];
+                if (ec) errors.push_back(ec);
+            });
+    }
+};
+
+TEST(Router, LeastLoadedSpreadsConcurrentCallsOverEveryReplicaWithinTheLimit) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 4);
+        const router_options o{.max_concurrent = 4};
+        auto r = co_await make(rs, o);
+        channel ch(r);
+        fan f;
+        f.start(ch, 64, 20);
+        // Calls are routed as they are made: the first 16 fill every replica evenly.
+        for (auto& rc : r->replicas()) EXPECT_EQ(rc.in_flight, 4u) << rc.url;
+        EXPECT_EQ(r->counters().queued, 48u);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return f.done == 64; }));
+        EXPECT_EQ(f.by_replica.count(-1), 0u);
+        int total = 0;
+        for (auto& s : rs.all) {
+            EXPECT_GE(s->calls, 4) << "replica " << s->id;
+            EXPECT_LE(s->max_in_flight, 4) << "replica " << s->id;
+            total += s->calls;
+        }
+        EXPECT_EQ(total, 64);
+        for (auto& rc : r->replicas()) {
+            EXPECT_EQ(rc.in_flight, 0u);
+            EXPECT_EQ(rc.latency.count, rc.completed);
+            EXPECT_GE(rc.latency.p50, 15ms);
+        }
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, RoundRobinSendsSequentialCallsToEachReplicaInTurn) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 3);
+        const router_options o{.policy = route_policy::round_robin};
+        auto r = co_await make(rs, o);
+        auto s = stub<service>(channel(r));
+        std::vector<int> ids;
+        for (int i = 0; i < 30; ++i) ids.push_back(co_await s.whoami());
+        for (int i = 3; i < 30; ++i) EXPECT_EQ(ids[i], ids[i - 3]) << "call " << i;
+        EXPECT_NE(ids[0], ids[1]);
+        EXPECT_NE(ids[1], ids[2]);
+        EXPECT_NE(ids[0], ids[2]);
+        for (auto& srv : rs.all) EXPECT_EQ(srv->calls, 10);
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, CallsBeyondEveryReplicasLimitWaitInOneQueueAndAllComplete) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 2);
+        const router_options o{.max_concurrent = 2};
+        auto r = co_await make(rs, o);
+        channel ch(r);
+        fan f;
+        f.start(ch, 40, 10);
+        // Dispatching is synchronous: the first four are out, the rest wait.
+        EXPECT_EQ(r->counters().queued, 36u);
+        std::size_t most = 0;
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            for (auto& rc : r->replicas()) most = std::max(most, rc.in_flight);
+            return f.done == 40;
+        }));
+        EXPECT_LE(most, 2u);
+        EXPECT_EQ(f.by_replica.count(-1), 0u);
+        for (auto& s : rs.all) EXPECT_LE(s->max_in_flight, 2) << "server-side count";
+        EXPECT_EQ(rs.all[0]->calls + rs.all[1]->calls, 40);
+        EXPECT_EQ(r->counters().queued, 0u);
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, AWaitingCallsDeadlinePassesAndAFullQueueRefusesWithOverloaded) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 1);
+        const router_options o{.max_concurrent = 1, .max_queued_calls = 1};
+        auto r = co_await make(rs, o);
+        channel ch(r);
+        fan busy;
+        busy.start(ch, 1, 1500);
+        const auto t0 = clock_type::now();
+        try {
+            co_await ch.async_call<int>("work", 1, ordo::timeout(100ms));
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::timed_out);
+            EXPECT_NE(std::string(e.what()).find("no replica had room within 100 ms"),
+                      std::string::npos)
+                << e.what();
+        }
+        EXPECT_LT(clock_type::now() - t0, 1400ms);
+        fan queued;
+        queued.start(ch, 1, 1);  // fills the queue
+        try {
+            co_await ch.async_call<int>("work", 1);
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::overloaded);
+            EXPECT_NE(std::string(e.what()).find("max_queued_calls"), std::string::npos);
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return busy.done + queued.done == 2; }));
+        EXPECT_EQ(busy.by_replica[0] + queued.by_replica[0], 2);
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, AWeightedSplitOfNinetyToTenHoldsOverTenThousandCalls) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        replicas rs(ex, 2);
+        auto r = make_router(ex, {.max_concurrent = 64, .policy = route_policy::weighted});
+        co_await r->async_add_replica(rs.all[0]->url, 90, "stable");
+        co_await r->async_add_replica(rs.all[1]->url, 10, "canary");
+        channel ch(r);
+        int done = 0, started = 0, failed = 0;
+        std::function<void()> next = [&] {
+            if (started == 10'000) return;
+            ++started;
+            ch.async_call<int>("whoami", [&](std::error_code ec, int) {
+                ++done;
+                if (ec) ++failed;
+                next();
+            });
+        };
+        for (int i = 0; i < 64; ++i) next();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 10'000; }, 60s));
+        EXPECT_EQ(failed, 0);
+        const double canary = rs.all[1]->calls / 10'000.0;
+        EXPECT_NEAR(canary, 0.10, 0.02) << rs.all[0]->calls << " / " << rs.all[1]->calls;
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, CallsWithOneKeyKeepTheirOrderOnOneReplicaWhileKeysSpreadOverFour) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 4);
+        // A small limit makes most keyed calls wait in the queue.
+        const router_options o{.max_concurrent = 2};
+        auto r = co_await make(rs, o);
+        auto s = stub<service>(channel(r));
+        constexpr int keys = 40, per_key = 25;
+        int done = 0, failed = 0;
+        std::map<std::string, std::set<int>> served_by;
+        for (int n = 0; n < per_key; ++n)
+            for (int k = 0; k < keys; ++k) {
+                const std::string key = "user-" + std::to_string(k);
+                s.seq(key, n, ordo::key(key), [&, key](std::error_code ec, int id) {
+                    ++done;
+                    if (ec) ++failed;
+                    served_by[key].insert(id);
+                });
+            }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == keys * per_key; }));
+        EXPECT_EQ(failed, 0);
+        int replicas_used = 0;
+        for (auto& srv : rs.all) {
+            if (!srv->log.empty()) ++replicas_used;
+            for (auto& [key, ns] : srv->log) {
+                EXPECT_EQ(ns.size(), std::size_t(per_key)) << key << " split over replicas";
+                EXPECT_TRUE(std::is_sorted(ns.begin(), ns.end())) << key << " out of order";
+            }
+        }
+        for (auto& [key, ids] : served_by) EXPECT_EQ(ids.size(), 1u) << key;
+        EXPECT_GE(replicas_used, 3) << "40 keys should spread over the ring";
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, ShadowTrafficIsCountedAndItsResultsAndErrorsNeverReachCallers) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        replicas rs(ex, 1);
+        replica_server shadow(ex, 99, /*failing=*/true);
+        auto r = make_router(ex, {.shadow_group = "dark", .shadow_fraction = 0.5});
+        co_await r->async_add_replica(rs.all[0]->url);
+        co_await r->async_add_replica(shadow.url, 1, "dark");
+        auto s = stub<service>(channel(r));
+        for (int i = 0; i < 100; ++i) EXPECT_EQ(co_await s.whoami(), 0);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            const auto& c = r->counters();
+            return c.shadow_ok + c.shadow_errors == c.shadow_sent;
+        }));
+        const auto& c = r->counters();
+        EXPECT_EQ(c.shadow_sent + c.shadow_skipped, 50u);
+        EXPECT_GT(c.shadow_sent, 0u);
+        EXPECT_EQ(c.shadow_errors, c.shadow_sent);
+        EXPECT_EQ(std::uint64_t(shadow.calls), c.shadow_sent);
+        EXPECT_EQ(rs.all[0]->calls, 100);
+        co_await rs.stop();
+        co_await shadow.srv.async_stop();
+    });
+}
+
+TEST(Router, AReplicaAddedAtRunTimeTakesLoadAndARemovedOneFinishesItsCalls) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 2);
+        const router_options o{.max_concurrent = 4};
+        auto r = make_router(co_await net::this_coro::executor, o);
+        co_await r->async_add_replica(rs.all[0]->url);
+        channel ch(r);
+        fan first;
+        first.start(ch, 8, 10);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return first.done == 8; }));
+        EXPECT_EQ(rs.all[1]->calls, 0);
+
+        co_await r->async_add_replica(rs.all[1]->url);
+        fan second;
+        second.start(ch, 8, 200);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rs.all[1]->in_flight > 0; }));
+        EXPECT_TRUE(r->remove_replica(rs.all[1]->url));  // its calls in flight still finish
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return second.done == 8; }));
+        EXPECT_EQ(second.by_replica.count(-1), 0u);
+        EXPECT_EQ(second.by_replica[1], 4);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->replicas().size() == 1; }));
+        fan third;
+        third.start(ch, 8, 1);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return third.done == 8; }));
+        EXPECT_EQ(third.by_replica[0], 8);
+        EXPECT_FALSE(r->remove_replica("tcp://127.0.0.1:1"));
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, WithNoReplicaLeftCallsFailAtOnceWithPeerLostNamingTheLastLoss) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 1);
+        const router_options o{.max_concurrent = 1};
+        auto r = co_await make(rs, o);
+        channel ch(r);
+        fan f;
+        f.start(ch, 3, 5000);  // one in flight, two waiting
+        co_await rs.stop();    // the replica goes away
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return f.done == 3; }, 10s));
+        EXPECT_EQ(f.by_replica[-1], 3);
+        try {
+            co_await ch.async_call<int>("whoami");
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::peer_lost);
+            EXPECT_NE(std::string(e.what()).find("no live replica"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(rs.all[0]->url), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(r->counters().replicas_lost, 1u);
+    });
+}
+
+TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 2);
+        const std::string hosts = rs.all[0]->url.substr(6) + "," + rs.all[1]->url.substr(6);
+        channel ch = co_await async_connect("route+tcp://" + hosts +
+                                            "?max_concurrent=3&policy=round_robin&timeout_ms=5000");
+        auto s = stub<service>(ch);
+        std::set<int> ids;
+        for (int i = 0; i < 4; ++i) ids.insert(co_await s.whoami());
+        EXPECT_EQ(ids.size(), 2u);
+        EXPECT_EQ(ch.remote_address(), "route:" + rs.all[0]->url + "," + rs.all[1]->url);
+
+        route_spec spec = parse_route_url("route+tcp://a:1,b:2?weights=9,1&idempotent=inc,total"
+                                          "&shadow=c:3&shadow_fraction=0.25",
+                                          peer_options{});
+        ORDO_CO_ASSERT_EQ(spec.replicas.size(), 3u);
+        EXPECT_EQ(spec.replicas[0].url, "tcp://a:1");
+        EXPECT_EQ(spec.replicas[0].weight, 9);
+        EXPECT_EQ(spec.replicas[2].group, "shadow");
+        EXPECT_EQ(spec.options.shadow_fraction, 0.25);
+        EXPECT_EQ(spec.options.idempotent_methods.count("total"), 1u);
+        for (const char* bad : {"route+tcp://" "a:1?policy=random", "route+tcp://a:1?bogus=1",
+                                "route+tcp://a:1,b:2?weights=1", "route+tcp://a:1,?x=",
+                                "route+tcp://a?max_concurrent=1"}) {
+            try {
+                parse_route_url(bad, peer_options{});
+                ADD_FAILURE() << bad << " was accepted";
+            } catch (const std::system_error& e) {
+                EXPECT_EQ(e.code(), errc::bad_address) << bad;
+            }
+        }
+        co_await rs.stop();
+    });
+}
+
+// ordo-inc-server processes, killed by PID.
+struct process {
+    explicit process(const std::string& path) {
+        int fds[2];
+        if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+        pid = ::fork();
+        if (pid == 0) {
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a test killed by its timeout
+            ::dup2(fds[1], 1);
+            ::close(fds[0]);
+            ::close(fds[1]);
+            ::execl(path.c_str(), path.c_str(), "--listen", "tcp://127.0.0.1:0", nullptr);
+            std::_Exit(127);
+        }
+        ::close(fds[1]);
+        std::string line;
+        char c;
+        while (::read(fds[0], &c, 1) == 1 && c != '\n') line += c;
+        ::close(fds[0]);
+        const std::string prefix = "listening on ";
+        if (line.rfind(prefix, 0) != 0) throw std::runtime_error("server said: " + line);
+        url = line.substr(prefix.size());
+    }
+    ~process() { kill(); }
+    void kill() {
+        if (pid <= 0) return;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        pid = -1;
+    }
+    pid_t pid = -1;
+    std::string url;
+};
+
+TEST(Router, AKilledReplicasQueuedCallsMoveItsIdempotentCallsRetryAndTheRestFail) {
+    const char* path = std::getenv("ORDO_INC_SERVER");
+    ASSERT_NE(path, nullptr) << "ORDO_INC_SERVER is not set (run through meson test)";
+    process a(path), b(path);
+    run_test([&]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        // Two routers over the same two replicas: one marks sleep_ms idempotent.
+        router_options plain{.max_concurrent = 2, .policy = route_policy::round_robin};
+        router_options retrying = plain;
+        retrying.idempotent_methods = {"sleep_ms"};
+        auto r1 = make_router(ex, plain), r2 = make_router(ex, retrying);
+        std::vector<std::string> events;
+        clock_type::time_point lost_at{};
+        r1->on_event([&](const std::string& e) {
+            events.push_back(e);
+            if (e.find(" lost: ") != std::string::npos) lost_at = clock_type::now();
+        });
+        for (auto* r : {&r1, &r2}) {
+            co_await (*r)->async_add_replica(a.url);
+            co_await (*r)->async_add_replica(b.url);
+        }
+        // sleep_ms is serial on the server: 2 in flight on each replica, 2 waiting, for each
+        // router; and keyed calls whose key lives on a, waiting for a's room.
+        std::string key_on_a;
+        for (int i = 0; i < 1000 && key_on_a.empty(); ++i) {
+            co_await channel(r1).async_call<int>("inc", 1, ordo::key("k" + std::to_string(i)));
+            for (auto& rc : r1->replicas())
+                if (rc.url == a.url && rc.completed == 1) key_on_a = "k" + std::to_string(i);
+        }
+        ORDO_CO_ASSERT_TRUE(!key_on_a.empty());
+        fan f1, f2;
+        f1.start(channel(r1), 6, 400, "sleep_ms");
+        f2.start(channel(r2), 6, 400, "sleep_ms");
+        int keyed_ok = 0, keyed_failed = 0;
+        for (int i = 0; i < 3; ++i)
+            channel(r1).async_call<int>("inc", i, ordo::key(key_on_a),
+                                        [&](std::error_code ec, int) { ++(ec ? keyed_failed : keyed_ok); });
+        EXPECT_EQ(r1->counters().queued, 5u);
+        const auto killed_at = clock_type::now();
+        a.kill();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] { return f1.done == 6 && f2.done == 6 && keyed_ok + keyed_failed == 3; }, 20s));
+        // Not idempotent: the two in flight on a fail, naming a; the rest ran on b.
+        EXPECT_EQ(f1.by_replica[-1], 2);
+        for (auto& ec : f1.errors) EXPECT_EQ(ec, errc::peer_lost);
+        // Idempotent: all succeed, two of them on their second try.
+        EXPECT_EQ(f2.by_replica[-1], 0);
+        EXPECT_EQ(r2->counters().retried, 2u);
+        // Keyed calls waiting for a moved to b.
+        EXPECT_EQ(keyed_ok, 3);
+        EXPECT_EQ(r1->counters().replicas_lost, 1u);
+        ORDO_CO_ASSERT_EQ(r1->replicas().size(), 1u);
+        EXPECT_EQ(r1->replicas()[0].url, b.url);
+        EXPECT_NE(lost_at, clock_type::time_point{});
+        const auto failover_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(lost_at - killed_at).count();
+        EXPECT_LT(failover_ms, 5000);
+        std::printf("failover: replica removed %lld ms after SIGKILL\n",
+                    static_cast<long long>(failover_ms));
+        try {
+            co_await channel(r1).async_call<int>("sleep_ms", 1000, ordo::key(key_on_a));
+        } catch (const rpc_error& e) {
+            ADD_FAILURE() << e.what();
+        }
+        r1->close();
+        r2->close();
+    });
+}
+
+TEST(Router, AnInFlightCallOnAKilledReplicaNamesThatReplica) {
+    const char* path = std::getenv("ORDO_INC_SERVER");
+    ASSERT_NE(path, nullptr) << "ORDO_INC_SERVER is not set (run through meson test)";
+    process a(path), b(path);
+    run_test([&]() -> net::awaitable<void> {
+        const router_options o{.policy = route_policy::round_robin};
+        auto r = make_router(co_await net::this_coro::executor, o);
+        co_await r->async_add_replica(a.url);
+        co_await r->async_add_replica(b.url);
+        channel ch(r);
+        std::string what;
+        bool done = false;
+        ch.async_call<int>("sleep_ms", 5000, [&](std::error_code, int) {});  // to a
+        co_spawn(co_await net::this_coro::executor,
+                 [&]() -> net::awaitable<void> {
+                     try {
+                         co_await ch.async_call<int>("sleep_ms", 5000);  // to b
+                     } catch (const rpc_error& e) {
+                         what = e.what();
+                     }
+                     done = true;
+                 },
+                 net::detached);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            for (auto& rc : r->replicas())
+                if (rc.in_flight == 0) return false;
+            return true;
+        }));
+        b.kill();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done; }, 10s));
+        EXPECT_NE(what.find("peer lost"), std::string::npos) << what;
+        EXPECT_NE(what.find("replica " + b.url), std::string::npos) << what;
+        EXPECT_NE(what.find("call sleep_ms"), std::string::npos) << what;
+        r->close();
+    });
+}
+
+}  // namespace
+}  // namespace ordo
