@@ -49,7 +49,7 @@ std::uint32_t seq_of(std::string_view m) {
 
 int serve(const config& cfg, int ready_fd) {
     net::io_context io;
-    auto l = ordo::listen(io.get_executor(), bench_listen_url(cfg.transport));
+    auto l = ordo::listen(io.get_executor(), ordo::test::listen_url(cfg.transport));
     const std::string bound = l->local_address() + "\n";
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);

@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -15,27 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "support/certs.hpp"
-
-/// Certificates for tls:// runs, made before the fork so that both processes use them.
-inline ordo::test::tls_files& bench_tls_files() {
-    static ordo::test::tls_files files;
-    return files;
-}
-
-/// A fresh address for a benchmark server of `transport` (tcp, unix, inproc, tls, zmq+tcp,
-/// zmq+ipc).
-inline std::string bench_listen_url(const std::string& transport) {
-    static std::atomic<int> n{0};
-    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(n++);
-    if (transport == "unix") return "unix:///tmp/ordo-bench-" + tag + ".sock";
-    if (transport == "zmq+ipc") return "zmq+ipc:///tmp/ordo-bench-z" + tag + ".sock";
-    if (transport == "inproc") return "inproc://bench-" + tag;
-    if (transport == "tls") return "tls://127.0.0.1:0" + bench_tls_files().server_params();
-    if (transport == "tcp" || transport == "zmq+tcp") return transport + "://127.0.0.1:0";
-    throw std::runtime_error("unknown transport " + transport +
-                             " (tcp, unix, inproc, tls, zmq+tcp, zmq+ipc)");
-}
+#include "support/streams.hpp"  // listen_url, connect_url: the addresses tests use, per scheme
 
 /// A running benchmark server.
 struct bench_server {
@@ -60,7 +39,7 @@ struct bench_server {
 /// and returns its exit status: in a forked child, or on a thread for inproc.
 inline bench_server start_server(const std::string& transport,
                                  const std::function<int(int ready_fd)>& serve) {
-    if (transport == "tls") bench_tls_files();
+    if (transport == "tls") ordo::test::shared_tls_files();  // made before the fork: both use them
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
     bench_server s;
@@ -79,6 +58,6 @@ inline bench_server start_server(const std::string& transport,
     while (::read(fds[0], &c, 1) == 1 && c != '\n') s.url += c;
     ::close(fds[0]);
     if (s.url.empty()) throw std::runtime_error("the server did not report its address");
-    if (transport == "tls") s.url += bench_tls_files().client_params();
+    s.url = ordo::test::connect_url(s.url);
     return s;
 }

@@ -49,7 +49,7 @@ int serve(const config& cfg, int ready_fd) {
                                     for (auto& x : xs) x *= x;
                                     return xs;
                                 });
-    const std::string bound = srv.listen(bench_listen_url(cfg.transport)) + "\n";
+    const std::string bound = srv.listen(ordo::test::listen_url(cfg.transport)) + "\n";
     if (::write(ready_fd, bound.data(), bound.size()) < 0) return 1;
     ::close(ready_fd);
     // The client's connection ending is the signal to stop.
