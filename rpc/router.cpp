@@ -481,7 +481,9 @@ struct router::state {
         ring.clear();
         for (auto& r : all) {
             r->ph = phase::gone;
-            if (r->conn) r->conn->abort();
+            // Calls still pending on the peer hold their replica: dropping the replica's hold
+            // on the peer leaves no cycle, even if the loop never runs again to fail them.
+            if (auto conn = std::move(r->conn)) conn->abort();
         }
     }
 };
