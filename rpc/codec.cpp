@@ -71,7 +71,13 @@ message decode_message(std::string_view bytes, const limits& l) {
         if (bytes.size() > l.max_message_bytes)
             bad("message of " + std::to_string(bytes.size()) + " bytes over max_message_bytes");
         std::size_t off = 0;
-        m.handle = msgpack::unpack(bytes.data(), bytes.size(), off, nullptr, nullptr, lim);
+        // A zone sized to the message: msgpack's default first chunk is 8 KiB, and one per
+        // small message in flight makes the heap grow and shrink (page faults) under load.
+        auto zone = std::make_unique<msgpack::zone>(
+            std::min<std::size_t>(MSGPACK_ZONE_CHUNK_SIZE, 256 + 2 * bytes.size()));
+        msgpack::object obj =
+            msgpack::unpack(*zone, bytes.data(), bytes.size(), off, nullptr, nullptr, lim);
+        m.handle = msgpack::object_handle(obj, std::move(zone));
         if (off != bytes.size()) bad("bytes left after one msgpack object");
     } catch (const msgpack::unpack_error& e) {
         bad(std::string("malformed msgpack: ") + e.what());

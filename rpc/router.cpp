@@ -69,7 +69,7 @@ class histogram {
 };
 
 buffer copy_of(const buffer& b) {
-    buffer c;
+    buffer c(b.size());
     c.write(b.data(), b.size());
     return c;
 }

@@ -69,7 +69,7 @@ class pending_call {
     virtual void complete(std::error_code ec, call_outcome out) = 0;
 
     std::string method;
-    buffer params;  ///< the encoded params array
+    buffer params{0};  ///< the encoded params array (empty: no allocation until filled)
     call_options options;
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
 };
@@ -242,7 +242,7 @@ auto call(std::shared_ptr<channel_impl> ch, std::string method, buffer params, c
 
 template <class... Args>
 buffer pack_params(const Args&... args) {
-    buffer b;
+    buffer b(128);  // msgpack's default first allocation is 8 KiB: too much for most calls
     msgpack::packer<buffer> p(b);
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
