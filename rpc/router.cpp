@@ -246,7 +246,10 @@ struct router::state {
         if (!retry) ++c.calls;
         const auto timeout =
             call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
-        if (replica* r = pick(*call)) return send(shared(r), std::move(call), timeout, retry);
+        // Calls already waiting go first: a new call never overtakes them, even into room that
+        // freed up before the queue was served (which keeps the order of a key across failover).
+        if (queue.empty())
+            if (replica* r = pick(*call)) return send(shared(r), std::move(call), timeout, retry);
         if (!any_usable())
             return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
         if (queue.size() >= o.max_queued_calls)
@@ -256,6 +259,7 @@ struct router::state {
                                          " (max_queued_calls)");
         queue.push(std::move(call), timeout);
         update();
+        schedule_pump();
     }
 
     std::string no_replica_reason() const {

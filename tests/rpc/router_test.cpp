@@ -202,6 +202,25 @@ TEST(Router, AWaitingCallsDeadlinePassesAndAFullQueueRefusesWithOverloaded) {
     });
 }
 
+TEST(Router, ACallMadeWhileOthersWaitNeverOvertakesThem) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 1);
+        const router_options o{.max_concurrent = 1};
+        auto r = co_await make(rs, o);
+        auto s = stub<service>(channel(r));
+        int done = 0;
+        // 0 runs, 1 waits; 2 is made the moment 0 completes, when the replica has room again.
+        s.seq("", 0, [&](std::error_code, int) {
+            ++done;
+            s.seq("", 2, [&](std::error_code, int) { ++done; });
+        });
+        s.seq("", 1, [&](std::error_code, int) { ++done; });
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 3; }));
+        EXPECT_EQ(rs.all[0]->log[""], (std::vector<int>{0, 1, 2}));
+        co_await rs.stop();
+    });
+}
+
 TEST(Router, AWeightedSplitOfNinetyToTenHoldsOverTenThousandCalls) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
