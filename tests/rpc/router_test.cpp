@@ -3,15 +3,11 @@
 // test's io_context, except in the failover test, which kills ordo-inc-server processes.
 #include "ordo/ordo.hpp"
 
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <map>
 
+#include "support/processes.hpp"
 #include "support/run_test.hpp"
 
 namespace ordo {
@@ -396,44 +392,17 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
     });
 }
 
-// ordo-inc-server processes, killed by PID.
-struct process {
-    explicit process(const std::string& path) {
-        int fds[2];
-        if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-        pid = ::fork();
-        if (pid == 0) {
-            ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a test killed by its timeout
-            ::dup2(fds[1], 1);
-            ::close(fds[0]);
-            ::close(fds[1]);
-            ::execl(path.c_str(), path.c_str(), "--listen", "tcp://127.0.0.1:0", nullptr);
-            std::_Exit(127);
-        }
-        ::close(fds[1]);
-        std::string line;
-        char c;
-        while (::read(fds[0], &c, 1) == 1 && c != '\n') line += c;
-        ::close(fds[0]);
-        const std::string prefix = "listening on ";
-        if (line.rfind(prefix, 0) != 0) throw std::runtime_error("server said: " + line);
-        url = line.substr(prefix.size());
-    }
-    ~process() { kill(); }
-    void kill() {
-        if (pid <= 0) return;
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-        pid = -1;
-    }
-    pid_t pid = -1;
+// An ordo-inc-server process (killed by PID) as a replica.
+struct replica_process {
     std::string url;
+    test::child* proc;
+    void kill() const { proc->signal(SIGKILL); }
 };
 
 TEST(Router, AKilledReplicasQueuedCallsMoveItsIdempotentCallsRetryAndTheRestFail) {
-    const char* path = std::getenv("ORDO_INC_SERVER");
-    ASSERT_NE(path, nullptr) << "ORDO_INC_SERVER is not set (run through meson test)";
-    process a(path), b(path);
+    std::unique_ptr<test::child> a_proc, b_proc;
+    const replica_process a{test::start_server(a_proc), a_proc.get()};
+    const replica_process b{test::start_server(b_proc), b_proc.get()};
     run_test([&]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         // Two routers over the same two replicas: one marks sleep_ms idempotent.
@@ -500,9 +469,9 @@ TEST(Router, AKilledReplicasQueuedCallsMoveItsIdempotentCallsRetryAndTheRestFail
 }
 
 TEST(Router, AnInFlightCallOnAKilledReplicaNamesThatReplica) {
-    const char* path = std::getenv("ORDO_INC_SERVER");
-    ASSERT_NE(path, nullptr) << "ORDO_INC_SERVER is not set (run through meson test)";
-    process a(path), b(path);
+    std::unique_ptr<test::child> a_proc, b_proc;
+    const replica_process a{test::start_server(a_proc), a_proc.get()};
+    const replica_process b{test::start_server(b_proc), b_proc.get()};
     run_test([&]() -> net::awaitable<void> {
         const router_options o{.policy = route_policy::round_robin};
         auto r = make_router(co_await net::this_coro::executor, o);
