@@ -11,7 +11,7 @@
 #include <iostream>
 #include <vector>
 
-#include "counter.hpp"
+#include "inc_handlers.hpp"
 
 namespace net = ordo::net;
 
@@ -44,22 +44,7 @@ int main(int argc, char** argv) {
     net::io_context io;
     ordo::server srv(io.get_executor(), options);
     long total = 0;  // process-wide, shared by every peer
-    srv.on(counter{}.inc, [](int x) { return x + 1; });
-    srv.on(counter{}.add, [&](int x) { return total += x; });
-    srv.on(counter{}.total, [&] { return total; });
-    srv.on(counter{}.sleep_ms, [](int ms) -> net::awaitable<int> {
-        net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
-        co_await t.async_wait(net::use_awaitable);
-        co_return ms;
-    });
-    srv.on(counter{}.fail, [](std::string why) { throw std::runtime_error(why); });
-    srv.on("echo", [](msgpack::object v) { return v; });
-    // Single calls from every peer, squared in batches of up to 64 (or after 1 ms).
-    srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
-                 [](std::vector<int> xs) {
-                     for (auto& x : xs) x *= x;
-                     return xs;
-                 });
+    serve_counter(srv, total);
 
     try {
         for (const auto& u : urls) std::cout << "listening on " << srv.listen(u) << std::endl;

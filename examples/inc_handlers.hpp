@@ -1,0 +1,32 @@
+// The handlers ordo-inc-server serves (counter, echo, square_batch), for every program that
+// needs the same server: the tool itself and the fuzz targets.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "counter.hpp"
+
+/// Registers counter (examples/counter.hpp), echo(any) and square_batch(int) on `srv`. `total`
+/// is the process-wide sum that add() changes; it must outlive the server.
+inline void serve_counter(ordo::server& srv, long& total) {
+    namespace net = ordo::net;
+    srv.on(counter{}.inc, [](int x) { return x + 1; });
+    srv.on(counter{}.add, [&total](int x) { return total += x; });
+    srv.on(counter{}.total, [&total] { return total; });
+    srv.on(counter{}.sleep_ms, [](int ms) -> net::awaitable<int> {
+        net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+        co_await t.async_wait(net::use_awaitable);
+        co_return ms;
+    });
+    srv.on(counter{}.fail, [](std::string why) { throw std::runtime_error(why); });
+    srv.on("echo", [](msgpack::object v) { return v; });
+    // Single calls from every peer, squared in batches of up to 64 (or after 1 ms).
+    srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
+                 [](std::vector<int> xs) {
+                     for (auto& x : xs) x *= x;
+                     return xs;
+                 });
+}

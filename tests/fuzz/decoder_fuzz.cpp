@@ -1,0 +1,35 @@
+// Fuzz target 1: the streaming decoder (framer + msgpack-rpc validation) fed arbitrary bytes in
+// arbitrary chunks. The first byte picks the chunk sizes. Any outcome but a clean message or a
+// protocol_error (a crash, another exception, a leak, a hang) is a finding.
+#include <cstddef>
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "ordo/codec.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    if (size == 0) return 0;
+    const std::size_t step = 1 + data[0] % 64;  // 1..64-byte chunks, or one chunk when 64
+    std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+    // Small limits, so that the fuzzer reaches every limit with short inputs.
+    ordo::limits l;
+    l.max_message_bytes = 4096;
+    l.max_string_bytes = 1024;
+    l.max_container_length = 64;
+    l.max_depth = 8;
+    l.max_objects = 256;
+    ordo::decoder d(l);
+    try {
+        while (!rest.empty()) {
+            const std::size_t n = step == 64 ? rest.size() : std::min(step, rest.size());
+            d.feed(rest.substr(0, n));
+            rest.remove_prefix(n);
+            while (auto m = d.next()) (void)m->method.size();
+        }
+        d.finish();
+    } catch (const std::system_error& e) {
+        if (e.code() != ordo::errc::protocol_error) __builtin_trap();
+    }
+    return 0;
+}
