@@ -168,7 +168,10 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
     bool pooled = false;
     pool_options po;
     std::string kept;  // transport parameters (TLS files...), passed on
-    for (const auto& [key, value] : a.params) {
+    for (const auto& param : a.params) {
+        // (Named references, not a structured binding: clang 14 cannot capture those.)
+        const std::string& key = param.first;
+        const std::string& value = param.second;
         auto n = [&] { return detail::number_parameter(url, key, value); };
         if (key == "mode") {
             if (value != "ordered" && value != "pooled")
