@@ -1,0 +1,104 @@
+// The resource limits that are not framing limits (those are in tests/comm/framing_test.cpp):
+// each one holds, and what happens at it is what docs/protocol.md says.
+#include "ordo/ordo.hpp"
+
+#include <gtest/gtest.h>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::use_awaitable);
+}
+
+TEST(Limits, MaxQueuedMessagesStopsReadingWhileASerialHandlerIsBusy) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.peer.max_queued_messages = 100;
+        server srv(ex, so);
+        std::shared_ptr<peer> server_side;
+        std::vector<int> seen;
+        srv.on("block", [&](peer& p, int ms) -> net::awaitable<int> {
+            server_side = p.shared_from_this();
+            co_await sleep_for(std::chrono::milliseconds(ms));
+            co_return ms;
+        });
+        srv.on("note", [&](int i, std::string) { seen.push_back(i); });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        bool blocked_done = false;
+        ch.async_call<int>("block", 500, [&](std::error_code, int) { blocked_done = true; });
+        constexpr int n = 2000;  // of about 1 KiB each: 64 fit in one 64 KiB read
+        const std::string pad(1000, 'x');
+        for (int i = 0; i < n; ++i) ch.notify("note", i, pad);
+        std::size_t most = 0;
+        EXPECT_TRUE(co_await wait_until([&] {
+            if (server_side) most = std::max(most, server_side->counters().queued_messages);
+            return blocked_done && seen.size() == std::size_t(n);
+        }));
+        // The limit, plus what the read that reached it carried.
+        EXPECT_GE(most, 100u);
+        EXPECT_LE(most, 100u + 66u);
+        for (int i = 0; i < int(seen.size()); ++i) ORDO_CO_ASSERT_EQ(seen[i], i);
+        co_await srv.async_stop();
+    });
+}
+
+// Late responses to calls that timed out are dropped quietly while their msgids are remembered
+// (max_abandoned_ids of them); a response to a msgid forgotten is a protocol error. The server
+// is raw bytes here, answering msgids 0 and 1 after both calls gave up.
+void late_responses(std::size_t remembered, bool connection_survives) {
+    run_test([=]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto l = listen(ex, "tcp://127.0.0.1:0");
+        peer_options o;
+        o.max_abandoned_ids = remembered;
+        auto ch = co_await async_connect(l->local_address(), o);
+        auto raw = co_await l->async_accept();
+        int timed_out = 0;
+        for (int i = 0; i < 2; ++i)
+            ch.async_call<int>("inc", i, timeout(20ms), [&](std::error_code ec, int) {
+                if (ec == errc::timed_out) ++timed_out;
+            });
+        EXPECT_TRUE(co_await wait_until([&] { return timed_out == 2; }));
+        buffer b;
+        encode_response(b, 0, 1);
+        encode_response(b, 1, 2);
+        std::error_code ec;
+        co_await raw->async_write(net::buffer(b.data(), b.size()), ec);
+        auto& p = static_cast<peer&>(*ch.impl());
+        if (connection_survives) {
+            // A third call, answered after the late ones: the connection took them quietly.
+            std::optional<int> third;
+            ch.async_call<int>("inc", 2, [&](std::error_code e, int v) { third = e ? -1 : v; });
+            buffer b2;
+            encode_response(b2, 2, 3);
+            co_await raw->async_write(net::buffer(b2.data(), b2.size()), ec);
+            EXPECT_TRUE(co_await wait_until([&] { return third.has_value(); }));
+            EXPECT_EQ(third.value_or(0), 3);
+            EXPECT_TRUE(p.is_open());
+        } else {
+            auto [code, reason] = co_await p.async_wait_closed();
+            EXPECT_EQ(code, errc::protocol_error);
+            EXPECT_NE(reason.find("msgid 0"), std::string::npos) << reason;
+        }
+    });
+}
+
+TEST(Limits, LateResponsesToRememberedTimedOutCallsAreDroppedQuietly) {
+    late_responses(8, true);
+}
+
+TEST(Limits, ALateResponseToAForgottenMsgidClosesTheConnectionWithAProtocolError) {
+    late_responses(1, false);
+}
+
+}  // namespace
+}  // namespace ordo
