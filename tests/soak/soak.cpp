@@ -311,8 +311,18 @@ int run(double seconds, int clients) {
     const auto end = t0 + std::chrono::duration<double>(seconds);
     long rss_start = -1, fds_start = -1, rss_end = 0, fds_end = 0;
     std::map<std::string, long> chaos;
+    std::string curve;  // server 0's RSS and descriptors over time
+    auto last_sample = t0 - 1h;
     while (clock_type::now() < end) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1000 + rng() % 2000));
+        if (clock_type::now() - last_sample >= 30s || curve.empty()) {
+            last_sample = clock_type::now();
+            char b[80];
+            std::snprintf(b, sizeof b, " %.0fs:%.1fMiB/%ldfd",
+                          std::chrono::duration<double>(last_sample - t0).count(),
+                          rss_kb(servers[0].pid) / 1024.0, fds(servers[0].pid));
+            curve += b;
+        }
         const auto warm_up = std::min<clock_type::duration>(
             5s, std::chrono::duration_cast<clock_type::duration>((end - t0) / 4));
         if (rss_start < 0 && clock_type::now() - t0 > warm_up) {
@@ -378,6 +388,7 @@ int run(double seconds, int clients) {
         all.notes, all.undelivered, all.lost, all.checked_connections, ch.c_str(),
         rss_start / 1024.0, rss_end / 1024.0, fds_start, fds_end,
         ok ? "ok" : (clients_ok ? "FAILED" : "FAILED (a client died)"));
+    std::printf("soak: server 0 over time:%s\n", curve.c_str());
     return ok ? 0 : 1;
 }
 
