@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "inc_handlers.hpp"
+#include "support/processes.hpp"
 
 namespace net = ordo::net;
 using namespace std::chrono_literals;
@@ -224,43 +225,10 @@ int client(const std::vector<std::string>& urls, double seconds, unsigned seed) 
 
 // ---- parent: processes, chaos, accounting ----
 
-struct proc {
-    pid_t pid = -1;
-    int out = -1;
-};
-
-proc spawn(const std::vector<std::string>& args) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    proc p;
-    p.pid = ::fork();
-    if (p.pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        ::dup2(fds[1], 1);
-        ::close(fds[0]);
-        ::close(fds[1]);
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        ::execv("/proc/self/exe", argv.data());
-        std::_Exit(127);
-    }
-    ::close(fds[1]);
-    p.out = fds[0];
-    return p;
-}
-
-std::string read_line(int fd, std::chrono::milliseconds limit) {
-    std::string line;
-    const auto deadline = clock_type::now() + limit;
-    char c;
-    while (clock_type::now() < deadline) {
-        pollfd pf{fd, POLLIN, 0};
-        if (::poll(&pf, 1, 50) <= 0) continue;
-        if (::read(fd, &c, 1) != 1 || c == '\n') break;
-        line += c;
-    }
-    return line;
+// This program again, in another role; its stdout on a pipe.
+std::unique_ptr<ordo::test::child> spawn(std::vector<std::string> args) {
+    args.insert(args.begin(), "/proc/self/exe");
+    return std::make_unique<ordo::test::child>(std::move(args));
 }
 
 long rss_kb(pid_t pid) {
@@ -281,30 +249,21 @@ long fds(pid_t pid) {
     return n;
 }
 
-void stop(proc& p) {
-    if (p.pid <= 0) return;
-    ::kill(p.pid, SIGCONT);
-    ::kill(p.pid, SIGKILL);
-    ::waitpid(p.pid, nullptr, 0);
-    ::close(p.out);
-    p.pid = -1;
-}
-
 int run(double seconds, int clients) {
-    std::vector<proc> servers(2);
+    std::vector<std::unique_ptr<ordo::test::child>> servers(2);
     std::vector<std::string> urls(2);
     auto start_server = [&](int i, const std::string& listen) {
-        servers[i] = spawn({"ordo-soak", "--serve", listen});
-        const std::string line = read_line(servers[i].out, 10s);
+        servers[i] = spawn({"--serve", listen});
+        const std::string line = servers[i]->read_line(10s);
         if (line.rfind("listening on ", 0) != 0)
             throw std::runtime_error("server " + std::to_string(i) + " said: " + line);
         urls[i] = line.substr(13);
     };
     start_server(0, "tcp://127.0.0.1:0");
     start_server(1, "tcp://127.0.0.1:0");
-    std::vector<proc> cs;
+    std::vector<std::unique_ptr<ordo::test::child>> cs;
     for (int i = 0; i < clients; ++i)
-        cs.push_back(spawn({"ordo-soak", "--client", urls[0], urls[1], std::to_string(seconds),
+        cs.push_back(spawn({"--client", urls[0], urls[1], std::to_string(seconds),
                             std::to_string(1000 + i)}));
     std::mt19937 rng(42);
     const auto t0 = clock_type::now();
@@ -320,42 +279,39 @@ int run(double seconds, int clients) {
             char b[80];
             std::snprintf(b, sizeof b, " %.0fs:%.1fMiB/%ldfd",
                           std::chrono::duration<double>(last_sample - t0).count(),
-                          rss_kb(servers[0].pid) / 1024.0, fds(servers[0].pid));
+                          rss_kb(servers[0]->pid()) / 1024.0, fds(servers[0]->pid()));
             curve += b;
         }
         const auto warm_up = std::min<clock_type::duration>(
             5s, std::chrono::duration_cast<clock_type::duration>((end - t0) / 4));
         if (rss_start < 0 && clock_type::now() - t0 > warm_up) {
-            rss_start = rss_kb(servers[0].pid);
-            fds_start = fds(servers[0].pid);
+            rss_start = rss_kb(servers[0]->pid());
+            fds_start = fds(servers[0]->pid());
         }
         switch (rng() % 4) {
             case 0:  // server 1 crashes and comes back on its port
-                stop(servers[1]);
+                servers[1].reset();  // SIGKILL, reaped
                 start_server(1, urls[1]);
                 ++chaos["kill"];
                 break;
             case 1: {  // a server hangs for 1.5 s
-                const pid_t pid = servers[rng() % 2].pid;
-                ::kill(pid, SIGSTOP);
+                auto& s = *servers[rng() % 2];
+                s.signal(SIGSTOP);
                 std::this_thread::sleep_for(1500ms);
-                ::kill(pid, SIGCONT);
+                s.signal(SIGCONT);
                 ++chaos["stop"];
                 break;
             }
             default:  // a server drops every connection
-                ::kill(servers[rng() % 2].pid, SIGUSR1);
+                servers[rng() % 2]->signal(SIGUSR1);
                 ++chaos["drop"];
         }
     }
     tally all;
     bool clients_ok = true;
     for (auto& c : cs) {
-        const std::string line = read_line(c.out, std::chrono::seconds(30));
-        int status = 0;
-        ::waitpid(c.pid, &status, 0);
-        ::close(c.out);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || line.empty()) {
+        const std::string line = c->read_line(30s);
+        if (c->wait_exit(10s) != 0 || line.empty()) {
             clients_ok = false;
             continue;
         }
@@ -371,9 +327,9 @@ int run(double seconds, int clients) {
             all.errors[kv.substr(0, eq)] += std::stol(kv.substr(eq + 1));
         }
     }
-    rss_end = rss_kb(servers[0].pid);
-    fds_end = fds(servers[0].pid);
-    for (auto& s : servers) stop(s);
+    rss_end = rss_kb(servers[0]->pid());
+    fds_end = fds(servers[0]->pid());
+    servers.clear();
     const bool flat = rss_start > 0 && rss_end - rss_start < 16 * 1024 && fds_end - fds_start < 16;
     const bool ok = clients_ok && all.hung == 0 && all.lost == 0 && all.wrong == 0 && flat &&
                     all.ok > 0 && all.checked_connections > 0;
