@@ -36,17 +36,34 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
     return true;
 }
 
+namespace {
+
+using attempt_result = std::pair<std::unique_ptr<transport>, std::exception_ptr>;
+
+// A failed connection is a result here, not an exception: `||` waits for the first operation
+// that succeeds, so a refused connection that threw would wait for the timer.
+net::awaitable<attempt_result> attempt(std::string url, transport_options to) {
+    try {
+        co_return attempt_result{co_await async_connect_transport(url, std::move(to)), nullptr};
+    } catch (...) {
+        co_return attempt_result{nullptr, std::current_exception()};
+    }
+}
+
+}  // namespace
+
 net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url,
                                                                  std::chrono::milliseconds limit,
                                                                  transport_options to) {
     using namespace net::experimental::awaitable_operators;
     net::steady_timer timer(co_await net::this_coro::executor, limit);
-    auto r = co_await (async_connect_transport(url, std::move(to)) ||
-                       timer.async_wait(net::use_awaitable));
+    auto r = co_await (attempt(url, std::move(to)) || timer.async_wait(net::use_awaitable));
     if (r.index() == 1)
         throw_error(errc::timed_out, "ordo: connecting to " + url + " took longer than " +
                                          std::to_string(limit.count()) + " ms");
-    co_return std::move(std::get<0>(r));
+    auto& [t, failure] = std::get<0>(r);
+    if (failure) std::rethrow_exception(failure);
+    co_return std::move(t);
 }
 
 }  // namespace detail

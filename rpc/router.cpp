@@ -508,8 +508,13 @@ net::awaitable<void> router::async_add_replica(std::string url) {
 }
 
 void router::add_replica(std::string url, double weight) {
-    net::co_spawn(s_->ex, s_->add(std::move(url), weight, std::string()),
-                  [](std::exception_ptr) {});  // the failure went to on_event
+    // The function object (and with it the router) lives until the coroutine ends.
+    net::co_spawn(
+        s_->ex,
+        [keep = shared_from_this(), url = std::move(url), weight]() mutable {
+            return keep->s_->add(std::move(url), weight, std::string());
+        },
+        [](std::exception_ptr) {});  // a failure went to on_event
 }
 
 bool router::remove_replica(const std::string& url) {

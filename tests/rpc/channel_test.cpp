@@ -262,5 +262,21 @@ TEST(Connect, UnknownParametersAndBadValuesAreRejectedByName) {
     });
 }
 
+TEST(Connect, ARefusedConnectionFailsAtOnceInBothModesNotAfterTheConnectTimeout) {
+    run_test([]() -> net::awaitable<void> {
+        for (std::string url : {"tcp://127.0.0.1:1", "tcp://127.0.0.1:1?mode=pooled"}) {
+            const auto t0 = std::chrono::steady_clock::now();
+            try {
+                co_await async_connect(url);
+                ADD_FAILURE() << url << " connected";
+            } catch (const std::system_error& e) {
+                EXPECT_NE(std::string(e.what()).find("127.0.0.1:1"), std::string::npos)
+                    << e.what();
+            }
+            EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << url;
+        }
+    });
+}
+
 }  // namespace
 }  // namespace ordo

@@ -334,6 +334,27 @@ TEST(Router, AReplicaAddedAtRunTimeTakesLoadAndARemovedOneFinishesItsCalls) {
     });
 }
 
+TEST(Router, AReplicaAddedWithoutWaitingTakesCallsOnceConnectedOrIsDroppedWithAnEvent) {
+    run_test([]() -> net::awaitable<void> {
+        replicas rs(co_await net::this_coro::executor, 1);
+        auto r = make_router(co_await net::this_coro::executor);
+        std::vector<std::string> events;
+        r->on_event([&](const std::string& e) { events.push_back(e); });
+        r->add_replica(rs.all[0]->url);
+        r->add_replica("tcp://127.0.0.1:1");  // nothing listens there
+        // A call made while both connect waits for the one that comes up.
+        auto s = stub<service>(channel(r));
+        EXPECT_EQ(co_await s.whoami(), 0);
+        // A refused connection is reported at once, not after connect_timeout (10 s).
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return events.size() == 2; }, 5s));
+        EXPECT_EQ(r->replicas().size(), 1u);
+        const std::string all = events[0] + "\n" + events[1];
+        EXPECT_NE(all.find("replica " + rs.all[0]->url + " added"), std::string::npos) << all;
+        EXPECT_NE(all.find("replica tcp://127.0.0.1:1 not added"), std::string::npos) << all;
+        co_await rs.stop();
+    });
+}
+
 TEST(Router, WithNoReplicaLeftCallsFailAtOnceWithPeerLostNamingTheLastLoss) {
     run_test([]() -> net::awaitable<void> {
         replicas rs(co_await net::this_coro::executor, 1);
