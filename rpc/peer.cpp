@@ -662,6 +662,11 @@ net::awaitable<void> peer::async_close() {
     co_await async_wait_closed();
 }
 
+net::awaitable<void> peer::async_drain() {
+    auto keep = shared_from_this();
+    co_await s_->comm->async_drain();
+}
+
 net::awaitable<std::pair<std::error_code, std::string>> peer::async_wait_closed() {
     auto keep = shared_from_this();
     while (!s_->ended) co_await s_->closed_event.async_wait(use_tuple);

@@ -107,6 +107,11 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     void close();
     /// Closes at once.
     void abort();
+    /// Waits until this side's outgoing buffer is at or below comm.high_water_bytes: what a
+    /// producer of notifications awaits now and then so that notify() (which never blocks) does
+    /// not run into errc::overloaded. Throws std::system_error with the close reason if the
+    /// connection ends first.
+    net::awaitable<void> async_drain();
     /// Completes when the connection has ended; yields its code and reason.
     net::awaitable<std::pair<std::error_code, std::string>> async_wait_closed();
     /// Called once when the connection has ended (after pending calls have failed).

@@ -1,0 +1,1152 @@
+// ordo-bench: one harness for ordo's workloads and for the raw baselines they are measured
+// against (bench/README.md).
+//
+//   ordo-bench [--workload oneway|seq|pipelined|hol|fanin]
+//              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
+//              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
+//              [--size BYTES] [--clients C] [--json] [--connect URL]
+//   ordo-bench --serve URL [--transport T] [--interval-ms N]     (what the client starts)
+//
+// Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
+// fork/exec of this program (on a thread of this process for inproc://, which cannot cross
+// processes). The server writes its bound address on stdout and serves until its stdin ends,
+// which the client closes when done (or the kernel, if the client dies). Connections are made and
+// warmed before the clock starts; every reply is checked: a wrong or missing one fails the run
+// (exit status 1).
+//
+// Payloads are --size bytes (at least 8) whose first 8 bytes are the message's sequence number.
+// ordo sends them as a msgpack str in the params; raw-tcp frames them with a 4-byte length;
+// raw-zmq sends them as one-frame messages.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio/posix/stream_descriptor.hpp>
+#include <zmq.hpp>
+
+#include <ordo/ordo.hpp>
+
+#include "support/streams.hpp"  // listen_url, connect_url, shared_tls_files
+
+namespace net = ordo::net;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+// ---------------------------------------------------------------- configuration
+
+struct config {
+    std::string workload = "pipelined";
+    std::string transport = "tcp";
+    std::string mode = "ordered";
+    int interval_ms = 0;
+    long count = 0;  // 0: the workload's default
+    long inflight = 256;
+    long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
+    int clients = 4;
+    int spin_us = 0;  // both sides busy-poll this long after their last event before sleeping
+    bool json = false;
+    std::string connect;  // client only, to a server started elsewhere
+    std::string serve;    // server only
+};
+
+[[noreturn]] void fail(const std::string& what) {
+    throw std::runtime_error(what);
+}
+
+bool is_raw(const config& c) {
+    return c.transport.rfind("raw-", 0) == 0;
+}
+
+// The scheme ordo's URLs use for a --transport name.
+std::string scheme_of(const std::string& transport) {
+    return transport == "zmq" ? "zmq+tcp" : transport;
+}
+
+config parse(int argc, char** argv) {
+    config c;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        if (k == "--json") {
+            c.json = true;
+            continue;
+        }
+        if (i + 1 >= argc) fail("flag " + k + " needs a value");
+        const std::string v = argv[++i];
+        auto num = [&] {
+            try {
+                std::size_t used = 0;
+                const long n = std::stol(v, &used);
+                if (used != v.size() || n < 0) throw std::invalid_argument(v);
+                return n;
+            } catch (const std::exception&) {
+                fail("flag " + k + " needs a number, not \"" + v + "\"");
+            }
+        };
+        if (k == "--workload") c.workload = v;
+        else if (k == "--transport") c.transport = v;
+        else if (k == "--mode") c.mode = v;
+        else if (k == "--interval-ms") c.interval_ms = static_cast<int>(num());
+        else if (k == "--count") c.count = num();
+        else if (k == "--inflight") c.inflight = std::max(1L, num());
+        else if (k == "--size") c.size = num();
+        else if (k == "--clients") c.clients = static_cast<int>(std::max(1L, num()));
+        else if (k == "--spin-us") c.spin_us = static_cast<int>(num());
+        else if (k == "--connect") c.connect = v;
+        else if (k == "--serve") c.serve = v;
+        else fail("unknown flag " + k);
+    }
+    const std::vector<std::string> workloads{"oneway", "seq", "pipelined", "hol", "fanin"};
+    const std::vector<std::string> transports{"tcp",     "unix",    "inproc", "zmq",
+                                              "tls",     "raw-tcp", "raw-zmq"};
+    if (std::find(workloads.begin(), workloads.end(), c.workload) == workloads.end())
+        fail("unknown workload " + c.workload);
+    if (std::find(transports.begin(), transports.end(), c.transport) == transports.end())
+        fail("unknown transport " + c.transport);
+    if (c.mode != "ordered" && c.mode != "pooled" && c.mode != "naive")
+        fail("unknown mode " + c.mode + " (ordered, pooled or naive)");
+    if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
+    if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
+    if (c.count == 0) c.count = c.workload == "oneway" ? 1'000'000 : c.workload == "hol" ? 50 : 100'000;
+    if (c.workload == "oneway" && c.mode != "ordered")
+        fail("oneway runs on one ordered channel: --mode ordered");
+    if (c.mode == "naive" && c.workload != "pipelined" && c.workload != "seq")
+        fail("--mode naive (a connection per call) is for seq and pipelined");
+    if (is_raw(c) && (c.workload == "hol" || c.mode != "ordered"))
+        fail("raw baselines run oneway, seq, pipelined and fanin, in mode ordered");
+    if (c.workload == "fanin" && c.transport == "inproc")
+        fail("fanin runs client processes: inproc:// cannot reach them");
+    return c;
+}
+
+// ---------------------------------------------------------------- payloads and numbers
+
+void put_be64(char* p, std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (56 - 8 * i));
+}
+
+void stamp(std::string& p, std::uint64_t seq) {
+    put_be64(p.data(), seq);
+}
+
+std::uint64_t seq_of(const char* p) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+    return v;
+}
+
+std::string payload(std::size_t size, std::uint64_t seq) {
+    std::string p(size, 'x');
+    stamp(p, seq);
+    return p;
+}
+
+double micros(clock_type::duration d) {
+    return std::chrono::duration<double, std::micro>(d).count();
+}
+
+double seconds_since(clock_type::time_point t) {
+    return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+double cpu_seconds(const rusage& r) {
+    return double(r.ru_utime.tv_sec) + double(r.ru_stime.tv_sec) +
+           (double(r.ru_utime.tv_usec) + double(r.ru_stime.tv_usec)) / 1e6;
+}
+
+double process_cpu() {
+    rusage r{};
+    ::getrusage(RUSAGE_SELF, &r);
+    return cpu_seconds(r);
+}
+
+double thread_cpu() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) / 1e9;
+}
+
+/// What one client run measured.
+struct result {
+    double seconds = 0;
+    long calls = 0;              // messages or calls counted in the rate
+    std::vector<float> lat_us;   // per call (empty for oneway)
+    double msgs_per_write = 0;
+    std::uint64_t peak_buffer_bytes = 0;
+};
+
+double percentile(const std::vector<float>& sorted, double p) {
+    if (sorted.empty()) return 0;
+    const auto k = std::min(sorted.size() - 1, static_cast<std::size_t>(p * double(sorted.size())));
+    return sorted[k];
+}
+
+void write_all(int fd, const char* p, std::size_t n) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) fail(std::string("write failed: ") + std::strerror(errno));
+        p += w;
+        n -= static_cast<std::size_t>(w);
+    }
+}
+
+bool read_all(int fd, char* p, std::size_t n) {
+    while (n > 0) {
+        const ssize_t r = ::read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<std::size_t>(r);
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- ordo server
+
+/// Runs `io` until it runs out of work. With spin_us > 0, it keeps polling (without sleeping)
+/// for that long after the last handler ran before it blocks: a thread that sleeps in epoll_wait
+/// pays a wake-up on the next message, which on this machine (a VM) costs tens of microseconds.
+void run_loop(net::io_context& io, int spin_us) {
+    if (spin_us <= 0) {
+        io.run();
+        return;
+    }
+    const auto spin = std::chrono::microseconds(spin_us);
+    auto last = clock_type::now();
+    while (!io.stopped()) {
+        if (io.poll() > 0) {
+            last = clock_type::now();
+        } else if (clock_type::now() - last > spin) {
+            if (io.run_one() == 0) break;
+            last = clock_type::now();
+        }
+    }
+}
+
+struct oneway_state {
+    std::uint64_t received = 0;
+    bool in_order = true;
+};
+
+/// Serves echo, the oneway notifications and their verdict until `stop_fd` ends.
+int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop_fd) {
+    net::io_context io(1);
+    ordo::server_options so;
+    so.peer.comm.interval = std::chrono::milliseconds(cfg.interval_ms);
+    ordo::server srv(io.get_executor(), so);
+    oneway_state st;
+    srv.on("echo", [](msgpack::object v) { return v; });
+    srv.on("n", [&st](msgpack::object p) {
+        if (p.type != msgpack::type::STR || p.via.str.size < 8 ||
+            seq_of(p.via.str.ptr) != st.received)
+            st.in_order = false;
+        ++st.received;
+    });
+    srv.on("done", [&st]() {
+        std::vector<std::uint64_t> verdict{st.received, st.in_order ? 1u : 0u};
+        st = {};
+        return verdict;
+    });
+    const std::string bound = srv.listen(url) + "\n";
+    write_all(ready_fd, bound.data(), bound.size());
+    ::close(ready_fd);
+    net::posix::stream_descriptor stop(io, stop_fd);
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            char c;
+            co_await stop.async_read_some(net::buffer(&c, 1), ordo::use_tuple);  // EOF: done
+            co_await srv.async_stop();
+        },
+        net::detached);
+    run_loop(io, cfg.spin_us);
+    return 0;
+}
+
+// ---------------------------------------------------------------- raw TCP baseline
+
+// Frames: a 4-byte big-endian length, then the payload. A connection starts with one byte:
+// 'E' (echo every frame back) or 'O' followed by an 8-byte count (one-way: check the frames'
+// order and answer one byte, '1' in order or '0' not, once `count` frames have arrived).
+
+void put_frame(std::string& out, const std::string& p) {
+    const auto n = static_cast<std::uint32_t>(p.size());
+    const char h[4] = {char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
+    out.append(h, 4);
+    out += p;
+}
+
+std::uint32_t frame_len(const char* p) {
+    return (std::uint32_t(std::uint8_t(p[0])) << 24) | (std::uint32_t(std::uint8_t(p[1])) << 16) |
+           (std::uint32_t(std::uint8_t(p[2])) << 8) | std::uint32_t(std::uint8_t(p[3]));
+}
+
+void nodelay(int fd) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void raw_tcp_connection(int fd) {
+    char kind = 0;
+    if (!read_all(fd, &kind, 1)) return (void)::close(fd);
+    std::uint64_t expect_count = 0;
+    if (kind == 'O') {
+        char c[8];
+        if (!read_all(fd, c, 8)) return (void)::close(fd);
+        expect_count = seq_of(c);
+    }
+    std::vector<char> in(1 << 20);
+    std::size_t have = 0;
+    std::string out;
+    std::uint64_t received = 0;
+    bool in_order = true;
+    for (;;) {
+        if (have == in.size()) in.resize(in.size() * 2);
+        const ssize_t r = ::read(fd, in.data() + have, in.size() - have);
+        if (r <= 0) break;
+        have += static_cast<std::size_t>(r);
+        std::size_t pos = 0;
+        while (have - pos >= 4) {
+            const std::size_t n = frame_len(in.data() + pos);
+            if (have - pos < 4 + n) {
+                if (4 + n > in.size()) in.resize(4 + n);
+                break;
+            }
+            if (kind == 'E') {
+                out.append(in.data() + pos, 4 + n);
+            } else {
+                if (n < 8 || seq_of(in.data() + pos + 4) != received) in_order = false;
+                if (++received == expect_count) out += in_order ? '1' : '0';
+            }
+            pos += 4 + n;
+        }
+        std::memmove(in.data(), in.data() + pos, have - pos);
+        have -= pos;
+        if (!out.empty()) {
+            write_all(fd, out.data(), out.size());
+            out.clear();
+        }
+    }
+    ::close(fd);
+}
+
+int serve_raw_tcp(int ready_fd) {
+    const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(l, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(l, 128) != 0 ||
+        ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+        fail(std::string("raw-tcp: cannot listen: ") + std::strerror(errno));
+    const std::string bound = "raw-tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "\n";
+    write_all(ready_fd, bound.data(), bound.size());
+    ::close(ready_fd);
+    std::thread([l] {
+        for (;;) {
+            const int fd = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+            if (fd < 0) return;
+            nodelay(fd);
+            std::thread(raw_tcp_connection, fd).detach();
+        }
+    }).detach();
+    char c;
+    while (::read(0, &c, 1) > 0) {
+    }
+    std::_Exit(0);  // the connection threads are blocked in read(): end them with the process
+}
+
+int raw_tcp_connect(const std::string& url) {
+    const auto colon = url.rfind(':');
+    if (url.rfind("raw-tcp://", 0) != 0 || colon == std::string::npos)
+        fail("not a raw-tcp URL: " + url);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(url.substr(colon + 1))));
+    const std::string host = url.substr(10, colon - 10);
+    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) fail("bad raw-tcp host " + host);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+        fail("raw-tcp: cannot connect to " + url + ": " + std::strerror(errno));
+    nodelay(fd);
+    return fd;
+}
+
+// Reads whole frames from `fd` into `in` (keeping a partial one) and hands each to `on_frame`.
+template <class F>
+bool read_frames(int fd, std::vector<char>& in, std::size_t& have, F&& on_frame) {
+    if (have == in.size()) in.resize(in.size() * 2);
+    const ssize_t r = ::read(fd, in.data() + have, in.size() - have);
+    if (r == 0) fail("raw-tcp: the server closed the connection");
+    if (r < 0) return errno == EAGAIN || errno == EINTR;
+    have += static_cast<std::size_t>(r);
+    std::size_t pos = 0;
+    while (have - pos >= 4) {
+        const std::size_t n = frame_len(in.data() + pos);
+        if (have - pos < 4 + n) {
+            if (4 + n > in.size()) in.resize(4 + n);
+            break;
+        }
+        on_frame(in.data() + pos + 4, n);
+        pos += 4 + n;
+    }
+    std::memmove(in.data(), in.data() + pos, have - pos);
+    have -= pos;
+    return true;
+}
+
+// Blocking ping-pong (inflight 1) or a window of `inflight` requests over a non-blocking socket.
+result raw_tcp_calls(const config& cfg, int fd, long count, long inflight) {
+    const char e = 'E';
+    write_all(fd, &e, 1);
+    result res;
+    res.lat_us.reserve(static_cast<std::size_t>(count));
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    std::vector<char> in(1 << 16);
+    std::size_t have = 0;
+    std::string out;
+    if (inflight <= 1) {
+        const auto start = clock_type::now();
+        for (long i = 0; i < count; ++i) {
+            stamp(p, static_cast<std::uint64_t>(i));
+            out.clear();
+            put_frame(out, p);
+            const auto t0 = clock_type::now();
+            write_all(fd, out.data(), out.size());
+            if (!read_all(fd, in.data(), 4)) fail("raw-tcp: connection ended");
+            const std::size_t n = frame_len(in.data());
+            if (n + 4 > in.size()) in.resize(n + 4);
+            if (!read_all(fd, in.data() + 4, n)) fail("raw-tcp: connection ended");
+            res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
+            if (n != p.size() || seq_of(in.data() + 4) != static_cast<std::uint64_t>(i))
+                fail("raw-tcp: wrong reply");
+        }
+        res.seconds = seconds_since(start);
+        res.calls = count;
+        return res;
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    std::vector<clock_type::time_point> sent_at(static_cast<std::size_t>(count));
+    long sent = 0, received = 0, writes = 0;
+    std::size_t out_pos = 0;
+    const auto start = clock_type::now();
+    while (received < count) {
+        while (sent < count && sent - received < inflight) {
+            stamp(p, static_cast<std::uint64_t>(sent));
+            put_frame(out, p);
+            sent_at[static_cast<std::size_t>(sent++)] = clock_type::now();
+        }
+        pollfd pf{fd, static_cast<short>(POLLIN | (out_pos < out.size() ? POLLOUT : 0)), 0};
+        if (::poll(&pf, 1, 10'000) <= 0) fail("raw-tcp: no progress for 10 s");
+        if ((pf.revents & POLLOUT) && out_pos < out.size()) {
+            const ssize_t w = ::write(fd, out.data() + out_pos, out.size() - out_pos);
+            if (w > 0) {
+                out_pos += static_cast<std::size_t>(w);
+                ++writes;
+                if (out_pos == out.size()) out.clear(), out_pos = 0;
+            }
+        }
+        if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
+            read_frames(fd, in, have, [&](const char* f, std::size_t n) {
+                if (n != p.size() || seq_of(f) != static_cast<std::uint64_t>(received))
+                    fail("raw-tcp: wrong reply");
+                res.lat_us.push_back(static_cast<float>(
+                    micros(clock_type::now() - sent_at[static_cast<std::size_t>(received)])));
+                ++received;
+            });
+        }
+    }
+    res.seconds = seconds_since(start);
+    res.calls = count;
+    res.msgs_per_write = writes ? double(count) / double(writes) : 0;
+    return res;
+}
+
+result raw_tcp_oneway(const config& cfg, int fd) {
+    std::string hello(9, 'O');
+    put_be64(hello.data() + 1, static_cast<std::uint64_t>(cfg.count));
+    write_all(fd, hello.data(), hello.size());
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    std::string out;
+    out.reserve(64 * 1024 + p.size() + 4);
+    long writes = 0;
+    result res;
+    const auto start = clock_type::now();
+    for (long i = 0; i < cfg.count; ++i) {
+        stamp(p, static_cast<std::uint64_t>(i));
+        put_frame(out, p);
+        if (out.size() >= 64 * 1024 || i + 1 == cfg.count) {
+            write_all(fd, out.data(), out.size());
+            out.clear();
+            ++writes;
+        }
+    }
+    char verdict = 0;
+    if (!read_all(fd, &verdict, 1)) fail("raw-tcp: the server ended before its verdict");
+    res.seconds = seconds_since(start);
+    if (verdict != '1') fail("raw-tcp: the server saw the messages out of order");
+    res.calls = cfg.count;
+    res.msgs_per_write = double(cfg.count) / double(writes);
+    return res;
+}
+
+// ---------------------------------------------------------------- raw ZeroMQ baseline
+
+// The server binds a ROUTER (echoes every message it gets, so REQ and DEALER clients both work)
+// and a PULL (one-way messages, order checked). A request "?" + 8-byte count on the ROUTER asks
+// for the one-way verdict; it is answered ("1" in order, "0" not) once that many have arrived.
+int serve_raw_zmq(int ready_fd) {
+    zmq::context_t ctx(1);
+    zmq::socket_t router(ctx, zmq::socket_type::router), pull(ctx, zmq::socket_type::pull);
+    router.set(zmq::sockopt::linger, 0);
+    pull.set(zmq::sockopt::linger, 0);
+    router.bind("tcp://127.0.0.1:*");
+    pull.bind("tcp://127.0.0.1:*");
+    auto port = [](zmq::socket_t& s) {
+        const std::string e = s.get(zmq::sockopt::last_endpoint);
+        return e.substr(e.rfind(':') + 1);
+    };
+    const std::string bound = "raw-zmq://127.0.0.1:" + port(router) + "/" + port(pull) + "\n";
+    write_all(ready_fd, bound.data(), bound.size());
+    ::close(ready_fd);
+    std::uint64_t received = 0, asked = 0;
+    bool in_order = true;
+    std::vector<zmq::message_t> verdict_to;  // the asking request's envelope
+    auto answer = [&] {
+        if (verdict_to.empty() || received < asked) return;
+        for (auto& f : verdict_to) router.send(std::move(f), zmq::send_flags::sndmore);
+        router.send(zmq::buffer(std::string(in_order && received == asked ? "1" : "0")));
+        verdict_to.clear();
+        received = 0;
+        in_order = true;
+    };
+    std::vector<zmq::message_t> frames;
+    for (;;) {
+        zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
+                                   {pull.handle(), 0, ZMQ_POLLIN, 0},
+                                   {nullptr, 0, ZMQ_POLLIN, 0}};
+        zmq::poll(items, 3, std::chrono::milliseconds(-1));
+        if (items[2].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) {  // a pipe's end is POLLHUP: POLLERR
+            char c;
+            if (::read(0, &c, 1) <= 0) std::_Exit(0);
+        }
+        if (items[0].revents & ZMQ_POLLIN) {
+            for (int burst = 0; burst < 1024; ++burst) {
+                frames.clear();
+                zmq::message_t m;
+                if (!router.recv(m, zmq::recv_flags::dontwait)) break;
+                frames.push_back(std::move(m));
+                while (frames.back().more()) {
+                    zmq::message_t part;
+                    (void)router.recv(part, zmq::recv_flags::none);
+                    frames.push_back(std::move(part));
+                }
+                const auto& last = frames.back();
+                if (last.size() == 9 && static_cast<const char*>(last.data())[0] == '?') {
+                    asked = seq_of(static_cast<const char*>(last.data()) + 1);
+                    frames.pop_back();
+                    verdict_to = std::move(frames);
+                    answer();
+                    continue;
+                }
+                for (std::size_t i = 0; i < frames.size(); ++i)
+                    router.send(std::move(frames[i]), i + 1 < frames.size()
+                                                          ? zmq::send_flags::sndmore
+                                                          : zmq::send_flags::none);
+            }
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            for (int burst = 0; burst < 4096; ++burst) {
+                zmq::message_t m;
+                if (!pull.recv(m, zmq::recv_flags::dontwait)) break;
+                if (m.size() < 8 || seq_of(static_cast<const char*>(m.data())) != received)
+                    in_order = false;
+                ++received;
+            }
+            answer();
+        }
+    }
+}
+
+struct zmq_endpoints {
+    std::string router, pull;
+};
+
+zmq_endpoints zmq_urls(const std::string& url) {
+    // raw-zmq://HOST:ROUTERPORT/PULLPORT
+    const auto slash = url.rfind('/'), colon = url.rfind(':');
+    if (url.rfind("raw-zmq://", 0) != 0 || slash < colon || colon == std::string::npos)
+        fail("not a raw-zmq URL: " + url);
+    const std::string host = url.substr(10, colon - 10);
+    return {"tcp://" + host + ":" + url.substr(colon + 1, slash - colon - 1),
+            "tcp://" + host + ":" + url.substr(slash + 1)};
+}
+
+result raw_zmq_calls(const config& cfg, zmq::context_t& ctx, const std::string& url, long count,
+                     long inflight) {
+    result res;
+    res.lat_us.reserve(static_cast<std::size_t>(count));
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    const bool req = inflight <= 1;  // REQ/REP ping-pong, else DEALER/ROUTER with a window
+    zmq::socket_t s(ctx, req ? zmq::socket_type::req : zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(zmq_urls(url).router);
+    auto check = [&](const zmq::message_t& m, long i) {
+        if (m.size() != p.size() ||
+            seq_of(static_cast<const char*>(m.data())) != static_cast<std::uint64_t>(i))
+            fail("raw-zmq: wrong reply");
+    };
+    // Warm: the connection is made before the clock starts.
+    s.send(zmq::buffer(p));
+    zmq::message_t m;
+    (void)s.recv(m);
+    check(m, 0);
+    std::vector<clock_type::time_point> sent_at(static_cast<std::size_t>(count));
+    long sent = 0, received = 0;
+    const auto start = clock_type::now();
+    while (received < count) {
+        while (sent < count && sent - received < inflight) {
+            stamp(p, static_cast<std::uint64_t>(sent));
+            sent_at[static_cast<std::size_t>(sent)] = clock_type::now();
+            s.send(zmq::buffer(p));
+            ++sent;
+        }
+        if (!s.recv(m)) fail("raw-zmq: receive failed");
+        res.lat_us.push_back(static_cast<float>(
+            micros(clock_type::now() - sent_at[static_cast<std::size_t>(received)])));
+        check(m, received++);
+    }
+    res.seconds = seconds_since(start);
+    res.calls = count;
+    return res;
+}
+
+result raw_zmq_oneway(const config& cfg, zmq::context_t& ctx, const std::string& url) {
+    const auto eps = zmq_urls(url);
+    zmq::socket_t push(ctx, zmq::socket_type::push), req(ctx, zmq::socket_type::req);
+    push.set(zmq::sockopt::linger, 0);
+    req.set(zmq::sockopt::linger, 0);
+    push.connect(eps.pull);
+    req.connect(eps.router);
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    std::string ask(9, '?');
+    put_be64(ask.data() + 1, static_cast<std::uint64_t>(cfg.count));
+    // Warm: both connections up before the clock starts.
+    req.send(zmq::buffer(std::string("warm-up!")));
+    zmq::message_t m;
+    (void)req.recv(m);
+    result res;
+    const auto start = clock_type::now();
+    for (long i = 0; i < cfg.count; ++i) {
+        stamp(p, static_cast<std::uint64_t>(i));
+        push.send(zmq::buffer(p));
+    }
+    req.send(zmq::buffer(ask));
+    (void)req.recv(m);
+    res.seconds = seconds_since(start);
+    if (m.to_string() != "1") fail("raw-zmq: the server saw the messages out of order");
+    res.calls = cfg.count;
+    return res;
+}
+
+// ---------------------------------------------------------------- ordo client
+
+std::string with_params(std::string url, const std::string& params) {
+    if (params.empty()) return url;
+    return url + (url.find('?') == std::string::npos ? "?" : "&") + params;
+}
+
+std::string client_url(const config& cfg, const std::string& base, long inflight) {
+    std::string params = "interval_ms=" + std::to_string(cfg.interval_ms);
+    if (cfg.mode == "pooled")
+        params += "&mode=pooled&max_connections=" + std::to_string(std::max(2L, inflight)) +
+                  "&max_idle=" + std::to_string(std::max(2L, inflight));
+    return with_params(base, params);
+}
+
+void check_echo(std::error_code ec, const std::string& r, std::size_t size, long i,
+                const char* what) {
+    if (ec) fail(std::string(what) + " call " + std::to_string(i) + " failed: " + ec.message());
+    if (r.size() != size || seq_of(r.data()) != static_cast<std::uint64_t>(i))
+        fail(std::string(what) + " call " + std::to_string(i) + ": wrong reply");
+}
+
+// Waits (polling a timer) until `done()`; the callbacks that make it true run meanwhile.
+net::awaitable<void> wait_until(std::function<bool()> done) {
+    net::steady_timer t(co_await net::this_coro::executor);
+    while (!done()) {
+        t.expires_after(std::chrono::microseconds(200));
+        co_await t.async_wait(ordo::use_tuple);
+    }
+}
+
+// Up to `inflight` calls outstanding, each issued from the completion of an earlier one.
+net::awaitable<result> ordo_pipelined(const config& cfg, ordo::channel ch, long count,
+                                      long inflight, long first_seq) {
+    result res;
+    res.lat_us.reserve(static_cast<std::size_t>(count));
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    long next = 0, done = 0;
+    std::string error;
+    std::function<void()> issue = [&] {
+        const long i = first_seq + next++;
+        stamp(p, static_cast<std::uint64_t>(i));
+        const auto t0 = clock_type::now();
+        ch.async_call<std::string>("echo", p, [&, i, t0](std::error_code ec, std::string r) {
+            res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
+            try {
+                check_echo(ec, r, p.size(), i, "pipelined");
+            } catch (const std::exception& e) {
+                if (error.empty()) error = e.what();
+            }
+            ++done;
+            if (next < count) issue();
+        });
+    };
+    const auto start = clock_type::now();
+    for (long k = 0; k < std::min(inflight, count); ++k) issue();
+    co_await wait_until([&] { return done == count; });
+    res.seconds = seconds_since(start);
+    res.calls = count;
+    if (!error.empty()) fail(error);
+    co_return res;
+}
+
+net::awaitable<result> ordo_seq(const config& cfg, ordo::channel ch, long count) {
+    result res;
+    res.lat_us.reserve(static_cast<std::size_t>(count));
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    const auto start = clock_type::now();
+    for (long i = 0; i < count; ++i) {
+        stamp(p, static_cast<std::uint64_t>(i));
+        const auto t0 = clock_type::now();
+        std::string r = co_await ch.async_call<std::string>("echo", p);
+        res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
+        check_echo({}, r, p.size(), i, "seq");
+    }
+    res.seconds = seconds_since(start);
+    res.calls = count;
+    co_return res;
+}
+
+// The naive pool: every call opens its own connection, calls once and closes it; `inflight`
+// such calls run at once.
+net::awaitable<result> ordo_naive(const config& cfg, std::string url, long count, long inflight) {
+    result res;
+    res.lat_us.reserve(static_cast<std::size_t>(count));
+    long next = 0, done = 0;
+    std::string error;
+    auto worker = [&]() -> net::awaitable<void> {
+        std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+        while (next < count) {
+            const long i = next++;
+            stamp(p, static_cast<std::uint64_t>(i));
+            const auto t0 = clock_type::now();
+            try {
+                ordo::channel ch = co_await ordo::async_connect(url);
+                std::string r = co_await ch.async_call<std::string>("echo", p);
+                co_await std::dynamic_pointer_cast<ordo::peer>(ch.impl())->async_close();
+                check_echo({}, r, p.size(), i, "naive");
+            } catch (const std::exception& e) {
+                if (error.empty()) error = e.what();
+            }
+            res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
+            ++done;
+        }
+    };
+    const auto ex = co_await net::this_coro::executor;
+    const auto start = clock_type::now();
+    for (long k = 0; k < std::min(inflight, count); ++k) net::co_spawn(ex, worker(), net::detached);
+    co_await wait_until([&] { return done == count; });
+    res.seconds = seconds_since(start);
+    res.calls = count;
+    if (!error.empty()) fail(error);
+    co_return res;
+}
+
+// Small calls, one at a time, while big calls run back to back on the same channel.
+net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
+    result res;
+    const std::string big = payload(static_cast<std::size_t>(cfg.size), 7);
+    std::string small = payload(16, 0);
+    bool stop = false;
+    int big_running = 0;
+    long big_done = 0;
+    std::string error;
+    std::function<void()> issue_big = [&] {
+        ++big_running;
+        ch.async_call<std::string>("echo", big, [&](std::error_code ec, std::string r) {
+            --big_running;
+            ++big_done;
+            try {
+                check_echo(ec, r, big.size(), 7, "hol big");
+            } catch (const std::exception& e) {
+                if (error.empty()) error = e.what();
+            }
+            if (!stop) issue_big();
+        });
+    };
+    issue_big();
+    const auto start = clock_type::now();
+    for (long i = 0; i < cfg.count; ++i) {
+        stamp(small, static_cast<std::uint64_t>(i));
+        const auto t0 = clock_type::now();
+        std::string r = co_await ch.async_call<std::string>("echo", small);
+        res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
+        check_echo({}, r, small.size(), i, "hol small");
+    }
+    res.seconds = seconds_since(start);
+    res.calls = cfg.count;
+    stop = true;
+    co_await wait_until([&] { return big_running == 0; });
+    if (!error.empty()) fail(error);
+    if (big_done == 0) fail("hol: no big call completed");
+    co_return res;
+}
+
+net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
+    auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl());
+    std::string pl = payload(static_cast<std::size_t>(cfg.size), 0);
+    const std::size_t high_water = ordo::comm_options{}.high_water_bytes;
+    result res;
+    const auto start = clock_type::now();
+    for (long i = 0; i < cfg.count; ++i) {
+        stamp(pl, static_cast<std::uint64_t>(i));
+        ch.notify("n", pl);
+        if (p->comm().buffered_bytes > high_water) co_await p->async_drain();
+    }
+    auto verdict = co_await ch.async_call<std::vector<std::uint64_t>>("done");
+    res.seconds = seconds_since(start);
+    if (verdict.size() != 2 || verdict[0] != static_cast<std::uint64_t>(cfg.count) || verdict[1] != 1)
+        fail("oneway: the server received " + std::to_string(verdict.empty() ? 0 : verdict[0]) +
+             " messages" + (verdict.size() == 2 && verdict[1] ? "" : ", out of order"));
+    res.calls = cfg.count;
+    res.msgs_per_write = p->comm().messages_per_write();
+    res.peak_buffer_bytes = p->comm().peak_buffered_bytes;
+    co_return res;
+}
+
+/// A connected, warmed channel for the ordo transports.
+net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string& url, long inflight) {
+    ordo::channel ch = co_await ordo::async_connect(client_url(cfg, url, inflight));
+    // Warm: in pooled mode, this opens the connections the measured run will use.
+    co_await ordo_pipelined(cfg, ch, std::min(4 * inflight, 4096L), inflight, 0);
+    co_return ch;
+}
+
+net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, long inflight) {
+    if (cfg.mode == "naive") {
+        const std::string plain = with_params(url, "interval_ms=" + std::to_string(cfg.interval_ms));
+        co_return co_await ordo_naive(cfg, plain, count, cfg.workload == "seq" ? 1 : inflight);
+    }
+    ordo::channel ch = co_await ordo_channel(cfg, url, cfg.workload == "seq" ? 1 : inflight);
+    result r;
+    if (cfg.workload == "oneway") r = co_await ordo_oneway(cfg, ch);
+    else if (cfg.workload == "seq") r = co_await ordo_seq(cfg, ch, count);
+    else if (cfg.workload == "hol") r = co_await ordo_hol(cfg, ch);
+    else r = co_await ordo_pipelined(cfg, ch, count, inflight, 0);
+    if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
+        if (r.msgs_per_write == 0) r.msgs_per_write = p->comm().messages_per_write();
+        r.peak_buffer_bytes = p->comm().peak_buffered_bytes;
+        co_await p->async_close();
+    }
+    co_return r;
+}
+
+// ---------------------------------------------------------------- one client run, any transport
+
+result run_client(const config& cfg, const std::string& url, long count, long inflight) {
+    if (cfg.transport == "raw-tcp") {
+        const int fd = raw_tcp_connect(url);
+        result r = cfg.workload == "oneway"
+                       ? raw_tcp_oneway(cfg, fd)
+                       : raw_tcp_calls(cfg, fd, count, cfg.workload == "seq" ? 1 : inflight);
+        ::close(fd);
+        return r;
+    }
+    if (cfg.transport == "raw-zmq") {
+        zmq::context_t ctx(1);
+        if (cfg.workload == "oneway") return raw_zmq_oneway(cfg, ctx, url);
+        return raw_zmq_calls(cfg, ctx, url, count, cfg.workload == "seq" ? 1 : inflight);
+    }
+    net::io_context io(1);
+    std::optional<result> r;
+    std::exception_ptr error;
+    net::co_spawn(io, ordo_run(cfg, url, count, inflight),
+                  [&](std::exception_ptr e, result res) {
+                      if (e) error = e;
+                      else r = std::move(res);
+                  });
+    run_loop(io, cfg.spin_us);
+    if (error) std::rethrow_exception(error);
+    return std::move(*r);
+}
+
+// ---------------------------------------------------------------- processes
+
+/// The server of a run: a child process (or a thread, for inproc).
+struct server_handle {
+    pid_t pid = -1;
+    std::thread thread;
+    int stop_fd = -1;  // closing it tells the server to end
+    std::string url;
+    std::shared_ptr<double> thread_cpu = std::make_shared<double>(0);
+
+    /// Ends the server; its CPU seconds.
+    double stop() {
+        if (stop_fd >= 0) ::close(stop_fd);
+        stop_fd = -1;
+        if (thread.joinable()) {
+            thread.join();
+            return *thread_cpu;
+        }
+        if (pid <= 0) return 0;
+        int status = 0;
+        rusage ru{};
+        ::wait4(pid, &status, 0, &ru);
+        pid = -1;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("the server process ended badly (status " + std::to_string(status) + ")");
+        return cpu_seconds(ru);
+    }
+};
+
+std::string read_line(int fd) {
+    std::string s;
+    char c;
+    while (::read(fd, &c, 1) == 1 && c != '\n') s += c;
+    return s;
+}
+
+server_handle start_server(const config& cfg) {
+    server_handle s;
+    std::string listen;
+    if (cfg.transport == "raw-tcp") listen = "raw-tcp://127.0.0.1:0";
+    else if (cfg.transport == "raw-zmq") listen = "raw-zmq://127.0.0.1";
+    else listen = ordo::test::listen_url(scheme_of(cfg.transport));  // tls: files made here
+    int ready[2], stop[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe2(stop, O_CLOEXEC) != 0) fail("pipe failed");
+    if (cfg.transport == "inproc") {
+        s.thread = std::thread([cfg, listen, ready_fd = ready[1], stop_fd = stop[0],
+                                cpu = s.thread_cpu] {
+            try {
+                serve_ordo(cfg, listen, ready_fd, stop_fd);
+            } catch (const std::exception& e) {
+                std::cerr << "ordo-bench server: " << e.what() << "\n";
+            }
+            ::close(stop_fd);
+            *cpu = thread_cpu();
+        });
+    } else {
+        const std::string interval = std::to_string(cfg.interval_ms);
+        const std::string spin = std::to_string(cfg.spin_us);
+        s.pid = ::fork();
+        if (s.pid < 0) fail("fork failed");
+        if (s.pid == 0) {
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            ::dup2(stop[0], 0);
+            ::dup2(ready[1], 1);
+            const char* args[] = {"ordo-bench",  "--serve",         listen.c_str(),
+                                  "--transport", cfg.transport.c_str(), "--interval-ms",
+                                  interval.c_str(), "--spin-us", spin.c_str(), nullptr};
+            ::execv("/proc/self/exe", const_cast<char* const*>(args));
+            std::_Exit(127);
+        }
+        ::close(ready[1]);
+        ::close(stop[0]);
+    }
+    s.stop_fd = stop[1];
+    s.url = read_line(ready[0]);
+    ::close(ready[0]);
+    if (s.url.empty()) {
+        s.stop();
+        fail("the server did not report its address");
+    }
+    if (!is_raw(cfg)) s.url = ordo::test::connect_url(s.url);
+    return s;
+}
+
+int serve_main(const config& cfg) {
+    if (cfg.transport == "raw-tcp") return serve_raw_tcp(1);
+    if (cfg.transport == "raw-zmq") return serve_raw_zmq(1);
+    return serve_ordo(cfg, cfg.serve, 1, 0);
+}
+
+// fanin: `clients` processes, each running pipelined calls; they connect, say they are ready,
+// wait for the start, and send back their latencies.
+result run_fanin(const config& cfg, const std::string& url, double& clients_cpu) {
+    const long per = std::max(1L, cfg.count / cfg.clients);
+    struct child {
+        pid_t pid;
+        int from;  // results
+        int go;    // start signal
+    };
+    std::vector<child> kids;
+    for (int k = 0; k < cfg.clients; ++k) {
+        int up[2], go[2];
+        if (::pipe2(up, O_CLOEXEC) != 0 || ::pipe2(go, O_CLOEXEC) != 0) fail("pipe failed");
+        const pid_t pid = ::fork();
+        if (pid < 0) fail("fork failed");
+        if (pid == 0) {
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            ::close(up[0]);
+            ::close(go[1]);
+            int status = 0;
+            try {
+                config one = cfg;
+                one.workload = "pipelined";
+                // Connections are made in run_client before its clock starts; the start signal
+                // comes first so that all clients overlap.
+                char c;
+                const char ready = 'r';
+                write_all(up[1], &ready, 1);
+                if (::read(go[0], &c, 1) != 1) std::_Exit(1);
+                result r = run_client(one, url, per, cfg.inflight);
+                const std::uint64_t n = r.lat_us.size();
+                write_all(up[1], reinterpret_cast<const char*>(&r.seconds), sizeof r.seconds);
+                write_all(up[1], reinterpret_cast<const char*>(&n), sizeof n);
+                write_all(up[1], reinterpret_cast<const char*>(r.lat_us.data()),
+                          n * sizeof(float));
+            } catch (const std::exception& e) {
+                std::cerr << "ordo-bench fanin client: " << e.what() << "\n";
+                status = 1;
+            }
+            std::_Exit(status);
+        }
+        ::close(up[1]);
+        ::close(go[0]);
+        kids.push_back({pid, up[0], go[1]});
+    }
+    for (auto& k : kids) {
+        char c;
+        if (!read_all(k.from, &c, 1)) fail("a fanin client did not start");
+    }
+    result res;
+    for (auto& k : kids) write_all(k.go, "g", 1);
+    double longest = 0;
+    bool ok = true;
+    for (auto& k : kids) {
+        double secs = 0;
+        std::uint64_t n = 0;
+        if (!read_all(k.from, reinterpret_cast<char*>(&secs), sizeof secs) ||
+            !read_all(k.from, reinterpret_cast<char*>(&n), sizeof n)) {
+            ok = false;
+        } else {
+            const auto old = res.lat_us.size();
+            res.lat_us.resize(old + n);
+            if (!read_all(k.from, reinterpret_cast<char*>(res.lat_us.data() + old), n * sizeof(float)))
+                ok = false;
+            longest = std::max(longest, secs);
+        }
+        ::close(k.from);
+        ::close(k.go);
+        int status = 0;
+        rusage ru{};
+        ::wait4(k.pid, &status, 0, &ru);
+        clients_cpu += cpu_seconds(ru);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
+    }
+    if (!ok) fail("a fanin client failed");
+    // Every client ran for about as long; the rate is all calls over the slowest one's time.
+    res.seconds = longest;
+    res.calls = per * cfg.clients;
+    return res;
+}
+
+void report(const config& cfg, result& r, double client_cpu, std::optional<double> server_cpu) {
+    std::sort(r.lat_us.begin(), r.lat_us.end());
+    const double rate = r.seconds > 0 ? double(r.calls) / r.seconds : 0;
+    char server[32] = "null";
+    if (server_cpu) std::snprintf(server, sizeof server, "%.3f", *server_cpu);
+    if (cfg.json) {
+        std::printf(
+            "{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\",\"interval_ms\":%d,"
+            "\"count\":%ld,\"inflight\":%ld,\"size\":%ld,\"clients\":%d,\"seconds\":%.4f,"
+            "\"rate\":%.0f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
+            "\"msgs_per_write\":%.1f,\"peak_buffer_bytes\":%llu,\"client_cpu_s\":%.3f,"
+            "\"server_cpu_s\":%s}\n",
+            cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
+            r.calls, cfg.workload == "seq" || cfg.workload == "hol" ? 1 : cfg.inflight, cfg.size,
+            cfg.workload == "fanin" ? cfg.clients : 1, r.seconds, rate,
+            percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.9), percentile(r.lat_us, 0.99),
+            percentile(r.lat_us, 0.999), r.msgs_per_write,
+            static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server);
+    } else {
+        std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s", cfg.workload.c_str(),
+                    cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, cfg.size, r.calls,
+                    r.seconds, rate);
+        if (!r.lat_us.empty())
+            std::printf("; p50 %.1f us, p99 %.1f us, p99.9 %.1f us", percentile(r.lat_us, 0.5),
+                        percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999));
+        if (r.msgs_per_write > 0) std::printf("; %.1f msgs/write", r.msgs_per_write);
+        std::printf("; cpu client %.2f s, server %s s\n", client_cpu, server);
+    }
+    std::fflush(stdout);
+}
+
+int bench_main(const config& cfg) {
+    std::optional<server_handle> srv;
+    std::string url = cfg.connect;
+    if (url.empty()) {
+        srv.emplace(start_server(cfg));
+        url = srv->url;
+    }
+    const double cpu0 = process_cpu();
+    result r;
+    double clients_cpu = 0;
+    try {
+        if (cfg.workload == "fanin")
+            r = run_fanin(cfg, url, clients_cpu);
+        else
+            r = run_client(cfg, url, cfg.count, cfg.inflight);
+    } catch (...) {
+        if (srv) srv->stop();
+        throw;
+    }
+    double client_cpu = process_cpu() - cpu0 + clients_cpu;
+    std::optional<double> server_cpu;
+    if (srv) {
+        server_cpu = srv->stop();
+        if (cfg.transport == "inproc") client_cpu -= *server_cpu;  // the server ran on a thread here
+    }
+    report(cfg, r, client_cpu, server_cpu);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const config cfg = parse(argc, argv);
+        if (!cfg.serve.empty()) return serve_main(cfg);
+        ::signal(SIGPIPE, SIG_IGN);
+        return bench_main(cfg);
+    } catch (const std::exception& e) {
+        std::cerr << "ordo-bench: " << e.what() << "\n";
+        return 1;
+    }
+}
