@@ -4,7 +4,7 @@
 //   ordo-bench [--workload oneway|seq|pipelined|hol|fanin]
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
-//              [--size BYTES] [--clients C] [--json] [--connect URL]
+//              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N]     (what the client starts)
 //
 // Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
@@ -67,7 +67,7 @@ struct config {
     long inflight = 256;
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;
-    int spin_us = 0;  // both sides busy-poll this long after their last event before sleeping
+    int spin_us = 0;  // both sides run ordo::run_spinning (raw-tcp seq: a polling read)
     bool json = false;
     std::string connect;  // client only, to a server started elsewhere
     std::string serve;    // server only
@@ -227,26 +227,6 @@ bool read_all(int fd, char* p, std::size_t n) {
 
 // ---------------------------------------------------------------- ordo server
 
-/// Runs `io` until it runs out of work. With spin_us > 0, it keeps polling (without sleeping)
-/// for that long after the last handler ran before it blocks: a thread that sleeps in epoll_wait
-/// pays a wake-up on the next message, which on this machine (a VM) costs tens of microseconds.
-void run_loop(net::io_context& io, int spin_us) {
-    if (spin_us <= 0) {
-        io.run();
-        return;
-    }
-    const auto spin = std::chrono::microseconds(spin_us);
-    auto last = clock_type::now();
-    while (!io.stopped()) {
-        if (io.poll() > 0) {
-            last = clock_type::now();
-        } else if (clock_type::now() - last > spin) {
-            if (io.run_one() == 0) break;
-            last = clock_type::now();
-        }
-    }
-}
-
 struct oneway_state {
     std::uint64_t received = 0;
     bool in_order = true;
@@ -283,7 +263,7 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
             co_await srv.async_stop();
         },
         net::detached);
-    run_loop(io, cfg.spin_us);
+    ordo::run_spinning(io, std::chrono::microseconds(cfg.spin_us));
     return 0;
 }
 
@@ -437,6 +417,13 @@ result raw_tcp_calls(const config& cfg, int fd, long count, long inflight) {
             put_frame(out, p);
             const auto t0 = clock_type::now();
             write_all(fd, out.data(), out.size());
+            if (cfg.spin_us > 0) {  // poll without sleeping for up to spin_us, as ordo does
+                const auto until = clock_type::now() + std::chrono::microseconds(cfg.spin_us);
+                char c;
+                while (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN &&
+                       clock_type::now() < until) {
+                }
+            }
             if (!read_all(fd, in.data(), 4)) fail("raw-tcp: connection ended");
             const std::size_t n = frame_len(in.data());
             if (n + 4 > in.size()) in.resize(n + 4);
@@ -901,7 +888,7 @@ result run_client(const config& cfg, const std::string& url, long count, long in
                       if (e) error = e;
                       else r = std::move(res);
                   });
-    run_loop(io, cfg.spin_us);
+    ordo::run_spinning(io, std::chrono::microseconds(cfg.spin_us));
     if (error) std::rethrow_exception(error);
     return std::move(*r);
 }
@@ -1077,6 +1064,21 @@ result run_fanin(const config& cfg, const std::string& url, double& clients_cpu)
     return res;
 }
 
+// The latency distribution as [quantile, microseconds] pairs, for CDF plots.
+std::string cdf(const std::vector<float>& sorted) {
+    if (sorted.empty()) return "[]";
+    std::string s = "[";
+    char item[64];
+    for (int i = 0; i <= 100; ++i) {
+        const double q = i == 100 ? 0.999 : i / 100.0;
+        std::snprintf(item, sizeof item, "%s[%.3f,%.2f]", i ? "," : "", q, percentile(sorted, q));
+        s += item;
+    }
+    std::snprintf(item, sizeof item, ",[0.9999,%.2f],[1,%.2f]]", percentile(sorted, 0.9999),
+                  sorted.back());
+    return s + item;
+}
+
 void report(const config& cfg, result& r, double client_cpu, std::optional<double> server_cpu) {
     std::sort(r.lat_us.begin(), r.lat_us.end());
     const double rate = r.seconds > 0 ? double(r.calls) / r.seconds : 0;
@@ -1088,13 +1090,14 @@ void report(const config& cfg, result& r, double client_cpu, std::optional<doubl
             "\"count\":%ld,\"inflight\":%ld,\"size\":%ld,\"clients\":%d,\"seconds\":%.4f,"
             "\"rate\":%.0f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
             "\"msgs_per_write\":%.1f,\"peak_buffer_bytes\":%llu,\"client_cpu_s\":%.3f,"
-            "\"server_cpu_s\":%s}\n",
+            "\"server_cpu_s\":%s,\"spin_us\":%d,\"cdf_us\":%s}\n",
             cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
             r.calls, cfg.workload == "seq" || cfg.workload == "hol" ? 1 : cfg.inflight, cfg.size,
             cfg.workload == "fanin" ? cfg.clients : 1, r.seconds, rate,
             percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.9), percentile(r.lat_us, 0.99),
             percentile(r.lat_us, 0.999), r.msgs_per_write,
-            static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server);
+            static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server, cfg.spin_us,
+            cdf(r.lat_us).c_str());
     } else {
         std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s", cfg.workload.c_str(),
                     cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, cfg.size, r.calls,

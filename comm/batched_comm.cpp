@@ -212,11 +212,19 @@ struct batched_comm::impl {
             framer.commit(n);
             c.bytes_received += n;
             c.last_receive = clock::now();
+            std::size_t turn = 0;
             while (st != state::ended) {
                 auto m = framer.next();
                 if (!m) break;
                 ++c.messages_received;
                 if (!detached) on_message(*m);
+                if (++turn == o.messages_per_turn) {
+                    turn = 0;
+                    // These messages' handlers queued replies: let the writer start writing
+                    // them now, or finish its write and take them. (`m` is not used after.)
+                    if (!queue.empty() && writer_wait != wait::interval && st == state::open)
+                        co_await net::post(t->get_executor(), net::use_awaitable);
+                }
             }
         }
     }

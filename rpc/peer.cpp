@@ -399,7 +399,9 @@ struct peer::state {
         else
             ec = error_from_wire(m.error, out.detail);
         out.message = std::move(m.handle);
-        e.call->complete(ec, std::move(out));
+        // The handler may run now and drop the last reference to this peer.
+        auto keep = self.shared_from_this();
+        e.call->complete_inline(ec, std::move(out));
         count_pending();
         if (!dynamic_cast<ping_call*>(e.call.get())) ++c.calls_completed;
     }

@@ -62,11 +62,21 @@ struct call_outcome {
 namespace detail {
 
 /// One call in flight, type-erased. A channel completes it exactly once, on the channel's
-/// executor; complete() never runs the caller's handler inline (it posts it).
+/// executor, with complete() or complete_inline().
 class pending_call {
   public:
     virtual ~pending_call() = default;
+    /// Never runs the caller's handler inline: posts it to the handler's executor. Safe
+    /// anywhere, the call's own initiation included.
     virtual void complete(std::error_code ec, call_outcome out) = 0;
+    /// Runs the caller's handler before returning when the handler's executor is the channel's
+    /// (saving a post per call), else behaves as complete(). For channels completing a call from
+    /// their read path: never from inside the call's initiation, and with the channel kept alive
+    /// across it (the handler may drop the last reference). An exception thrown by the handler
+    /// is rethrown from the handler's executor, as if the handler had been posted.
+    virtual void complete_inline(std::error_code ec, call_outcome out) {
+        complete(ec, std::move(out));
+    }
 
     std::string method;
     buffer params{0};  ///< the encoded params array (empty: no allocation until filled)
@@ -162,16 +172,33 @@ R convert_result(call_outcome& out) {
 template <class R, class Handler>
 class call_op final : public pending_call {
   public:
-    call_op(Handler h, net::any_io_executor channel_ex)
-        : handler_(std::move(h)), ex_(net::get_associated_executor(handler_, channel_ex)) {}
+    call_op(Handler h, const net::any_io_executor& channel_ex)
+        : handler_(std::move(h)),
+          ex_(net::get_associated_executor(handler_, channel_ex)),
+          inline_ok_(same_executor(ex_, channel_ex)) {}
 
     void complete(std::error_code ec, call_outcome out) override {
+        finish(false, ec, std::move(out));
+    }
+    void complete_inline(std::error_code ec, call_outcome out) override {
+        finish(inline_ok_, ec, std::move(out));
+    }
+
+  private:
+    // Handlers with an executor of their own kind (use_future's, a strand) are always posted.
+    template <class E>
+    static bool same_executor(const E& a, const net::any_io_executor& b) {
+        if constexpr (std::is_same_v<E, net::any_io_executor>)
+            return a == b;
+        else
+            return false;
+    }
+
+    void finish(bool now, std::error_code ec, call_outcome out) {
         if constexpr (std::is_same_v<R, call_outcome>) {
-            net::post(ex_, [h = std::move(handler_), ec, out = std::move(out)]() mutable {
-                std::move(h)(ec, std::move(out));
-            });
+            deliver(now, ec, std::move(out));
         } else if constexpr (std::is_void_v<R>) {
-            net::post(ex_, [h = std::move(handler_), ec]() mutable { std::move(h)(ec); });
+            deliver(now, ec);
         } else {
             R r{};
             if (!ec) {
@@ -181,16 +208,36 @@ class call_op final : public pending_call {
                     ec = e.code();
                 }
             }
-            net::post(ex_, [h = std::move(handler_), ec, r = std::move(r)]() mutable {
-                std::move(h)(ec, std::move(r));
-            });
+            deliver(now, ec, std::move(r));
         }
     }
 
-  private:
+    template <class... A>
+    void deliver(bool now, std::error_code ec, A... a) {
+        if (!now) {
+            net::post(ex_, [h = std::move(handler_), ec, ... a = std::move(a)]() mutable {
+                std::move(h)(ec, std::move(a)...);
+            });
+            return;
+        }
+        Handler h = std::move(handler_);
+        try {
+            std::move(h)(ec, std::move(a)...);
+        } catch (...) {
+            net::post(ex_, [e = std::current_exception()] { std::rethrow_exception(e); });
+        }
+    }
+
     Handler handler_;
     net::associated_executor_t<Handler, net::any_io_executor> ex_;
+    bool inline_ok_;
 };
+
+/// True when the calling thread is running `ex`'s io_context (so work for `ex` may run now).
+inline bool running_in(const net::any_io_executor& ex) {
+    const auto* io = ex.target<net::io_context::executor_type>();
+    return io && io->running_in_this_thread();
+}
 
 /// The call as an Asio asynchronous operation with signature void(error_code, R).
 template <class R, class Token>
@@ -207,9 +254,12 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, buffer 
             op->params = std::move(params);
             op->options = std::move(o);
             auto ex = ch->get_executor();
-            net::dispatch(ex, [ch = std::move(ch), op = std::move(op)]() mutable {
+            if (running_in(ex))  // the common case: no trip through the executor
                 ch->start_call(std::move(op));
-            });
+            else
+                net::dispatch(ex, [ch = std::move(ch), op = std::move(op)]() mutable {
+                    ch->start_call(std::move(op));
+                });
         },
         token, std::move(ch), std::move(method), std::move(params), o);
 }

@@ -15,5 +15,6 @@
 #include "ordo/peer.hpp"
 #include "ordo/pool.hpp"
 #include "ordo/router.hpp"
+#include "ordo/run.hpp"
 #include "ordo/server.hpp"
 #include "ordo/transport.hpp"

@@ -1,0 +1,214 @@
+// What the speed work changed (bench/README.md): completions run inline from the read path, the
+// reader lets the writer start between turns of a long read, producers wait on async_drain, and
+// run_spinning. Each test checks behaviour a user can see, not speed.
+#include "ordo/ordo.hpp"
+
+#include <optional>
+
+#include <gtest/gtest.h>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+// A completion handler now runs inside the read of its response; its exception must still
+// leave io_context::run() (as a posted handler's would) and leave the connection up.
+TEST(HotPath, AnExceptionFromACompletionHandlerLeavesRunAndTheConnectionStaysUp) {
+    net::io_context io;
+    server srv(io.get_executor());
+    srv.on("inc", [](int x) { return x + 1; });
+    channel ch;
+    int second = 0;
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+            ch.async_call<int>("inc", 1, [](std::error_code, int) {
+                throw std::runtime_error("thrown by the completion handler");
+            });
+        },
+        net::detached);
+    std::string thrown;
+    try {
+        io.run_for(20s);
+    } catch (const std::runtime_error& e) {
+        thrown = e.what();
+    }
+    EXPECT_EQ(thrown, "thrown by the completion handler");
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            second = co_await ch.async_call<int>("inc", 41);
+            co_await srv.async_stop();
+        },
+        net::detached);
+    io.restart();
+    io.run_for(20s);
+    EXPECT_EQ(second, 42);
+}
+
+// The handler of the last call drops the last reference to its channel while the peer is inside
+// its read loop (AddressSanitizer catches a use after free here if the peer does not keep itself
+// alive across the handler).
+TEST(HotPath, ACompletionHandlerMayDropTheLastReferenceToItsChannel) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        std::optional<channel> ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        std::weak_ptr<channel_impl> weak = ch->impl();
+        int results = 0;
+        for (int i = 0; i < 10; ++i)
+            ch->async_call<int>("inc", i, [&, i](std::error_code ec, int v) {
+                EXPECT_FALSE(ec);
+                EXPECT_EQ(v, i + 1);
+                if (++results == 10) ch.reset();
+            });
+        EXPECT_TRUE(co_await wait_until([&] { return results == 10 && weak.expired(); }));
+        EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 0; }));
+        co_await srv.async_stop();
+    });
+}
+
+// 1024 requests arrive in one read (about 20 KB). With messages_per_turn = 128 the server's
+// replies leave in several writes while it works through the read; with 0 they leave together
+// at its end.
+// Either way they arrive complete and in order.
+std::size_t server_writes_for_one_read(std::size_t messages_per_turn) {
+    std::size_t writes = 0;
+    run_test([&]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.peer.comm.messages_per_turn = messages_per_turn;
+        so.peer.comm.on_write = [&](const write_event&) { ++writes; };
+        server srv(ex, so);
+        srv.on("inc", [](int x) { return x + 1; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        co_await ch.async_call<int>("inc", 0);
+        EXPECT_TRUE(co_await wait_until([&] { return writes == 1; }));
+        writes = 0;
+        std::vector<int> got;
+        for (int i = 0; i < 1024; ++i)  // queued together: one write from this side
+            ch.async_call<int>("inc", i, [&, i](std::error_code ec, int v) {
+                EXPECT_FALSE(ec);
+                EXPECT_EQ(v, i + 1);
+                got.push_back(i);
+            });
+        EXPECT_TRUE(co_await wait_until([&] { return got.size() == 1024; }));
+        for (int i = 0; i < 1024; ++i) ORDO_CO_ASSERT_EQ(got[std::size_t(i)], i);
+        co_await srv.async_stop();
+    });
+    return writes;
+}
+
+TEST(HotPath, RepliesLeaveWhileALongReadIsStillBeingProcessed) {
+    EXPECT_GE(server_writes_for_one_read(128), 4u);
+}
+
+TEST(HotPath, WithoutTurnsRepliesToOneReadLeaveInOneWrite) {
+    // Two, should TCP split the requests across two reads.
+    EXPECT_LE(server_writes_for_one_read(0), 2u);
+}
+
+// Memory stays bounded when the remote side stops reading: notify() refuses with overloaded
+// before the buffer passes max_buffer_bytes, async_drain() waits while nothing moves and
+// completes once the remote side reads again; then notify() takes messages again.
+TEST(HotPath, ASenderFacingAPeerThatStopsReadingIsRefusedNotGrown) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto l = listen(ex, "tcp://127.0.0.1:0");
+        peer_options o;
+        o.comm.max_buffer_bytes = 1 << 20;
+        o.comm.high_water_bytes = 256 << 10;
+        o.liveness_timeout = 0ms;
+        auto ch = co_await async_connect(l->local_address(), o);
+        auto stalled = co_await l->async_accept();  // accepted, never read (yet)
+        auto p = std::dynamic_pointer_cast<peer>(ch.impl());
+        const std::string kib(1024, 'x');
+        // Fill until refused; the kernel's socket buffers may still take more for a while, so
+        // repeat until the buffer stays above the high-water mark.
+        long taken = 0;
+        bool stuck = false;
+        net::steady_timer pause(ex);
+        for (int round = 0; round < 50 && !stuck; ++round) {
+            bool refused = false;
+            for (long i = 0; i < 20'000 && !refused; ++i) {  // 20 MiB: past every buffer
+                try {
+                    ch.notify("note", kib);
+                    ++taken;
+                } catch (const std::system_error& e) {
+                    EXPECT_EQ(e.code(), errc::overloaded) << e.what();
+                    refused = true;
+                }
+                if (i % 64 == 0) co_await net::post(ex, net::use_awaitable);  // the writer runs
+            }
+            ORDO_CO_ASSERT_TRUE(refused);
+            EXPECT_LE(p->comm().peak_buffered_bytes, o.comm.max_buffer_bytes);
+            pause.expires_after(100ms);
+            co_await pause.async_wait(use_tuple);
+            stuck = p->comm().buffered_bytes > o.comm.high_water_bytes;
+        }
+        ORDO_CO_ASSERT_TRUE(stuck);
+
+        // Nothing moves: async_drain() is still waiting after 200 ms.
+        bool drained = false;
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                co_await p->async_drain();
+                drained = true;
+            },
+            net::detached);
+        net::steady_timer t(ex, 200ms);
+        co_await t.async_wait(use_tuple);
+        EXPECT_FALSE(drained);
+
+        // The remote side reads again: the buffer drains and notify() takes messages again.
+        std::size_t read = 0;
+        bool reader_done = false;
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                std::vector<char> buf(1 << 16);
+                for (;;) {
+                    std::error_code ec;
+                    read += co_await stalled->async_read_some(net::buffer(buf), ec);
+                    if (ec) break;
+                }
+                reader_done = true;
+            },
+            net::detached);
+        EXPECT_TRUE(co_await wait_until([&] { return drained; }));
+        EXPECT_LE(p->comm().buffered_bytes, o.comm.high_water_bytes);
+        EXPECT_GT(read, 0u);
+        EXPECT_GT(taken, 1000);  // at least max_buffer_bytes was taken before the refusal
+        ch.notify("note", kib);
+        p->abort();
+        EXPECT_TRUE(co_await wait_until([&] { return reader_done; }));
+    });
+}
+
+TEST(HotPath, RunSpinningRunsHandlersAndTimersAndReturnsWhenWorkRunsOut) {
+    for (auto spin : {std::chrono::microseconds(0), std::chrono::microseconds(200)}) {
+        net::io_context io;
+        int ran = 0;
+        for (int i = 0; i < 3; ++i) net::post(io, [&] { ++ran; });
+        net::steady_timer t(io, 30ms);  // longer than the spin: the loop must sleep, then wake
+        t.async_wait([&](std::error_code ec) {
+            if (!ec) ++ran;
+        });
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_EQ(run_spinning(io, spin), 4u);
+        EXPECT_EQ(ran, 4);
+        EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
+        EXPECT_TRUE(io.stopped());
+    }
+}
+
+}  // namespace
+}  // namespace ordo
