@@ -840,8 +840,11 @@ net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
 /// A connected, warmed channel for the ordo transports.
 net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string& url, long inflight) {
     ordo::channel ch = co_await ordo::async_connect(client_url(cfg, url, inflight));
-    // Warm: in pooled mode, this opens the connections the measured run will use.
-    co_await ordo_pipelined(cfg, ch, std::min(4 * inflight, 4096L), inflight, 0);
+    // Warm: in pooled mode, this opens the connections the measured run will use. (hol's big
+    // payloads are not needed for that.)
+    config warm = cfg;
+    if (cfg.workload == "hol") warm.size = 16;
+    co_await ordo_pipelined(warm, ch, std::min(4 * inflight, 4096L), inflight, 0);
     co_return ch;
 }
 
@@ -850,7 +853,8 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
         const std::string plain = with_params(url, "interval_ms=" + std::to_string(cfg.interval_ms));
         co_return co_await ordo_naive(cfg, plain, count, cfg.workload == "seq" ? 1 : inflight);
     }
-    ordo::channel ch = co_await ordo_channel(cfg, url, cfg.workload == "seq" ? 1 : inflight);
+    const long connections = cfg.workload == "seq" ? 1 : cfg.workload == "hol" ? 2 : inflight;
+    ordo::channel ch = co_await ordo_channel(cfg, url, connections);
     result r;
     if (cfg.workload == "oneway") r = co_await ordo_oneway(cfg, ch);
     else if (cfg.workload == "seq") r = co_await ordo_seq(cfg, ch, count);

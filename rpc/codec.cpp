@@ -1,5 +1,6 @@
 #include "ordo/codec.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "comm/framing.hpp"
@@ -60,30 +61,193 @@ void encode_error_response(buffer& out, std::uint32_t msgid, errc code, std::str
     p.pack_nil();
 }
 
-message decode_message(std::string_view bytes, const limits& l) {
-    message m;
+namespace {
+
+// Decodes one msgpack object into msgpack::object form (what handlers convert from), with its
+// arrays and maps in `zone`. str, bin and ext payloads are copied into the zone, or, when
+// `borrow` is set, point into the input bytes (which must then outlive the result). Checks every
+// length against the bytes left and the limits before allocating, so it is safe on any input,
+// not only on what the framer cut.
+class object_reader {
+  public:
+    object_reader(std::string_view bytes, const limits& l, msgpack::zone& zone, bool borrow)
+        : p_(reinterpret_cast<const unsigned char*>(bytes.data())),
+          end_(p_ + bytes.size()),
+          l_(l),
+          zone_(zone),
+          borrow_(borrow) {}
+
+    msgpack::object read_all() {
+        msgpack::object o;
+        read(o, 1);
+        if (p_ != end_) bad("bytes left after one msgpack object");
+        return o;
+    }
+
+  private:
+    void need(std::size_t n) const {
+        if (static_cast<std::size_t>(end_ - p_) < n) bad("malformed msgpack: truncated object");
+    }
+    std::uint64_t be(int n) {
+        need(static_cast<std::size_t>(n));
+        std::uint64_t v = 0;
+        for (int i = 0; i < n; ++i) v = (v << 8) | *p_++;
+        return v;
+    }
+    const char* bytes(std::size_t n, const char* what) {
+        if (n > l_.max_string_bytes)
+            bad(std::string(what) + " of " + std::to_string(n) + " bytes over max_string_bytes");
+        need(n);
+        const char* src = reinterpret_cast<const char*>(p_);
+        p_ += n;
+        if (borrow_ || n == 0) return src;
+        char* dst = static_cast<char*>(zone_.allocate_no_align(n));
+        std::memcpy(dst, src, n);
+        return dst;
+    }
+    std::size_t count(std::uint64_t n, std::size_t bytes_each) {
+        if (n > l_.max_container_length)
+            bad("container of " + std::to_string(n) + " entries over max_container_length");
+        need(n * bytes_each);  // every entry takes at least one byte: no allocation beyond input
+        return static_cast<std::size_t>(n);
+    }
+    void str(msgpack::object& o, std::size_t n) {
+        o.type = msgpack::type::STR;
+        o.via.str.size = static_cast<std::uint32_t>(n);
+        o.via.str.ptr = bytes(n, "str");
+    }
+    void bin(msgpack::object& o, std::size_t n) {
+        o.type = msgpack::type::BIN;
+        o.via.bin.size = static_cast<std::uint32_t>(n);
+        o.via.bin.ptr = bytes(n, "bin");
+    }
+    void ext(msgpack::object& o, std::size_t n) {  // the type byte, then n bytes of data
+        o.type = msgpack::type::EXT;
+        o.via.ext.size = static_cast<std::uint32_t>(n);
+        o.via.ext.ptr = bytes(n + 1, "ext");
+    }
+    void uint(msgpack::object& o, std::uint64_t v) {
+        o.type = msgpack::type::POSITIVE_INTEGER;
+        o.via.u64 = v;
+    }
+    void sint(msgpack::object& o, std::int64_t v) {
+        if (v >= 0) return uint(o, static_cast<std::uint64_t>(v));
+        o.type = msgpack::type::NEGATIVE_INTEGER;
+        o.via.i64 = v;
+    }
+    void array(msgpack::object& o, std::uint64_t n64, std::size_t depth) {
+        const std::size_t n = count(n64, 1);
+        o.type = msgpack::type::ARRAY;
+        o.via.array.size = static_cast<std::uint32_t>(n);
+        o.via.array.ptr = nullptr;
+        if (n == 0) return;
+        auto* items = static_cast<msgpack::object*>(
+            zone_.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
+        o.via.array.ptr = items;
+        for (std::size_t i = 0; i < n; ++i) read(items[i], depth + 1);
+    }
+    void map(msgpack::object& o, std::uint64_t n64, std::size_t depth) {
+        const std::size_t n = count(n64, 2);
+        o.type = msgpack::type::MAP;
+        o.via.map.size = static_cast<std::uint32_t>(n);
+        o.via.map.ptr = nullptr;
+        if (n == 0) return;
+        auto* kvs = static_cast<msgpack::object_kv*>(
+            zone_.allocate_align(n * sizeof(msgpack::object_kv), alignof(msgpack::object_kv)));
+        o.via.map.ptr = kvs;
+        for (std::size_t i = 0; i < n; ++i) {
+            read(kvs[i].key, depth + 1);
+            read(kvs[i].val, depth + 1);
+        }
+    }
+
+    void read(msgpack::object& o, std::size_t depth) {
+        if (++objects_ > l_.max_objects) bad("message has more than max_objects objects");
+        need(1);
+        const unsigned char t = *p_++;
+        if (t <= 0x7f) return uint(o, t);
+        if (t >= 0xe0) return sint(o, static_cast<std::int8_t>(t));
+        if ((t & 0xe0) == 0xa0) return str(o, t & 0x1f);
+        if ((t & 0xf0) == 0x90 || (t & 0xf0) == 0x80 || t == 0xdc || t == 0xdd || t == 0xde ||
+            t == 0xdf) {
+            if (depth > l_.max_depth) bad("nesting deeper than max_depth");
+            if ((t & 0xf0) == 0x90) return array(o, t & 0x0f, depth);
+            if ((t & 0xf0) == 0x80) return map(o, t & 0x0f, depth);
+            if (t == 0xdc) return array(o, be(2), depth);
+            if (t == 0xdd) return array(o, be(4), depth);
+            if (t == 0xde) return map(o, be(2), depth);
+            return map(o, be(4), depth);
+        }
+        switch (t) {
+            case 0xc0: o.type = msgpack::type::NIL; return;
+            case 0xc2:
+            case 0xc3:
+                o.type = msgpack::type::BOOLEAN;
+                o.via.boolean = t == 0xc3;
+                return;
+            case 0xc4: return bin(o, be(1));
+            case 0xc5: return bin(o, be(2));
+            case 0xc6: return bin(o, be(4));
+            case 0xc7: return ext(o, be(1));
+            case 0xc8: return ext(o, be(2));
+            case 0xc9: return ext(o, be(4));
+            case 0xca: {
+                const auto bits = static_cast<std::uint32_t>(be(4));
+                float f;
+                std::memcpy(&f, &bits, 4);
+                o.type = msgpack::type::FLOAT32;
+                o.via.f64 = f;
+                return;
+            }
+            case 0xcb: {
+                const std::uint64_t bits = be(8);
+                double d;
+                std::memcpy(&d, &bits, 8);
+                o.type = msgpack::type::FLOAT64;
+                o.via.f64 = d;
+                return;
+            }
+            case 0xcc: return uint(o, be(1));
+            case 0xcd: return uint(o, be(2));
+            case 0xce: return uint(o, be(4));
+            case 0xcf: return uint(o, be(8));
+            case 0xd0: return sint(o, static_cast<std::int8_t>(be(1)));
+            case 0xd1: return sint(o, static_cast<std::int16_t>(be(2)));
+            case 0xd2: return sint(o, static_cast<std::int32_t>(be(4)));
+            case 0xd3: return sint(o, static_cast<std::int64_t>(be(8)));
+            case 0xd4: return ext(o, 1);
+            case 0xd5: return ext(o, 2);
+            case 0xd6: return ext(o, 4);
+            case 0xd7: return ext(o, 8);
+            case 0xd8: return ext(o, 16);
+            case 0xd9: return str(o, be(1));
+            case 0xda: return str(o, be(2));
+            case 0xdb: return str(o, be(4));
+        }
+        bad("malformed msgpack: reserved type byte 0xc1");
+    }
+
+    const unsigned char* p_;
+    const unsigned char* end_;
+    const limits& l_;
+    msgpack::zone& zone_;
+    bool borrow_;
+    std::size_t objects_ = 0;
+};
+
+msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack::zone& zone,
+                               bool borrow) {
+    if (bytes.size() > l.max_message_bytes)
+        bad("message of " + std::to_string(bytes.size()) + " bytes over max_message_bytes");
     try {
-        // The framer already enforced the limits on these exact bytes; passing them again keeps
-        // this function safe when called on bytes that did not come through a framer.
-        msgpack::unpack_limit lim(l.max_container_length, l.max_container_length,
-                                  l.max_string_bytes, l.max_string_bytes, l.max_string_bytes,
-                                  l.max_depth);
-        if (bytes.size() > l.max_message_bytes)
-            bad("message of " + std::to_string(bytes.size()) + " bytes over max_message_bytes");
-        std::size_t off = 0;
-        // A zone sized to the message: msgpack's default first chunk is 8 KiB, and one per
-        // small message in flight makes the heap grow and shrink (page faults) under load.
-        auto zone = std::make_unique<msgpack::zone>(
-            std::min<std::size_t>(MSGPACK_ZONE_CHUNK_SIZE, 256 + 2 * bytes.size()));
-        msgpack::object obj =
-            msgpack::unpack(*zone, bytes.data(), bytes.size(), off, nullptr, nullptr, lim);
-        m.handle = msgpack::object_handle(obj, std::move(zone));
-        if (off != bytes.size()) bad("bytes left after one msgpack object");
-    } catch (const msgpack::unpack_error& e) {
-        bad(std::string("malformed msgpack: ") + e.what());
+        return object_reader(bytes, l, zone, borrow).read_all();
     } catch (const std::bad_alloc&) {
         bad("message too large to decode");
     }
+}
+
+// Fills m's fields from its root object (m.handle.get()) and checks them.
+void read_fields(message& m) {
     const msgpack::object& o = m.handle.get();
     if (o.type != msgpack::type::ARRAY)
         bad(std::string("message is not an array (got ") + type_name(o) + ")");
@@ -118,7 +282,36 @@ message decode_message(std::string_view bytes, const limits& l) {
     if (m.kind != message_kind::response && m.params.type != msgpack::type::ARRAY)
         bad(std::string("params of \"") + std::string(m.method) + "\" is not an array (got " +
             type_name(m.params) + ")");
+}
+
+}  // namespace
+
+message decode_message(std::string_view bytes, const limits& l) {
+    // A zone sized to the message: msgpack's default first chunk is 8 KiB, and one per small
+    // message in flight makes the heap grow and shrink (page faults) under load.
+    auto zone = std::make_unique<msgpack::zone>(
+        std::min<std::size_t>(MSGPACK_ZONE_CHUNK_SIZE, 256 + 2 * bytes.size()));
+    const msgpack::object obj = unpack_checked(bytes, l, *zone, false);
+    message m;
+    m.handle = msgpack::object_handle(obj, std::move(zone));
+    read_fields(m);
     return m;
+}
+
+message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z) {
+    z.clear();
+    message m;
+    m.handle.set(unpack_checked(bytes, l, z, true));  // views into `bytes`
+    m.borrowed = true;
+    read_fields(m);
+    return m;
+}
+
+void own(message& m) {
+    if (!m.borrowed) return;
+    m.handle = msgpack::clone(m.handle.get());
+    m.borrowed = false;
+    read_fields(m);  // the same checks pass on the copy; the views now point into it
 }
 
 struct decoder::impl {

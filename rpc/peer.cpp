@@ -160,6 +160,7 @@ struct peer::state {
       public:
         explicit ping_call(std::size_t& outstanding) : outstanding_(outstanding) {}
         void complete(std::error_code, call_outcome) override { --outstanding_; }
+        bool takes_borrowed() const noexcept override { return true; }
 
       private:
         std::size_t& outstanding_;
@@ -203,6 +204,7 @@ struct peer::state {
     std::deque<std::uint32_t> abandoned_order;
     std::uint32_t next_id;
 
+    msgpack::zone read_zone;  // every incoming message is decoded into it (reused)
     std::deque<message> queue;
     bool serial_busy = false;
     bool paused = false;
@@ -392,12 +394,14 @@ struct peer::state {
         pending.erase(it);
         if (e.timer) e.timer->cancel();
         e.call->slot.clear();
+        if (!e.call->takes_borrowed()) own(m);
         call_outcome out;
         std::error_code ec;
         if (m.error.is_nil())
             out.result = m.result;
         else
             ec = error_from_wire(m.error, out.detail);
+        out.borrowed = m.borrowed;
         out.message = std::move(m.handle);
         // The handler may run now and drop the last reference to this peer.
         auto keep = self.shared_from_this();
@@ -426,10 +430,13 @@ struct peer::state {
     // ---- messages from the remote side ----
 
     void on_message(std::string_view bytes) {
-        message m = decode_message(bytes, o.comm.limits);
+        // Borrowed from read_zone: what outlives this call (a queued message, an async
+        // handler's params, a raw result) is own()ed on the way.
+        message m = decode_message(bytes, o.comm.limits, read_zone);
         if (m.kind == message_kind::response) return on_response(std::move(m));
         if (m.method.starts_with("ordo.")) return on_reserved(std::move(m));
         if (serial_busy || !queue.empty()) {
+            own(m);
             queue.push_back(std::move(m));
             c.queued_messages = queue.size();
             if (!paused && queue.size() >= o.max_queued_messages) {
@@ -532,6 +539,7 @@ struct peer::state {
     }
 
     void start_async(const detail::handler_entry& e, message m) {
+        own(m);  // the handler's params live as long as its coroutine
         auto& r = runs.emplace_back();
         r.msgid = m.msgid;
         r.is_request = m.kind == message_kind::request;

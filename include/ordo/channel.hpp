@@ -10,6 +10,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include <asio/associated_cancellation_slot.hpp>
@@ -57,6 +58,9 @@ struct call_outcome {
     msgpack::object_handle message;  ///< owns the response's memory
     msgpack::object result;          ///< the result, on success
     std::string detail;              ///< on failure: the remote message or the local reason
+    /// `result` lives in the connection's read zone (`message` is empty): valid during
+    /// complete*() only. Given only to calls whose takes_borrowed() is true.
+    bool borrowed = false;
 };
 
 namespace detail {
@@ -77,6 +81,9 @@ class pending_call {
     virtual void complete_inline(std::error_code ec, call_outcome out) {
         complete(ec, std::move(out));
     }
+    /// True if complete*() copes with a borrowed outcome (copies what it keeps before it
+    /// returns); else the channel makes the outcome own its memory first.
+    virtual bool takes_borrowed() const noexcept { return false; }
 
     std::string method;
     buffer params{0};  ///< the encoded params array (empty: no allocation until filled)
@@ -183,6 +190,7 @@ class call_op final : public pending_call {
     void complete_inline(std::error_code ec, call_outcome out) override {
         finish(inline_ok_, ec, std::move(out));
     }
+    bool takes_borrowed() const noexcept override { return true; }
 
   private:
     // Handlers with an executor of their own kind (use_future's, a strand) are always posted.
@@ -195,6 +203,14 @@ class call_op final : public pending_call {
     }
 
     void finish(bool now, std::error_code ec, call_outcome out) {
+        // Typed results are converted here, before the read zone is reused; raw ones are kept.
+        if constexpr (std::is_same_v<R, call_outcome> || std::is_same_v<R, value>) {
+            if (out.borrowed) {
+                out.message = msgpack::clone(out.result);
+                out.result = out.message.get();
+                out.borrowed = false;
+            }
+        }
         if constexpr (std::is_same_v<R, call_outcome>) {
             deliver(now, ec, std::move(out));
         } else if constexpr (std::is_void_v<R>) {
@@ -233,10 +249,12 @@ class call_op final : public pending_call {
     bool inline_ok_;
 };
 
-/// True when the calling thread is running `ex`'s io_context (so work for `ex` may run now).
+/// True when `ex` is a plain io_context executor and the calling thread is running its
+/// io_context (so work for `ex` may run now). Strands and other executors: false (dispatch).
 inline bool running_in(const net::any_io_executor& ex) {
-    const auto* io = ex.target<net::io_context::executor_type>();
-    return io && io->running_in_this_thread();
+    // Asio 1.22's any_executor::target<T>() casts without checking the type: check it here.
+    if (!ex || ex.target_type() != typeid(net::io_context::executor_type)) return false;
+    return ex.target<net::io_context::executor_type>()->running_in_this_thread();
 }
 
 /// The call as an Asio asynchronous operation with signature void(error_code, R).

@@ -26,6 +26,9 @@ struct message {
     msgpack::object error;    ///< response: nil on success, else the error object as sent
     msgpack::object result;   ///< response
     msgpack::object_handle handle;
+    /// Decoded into a zone owned by someone else (see decode_message with a zone): valid until
+    /// that zone is decoded into again. own() makes a copy that owns its memory.
+    bool borrowed = false;
 };
 
 /// The buffer messages are encoded into (msgpack's growing byte buffer).
@@ -70,6 +73,13 @@ void encode_error_response(buffer& out, std::uint32_t msgid, errc code, std::str
 /// wrong arity, unknown kind, msgid not a uint32, method not a string, params not an array, or a
 /// broken limit.
 message decode_message(std::string_view bytes, const limits& l = {});
+/// The same, decoding into `z` (cleared first, so that its first chunk is reused from message to
+/// message instead of allocating a zone per message). The result is borrowed: its strings point
+/// into `bytes` and its arrays into `z`, so it is valid while both are. Connections decode every
+/// message this way and own() only those they keep past the message's dispatch.
+message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z);
+/// Makes a borrowed message own its memory (a deep copy); no-op for one that owns it already.
+void own(message& m);
 
 /// Streaming decoder: feed() byte chunks split anywhere, take whole messages in order with
 /// next(). Memory stays within the limits whatever the length headers announce.
