@@ -1,5 +1,7 @@
 #include "ordo/codec.hpp"
 
+#include <limits>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -168,6 +170,93 @@ TEST(Codec, StreamingDecoderRejectsA4GiBStringAtOnce) {
             d.next();
         },
         std::system_error);
+}
+
+}  // namespace
+}  // namespace ordo
+
+namespace ordo {
+namespace {
+
+// ordo decodes with a reader of its own (rpc/codec.cpp); msgpack-c's unpack is the reference.
+// Every msgpack type and every length form, in params of a notification, must decode to the
+// same msgpack::object both ways, owned and borrowed.
+TEST(Codec, OwnReaderMatchesMsgpackUnpackForEveryTypeAndLengthForm) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_array(3).pack_uint8(2).pack_str(1).pack_str_body("m", 1);
+    const std::string s31(31, 'a'), s200(200, 'b'), s70k(70000, 'c');
+    std::vector<char> bin300(300, 'x');
+    p.pack_array(33);
+    p.pack_nil().pack_true().pack_false();
+    p.pack(0).pack(127).pack(128).pack(255).pack(256).pack(65535).pack(65536);
+    p.pack(std::uint64_t{1} << 40).pack(std::numeric_limits<std::uint64_t>::max());
+    p.pack(-1).pack(-32).pack(-33).pack(-128).pack(-129).pack(-40000).pack(-(std::int64_t{1} << 40));
+    p.pack(std::numeric_limits<std::int64_t>::min());
+    p.pack(1.5f).pack(-2.25);
+    p.pack(std::string()).pack(s31).pack(s200).pack(s70k);
+    p.pack(bin300);
+    p.pack_ext(1, 7).pack_ext_body("\x01", 1);
+    p.pack_ext(16, 3).pack_ext_body("0123456789abcdef", 16);
+    p.pack_ext(3, 2).pack_ext_body("xyz", 3);
+    p.pack_array(0);
+    p.pack_array(20);
+    for (int i = 0; i < 20; ++i) p.pack_map(1).pack(i).pack_array(1).pack_nil();
+    p.pack_map(0);
+    const std::string_view bytes(b.data(), b.size());
+
+    msgpack::object_handle reference = msgpack::unpack(b.data(), b.size());
+    const message owned = decode_message(bytes);
+    EXPECT_FALSE(owned.borrowed);
+    EXPECT_EQ(owned.handle.get(), reference.get());
+    msgpack::zone z;
+    message borrowed = decode_message(bytes, limits{}, z);
+    EXPECT_TRUE(borrowed.borrowed);
+    EXPECT_EQ(borrowed.handle.get(), reference.get());
+    EXPECT_EQ(borrowed.method, "m");
+    // Borrowed strings point into the input; own() copies them out.
+    EXPECT_GE(borrowed.params.via.array.ptr[25].via.str.ptr, b.data());
+    EXPECT_LT(borrowed.params.via.array.ptr[25].via.str.ptr, b.data() + b.size());
+    own(borrowed);
+    EXPECT_FALSE(borrowed.borrowed);
+    EXPECT_EQ(borrowed.handle.get(), reference.get());
+    const char* copied = borrowed.params.via.array.ptr[25].via.str.ptr;
+    EXPECT_TRUE(copied < b.data() || copied >= b.data() + b.size());
+    EXPECT_EQ(borrowed.method, "m");
+}
+
+// Cut anywhere, or with a reserved byte, or with a length past the input: a protocol error,
+// never a crash or an allocation of what the header claims.
+TEST(Codec, OwnReaderRefusesEveryTruncationAndLyingLengths) {
+    msgpack::sbuffer b;
+    encode_request(b, 7, "method", std::string(100, 's'), std::vector<int>{1, 2, 3},
+                   std::map<std::string, double>{{"k", 1.0}});
+    for (std::size_t cut = 0; cut < b.size(); ++cut) {
+        msgpack::zone z;
+        try {
+            (void)decode_message(std::string_view(b.data(), cut), limits{}, z);
+            ADD_FAILURE() << "a message cut at " << cut << " of " << b.size() << " decoded";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::protocol_error) << cut;
+        }
+    }
+    const std::string cases[] = {
+        std::string("\x93\x02\xa1m\x91\xc1", 6),               // reserved 0xc1
+        std::string("\x93\x02\xa1m\x91\xdd\xff\xff\xff\xff", 10),  // array of 2^32-1, no items
+        std::string("\x93\x02\xa1m\x91\xdb\x7f\xff\xff\xff", 10),  // str of 2 GiB, no bytes
+        std::string("\x93\x02\xa1m\x91\xdf\x00\x10\x00\x00", 10),  // map of 1 Mi pairs, none
+        std::string("\x93\x02\xa1m\x90\xc0", 6),                // a byte after the message
+    };
+    for (std::size_t i = 0; i < std::size(cases); ++i) {
+        msgpack::zone z;
+        EXPECT_THROW((void)decode_message(cases[i], limits{}, z), std::system_error) << i;
+        EXPECT_THROW((void)decode_message(cases[i]), std::system_error) << i;
+    }
+    limits small;
+    small.max_depth = 3;
+    std::string deep = "\x93\x02\xa1m\x91\x91\x91\x90";  // params nest to depth 5
+    msgpack::zone z;
+    EXPECT_THROW((void)decode_message(deep, small, z), std::system_error);
 }
 
 }  // namespace
