@@ -67,7 +67,7 @@ struct config {
     long inflight = 256;
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;
-    int spin_us = 0;  // both sides run ordo::run_spinning (raw-tcp seq: a polling read)
+    int spin_us = 0;  // both sides run ordo::run_spinning (raw-tcp: poll before each read)
     bool json = false;
     std::string connect;  // client only, to a server started elsewhere
     std::string serve;    // server only
@@ -290,7 +290,18 @@ void nodelay(int fd) {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-void raw_tcp_connection(int fd) {
+// Waits up to spin_us for bytes on `fd` without sleeping (so that the read that follows does
+// not pay a wake-up), as ordo::run_spinning does for ordo.
+void spin_for_input(int fd, int spin_us) {
+    if (spin_us <= 0) return;
+    const auto until = clock_type::now() + std::chrono::microseconds(spin_us);
+    char c;
+    while (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN &&
+           clock_type::now() < until) {
+    }
+}
+
+void raw_tcp_connection(int fd, int spin_us) {
     char kind = 0;
     if (!read_all(fd, &kind, 1)) return (void)::close(fd);
     std::uint64_t expect_count = 0;
@@ -306,6 +317,7 @@ void raw_tcp_connection(int fd) {
     bool in_order = true;
     for (;;) {
         if (have == in.size()) in.resize(in.size() * 2);
+        spin_for_input(fd, spin_us);
         const ssize_t r = ::read(fd, in.data() + have, in.size() - have);
         if (r <= 0) break;
         have += static_cast<std::size_t>(r);
@@ -334,7 +346,7 @@ void raw_tcp_connection(int fd) {
     ::close(fd);
 }
 
-int serve_raw_tcp(int ready_fd) {
+int serve_raw_tcp(int ready_fd, int spin_us) {
     const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -346,12 +358,12 @@ int serve_raw_tcp(int ready_fd) {
     const std::string bound = "raw-tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "\n";
     write_all(ready_fd, bound.data(), bound.size());
     ::close(ready_fd);
-    std::thread([l] {
+    std::thread([l, spin_us] {
         for (;;) {
             const int fd = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
             if (fd < 0) return;
             nodelay(fd);
-            std::thread(raw_tcp_connection, fd).detach();
+            std::thread(raw_tcp_connection, fd, spin_us).detach();
         }
     }).detach();
     char c;
@@ -417,13 +429,7 @@ result raw_tcp_calls(const config& cfg, int fd, long count, long inflight) {
             put_frame(out, p);
             const auto t0 = clock_type::now();
             write_all(fd, out.data(), out.size());
-            if (cfg.spin_us > 0) {  // poll without sleeping for up to spin_us, as ordo does
-                const auto until = clock_type::now() + std::chrono::microseconds(cfg.spin_us);
-                char c;
-                while (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN &&
-                       clock_type::now() < until) {
-                }
-            }
+            spin_for_input(fd, cfg.spin_us);
             if (!read_all(fd, in.data(), 4)) fail("raw-tcp: connection ended");
             const std::size_t n = frame_len(in.data());
             if (n + 4 > in.size()) in.resize(n + 4);
@@ -982,7 +988,7 @@ server_handle start_server(const config& cfg) {
 }
 
 int serve_main(const config& cfg) {
-    if (cfg.transport == "raw-tcp") return serve_raw_tcp(1);
+    if (cfg.transport == "raw-tcp") return serve_raw_tcp(1, cfg.spin_us);
     if (cfg.transport == "raw-zmq") return serve_raw_zmq(1);
     return serve_ordo(cfg, cfg.serve, 1, 0);
 }
