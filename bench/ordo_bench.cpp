@@ -290,6 +290,24 @@ void nodelay(int fd) {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// Hands every whole frame in in[0, have) to `on_frame(payload, size)`, keeps the partial one at
+// the front (growing `in` to fit it) and updates `have`.
+template <class F>
+void take_frames(std::vector<char>& in, std::size_t& have, F&& on_frame) {
+    std::size_t pos = 0;
+    while (have - pos >= 4) {
+        const std::size_t n = frame_len(in.data() + pos);
+        if (have - pos < 4 + n) {
+            if (4 + n > in.size()) in.resize(4 + n);
+            break;
+        }
+        on_frame(in.data() + pos + 4, n);
+        pos += 4 + n;
+    }
+    std::memmove(in.data(), in.data() + pos, have - pos);
+    have -= pos;
+}
+
 // Waits up to spin_us for bytes on `fd` without sleeping (so that the read that follows does
 // not pay a wake-up), as ordo::run_spinning does for ordo.
 void spin_for_input(int fd, int spin_us) {
@@ -321,23 +339,14 @@ void raw_tcp_connection(int fd, int spin_us) {
         const ssize_t r = ::read(fd, in.data() + have, in.size() - have);
         if (r <= 0) break;
         have += static_cast<std::size_t>(r);
-        std::size_t pos = 0;
-        while (have - pos >= 4) {
-            const std::size_t n = frame_len(in.data() + pos);
-            if (have - pos < 4 + n) {
-                if (4 + n > in.size()) in.resize(4 + n);
-                break;
-            }
+        take_frames(in, have, [&](const char* f, std::size_t n) {
             if (kind == 'E') {
-                out.append(in.data() + pos, 4 + n);
+                out.append(f - 4, 4 + n);  // the frame as it came, length included
             } else {
-                if (n < 8 || seq_of(in.data() + pos + 4) != received) in_order = false;
+                if (n < 8 || seq_of(f) != received) in_order = false;
                 if (++received == expect_count) out += in_order ? '1' : '0';
             }
-            pos += 4 + n;
-        }
-        std::memmove(in.data(), in.data() + pos, have - pos);
-        have -= pos;
+        });
         if (!out.empty()) {
             write_all(fd, out.data(), out.size());
             out.clear();
@@ -396,18 +405,7 @@ bool read_frames(int fd, std::vector<char>& in, std::size_t& have, F&& on_frame)
     if (r == 0) fail("raw-tcp: the server closed the connection");
     if (r < 0) return errno == EAGAIN || errno == EINTR;
     have += static_cast<std::size_t>(r);
-    std::size_t pos = 0;
-    while (have - pos >= 4) {
-        const std::size_t n = frame_len(in.data() + pos);
-        if (have - pos < 4 + n) {
-            if (4 + n > in.size()) in.resize(4 + n);
-            break;
-        }
-        on_frame(in.data() + pos + 4, n);
-        pos += 4 + n;
-    }
-    std::memmove(in.data(), in.data() + pos, have - pos);
-    have -= pos;
+    take_frames(in, have, on_frame);
     return true;
 }
 
