@@ -3,11 +3,14 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <list>
+#include <optional>
 #include <sstream>
-#include <unordered_map>
 #include <unordered_set>
+
+#include "rpc/detail/id_table.hpp"
 
 namespace ordo {
 
@@ -34,41 +37,74 @@ void throw_bad_arguments(std::string_view method, const std::string& signature,
 
 namespace {
 
-void put_be32(std::string& s, std::uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) s += char((v >> shift) & 0xff);
+// The bytes of a message before its params, built on the stack: one is made per call and per
+// notification, and a std::string cost an allocation and several appends there. Methods too
+// long for the inline bytes spill to a string.
+class head {
+  public:
+    void push_back(char c) {
+        if (n_ < sizeof inline_) inline_[n_++] = c;
+        else spill().push_back(c);
+    }
+    void append(std::string_view s) {
+        if (n_ + s.size() <= sizeof inline_) {
+            std::memcpy(inline_ + n_, s.data(), s.size());
+            n_ += s.size();
+        } else {
+            spill().append(s);
+        }
+    }
+    operator std::string_view() const {
+        return long_ ? std::string_view(*long_) : std::string_view(inline_, n_);
+    }
+
+  private:
+    std::string& spill() {
+        if (!long_) long_.emplace(inline_, n_);
+        return *long_;
+    }
+    char inline_[48];
+    std::size_t n_ = 0;
+    std::optional<std::string> long_;
+};
+
+void put_be32(head& h, std::uint32_t v) {
+    const char be[4] = {char(v >> 24), char((v >> 16) & 0xff), char((v >> 8) & 0xff),
+                        char(v & 0xff)};
+    h.append(std::string_view(be, 4));
 }
 
-void put_str(std::string& s, std::string_view str) {
+void put_str(head& h, std::string_view str) {
     const auto n = static_cast<std::uint32_t>(str.size());
     if (n < 32) {
-        s += char(0xa0 | n);
+        h.push_back(char(0xa0 | n));
     } else if (n < 256) {
-        s += '\xd9';
-        s += char(n);
+        h.push_back('\xd9');
+        h.push_back(char(n));
     } else if (n < 65536) {
-        s += '\xda';
-        s += char(n >> 8);
-        s += char(n & 0xff);
+        h.push_back('\xda');
+        h.push_back(char(n >> 8));
+        h.push_back(char(n & 0xff));
     } else {
-        s += '\xdb';
-        put_be32(s, n);
+        h.push_back('\xdb');
+        put_be32(h, n);
     }
-    s += str;
+    h.append(str);
 }
 
 // The part of a request before its params: [0, msgid, method, ...
-std::string request_head(std::uint32_t id, std::string_view method) {
-    std::string h = "\x94";
-    h += '\x00';
-    h += '\xce';
+head request_head(std::uint32_t id, std::string_view method) {
+    head h;
+    h.append(std::string_view("\x94\x00\xce", 3));
     put_be32(h, id);
     put_str(h, method);
     return h;
 }
 
 // [2, method, ...
-std::string notification_head(std::string_view method) {
-    std::string h = "\x93\x02";
+head notification_head(std::string_view method) {
+    head h;
+    h.append(std::string_view("\x93\x02", 2));
     put_str(h, method);
     return h;
 }
@@ -146,6 +182,7 @@ struct peer::state {
         std::unique_ptr<detail::pending_call> call;
         std::unique_ptr<net::steady_timer> timer;
         std::chrono::milliseconds timeout{0};
+        bool is_ping = false;
     };
     struct running {
         std::uint32_t msgid = 0;
@@ -199,7 +236,7 @@ struct peer::state {
     std::string remote;
     std::unique_ptr<batched_comm> comm;
 
-    std::unordered_map<std::uint32_t, pending_entry> pending;
+    detail::id_table<pending_entry> pending;
     std::unordered_set<std::uint32_t> abandoned;
     std::deque<std::uint32_t> abandoned_order;
     std::uint32_t next_id;
@@ -275,7 +312,9 @@ struct peer::state {
         } catch (const std::system_error&) {
             return;  // full or ending: the silence check decides
         }
-        pending[id].call = std::make_unique<ping_call>(pings_pending);
+        auto& e = pending.insert(id);
+        e.call = std::make_unique<ping_call>(pings_pending);
+        e.is_ping = true;
         ++pings_pending;
         ++c.pings_sent;
         last_ping = now;
@@ -303,7 +342,7 @@ struct peer::state {
     std::uint32_t allocate_id() {
         std::uint32_t id;
         do id = next_id++;
-        while (pending.count(id) != 0 || abandoned.count(id) != 0);
+        while (pending.contains(id) || abandoned.count(id) != 0);
         return id;
     }
 
@@ -325,7 +364,7 @@ struct peer::state {
             return complete(*call, e.code(), e.what());
         }
         std::free(call->params.release());  // sent: the copy in the batch is enough
-        auto& e = pending[id];
+        auto& e = pending.insert(id);
         e.timeout = call->options.timeout.count() > 0 ? call->options.timeout : o.default_timeout;
         std::weak_ptr<peer> w = self.weak_from_this();
         if (e.timeout.count() > 0) {
@@ -359,10 +398,9 @@ struct peer::state {
 
     // A deadline passed or the caller cancelled: withdraw the call and tell the remote side.
     void expire(std::uint32_t id, errc why) {
-        auto it = pending.find(id);
-        if (it == pending.end()) return;
-        pending_entry e = std::move(it->second);
-        pending.erase(it);
+        auto taken = pending.take(id);
+        if (!taken) return;
+        pending_entry e = std::move(*taken);
         count_pending();
         if (e.timer) e.timer->cancel();
         e.call->slot.clear();
@@ -383,15 +421,14 @@ struct peer::state {
     }
 
     void on_response(message m) {
-        auto it = pending.find(m.msgid);
-        if (it == pending.end()) {
+        auto taken = pending.take(m.msgid);
+        if (!taken) {
             if (abandoned.erase(m.msgid) != 0) return;  // a late answer to a withdrawn call
             throw_error(errc::protocol_error, "ordo: protocol error: response to msgid " +
                                                   std::to_string(m.msgid) +
                                                   ", which no call is waiting for");
         }
-        pending_entry e = std::move(it->second);
-        pending.erase(it);
+        pending_entry e = std::move(*taken);
         if (e.timer) e.timer->cancel();
         e.call->slot.clear();
         if (!e.call->takes_borrowed()) own(m);
@@ -407,19 +444,18 @@ struct peer::state {
         auto keep = self.shared_from_this();
         e.call->complete_inline(ec, std::move(out));
         count_pending();
-        if (!dynamic_cast<ping_call*>(e.call.get())) ++c.calls_completed;
+        if (!e.is_ping) ++c.calls_completed;
     }
 
     void fail_all_pending() {
-        auto calls = std::move(pending);
-        pending.clear();
+        auto calls = pending.take_all();
         abandoned.clear();
         abandoned_order.clear();
         c.pending_calls = 0;
         for (auto& [id, e] : calls) {
             if (e.timer) e.timer->cancel();
             e.call->slot.clear();
-            if (dynamic_cast<ping_call*>(e.call.get()))
+            if (e.is_ping)
                 e.call->complete(close_code, {});
             else
                 complete(*e.call, close_code, close_reason);

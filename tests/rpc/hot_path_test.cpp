@@ -4,9 +4,12 @@
 #include "ordo/ordo.hpp"
 
 #include <optional>
+#include <random>
+#include <unordered_map>
 
 #include <gtest/gtest.h>
 
+#include "rpc/detail/id_table.hpp"
 #include "support/run_test.hpp"
 
 namespace ordo {
@@ -210,6 +213,59 @@ TEST(HotPath, RunSpinningRunsHandlersAndTimersAndReturnsWhenWorkRunsOut) {
         EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
         EXPECT_TRUE(io.stopped());
     }
+}
+
+// The pending-call table replaced an std::unordered_map: it must agree with one under the
+// patterns calls make (ids in sequence across the 2^32 wrap, answered mostly in order, some
+// late, some never until the end) and give memory back when calls drain.
+TEST(HotPath, TheIdTableAgreesWithAnUnorderedMapAndShrinksWhenCallsDrain) {
+    detail::id_table<std::unique_ptr<int>> table;
+    std::unordered_map<std::uint32_t, int> model;
+    std::mt19937 rng(7);
+    std::uint32_t next = 0xffff'ff00u;  // wraps after 256 ids
+    std::vector<std::uint32_t> live;
+    for (int step = 0; step < 200'000; ++step) {
+        const unsigned r = rng() % 100;
+        if (r < 52 || live.empty()) {
+            const std::uint32_t id = next++;
+            ASSERT_FALSE(table.contains(id));
+            table.insert(id) = std::make_unique<int>(int(id));
+            model[id] = int(id);
+            live.push_back(id);
+        } else {
+            // Mostly the oldest (in-order responses), sometimes any.
+            const std::size_t k = r < 90 ? 0 : rng() % live.size();
+            const std::uint32_t id = live[k];
+            live.erase(live.begin() + std::ptrdiff_t(k));
+            auto v = table.take(id);
+            ASSERT_TRUE(v && *v) << id;
+            EXPECT_EQ(**v, model.at(id));
+            model.erase(id);
+            EXPECT_FALSE(table.take(id));
+        }
+        if (step % 997 == 0) {
+            ASSERT_EQ(table.size(), model.size());
+            for (const auto& [id, v] : model) {
+                auto* found = table.find(id);
+                ASSERT_TRUE(found && *found) << id;
+                EXPECT_EQ(**found, v);
+            }
+            EXPECT_FALSE(table.contains(next));
+        }
+    }
+    EXPECT_GT(table.capacity(), 1024u) << "the random walk should have grown the table";
+    // Drain all but one long-pending call: the table shrinks back.
+    while (live.size() > 1) {
+        EXPECT_TRUE(table.take(live.back()));
+        live.pop_back();
+    }
+    EXPECT_EQ(table.size(), 1u);
+    EXPECT_LE(table.capacity(), 64u);
+    EXPECT_TRUE(table.contains(live[0]));
+    auto all = table.take_all();
+    ASSERT_EQ(all.size(), 1u);
+    EXPECT_EQ(all[0].first, live[0]);
+    EXPECT_TRUE(table.empty());
 }
 
 }  // namespace
