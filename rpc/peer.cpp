@@ -363,7 +363,7 @@ struct peer::state {
         } catch (const std::system_error& e) {
             return complete(*call, e.code(), e.what());
         }
-        std::free(call->params.release());  // sent: the copy in the batch is enough
+        call->params.clear();  // sent: the copy in the batch is enough
         auto& e = pending.insert(id);
         e.timeout = call->options.timeout.count() > 0 ? call->options.timeout : o.default_timeout;
         std::weak_ptr<peer> w = self.weak_from_this();

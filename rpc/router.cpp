@@ -68,12 +68,6 @@ class histogram {
     std::uint64_t n_ = 0, max_ = 0;
 };
 
-buffer copy_of(const buffer& b) {
-    buffer c(b.size());
-    c.write(b.data(), b.size());
-    return c;
-}
-
 }  // namespace
 
 struct router::state {
@@ -118,7 +112,7 @@ struct router::state {
         std::weak_ptr<router> router_;
         std::shared_ptr<replica> rep;
         std::unique_ptr<pending_call> inner;
-        std::optional<buffer> saved_params;  // idempotent calls, for a retry
+        std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
         clock_type::time_point started = clock_type::now();
         clock_type::time_point deadline = clock_type::time_point::max();
     };
@@ -276,7 +270,7 @@ struct router::state {
             }
         }
         auto rc = std::make_unique<routed_call>(self.weak_from_this(), r);
-        if (!retry && o.idempotent_methods.count(call->method)) rc->saved_params = copy_of(call->params);
+        if (!retry && o.idempotent_methods.count(call->method)) rc->saved_params = call->params.copy();
         detail::move_call_fields(*call, *rc, timeout);
         if (timeout.count() > 0) rc->deadline = clock_type::now() + timeout;
         rc->inner = std::move(call);
@@ -295,7 +289,7 @@ struct router::state {
         }
         auto sc = std::make_unique<routed_call>(self.weak_from_this(), shared(best));
         sc->method = call.method;
-        sc->params = copy_of(call.params);
+        sc->params = call.params.copy();
         sc->options.timeout = timeout;
         ++best->in_flight;
         ++best->shadow_calls;

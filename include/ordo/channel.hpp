@@ -3,8 +3,10 @@
 // else happens in a channel_impl (an ordered peer now; pools and routers later).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -65,6 +67,69 @@ struct call_outcome {
 
 namespace detail {
 
+/// A call's packed params array: what msgpack::packer needs (write) plus data() and size().
+/// The first 112 bytes live in the object itself, so the params of most calls cost no
+/// allocation of their own (msgpack's sbuffer always allocated, and a call made two).
+class params_buffer {
+  public:
+    params_buffer() noexcept = default;
+    params_buffer(params_buffer&& o) noexcept { take(o); }
+    params_buffer& operator=(params_buffer&& o) noexcept {
+        if (this != &o) {
+            clear();
+            take(o);
+        }
+        return *this;
+    }
+    params_buffer(const params_buffer&) = delete;
+    params_buffer& operator=(const params_buffer&) = delete;
+
+    void write(const char* p, std::size_t n) {
+        if (n == 0) return;
+        if (n > cap_ - size_) grow(n);
+        std::memcpy(data() + size_, p, n);
+        size_ += n;
+    }
+    const char* data() const noexcept { return heap_ ? heap_.get() : inline_; }
+    char* data() noexcept { return heap_ ? heap_.get() : inline_; }
+    std::size_t size() const noexcept { return size_; }
+    /// Empties it and frees what it allocated.
+    void clear() noexcept {
+        heap_.reset();
+        cap_ = sizeof inline_;
+        size_ = 0;
+    }
+    params_buffer copy() const {
+        params_buffer c;
+        c.write(data(), size_);
+        return c;
+    }
+
+  private:
+    void grow(std::size_t n) {
+        const std::size_t c = std::max(cap_ * 2, size_ + n);
+        std::unique_ptr<char[]> h(new char[c]);
+        std::memcpy(h.get(), data(), size_);
+        heap_ = std::move(h);
+        cap_ = c;
+    }
+    void take(params_buffer& o) noexcept {
+        if (o.heap_) {
+            heap_ = std::move(o.heap_);
+            cap_ = o.cap_;
+        } else {
+            std::memcpy(inline_, o.inline_, o.size_);
+        }
+        size_ = o.size_;
+        o.clear();
+    }
+
+    char inline_[112];
+    std::unique_ptr<char[]> heap_;
+    std::size_t size_ = 0;
+    std::size_t cap_ = sizeof inline_;
+};
+
 /// One call in flight, type-erased. A channel completes it exactly once, on the channel's
 /// executor, with complete() or complete_inline().
 class pending_call {
@@ -86,7 +151,7 @@ class pending_call {
     virtual bool takes_borrowed() const noexcept { return false; }
 
     std::string method;
-    buffer params{0};  ///< the encoded params array (empty: no allocation until filled)
+    params_buffer params;  ///< the encoded params array
     call_options options;
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
 };
@@ -259,19 +324,19 @@ inline bool running_in(const net::any_io_executor& ex) {
 
 /// The call as an Asio asynchronous operation with signature void(error_code, R).
 template <class R, class Token>
-auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, buffer params,
+auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
                    call_options o, Token&& token) {
     return net::async_initiate<Token, typename call_signature<R>::type>(
-        [](auto handler, std::shared_ptr<channel_impl> ch, std::string method, buffer params,
+        [](auto handler, std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
            call_options o) {
             using H = decltype(handler);
             auto slot = net::get_associated_cancellation_slot(handler);
-            auto op = std::make_unique<call_op<R, H>>(std::move(handler), ch->get_executor());
+            auto ex = ch->get_executor();
+            auto op = std::make_unique<call_op<R, H>>(std::move(handler), ex);
             op->slot = slot;
             op->method = std::move(method);
             op->params = std::move(params);
             op->options = std::move(o);
-            auto ex = ch->get_executor();
             if (running_in(ex))  // the common case: no trip through the executor
                 ch->start_call(std::move(op));
             else
@@ -285,7 +350,7 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, buffer 
 /// The coroutine form: throws ordo::rpc_error carrying the code, method, peer and detail.
 template <class R>
 net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string method,
-                                 buffer params, call_options o) {
+                                 params_buffer params, call_options o) {
     auto [ec, out] =
         co_await async_call_op<call_outcome>(ch, method, std::move(params), o, use_tuple);
     if (ec) throw rpc_error(ec, method, ch->remote_address(), out.detail);
@@ -299,7 +364,7 @@ net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string m
 }
 
 template <class R, class Token>
-auto call(std::shared_ptr<channel_impl> ch, std::string method, buffer params, call_options o,
+auto call(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params, call_options o,
           Token&& token) {
     if constexpr (is_use_awaitable<std::decay_t<Token>>::value)
         return call_awaitable<R>(std::move(ch), std::move(method), std::move(params), o);
@@ -309,9 +374,9 @@ auto call(std::shared_ptr<channel_impl> ch, std::string method, buffer params, c
 }
 
 template <class... Args>
-buffer pack_params(const Args&... args) {
-    buffer b(128);  // msgpack's default first allocation is 8 KiB: too much for most calls
-    msgpack::packer<buffer> p(b);
+params_buffer pack_params(const Args&... args) {
+    params_buffer b;
+    msgpack::packer<params_buffer> p(b);
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
     return b;

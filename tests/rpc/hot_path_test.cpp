@@ -268,5 +268,31 @@ TEST(HotPath, TheIdTableAgreesWithAnUnorderedMapAndShrinksWhenCallsDrain) {
     EXPECT_TRUE(table.empty());
 }
 
+// Params are packed into a buffer with inline bytes: small and large params, moved and copied,
+// must hold exactly what msgpack packs.
+TEST(HotPath, ParamsBufferHoldsWhatMsgpackPacksInlineOrOnTheHeap) {
+    for (std::size_t n : {0u, 1u, 90u, 111u, 112u, 113u, 5000u}) {
+        const std::string s(n, 'x');
+        msgpack::sbuffer expected;
+        msgpack::pack(expected, std::make_tuple(7, s, true));
+        auto b = detail::pack_params(7, s, true);
+        ASSERT_EQ(std::string_view(b.data(), b.size()),
+                  std::string_view(expected.data(), expected.size()))
+            << n;
+        detail::params_buffer moved(std::move(b));
+        EXPECT_EQ(b.size(), 0u);
+        EXPECT_EQ(std::string_view(moved.data(), moved.size()),
+                  std::string_view(expected.data(), expected.size()));
+        auto copy = moved.copy();
+        detail::params_buffer assigned;
+        assigned.write("junk", 4);
+        assigned = std::move(moved);
+        EXPECT_EQ(std::string_view(assigned.data(), assigned.size()),
+                  std::string_view(copy.data(), copy.size()));
+        assigned.clear();
+        EXPECT_EQ(assigned.size(), 0u);
+    }
+}
+
 }  // namespace
 }  // namespace ordo
