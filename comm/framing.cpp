@@ -1,5 +1,7 @@
 #include "comm/framing.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -8,26 +10,31 @@
 namespace ordo::detail {
 namespace {
 
+// A big-endian length field of 1, 2 or 4 bytes.
 std::uint64_t load_be(const unsigned char* p, int bytes) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v = (v << 8) | p[i];
-    return v;
+    switch (bytes) {
+        case 1: return p[0];
+        case 2: return std::uint64_t(p[0]) << 8 | p[1];
+        default:
+            return std::uint64_t(p[0]) << 24 | std::uint64_t(p[1]) << 16 |
+                   std::uint64_t(p[2]) << 8 | p[3];
+    }
 }
 
 // What one msgpack token is, read from its first byte.
 struct token_shape {
-    enum kind_t { scalar, payload, array, map, invalid } kind;
-    int header;       // bytes before the payload, type byte included
-    int length_at;    // offset of the big-endian length field (payload, array, map)
-    int length_size;  // 0: the length is in the type byte (fix types)
-    std::uint64_t fixed_length;
+    enum kind_t : std::uint8_t { scalar, payload, array, map, invalid } kind;
+    std::uint8_t header;        // bytes before the payload, type byte included
+    std::uint8_t length_at;     // offset of the big-endian length field (payload, array, map)
+    std::uint8_t length_size;   // 0: the length is in the type byte (fix types)
+    std::uint8_t fixed_length;  // fix types: the length from the type byte
 };
 
-token_shape shape_of(unsigned char b) {
+constexpr token_shape classify(unsigned char b) {
     if (b <= 0x7f || b >= 0xe0) return {token_shape::scalar, 1, 0, 0, 0};
-    if (b <= 0x8f) return {token_shape::map, 1, 0, 0, std::uint64_t(b & 0x0f)};
-    if (b <= 0x9f) return {token_shape::array, 1, 0, 0, std::uint64_t(b & 0x0f)};
-    if (b <= 0xbf) return {token_shape::payload, 1, 0, 0, std::uint64_t(b & 0x1f)};
+    if (b <= 0x8f) return {token_shape::map, 1, 0, 0, std::uint8_t(b & 0x0f)};
+    if (b <= 0x9f) return {token_shape::array, 1, 0, 0, std::uint8_t(b & 0x0f)};
+    if (b <= 0xbf) return {token_shape::payload, 1, 0, 0, std::uint8_t(b & 0x1f)};
     switch (b) {
         case 0xc0:
         case 0xc2:
@@ -61,6 +68,58 @@ token_shape shape_of(unsigned char b) {
         case 0xde: return {token_shape::map, 3, 1, 2, 0};
         case 0xdf: return {token_shape::map, 5, 1, 4, 0};
         default: return {token_shape::invalid, 1, 0, 0, 0};  // 0xc1 is never used
+    }
+}
+
+// classify() for every byte, computed at compile time: one load per token on the hot path.
+constexpr auto shapes = [] {
+    std::array<token_shape, 256> t{};
+    for (int b = 0; b < 256; ++b) t[std::size_t(b)] = classify(static_cast<unsigned char>(b));
+    return t;
+}();
+
+const token_shape& shape_of(unsigned char b) {
+    return shapes[b];
+}
+
+// The size of the message at the start of `p` when all of it is among the `avail` bytes and
+// within every limit; else 0. This is the common case (a read brings many whole small
+// messages), walked in one tight pass with a fixed stack and no bookkeeping between calls.
+// Anything else (a message not complete yet, a broken limit, an invalid byte, nesting deeper
+// than the fixed stack) gets 0 and framer::next() walks it again incrementally: that walk raises
+// the errors, so each error has one wording, and a message is walked at most twice.
+std::size_t whole_message(const unsigned char* p, std::size_t avail, const limits& l) {
+    constexpr std::size_t stack_size = 32;
+    std::uint64_t left[stack_size];  // entries still expected, per open container
+    const std::size_t max_depth = std::min(l.max_depth, stack_size);
+    const std::size_t end = std::min(avail, l.max_message_bytes);
+    std::size_t depth = 0, pos = 0, objects = 0;
+    for (;;) {
+        if (pos >= end) return 0;
+        const token_shape& s = shape_of(p[pos]);
+        if (s.kind == token_shape::invalid || end - pos < std::size_t(s.header)) return 0;
+        const std::uint64_t length =
+            s.length_size == 0 ? s.fixed_length : load_be(p + pos + s.length_at, s.length_size);
+        std::uint64_t size = std::uint64_t(s.header);
+        if (s.kind == token_shape::payload) {
+            if (length > l.max_string_bytes) return 0;
+            size += length;
+        }
+        if (size > end - pos || ++objects > l.max_objects) return 0;
+        pos += size;
+        if (s.kind == token_shape::array || s.kind == token_shape::map) {
+            if (depth + 1 > max_depth) return 0;
+            if (length > 0) {
+                const std::uint64_t entries = s.kind == token_shape::map ? length * 2 : length;
+                if (length > l.max_container_length || entries > l.max_message_bytes - pos)
+                    return 0;
+                left[depth++] = entries;
+                continue;
+            }
+        }
+        // An item is done: it may complete its container, and that one its own, and so on.
+        while (depth > 0 && --left[depth - 1] == 0) --depth;
+        if (depth == 0) return pos;
     }
 }
 
@@ -119,9 +178,16 @@ void framer::push_container(std::uint64_t entries, std::uint64_t length) {
 
 std::optional<std::string_view> framer::next() {
     const auto* data = reinterpret_cast<const unsigned char*>(buf_.data());
+    if (scan_ == begin_ && scan_ < end_) {  // at the start of a message: try it whole
+        if (const std::size_t n = whole_message(data + begin_, end_ - begin_, limits_)) {
+            std::string_view whole(buf_.data() + begin_, n);
+            begin_ = scan_ = begin_ + n;
+            return whole;
+        }
+    }
     while (scan_ < end_) {
         const std::size_t avail = end_ - scan_;
-        const token_shape s = shape_of(data[scan_]);
+        const token_shape& s = shape_of(data[scan_]);
         if (s.kind == token_shape::invalid)
             fail("invalid msgpack type byte 0xc1 at message offset", scan_ - begin_, 0);
         if (avail < std::size_t(s.header)) break;

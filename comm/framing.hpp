@@ -17,9 +17,10 @@ namespace ordo::detail {
 /// The framer owns its buffer: read into prepare(), announce with commit(), then take whole
 /// objects with next() until it returns nothing. Each header is checked against the limits as
 /// soon as its bytes are in, so a 4 GiB string header fails at once and memory stays within
-/// max_message_bytes plus one read chunk. Work is linear in the bytes received: the scan resumes
-/// where it stopped, and a partial token (at most a 9-byte header) is read again at most once per
-/// commit.
+/// max_message_bytes plus one read chunk. Work is linear in the bytes received: a message found
+/// whole in the buffer is cut in one tight pass; otherwise it is scanned incrementally (once more
+/// from its start), the scan resumes where it stopped, and a partial token (at most a 9-byte
+/// header) is read again at most once per commit.
 ///
 /// Errors are std::system_error with errc::protocol_error and a message saying what was wrong;
 /// after one the framer is unusable (the connection must close).

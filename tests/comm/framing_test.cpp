@@ -1,5 +1,6 @@
 #include "comm/framing.hpp"
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,77 @@ TEST(Framer, LargeMessageInManyChunksIsScannedOnceAndYieldedWhole) {
     }
     EXPECT_EQ(yielded, 1u);
     EXPECT_EQ(f.buffered(), 0u);
+}
+
+// A random msgpack object: nested arrays and maps of ints, strings and nils.
+void random_object(std::mt19937& rng, msgpack::packer<msgpack::sbuffer>& p, int depth) {
+    switch (depth > 6 ? rng() % 3 : rng() % 5) {
+        case 0: p.pack(int(rng() % 300) - 100); break;
+        case 1: p.pack(std::string(rng() % 40, 's')); break;
+        case 2: p.pack_nil(); break;
+        case 3: {
+            const unsigned n = rng() % 5;
+            p.pack_array(n);
+            for (unsigned i = 0; i < n; ++i) random_object(rng, p, depth + 1);
+            break;
+        }
+        default: {
+            const unsigned n = rng() % 3;
+            p.pack_map(n);
+            for (unsigned i = 0; i < 2 * n; ++i) random_object(rng, p, depth + 1);
+        }
+    }
+}
+
+// What a framer yields for `stream` fed in pieces of `chunk` bytes (0: all at once): the
+// objects, then the error if one was raised.
+std::vector<std::string> outcome(const std::string& stream, const limits& l, std::size_t chunk) {
+    framer f(l);
+    std::vector<std::string> got;
+    try {
+        for (std::size_t at = 0; at < stream.size();) {
+            const std::size_t n = chunk == 0 ? stream.size() : std::min(chunk, stream.size() - at);
+            f.feed(std::string_view(stream).substr(at, n));
+            at += n;
+            while (auto m = f.next()) got.emplace_back(*m);
+        }
+        f.finish();
+    } catch (const std::system_error& e) {
+        // Without the figures in parentheses: "message longer than max_message_bytes" reports
+        // the bytes buffered so far, which depend on how the stream was cut.
+        const std::string what = e.what();
+        got.push_back("error: " + what.substr(0, what.find(" (")));
+    }
+    return got;
+}
+
+// Whole messages take the one-pass path; pieces take the incremental scan. With small random
+// limits (so that every limit is hit at every position), both must cut the same messages and
+// raise the same errors at the same points.
+TEST(Framer, TheWholeMessagePathAndTheIncrementalScanAgreeUnderRandomLimits) {
+    std::mt19937 rng(11);
+    int errors = 0;
+    for (int round = 0; round < 3000; ++round) {
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        for (int m = 0; m < 4; ++m) random_object(rng, p, 1);
+        std::string stream(b.data(), b.size());
+        if (round % 10 == 0) stream.push_back('\xc1');  // an invalid byte after them
+        if (round % 10 == 1) stream.pop_back();          // truncated
+        limits l;
+        l.max_depth = 1 + rng() % 8;
+        l.max_objects = 1 + rng() % 60;
+        l.max_container_length = rng() % 6;
+        l.max_string_bytes = rng() % 45;
+        l.max_message_bytes = 8 + rng() % 300;
+        const auto whole = outcome(stream, l, 0);
+        EXPECT_EQ(whole, outcome(stream, l, 1)) << "round " << round;
+        EXPECT_EQ(whole, outcome(stream, l, 1 + rng() % 20)) << "round " << round;
+        if (!whole.empty() && whole.back().rfind("error: ", 0) == 0) ++errors;
+    }
+    // The limits must bite in many rounds and let messages through in others.
+    EXPECT_GT(errors, 300);
+    EXPECT_LT(errors, 2900);
 }
 
 }  // namespace
