@@ -727,17 +727,19 @@ net::awaitable<result> ordo_pipelined(const config& cfg, ordo::channel ch, long 
     co_return res;
 }
 
-net::awaitable<result> ordo_seq(const config& cfg, ordo::channel ch, long count) {
+// `count` echo calls of `size` bytes, one at a time (a coroutine awaiting each), each timed and
+// checked; `what` names them in an error. The seq workload, and hol's small calls.
+net::awaitable<result> ordo_seq(ordo::channel ch, std::size_t size, long count, const char* what) {
     result res;
     res.lat_us.reserve(static_cast<std::size_t>(count));
-    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    std::string p = payload(size, 0);
     const auto start = clock_type::now();
     for (long i = 0; i < count; ++i) {
         stamp(p, static_cast<std::uint64_t>(i));
         const auto t0 = clock_type::now();
         std::string r = co_await ch.async_call<std::string>("echo", p);
         res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
-        check_echo({}, r, p.size(), i, "seq");
+        check_echo({}, r, p.size(), i, what);
     }
     res.seconds = seconds_since(start);
     res.calls = count;
@@ -783,7 +785,6 @@ net::awaitable<result> ordo_naive(const config& cfg, std::string url, long count
 net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
     result res;
     const std::string big = payload(static_cast<std::size_t>(cfg.size), 7);
-    std::string small = payload(16, 0);
     bool stop = false;
     int big_running = 0;
     long big_done = 0;
@@ -802,16 +803,7 @@ net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
         });
     };
     issue_big();
-    const auto start = clock_type::now();
-    for (long i = 0; i < cfg.count; ++i) {
-        stamp(small, static_cast<std::uint64_t>(i));
-        const auto t0 = clock_type::now();
-        std::string r = co_await ch.async_call<std::string>("echo", small);
-        res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
-        check_echo({}, r, small.size(), i, "hol small");
-    }
-    res.seconds = seconds_since(start);
-    res.calls = cfg.count;
+    res = co_await ordo_seq(ch, 16, cfg.count, "hol small");
     stop = true;
     co_await wait_until([&] { return big_running == 0; });
     if (!error.empty()) fail(error);
@@ -861,7 +853,7 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
     ordo::channel ch = co_await ordo_channel(cfg, url, connections);
     result r;
     if (cfg.workload == "oneway") r = co_await ordo_oneway(cfg, ch);
-    else if (cfg.workload == "seq") r = co_await ordo_seq(cfg, ch, count);
+    else if (cfg.workload == "seq") r = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), count, "seq");
     else if (cfg.workload == "hol") r = co_await ordo_hol(cfg, ch);
     else r = co_await ordo_pipelined(cfg, ch, count, inflight, 0);
     if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
