@@ -7,6 +7,9 @@
 #include "rpc/detail/connecting.hpp"
 
 namespace ordo {
+
+channel_impl::~channel_impl() = default;
+
 namespace detail {
 
 std::size_t number_parameter(std::string_view url, const std::string& key,

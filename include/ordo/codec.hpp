@@ -9,6 +9,7 @@
 
 #include <msgpack.hpp>
 
+#include "ordo/detail/message_heads.hpp"
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
 
@@ -38,10 +39,8 @@ using buffer = msgpack::sbuffer;
 template <class... Args>
 void encode_request(buffer& out, std::uint32_t msgid, std::string_view method,
                     const Args&... args) {
+    detail::write_request_head(out, msgid, method);
     msgpack::packer<buffer> p(out);
-    p.pack_array(4).pack_uint8(0).pack_uint32(msgid);
-    p.pack_str(static_cast<std::uint32_t>(method.size()))
-        .pack_str_body(method.data(), method.size());
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
 }
@@ -49,10 +48,8 @@ void encode_request(buffer& out, std::uint32_t msgid, std::string_view method,
 /// Appends `[2, method, [args...]]` to `out`.
 template <class... Args>
 void encode_notification(buffer& out, std::string_view method, const Args&... args) {
+    detail::write_notification_head(out, method);
     msgpack::packer<buffer> p(out);
-    p.pack_array(3).pack_uint8(2);
-    p.pack_str(static_cast<std::uint32_t>(method.size()))
-        .pack_str_body(method.data(), method.size());
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
 }
@@ -60,9 +57,8 @@ void encode_notification(buffer& out, std::string_view method, const Args&... ar
 /// Appends the success response `[1, msgid, nil, result]` to `out`.
 template <class T>
 void encode_response(buffer& out, std::uint32_t msgid, const T& result) {
-    msgpack::packer<buffer> p(out);
-    p.pack_array(4).pack_uint8(1).pack_uint32(msgid).pack_nil();
-    p.pack(result);
+    detail::write_response_head(out, msgid);
+    msgpack::pack(out, result);
 }
 
 /// Appends `[1, msgid, {"code": code, "message": text}, nil]`: ordo's own error object.

@@ -1,0 +1,115 @@
+#include "rpc/call_table.hpp"
+
+#include "ordo/peer.hpp"
+#include "rpc/detail/wire_errors.hpp"
+
+namespace ordo::detail {
+
+call_table::call_table(net::any_io_executor ex, options o, call_table_host& host,
+                       peer_counters& c)
+    : ex_(std::move(ex)), o_(o), host_(host), c_(c), next_id_(o.first_msgid) {}
+
+call_table::~call_table() = default;
+
+std::uint32_t call_table::next_id() {
+    std::uint32_t id;
+    do id = next_id_++;
+    while (pending_.contains(id) || abandoned_.count(id) != 0);
+    return id;
+}
+
+void call_table::count() {
+    c_.pending_calls = waiting();
+}
+
+void call_table::add(std::uint32_t msgid, std::unique_ptr<pending_call> call) {
+    auto& e = pending_.insert(msgid);
+    const auto timeout =
+        call->options.timeout.count() > 0 ? call->options.timeout : o_.default_timeout;
+    if (timeout.count() > 0 || call->slot.is_connected())
+        e.watch.arm(ex_, timeout, *call, host_.owner(),
+                    [this, msgid](errc why) { withdraw(msgid, why); });
+    e.call = std::move(call);
+    count();
+}
+
+void call_table::add_ping(std::uint32_t msgid) {
+    pending_.insert(msgid).is_ping = true;
+    ++pings_;
+}
+
+void call_table::abandon(std::uint32_t msgid) {
+    abandoned_.insert(msgid);
+    abandoned_order_.push_back(msgid);
+    if (abandoned_order_.size() > o_.max_abandoned_ids) {
+        abandoned_.erase(abandoned_order_.front());
+        abandoned_order_.pop_front();
+    }
+}
+
+// Two-phase, as seastar does it: the entry goes first (a response arriving later is dropped as
+// abandoned), then the remote side is asked to stop, then the caller hears.
+void call_table::withdraw(std::uint32_t msgid, errc why) {
+    auto taken = pending_.take(msgid);
+    if (!taken) return;
+    entry e = std::move(*taken);
+    count();
+    e.watch.disarm(*e.call);
+    abandon(msgid);
+    host_.send_cancel(msgid);
+    fail(*e.call, why,
+         why == errc::timed_out
+             ? "no response within " + std::to_string(e.watch.timeout().count()) + " ms"
+             : std::string("cancelled by the caller"));
+}
+
+void call_table::fail(pending_call& call, std::error_code ec, std::string detail) {
+    call_outcome out;
+    out.detail = std::move(detail);
+    call.complete(ec, std::move(out));
+    ++c_.calls_completed;
+}
+
+void call_table::on_response(message& m) {
+    auto taken = pending_.take(m.msgid);
+    if (!taken) {
+        if (abandoned_.erase(m.msgid) != 0) return;  // a late answer to a withdrawn call
+        throw_error(errc::protocol_error, "ordo: protocol error: response to msgid " +
+                                              std::to_string(m.msgid) +
+                                              ", which no call is waiting for");
+    }
+    entry e = std::move(*taken);
+    if (e.is_ping) {  // only its arrival mattered
+        --pings_;
+        return;
+    }
+    e.watch.disarm(*e.call);
+    if (!e.call->takes_borrowed()) own(m);
+    call_outcome out;
+    std::error_code ec;
+    if (m.error.is_nil())
+        out.result = m.result;
+    else
+        ec = error_from_wire(m.error, out.detail);
+    out.borrowed = m.borrowed;
+    out.message = std::move(m.handle);
+    e.call->complete_inline(ec, std::move(out));
+    count();
+    ++c_.calls_completed;
+}
+
+void call_table::fail_all(std::error_code ec, const std::string& why) {
+    auto calls = pending_.take_all();
+    abandoned_.clear();
+    abandoned_order_.clear();
+    pings_ = 0;
+    c_.pending_calls = 0;
+    for (auto& [id, e] : calls) {
+        if (e.is_ping) continue;
+        e.watch.disarm(*e.call);
+        fail(*e.call, ec, why);
+    }
+    count();
+}
+
+}  // namespace ordo::detail

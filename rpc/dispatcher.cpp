@@ -1,0 +1,227 @@
+#include "rpc/dispatcher.hpp"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+
+#include "ordo/handlers.hpp"
+#include "ordo/peer.hpp"
+#include "rpc/detail/wire_errors.hpp"
+
+namespace ordo::detail {
+
+std::string type_name(const std::type_info& t) {
+    int status = 0;
+    char* raw = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+    std::string name = status == 0 && raw ? raw : t.name();
+    std::free(raw);
+    if (name.find("basic_string<char") != std::string::npos) return "std::string";
+    return name;
+}
+
+void throw_bad_arguments(std::string_view method, const std::string& signature,
+                         const std::string& what) {
+    throw_error(errc::bad_arguments,
+                "bad arguments for " + std::string(method) + signature + ": " + what);
+}
+
+struct dispatcher::run {
+    std::uint32_t msgid = 0;
+    bool is_request = false;
+    bool serial = false;
+    bool cancelled = false;
+    net::cancellation_signal signal;
+};
+
+dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
+                       std::size_t max_queued_messages, dispatcher_host& host, peer_counters& c)
+    : self_(self), h_(h), max_queued_(max_queued_messages), host_(host), c_(c), ex_(std::move(ex)) {}
+
+dispatcher::~dispatcher() = default;
+
+void dispatcher::on_message(message& m) {
+    if (stopped_) return;
+    if (m.method.starts_with("ordo.")) return on_reserved(m);
+    if (serial_busy_ || !queue_.empty()) {
+        own(m);
+        queue_.push_back(std::move(m));
+        c_.queued_messages = queue_.size();
+        if (!paused_ && queue_.size() >= max_queued_) {
+            paused_ = true;
+            host_.pause_reading(true);
+        }
+        return;
+    }
+    dispatch(m);
+}
+
+// Reserved methods are answered at once, never queued behind a handler: a ping must prove the
+// connection alive while a long serial handler runs, and a cancel must reach that handler.
+void dispatcher::on_reserved(const message& m) {
+    const bool req = m.kind == message_kind::request;
+    if (m.method == "ordo.ping") {
+        if (req) {
+            buffer b;
+            encode_response(b, m.msgid, msgpack::type::nil_t());
+            host_.send_response(b);
+        }
+    } else if (m.method == "ordo.cancel") {
+        if (m.params.via.array.size == 1 &&
+            m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
+            cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+    } else if (req) {
+        respond_error(m.msgid, errc::method_not_found,
+                      "no method \"" + std::string(m.method) + "\" (reserved name)");
+    }
+}
+
+void dispatcher::cancel_handler(std::uint32_t msgid) {
+    for (auto& r : runs_) {
+        if (r.is_request && r.msgid == msgid && !r.cancelled) {
+            r.cancelled = true;
+            ++c_.handlers_cancelled;
+            r.signal.emit(net::cancellation_type::terminal);
+            return;
+        }
+    }
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+        if (it->kind == message_kind::request && it->msgid == msgid) {
+            queue_.erase(it);
+            c_.queued_messages = queue_.size();
+            respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
+            return;
+        }
+    }
+}
+
+void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string& text) {
+    buffer b;
+    encode_error_response(b, msgid, code, text);
+    host_.send_response(b);
+}
+
+void dispatcher::dispatch(message& m) {
+    const bool req = m.kind == message_kind::request;
+    const handler_entry* e = h_ ? h_->find(m.method) : nullptr;
+    if (!e) {
+        if (req)
+            respond_error(m.msgid, errc::method_not_found,
+                          "no method \"" + std::string(m.method) + "\"");
+        else
+            ++c_.unknown_notifications;
+        return;
+    }
+    if (e->sync) return run_sync(*e, m);
+    start_async(*e, m);
+}
+
+void dispatcher::run_sync(const handler_entry& e, const message& m) {
+    const bool req = m.kind == message_kind::request;
+    scratch_.clear();
+    if (req) write_response_head(scratch_, m.msgid);
+    try {
+        e.sync(self_, m.params, scratch_);
+    } catch (...) {
+        auto [code, text] = describe_current_exception();
+        scratch_.clear();
+        if (req)
+            encode_error_response(scratch_, m.msgid, code, text);
+        else
+            ++c_.notification_errors;
+    }
+    if (req) {
+        host_.send_response(scratch_);
+        ++c_.requests_served;
+    } else {
+        ++c_.notifications_served;
+    }
+}
+
+void dispatcher::start_async(const handler_entry& e, message& m) {
+    own(m);  // the handler's params live as long as its coroutine
+    auto& r = runs_.emplace_back();
+    r.msgid = m.msgid;
+    r.is_request = m.kind == message_kind::request;
+    r.serial = !e.concurrent;
+    if (r.serial) serial_busy_ = true;
+    c_.running_handlers = runs_.size();
+    host_.handler_started();
+    auto out = std::make_unique<buffer>();
+    if (r.is_request) write_response_head(*out, m.msgid);
+    // Creating the coroutine copies the handler into its frame: re-registering the name while
+    // it runs is harmless.
+    auto body = e.async(self_, m.params, *out);
+    // run_handler catches what the body throws, and finish_handler throws nothing (a response
+    // that cannot be sent ends the connection instead): no exception reaches the completion.
+    net::co_spawn(ex_,
+                  run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
+                              std::move(out), std::move(body)),
+                  net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+}
+
+net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void> keep,
+                                             std::list<run>::iterator it, message m,
+                                             std::unique_ptr<buffer> out,
+                                             net::awaitable<void> body) {
+    bool failed = false;
+    std::pair<errc, std::string> why;
+    try {
+        co_await std::move(body);
+    } catch (...) {
+        failed = true;
+        why = describe_current_exception();
+    }
+    // `keep` holds the connection, and so `d`, until here.
+    d->finish_handler(it, m, *out, failed, why);
+    keep.reset();
+}
+
+void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
+                                bool failed, const std::pair<errc, std::string>& why) {
+    const bool serial = it->serial;
+    const bool req = it->is_request;
+    runs_.erase(it);
+    c_.running_handlers = runs_.size();
+    if (req) {
+        if (failed) {
+            out.clear();
+            encode_error_response(out, m.msgid, why.first, why.second);
+        }
+        host_.send_response(out);
+        ++c_.requests_served;
+    } else {
+        if (failed) ++c_.notification_errors;
+        ++c_.notifications_served;
+    }
+    if (serial) {
+        serial_busy_ = false;
+        drain_queue();
+    }
+}
+
+void dispatcher::drain_queue() {
+    while (!serial_busy_ && !queue_.empty() && !stopped_) {
+        message m = std::move(queue_.front());
+        queue_.pop_front();
+        dispatch(m);
+    }
+    c_.queued_messages = queue_.size();
+    if (paused_ && queue_.size() <= max_queued_ / 2) {
+        paused_ = false;
+        host_.pause_reading(false);
+    }
+}
+
+void dispatcher::stop() {
+    stopped_ = true;
+    for (auto& r : runs_) {
+        if (r.cancelled) continue;
+        r.cancelled = true;
+        ++c_.handlers_cancelled;
+        r.signal.emit(net::cancellation_type::terminal);
+    }
+    queue_.clear();
+    c_.queued_messages = 0;
+}
+
+}  // namespace ordo::detail

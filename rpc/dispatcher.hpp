@@ -1,0 +1,97 @@
+// Dispatch of the messages an ordered connection receives (DESIGN.md section 5, the ordering
+// guarantee): requests and notifications start their handlers in arrival order; a serial handler
+// runs to completion before the next message starts, a concurrent one lets it start while
+// suspended; what cannot start yet waits in a bounded queue (reading pauses when it is full);
+// ordo.cancel cancels a running handler or answers a queued request; ordo.ping is answered; when
+// the connection ends every handler is cancelled and the queue dropped.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+
+#include "ordo/codec.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+class peer;
+class handlers;
+struct peer_counters;
+
+namespace detail {
+
+struct handler_entry;
+
+/// What a dispatcher needs from its connection.
+class dispatcher_host {
+  public:
+    virtual ~dispatcher_host() = default;
+    /// Sends one encoded response (or nothing, once the connection has ended).
+    virtual void send_response(const buffer& b) = 0;
+    /// Stops (true) or resumes (false) reading from the remote side.
+    virtual void pause_reading(bool paused) = 0;
+    /// A handler started: the remote side now waits on this one (liveness).
+    virtual void handler_started() = 0;
+    /// The connection, kept alive by each handler coroutine until it ends.
+    virtual std::shared_ptr<void> keep_alive() = 0;
+};
+
+/// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,
+/// running_handlers, requests_served, notifications_served, unknown_notifications,
+/// notification_errors, handlers_cancelled).
+class dispatcher {
+  public:
+    /// `self` is what handlers that take `ordo::peer&` receive; `h` (may be null: every request
+    /// answers method-not-found) must outlive the dispatcher.
+    dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
+               std::size_t max_queued_messages, dispatcher_host& host, peer_counters& c);
+    ~dispatcher();
+    dispatcher(const dispatcher&) = delete;
+    dispatcher& operator=(const dispatcher&) = delete;
+
+    /// A request or a notification, as received (possibly borrowed from the read zone: what
+    /// is kept is own()ed, and `m` may be moved from).
+    void on_message(message& m);
+    /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
+    /// the queue; later messages are not dispatched.
+    void stop();
+
+    std::size_t running() const noexcept { return runs_.size(); }
+    std::size_t queued() const noexcept { return queue_.size(); }
+
+  private:
+    struct run;
+
+    void on_reserved(const message& m);
+    void cancel_handler(std::uint32_t msgid);
+    void respond_error(std::uint32_t msgid, errc code, const std::string& text);
+    void dispatch(message& m);
+    void run_sync(const handler_entry& e, const message& m);
+    void start_async(const handler_entry& e, message& m);
+    static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
+                                            std::list<run>::iterator it, message m,
+                                            std::unique_ptr<buffer> out,
+                                            net::awaitable<void> body);
+    void finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
+                        bool failed, const std::pair<errc, std::string>& why);
+    void drain_queue();
+
+    peer& self_;
+    const handlers* h_;
+    std::size_t max_queued_;
+    dispatcher_host& host_;
+    peer_counters& c_;
+    net::any_io_executor ex_;
+    std::deque<message> queue_;
+    std::list<run> runs_;
+    buffer scratch_;  // responses of plain-function handlers, reused
+    bool serial_busy_ = false;
+    bool paused_ = false;
+    bool stopped_ = false;
+};
+
+}  // namespace detail
+}  // namespace ordo
