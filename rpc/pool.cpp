@@ -6,6 +6,7 @@
 
 #include "rpc/detail/connecting.hpp"
 #include "rpc/detail/wait_queue.hpp"
+#include "rpc/detail/when_closed.hpp"
 
 namespace ordo {
 
@@ -174,13 +175,8 @@ struct pool::state {
         auto conn = make_peer(std::move(t), o.peer, nullptr);
         conn->start();
         ++c.connections_opened;
-        std::weak_ptr<pool> wp = self.weak_from_this();
-        conn->on_closed([wp, raw = conn.get()](const std::error_code&, const std::string&) {
-            if (auto p = wp.lock())
-                net::post(p->s_->ex, [wp, raw] {
-                    if (auto p = wp.lock()) p->s_->forget_idle(raw);
-                });
-        });
+        detail::when_closed(*conn, ex, self.weak_from_this(),
+                            [this, raw = conn.get()](const std::string&) { forget_idle(raw); });
         open.push_back(conn);
         if (closed) {
             discard(conn);

@@ -7,6 +7,7 @@
 
 #include "rpc/detail/connecting.hpp"
 #include "rpc/detail/wait_queue.hpp"
+#include "rpc/detail/when_closed.hpp"
 
 namespace ordo {
 namespace {
@@ -84,18 +85,6 @@ struct router::state {
         histogram latency;
     };
 
-    // A call that came back for its second (and last) try after its replica died.
-    class retried_call final : public detail::pending_call {
-      public:
-        explicit retried_call(std::unique_ptr<pending_call> inner) : inner_(std::move(inner)) {}
-        void complete(std::error_code ec, call_outcome out) override {
-            inner_->complete(ec, std::move(out));
-        }
-
-      private:
-        std::unique_ptr<pending_call> inner_;
-    };
-
     // The call as sent to one replica: books its outcome, then completes the caller's call
     // (`inner`; none for shadow calls).
     class routed_call final : public detail::pending_call {
@@ -145,6 +134,9 @@ struct router::state {
     double shadow_credit = 0;
     bool pump_posted = false;
     bool closed = false;
+    // Replicas that left while their peer may be on the stack (lose() runs inside the peer's
+    // close): owned here until the executor comes back to release them.
+    std::vector<std::shared_ptr<replica>> retired;
 
     void update() { c.queued = queue.size(); }
 
@@ -236,7 +228,7 @@ struct router::state {
 
     void start_call(std::unique_ptr<detail::pending_call> call) {
         if (closed) return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
-        const bool retry = dynamic_cast<retried_call*>(call.get()) != nullptr;
+        const bool retry = call->attempt > 0;
         if (!retry) ++c.calls;
         const auto timeout =
             call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
@@ -312,16 +304,14 @@ struct router::state {
         if (!rc.inner) {  // shadow
             ++(ec ? c.shadow_errors : c.shadow_ok);
         } else if (ec == errc::peer_lost && rc.saved_params) {
-            auto again = std::make_unique<retried_call>(std::move(rc.inner));
+            // The caller's own call comes back for its second (and last) try.
+            auto again = std::move(rc.inner);
             again->method = std::move(rc.method);
             again->params = std::move(*rc.saved_params);
             again->options = std::move(rc.options);
-            again->options.timeout = std::chrono::milliseconds(0);
-            if (rc.deadline != clock_type::time_point::max())
-                again->options.timeout = std::max(
-                    std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      rc.deadline - clock_type::now()));
+            again->options.timeout = detail::time_left(rc.deadline);
             again->slot = rc.slot;
+            again->attempt = 1;
             ++c.retried;
             net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {
                 if (auto rt = w.lock())
@@ -358,7 +348,7 @@ struct router::state {
             return peek(call) != nullptr;
         })) {
             replica* r = pick(*t->call);
-            const bool retry = dynamic_cast<retried_call*>(t->call.get()) != nullptr;
+            const bool retry = t->call->attempt > 0;
             send(shared(r), std::move(t->call), t->timeout, retry);
         }
         update();
@@ -381,7 +371,11 @@ struct router::state {
         const bool was_draining = r.ph == phase::draining;
         r.ph = phase::gone;
         // Its peer may be the caller, inside its own close: release it later, not here.
-        net::post(ex, [keep = shared(&r)] {});
+        if (retired.empty())
+            net::post(ex, [w = self.weak_from_this()] {
+                if (auto rt = w.lock()) rt->s_->retired.clear();
+            });
+        retired.push_back(shared(&r));
         std::erase_if(reps, [&](const auto& p) { return p.get() == &r; });
         rebuild_ring();
         rename();
@@ -423,15 +417,10 @@ struct router::state {
         if (r->ph != phase::connecting) co_return;  // removed or closed while connecting
         r->conn = make_peer(std::move(t), o.peer, nullptr);
         r->conn->start();
-        std::weak_ptr<router> w = self.weak_from_this();
-        std::weak_ptr<replica> wr = r;
-        r->conn->on_closed([w, wr, ex = ex](const std::error_code&, const std::string& why) {
-            net::post(ex, [w, wr, why] {
-                auto rt = w.lock();
-                auto rep = wr.lock();
-                if (rt && rep) rt->s_->lose(*rep, why);
-            });
-        });
+        detail::when_closed(*r->conn, ex, self.weak_from_this(),
+                            [this, wr = std::weak_ptr<replica>(r)](const std::string& why) {
+                                if (auto rep = wr.lock()) lose(*rep, why);
+                            });
         r->ph = phase::live;
         rebuild_ring();
         event("replica " + r->url + " added");

@@ -3,6 +3,8 @@
 #include <list>
 #include <vector>
 
+#include "rpc/detail/when_closed.hpp"
+
 namespace ordo {
 
 struct server::state : std::enable_shared_from_this<server::state> {
@@ -41,16 +43,9 @@ struct server::state : std::enable_shared_from_this<server::state> {
             auto p = make_peer(std::move(t), s->o.peer, s->h);
             s->peers.push_back(p);
             auto it = std::prev(s->peers.end());
-            std::weak_ptr<state> w = s;
-            // Posted: the peer must not be released from inside its own callback.
-            p->on_closed([w, it](const std::error_code&, const std::string&) {
-                if (auto st = w.lock())
-                    net::post(st->ex, [w, it] {
-                        if (auto st = w.lock()) {
-                            st->peers.erase(it);
-                            st->changed.cancel();
-                        }
-                    });
+            detail::when_closed(*p, s->ex, s, [st = s.get(), it](const std::string&) {
+                st->peers.erase(it);
+                st->changed.cancel();
             });
             p->start();
         }

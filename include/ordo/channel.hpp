@@ -154,6 +154,8 @@ class pending_call {
     params_buffer params;  ///< the encoded params array
     call_options options;
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
+    /// 0 for a call as made; 1 when a router sends it again after its replica died.
+    std::uint8_t attempt = 0;
 };
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 // Calls waiting for capacity (a pool's connections, a router's replicas): one FIFO, each call
-// with its deadline and its caller's cancellation. Shared by rpc/pool.cpp and rpc/router.cpp.
+// with its deadline and its caller's cancellation (call_watch, as in the peer's call table).
+// Shared by rpc/pool.cpp and rpc/router.cpp.
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "ordo/channel.hpp"
+#include "rpc/detail/call_watch.hpp"
 
 namespace ordo::detail {
 
@@ -63,20 +65,7 @@ class wait_queue {
     void push(std::unique_ptr<pending_call> call, std::chrono::milliseconds timeout) {
         const std::uint64_t seq = next_seq_++;
         entry& e = q_[seq];
-        e.timeout = timeout;
-        if (timeout.count() > 0) {
-            e.deadline = clock::now() + timeout;
-            e.timer = std::make_unique<net::steady_timer>(ex_, e.deadline);
-            e.timer->async_wait([this, alive = std::weak_ptr<int>(alive_), seq](std::error_code ec) {
-                if (!ec && !alive.expired()) withdraw(seq, errc::timed_out);
-            });
-        }
-        if (call->slot.is_connected())
-            call->slot.assign([this, alive = std::weak_ptr<int>(alive_), seq, ex = ex_](net::cancellation_type) {
-                net::post(ex, [this, alive, seq] {
-                    if (!alive.expired()) withdraw(seq, errc::cancelled);
-                });
-            });
+        e.watch.arm(ex_, timeout, *call, alive_, [this, seq](errc why) { withdraw(seq, why); });
         e.call = std::move(call);
     }
 
@@ -86,14 +75,8 @@ class wait_queue {
             if (fits && !fits(*it->second.call)) continue;
             entry e = std::move(it->second);
             q_.erase(it);
-            if (e.timer) e.timer->cancel();
-            e.call->slot.clear();  // it held the queue's handler; the connection sets its own
-            auto left = e.timeout;
-            if (e.deadline != clock::time_point::max())
-                left = std::max(std::chrono::milliseconds(1),
-                                std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    e.deadline - clock::now()));
-            return taken{std::move(e.call), left};
+            e.watch.disarm(*e.call);  // the slot held the queue's handler; the connection sets its own
+            return taken{std::move(e.call), e.watch.left()};
         }
         return std::nullopt;
     }
@@ -108,8 +91,7 @@ class wait_queue {
         auto all = std::move(q_);
         q_.clear();
         for (auto& [seq, e] : all) {
-            if (e.timer) e.timer->cancel();
-            e.call->slot.clear();
+            e.watch.disarm(*e.call);
             fail_call(*e.call, ec, why);
         }
     }
@@ -117,9 +99,7 @@ class wait_queue {
   private:
     struct entry {
         std::unique_ptr<pending_call> call;
-        std::unique_ptr<net::steady_timer> timer;
-        clock::time_point deadline = clock::time_point::max();
-        std::chrono::milliseconds timeout{0};
+        call_watch watch;
     };
 
     void withdraw(std::uint64_t seq, errc why) {
@@ -127,11 +107,10 @@ class wait_queue {
         if (it == q_.end()) return;
         entry e = std::move(it->second);
         q_.erase(it);
-        if (e.timer) e.timer->cancel();
-        e.call->slot.clear();
+        e.watch.disarm(*e.call);
         if (on_change_) on_change_();
         fail_call(*e.call, why,
-                  why == errc::timed_out ? timed_out_reason_(e.timeout) : cancelled_reason_);
+                  why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_);
     }
 
     net::any_io_executor ex_;
