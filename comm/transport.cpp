@@ -11,7 +11,6 @@
 #include <openssl/x509v3.h>
 
 #include <algorithm>
-#include <charconv>
 #include <deque>
 
 #include <asio/connect.hpp>
@@ -21,6 +20,7 @@
 #include <asio/write.hpp>
 
 #include "comm/transports.hpp"
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -225,11 +225,8 @@ tls_options tls_settings(const address& a, tls_options o) {
             if (v != "none" && v != "peer") bad_tls(a, "verify must be peer or none");
             o.verify_peer = v == "peer";
         } else if (k == "handshake_timeout_ms") {
-            unsigned long ms = 0;
-            auto [end, e] = std::from_chars(v.data(), v.data() + v.size(), ms);
-            if (v.empty() || e != std::errc{} || end != v.data() + v.size())
-                bad_tls(a, "handshake_timeout_ms must be a number");
-            o.handshake_timeout = std::chrono::milliseconds(ms);
+            o.handshake_timeout =
+                std::chrono::milliseconds(detail::number_parameter(a.to_string(), k, v));
         }
     }
     return o;

@@ -27,6 +27,7 @@
 
 #include "comm/detail/zmq_socket.hpp"
 #include "comm/transports.hpp"
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo::detail {
@@ -161,9 +162,9 @@ class zmq_listener final : public listener {
         address bound = a;
         bound.params.clear();
         if (a.scheme == "zmq+tcp") {
-            // tcp://127.0.0.1:41234 (the port ZeroMQ picked for "*")
+            // tcp://127.0.0.1:41234 (the port ZeroMQ picked for "*"), read as any tcp URL.
             const std::string ep = s_->socket().get(zmq::sockopt::last_endpoint);
-            bound.port = static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
+            bound.port = parse_address("zmq+" + ep).port;
         }
         local_ = bound.to_string();
         s_->local = local_;
@@ -208,12 +209,8 @@ bool socket_file_in_use(const std::string& path) {
 
 zmq_options zmq_settings(const address& a, zmq_options o) {
     if (auto v = a.param("zmq_heartbeat_ms")) {
-        try {
-            o.heartbeat = std::chrono::milliseconds(std::stoul(*v));
-        } catch (const std::exception&) {
-            throw_error(errc::bad_address, "ordo: invalid address \"" + a.to_string() +
-                                               "\": zmq_heartbeat_ms must be a number");
-        }
+        o.heartbeat =
+            std::chrono::milliseconds(number_parameter(a.to_string(), "zmq_heartbeat_ms", *v));
     }
     return o;
 }
