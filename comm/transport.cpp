@@ -11,7 +11,6 @@
 #include <openssl/x509v3.h>
 
 #include <algorithm>
-#include <charconv>
 #include <deque>
 
 #include <asio/connect.hpp>
@@ -21,6 +20,7 @@
 #include <asio/write.hpp>
 
 #include "comm/transports.hpp"
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -132,6 +132,27 @@ class stream_transport final : public transport {
     Socket socket_;
 };
 
+// A connected tcp socket and the endpoint it reached.
+struct tcp_connection {
+    tcp::socket socket;
+    tcp::endpoint remote;
+};
+
+// Connects to the first of a.host's addresses that accepts, on the current executor, with
+// Nagle's delay off (batched_comm does its own batching). Throws what transport_fail throws:
+// "cannot resolve" or "cannot connect to", naming the URL.
+net::awaitable<tcp_connection> connect_tcp(const address& a) {
+    auto ex = co_await net::this_coro::executor;
+    tcp::resolver r(ex);
+    auto [rec, endpoints] = co_await r.async_resolve(a.host, std::to_string(a.port), use_tuple);
+    if (rec) fail("cannot resolve", a.to_string(), rec);
+    tcp::socket s(ex);
+    auto [ec, ep] = co_await net::async_connect(s, endpoints, use_tuple);
+    if (ec) fail("cannot connect to", a.to_string(), ec);
+    s.set_option(tcp::no_delay(true), ec);
+    co_return tcp_connection{std::move(s), ep};
+}
+
 tcp::acceptor open_acceptor(const net::any_io_executor& ex, const address& a) {
     tcp::acceptor acceptor(ex);
     std::error_code ec;
@@ -204,11 +225,8 @@ tls_options tls_settings(const address& a, tls_options o) {
             if (v != "none" && v != "peer") bad_tls(a, "verify must be peer or none");
             o.verify_peer = v == "peer";
         } else if (k == "handshake_timeout_ms") {
-            unsigned long ms = 0;
-            auto [end, e] = std::from_chars(v.data(), v.data() + v.size(), ms);
-            if (v.empty() || e != std::errc{} || end != v.data() + v.size())
-                bad_tls(a, "handshake_timeout_ms must be a number");
-            o.handshake_timeout = std::chrono::milliseconds(ms);
+            o.handshake_timeout =
+                std::chrono::milliseconds(detail::number_parameter(a.to_string(), k, v));
         }
     }
     return o;
@@ -287,15 +305,8 @@ net::awaitable<std::unique_ptr<transport>> connect_tls(const address& a,
                                                        const transport_options& to) {
     const tls_options o = tls_settings(a, to.tls);
     auto ctx = make_tls_context(a, o, false);
-    auto ex = co_await net::this_coro::executor;
-    tcp::resolver r(ex);
-    auto [rec, endpoints] = co_await r.async_resolve(a.host, std::to_string(a.port), use_tuple);
-    if (rec) fail("cannot resolve", a.to_string(), rec);
-    tcp::socket s(ex);
-    auto [ec, ep] = co_await net::async_connect(s, endpoints, use_tuple);
-    if (ec) fail("cannot connect to", a.to_string(), ec);
-    s.set_option(tcp::no_delay(true), ec);
-    auto ts = std::make_shared<tls_stream>(std::move(s), ctx);
+    tcp_connection c = co_await connect_tcp(a);
+    auto ts = std::make_shared<tls_stream>(std::move(c.socket), ctx);
     const std::string name = o.server_name.empty() ? a.host : o.server_name;
     SSL* h = ts->stream.native_handle();
     std::error_code not_ip;
@@ -312,7 +323,7 @@ net::awaitable<std::unique_ptr<transport>> connect_tls(const address& a,
     if (!why.empty())
         throw_error(errc::peer_lost,
                     "ordo: TLS handshake with " + a.to_string() + " failed: " + why);
-    co_return tls_transport(std::move(ts), tcp_url(ep, "tls"));
+    co_return tls_transport(std::move(ts), tcp_url(c.remote, "tls"));
 }
 
 // Accepts tcp connections and runs their handshakes side by side, so that one slow or silent
@@ -482,14 +493,9 @@ net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_v
         co_return std::make_unique<stream_transport<unix_stream::socket>>(std::move(s),
                                                                           a.to_string());
     }
-    tcp::resolver r(ex);
-    auto [rec, endpoints] = co_await r.async_resolve(a.host, std::to_string(a.port), use_tuple);
-    if (rec) fail("cannot resolve", a.to_string(), rec);
-    tcp::socket s(ex);
-    auto [ec, ep] = co_await net::async_connect(s, endpoints, use_tuple);
-    if (ec) fail("cannot connect to", a.to_string(), ec);
-    s.set_option(tcp::no_delay(true), ec);
-    co_return std::make_unique<stream_transport<tcp::socket>>(std::move(s), tcp_url(ep));
+    tcp_connection c = co_await connect_tcp(a);
+    co_return std::make_unique<stream_transport<tcp::socket>>(std::move(c.socket),
+                                                              tcp_url(c.remote));
 }
 
 std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url) {

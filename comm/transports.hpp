@@ -1,5 +1,5 @@
 // Private: the transports behind ordo::async_connect_transport and ordo::listen, one file each
-// (tcp, unix and tls in transport.cpp; inproc.cpp; zmq.cpp).
+// (tcp, unix and tls in transport.cpp; inproc.cpp; zmq.cpp, on detail/zmq_socket.hpp).
 #pragma once
 
 #include <memory>

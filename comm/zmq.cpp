@@ -1,8 +1,7 @@
 // zmq+tcp:// and zmq+ipc://: ZeroMQ DEALER (connecting side) and ROUTER (listening side) through
-// cppzmq, driven by the Asio event loop through the sockets' ZMQ_FD descriptors.
-//
-// ZMQ_FD only says "ZMQ_EVENTS may have changed", edge-triggered: after every send or receive we
-// re-read ZMQ_EVENTS and drain until it reports nothing, or the edge is lost and the loop stalls.
+// cppzmq, driven by the Asio event loop through the sockets' ZMQ_FD descriptors (the zsock of
+// comm/detail/zmq_socket.hpp). This file is ordo's protocol over ZeroMQ: socket options, URL
+// parameters, the transport and the listener.
 //
 // On the wire a data message is one frame (after the ROUTER's routing id) holding one batch of
 // msgpack-rpc messages, or a piece of one when the batch is larger than max_piece_bytes; the
@@ -25,450 +24,20 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <set>
-#include <zmq.hpp>
 
-#include <asio/posix/stream_descriptor.hpp>
-
+#include "comm/detail/zmq_socket.hpp"
 #include "comm/transports.hpp"
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo::detail {
 namespace {
-
-using clock = std::chrono::steady_clock;
-
-zmq::context_t& context() {
-    // Never terminated: zmq_ctx_term waits for every socket, and a process must be able to exit
-    // with connections open. A forked child cannot use its parent's context (its I/O thread did
-    // not come along): it makes its own.
-    static std::mutex m;
-    static zmq::context_t* ctx = nullptr;
-    static pid_t owner = 0;
-    std::lock_guard lock(m);
-    if (!ctx || owner != ::getpid()) {
-        ctx = new zmq::context_t(1);
-        owner = ::getpid();
-    }
-    return *ctx;
-}
-
-constexpr std::size_t max_piece_bytes = std::size_t{1} << 20;
-constexpr std::size_t max_buffered_bytes = std::size_t{64} << 20;  // per socket, not yet read
-constexpr std::size_t max_unaccepted = 4096;
-constexpr std::size_t max_tombstones = 65536;
 
 std::string zmq_endpoint(const address& a) {
     if (a.scheme == "zmq+ipc") return "ipc://" + a.path;
     std::string h = a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host;
     return "tcp://" + h + ":" + (a.port == 0 ? std::string("*") : std::to_string(a.port));
 }
-
-// One connection as one socket sees it.
-struct zconn {
-    explicit zconn(const net::any_io_executor& ex)
-        : read_wake(ex, clock::time_point::max()), write_wake(ex, clock::time_point::max()) {}
-    std::string id;  // routing id (ROUTER side only)
-    std::string remote;
-    std::deque<zmq::message_t> in;
-    std::size_t head = 0;  // bytes of in.front() already read
-    bool eof = false;      // the peer ended its direction
-    bool out_ended = false;
-    bool closed = false;  // closed by this side
-    std::error_code error;
-    std::string error_detail;
-    int fd = -1;
-    bool heard = false;  // received something since the last probe sweep
-    net::steady_timer read_wake;
-    net::steady_timer write_wake;
-
-    void lose(std::error_code ec) {
-        if (!error) error = ec;
-        read_wake.cancel();
-        write_wake.cancel();
-    }
-};
-
-// A ZeroMQ socket on an Asio executor, shared by the transports (and listener) using it.
-class zsock : public std::enable_shared_from_this<zsock> {
-  public:
-    zsock(const net::any_io_executor& ex, zmq::socket_type type, const zmq_options& o)
-        : accept_wake(ex, clock::time_point::max()),
-          connect_wake(ex, clock::time_point::max()),
-          ex_(ex),
-          router_(type == zmq::socket_type::router),
-          o_(o),
-          sock_(context(), type),
-          fd_(ex),
-          mon_fd_(ex),
-          sweep_(ex) {
-        static std::atomic<unsigned> monitors{0};
-        sock_.set(zmq::sockopt::linger, 1000);
-        sock_.set(zmq::sockopt::sndhwm, o.high_water_mark);
-        sock_.set(zmq::sockopt::rcvhwm, o.high_water_mark);
-        sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * max_piece_bytes));
-        if (o.heartbeat.count() > 0) {
-            const int ivl = static_cast<int>(o.heartbeat.count());
-            sock_.set(zmq::sockopt::heartbeat_ivl, ivl);
-            sock_.set(zmq::sockopt::heartbeat_timeout, 3 * ivl);
-            sock_.set(zmq::sockopt::heartbeat_ttl, 3 * ivl);
-        }
-        if (router_) {
-            sock_.set(zmq::sockopt::router_mandatory, 1);
-        } else {
-            sock_.set(zmq::sockopt::immediate, 1);
-            sock_.set(zmq::sockopt::reconnect_ivl, -1);
-        }
-        const std::string mon = "inproc://ordo-zmq-monitor-" + std::to_string(::getpid()) + "-" +
-                                std::to_string(monitors++);
-        const int events = router_ ? ZMQ_EVENT_DISCONNECTED
-                                   : ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED |
-                                         ZMQ_EVENT_CLOSED | ZMQ_EVENT_DISCONNECTED |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-        if (::zmq_socket_monitor(sock_.handle(), mon.c_str(), events) != 0)
-            throw zmq::error_t();
-        mon_ = zmq::socket_t(context(), zmq::socket_type::pair);
-        mon_.set(zmq::sockopt::linger, 0);
-        mon_.connect(mon);
-        fd_.assign(sock_.get(zmq::sockopt::fd));
-        mon_fd_.assign(mon_.get(zmq::sockopt::fd));
-    }
-
-    ~zsock() { shut(); }
-
-    void start() {
-        auto self = shared_from_this();
-        net::co_spawn(ex_, pump(self), net::detached);
-        net::co_spawn(ex_, monitor_pump(self), net::detached);
-        if (router_ && o_.heartbeat.count() > 0) schedule_sweep(o_.heartbeat);
-    }
-
-    // Stops the pumps and closes the socket (after linger, queued messages still go out).
-    void shut() {
-        if (!open_) return;
-        open_ = false;
-        std::error_code ignored;
-        sweep_.cancel();
-        fd_.cancel(ignored);
-        mon_fd_.cancel(ignored);
-        fd_.release();
-        mon_fd_.release();
-        ::zmq_socket_monitor(sock_.handle(), nullptr, 0);
-        mon_.close();
-        sock_.close();
-        for (auto& [id, c] : conns_) c->lose(net::error::operation_aborted);
-        if (single) single->lose(net::error::operation_aborted);
-        accept_wake.cancel();
-        connect_wake.cancel();
-    }
-
-    bool open() const { return open_; }
-    zmq::socket_t& socket() { return sock_; }
-    net::any_io_executor executor() const { return ex_; }
-
-    // Sends one frame to `c`. True when sent; false when ZeroMQ's queue is full (try later).
-    // A gone peer (or a closed socket) marks `c` lost and returns false.
-    bool send(zconn& c, zmq::message_t& m, bool more = false) {
-        if (!open_) {
-            c.lose(net::error::operation_aborted);
-            return false;
-        }
-        try {
-            if (router_) {
-                zmq::message_t id(c.id.data(), c.id.size());
-                if (!sock_.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-                    kick();
-                    return false;
-                }
-            }
-            auto r = sock_.send(m, more ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
-                                        : zmq::send_flags::dontwait);
-            kick();  // a send can consume the descriptor's edge
-            return r.has_value();
-        } catch (const zmq::error_t& e) {
-            kick();
-            c.error_detail = e.what();
-            c.lose(e.num() == EHOSTUNREACH ? net::error::connection_reset
-                                           : std::error_code(e.num(), std::generic_category()));
-            return false;
-        }
-    }
-
-    bool send_control(zconn& c, std::string_view code) {
-        zmq::message_t head(code.data(), code.size());
-        zmq::message_t empty;
-        if (!send(c, head, true)) return false;
-        return send(c, empty);
-    }
-
-    // Called by readers after taking bytes: reading resumes below the buffer limit.
-    void consumed(std::size_t n) {
-        buffered_ -= n;
-        if (stalled_ && buffered_ < max_buffered_bytes / 2) {
-            stalled_ = false;
-            kick();
-        }
-    }
-
-    void forget(const std::shared_ptr<zconn>& c) {
-        if (!router_) return;
-        conns_.erase(c->id);
-        for (auto& m : c->in) buffered_ -= m.size();
-        if (c->head) buffered_ += c->head;
-        c->in.clear();
-        c->head = 0;
-        tombstones_.push_back(c->id);
-        tomb_set_.insert(c->id);
-        if (tombstones_.size() > max_tombstones) {
-            tomb_set_.erase(tombstones_.front());
-            tombstones_.pop_front();
-        }
-        maybe_finish();
-    }
-
-    // Listener side.
-    std::deque<std::shared_ptr<zconn>> unaccepted;
-    net::steady_timer accept_wake;
-    bool listening = false;
-    std::string local;
-    void stop_listening() {
-        listening = false;
-        for (auto& c : unaccepted) {
-            send_control(*c, "reset");
-            forget(c);
-        }
-        unaccepted.clear();
-        accept_wake.cancel();
-        maybe_finish();
-    }
-
-    // Connecting side.
-    std::shared_ptr<zconn> single;
-    net::steady_timer connect_wake;
-    bool connected = false;
-    std::error_code connect_error;
-    std::string connect_detail;
-
-  private:
-    void kick() {
-        std::error_code ignored;
-        fd_.cancel(ignored);
-    }
-
-    // The listening socket goes away with its listener and last connection.
-    void maybe_finish() {
-        if (router_ && !listening && conns_.empty()) shut();
-    }
-
-    static net::awaitable<void> pump(std::shared_ptr<zsock> self) {
-        while (self->open_) {
-            if (!self->drain()) {
-                // Gave others a turn; the socket still has messages.
-                co_await net::post(self->ex_, net::use_awaitable);
-                continue;
-            }
-            if (!self->open_) break;
-            co_await self->fd_.async_wait(net::posix::descriptor_base::wait_read, use_tuple);
-        }
-    }
-
-    // Receives until ZMQ_EVENTS shows nothing pending (true), or until a turn's budget is spent
-    // (false: call again soon).
-    bool drain() {
-        try {
-            for (int budget = 0; open_; ++budget) {
-                const int ev = sock_.get(zmq::sockopt::events);
-                if ((ev & ZMQ_POLLOUT) && single) single->write_wake.cancel();
-                if (!(ev & ZMQ_POLLIN)) return true;
-                if (buffered_ >= max_buffered_bytes) {
-                    stalled_ = true;  // readers resume us through consumed()
-                    return true;
-                }
-                if (budget == 256) return false;
-                receive_one();
-            }
-        } catch (const zmq::error_t& e) {
-            fail_all(std::error_code(e.num(), std::generic_category()), e.what());
-        }
-        return true;
-    }
-
-    void receive_one() {
-        std::string id;
-        if (router_) {
-            zmq::message_t idm;
-            if (!sock_.recv(idm, zmq::recv_flags::dontwait)) return;
-            id = idm.to_string();
-        }
-        zmq::message_t first;
-        if (!sock_.recv(first, zmq::recv_flags::dontwait)) return;
-        std::string control;
-        if (first.more()) {
-            control = first.to_string();
-            zmq::message_t rest;
-            do {
-                if (!sock_.recv(rest, zmq::recv_flags::dontwait)) break;
-            } while (rest.more());
-        }
-        std::shared_ptr<zconn> c = router_ ? find_or_accept(id, first, control) : single;
-        if (!c || c->closed) return;
-        c->heard = true;
-        if (!control.empty() || first.more()) {
-            if (control == "hello") return;
-            if (control == "eof") c->eof = true;
-            else if (control == "reset") c->lose(net::error::connection_reset);
-            else return;  // probe, or a control message from a newer ordo
-            c->read_wake.cancel();
-            return;
-        }
-        if (first.size() == 0) return;
-        if (c->fd < 0) c->fd = ::zmq_msg_get(first.handle(), ZMQ_SRCFD);
-        buffered_ += first.size();
-        c->in.push_back(std::move(first));
-        c->read_wake.cancel();
-    }
-
-    std::shared_ptr<zconn> find_or_accept(const std::string& id, zmq::message_t& first,
-                                          const std::string& control) {
-        if (auto it = conns_.find(id); it != conns_.end()) return it->second;
-        if (tomb_set_.count(id) || (!control.empty() && control != "hello")) return nullptr;
-        auto c = std::make_shared<zconn>(ex_);
-        c->id = id;
-        c->fd = ::zmq_msg_get(first.handle(), ZMQ_SRCFD);
-        const char* peer = ::zmq_msg_gets(first.handle(), "Peer-Address");
-        c->remote = local + "#" + std::to_string(++accepted_) +
-                    (peer && *peer ? std::string(" (") + peer + ")" : std::string());
-        if (!listening || unaccepted.size() >= max_unaccepted) {
-            send_control(*c, "reset");
-            tomb_set_.insert(id);
-            tombstones_.push_back(id);
-            return nullptr;
-        }
-        conns_.emplace(id, c);
-        unaccepted.push_back(c);
-        accept_wake.cancel();
-        return c;
-    }
-
-    void fail_all(std::error_code ec, const std::string& detail) {
-        for (auto& [id, c] : conns_) {
-            c->error_detail = detail;
-            c->lose(ec);
-        }
-        if (single) {
-            single->error_detail = detail;
-            single->lose(ec);
-        }
-    }
-
-    static net::awaitable<void> monitor_pump(std::shared_ptr<zsock> self) {
-        while (self->open_) {
-            self->drain_monitor();
-            if (!self->open_) break;
-            co_await self->mon_fd_.async_wait(net::posix::descriptor_base::wait_read, use_tuple);
-        }
-    }
-
-    void drain_monitor() {
-        try {
-            while (open_ && (mon_.get(zmq::sockopt::events) & ZMQ_POLLIN)) {
-                zmq::message_t ev, where;
-                if (!mon_.recv(ev, zmq::recv_flags::dontwait)) break;
-                if (ev.more()) (void)mon_.recv(where, zmq::recv_flags::dontwait);
-                if (ev.size() < 6) continue;
-                std::uint16_t event = 0;
-                std::int32_t value = 0;
-                std::memcpy(&event, ev.data(), 2);
-                std::memcpy(&value, static_cast<const char*>(ev.data()) + 2, 4);
-                on_event(event, value);
-            }
-        } catch (const zmq::error_t&) {
-        }
-    }
-
-    void on_event(std::uint16_t event, std::int32_t value) {
-        // Messages that arrived before the disconnect are delivered before it.
-        while (!drain()) {
-        }
-        if (!router_) {
-            if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-                connected = true;
-            } else if (!connected) {
-                if (!connect_error) {
-                    connect_error = event == ZMQ_EVENT_CONNECT_RETRIED || event == ZMQ_EVENT_CLOSED
-                                        ? net::error::connection_refused
-                                        : std::error_code(errc::protocol_error);
-                    connect_detail = event == ZMQ_EVENT_CONNECT_RETRIED || event == ZMQ_EVENT_CLOSED
-                                         ? "Connection refused"
-                                         : "ZeroMQ handshake failed";
-                }
-            } else if (event == ZMQ_EVENT_DISCONNECTED && single) {
-                single->error_detail = "ZeroMQ reports the connection lost";
-                single->lose(net::error::connection_reset);
-            }
-            connect_wake.cancel();
-            return;
-        }
-        // A file descriptor closed: probe the routing ids that came through it (it may already
-        // serve a newer connection, which the probe finds alive), now and once ZeroMQ has had
-        // time to drop the pipe.
-        probe(value, false);
-        schedule_sweep(std::chrono::milliseconds(20), value);
-    }
-
-    void probe(int fd, bool silent_only) {
-        std::vector<std::shared_ptr<zconn>> gone;
-        std::vector<std::shared_ptr<zconn>> candidates;
-        for (auto& [id, c] : conns_) {
-            if (c->closed || c->error) continue;
-            if (silent_only ? !c->heard : (c->fd == fd || c->fd < 0)) candidates.push_back(c);
-            c->heard = false;
-        }
-        for (auto& c : candidates) {
-            // A full queue is not a gone peer; only an unroutable id is.
-            send_control(*c, "probe");
-            if (c->error) c->error_detail = "ZeroMQ reports the peer disconnected";
-        }
-    }
-
-    void schedule_sweep(std::chrono::milliseconds after, int fd = -2) {
-        auto w = weak_from_this();
-        auto t = std::make_shared<net::steady_timer>(ex_, after);
-        t->async_wait([w, t, fd, after](std::error_code ec) {
-            auto self = w.lock();
-            if (ec || !self || !self->open_) return;
-            if (fd == -2) {
-                self->probe(-1, true);
-                self->schedule_sweep(after);
-            } else {
-                self->probe(fd, false);
-                if (after < std::chrono::milliseconds(1000))
-                    self->schedule_sweep(after * 5, fd);
-            }
-        });
-    }
-
-    net::any_io_executor ex_;
-    const bool router_;
-    zmq_options o_;
-    zmq::socket_t sock_;
-    zmq::socket_t mon_;
-    net::posix::stream_descriptor fd_;
-    net::posix::stream_descriptor mon_fd_;
-    net::steady_timer sweep_;
-    std::map<std::string, std::shared_ptr<zconn>> conns_;
-    std::deque<std::string> tombstones_;
-    std::set<std::string> tomb_set_;
-    std::size_t buffered_ = 0;
-    bool stalled_ = false;
-    bool open_ = true;
-    std::uint64_t accepted_ = 0;
-};
 
 class zmq_transport final : public transport {
   public:
@@ -593,9 +162,9 @@ class zmq_listener final : public listener {
         address bound = a;
         bound.params.clear();
         if (a.scheme == "zmq+tcp") {
-            // tcp://127.0.0.1:41234 (the port ZeroMQ picked for "*")
+            // tcp://127.0.0.1:41234 (the port ZeroMQ picked for "*"), read as any tcp URL.
             const std::string ep = s_->socket().get(zmq::sockopt::last_endpoint);
-            bound.port = static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
+            bound.port = parse_address("zmq+" + ep).port;
         }
         local_ = bound.to_string();
         s_->local = local_;
@@ -640,17 +209,41 @@ bool socket_file_in_use(const std::string& path) {
 
 zmq_options zmq_settings(const address& a, zmq_options o) {
     if (auto v = a.param("zmq_heartbeat_ms")) {
-        try {
-            o.heartbeat = std::chrono::milliseconds(std::stoul(*v));
-        } catch (const std::exception&) {
-            throw_error(errc::bad_address, "ordo: invalid address \"" + a.to_string() +
-                                               "\": zmq_heartbeat_ms must be a number");
-        }
+        o.heartbeat =
+            std::chrono::milliseconds(number_parameter(a.to_string(), "zmq_heartbeat_ms", *v));
     }
     return o;
 }
 
 }  // namespace
+
+void set_socket_options(zmq::socket_t& s, bool router, const zmq_options& o) {
+    s.set(zmq::sockopt::linger, 1000);
+    s.set(zmq::sockopt::sndhwm, o.high_water_mark);
+    s.set(zmq::sockopt::rcvhwm, o.high_water_mark);
+    s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * max_piece_bytes));
+    if (o.heartbeat.count() > 0) {
+        const int ivl = static_cast<int>(o.heartbeat.count());
+        s.set(zmq::sockopt::heartbeat_ivl, ivl);
+        s.set(zmq::sockopt::heartbeat_timeout, 3 * ivl);
+        s.set(zmq::sockopt::heartbeat_ttl, 3 * ivl);
+    }
+    if (router) {
+        // A send to a gone routing id fails at once: how probes find dead peers.
+        s.set(zmq::sockopt::router_mandatory, 1);
+    } else {
+        // A new connection after a lost one would break ordering: the transport fails instead.
+        s.set(zmq::sockopt::immediate, 1);
+        s.set(zmq::sockopt::reconnect_ivl, -1);
+    }
+}
+
+int monitor_events(bool router) {
+    return router ? ZMQ_EVENT_DISCONNECTED
+                  : ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_CLOSED |
+                        ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+}
 
 net::awaitable<std::unique_ptr<transport>> connect_zmq(const address& a,
                                                        const transport_options& o) {

@@ -1,7 +1,6 @@
 #include "ordo/address.hpp"
 
-#include <charconv>
-
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -81,11 +80,9 @@ address parse_address(std::string_view url) {
         port = rest.substr(colon + 1);
     }
     if (a.host.empty()) bad(url, "empty host");
-    unsigned value = 0;
-    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-    if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value > 65535)
-        bad(url, "port must be a number from 0 to 65535");
-    a.port = static_cast<std::uint16_t>(value);
+    const auto value = detail::parse_unsigned(port);
+    if (!value || *value > 65535) bad(url, "port must be a number from 0 to 65535");
+    a.port = static_cast<std::uint16_t>(*value);
     return a;
 }
 

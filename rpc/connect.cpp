@@ -1,8 +1,8 @@
 #include "ordo/connect.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
-#include <charconv>
 
+#include "lib/url_number.hpp"
 #include "ordo/router.hpp"
 #include "rpc/detail/connecting.hpp"
 
@@ -11,17 +11,6 @@ namespace ordo {
 channel_impl::~channel_impl() = default;
 
 namespace detail {
-
-std::size_t number_parameter(std::string_view url, const std::string& key,
-                             const std::string& text) {
-    std::size_t v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
-        throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
-                                           "\": parameter " + key + " must be a number, not \"" +
-                                           text + "\"");
-    return v;
-}
 
 bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
                           peer_options& o) {
@@ -87,14 +76,6 @@ std::vector<std::string> split(std::string_view s, char sep) {
     }
 }
 
-double fraction(std::string_view url, const std::string& key, const std::string& text) {
-    double v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || !(v >= 0))
-        bad(url, "parameter " + key + " must be a non-negative number, not \"" + text + "\"");
-    return v;
-}
-
 net::awaitable<channel> connect_route(std::string_view url, peer_options o) {
     route_spec spec = parse_route_url(url, std::move(o));
     auto r = make_router(co_await net::this_coro::executor, spec.options);
@@ -146,7 +127,7 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         } else if (key == "shadow") {
             shadows = split(value, ',');
         } else if (key == "shadow_fraction") {
-            ro.shadow_fraction = std::min(1.0, fraction(url, key, value));
+            ro.shadow_fraction = std::min(1.0, detail::fraction_parameter(url, key, value));
         } else if (key == "connect_timeout_ms") {
             ro.connect_timeout = std::chrono::milliseconds(n());
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
@@ -169,7 +150,7 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
                      std::to_string(items.size()) + " replicas");
     for (std::size_t i = 0; i < items.size(); ++i) {
         route_spec::replica r{replica_url(items[i]), 1.0, {}};
-        if (!weights.empty()) r.weight = fraction(url, "weights", weights[i]);
+        if (!weights.empty()) r.weight = detail::fraction_parameter(url, "weights", weights[i]);
         if (!(r.weight > 0)) bad(url, "weights must be positive");
         spec.replicas.push_back(std::move(r));
     }

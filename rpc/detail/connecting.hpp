@@ -18,9 +18,6 @@ net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url
                                                                  std::chrono::milliseconds limit,
                                                                  transport_options to);
 
-/// A URL parameter's value as a number; throws errc::bad_address naming `url` and `key`.
-std::size_t number_parameter(std::string_view url, const std::string& key, const std::string& text);
-
 /// Applies `key=value` if it is a peer parameter (timeout_ms, interval_ms,
 /// liveness_timeout_ms, heartbeat_ms); returns false for other keys.
 bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "lib/url_number.hpp"
 #include "ordo/error.hpp"
+#include "ordo/transport.hpp"
 
 namespace ordo {
 namespace {
@@ -57,6 +59,38 @@ TEST(Address, BadAddressesNameTheUrlAndTheProblem) {
         } catch (const std::system_error& e) {
             EXPECT_EQ(e.code(), errc::bad_address);
             EXPECT_NE(std::string(e.what()).find(url), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST(UrlNumber, ParameterValuesAreWholeUnsignedNumbersOrAnErrorNamingParameterAndUrl) {
+    EXPECT_EQ(detail::number_parameter("tcp://h:1?n=42", "n", "42"), 42u);
+    for (const char* text : {"", "12abc", "-1", " 7", "+7", "1.5", "99999999999999999999999"}) {
+        try {
+            detail::number_parameter("tcp://h:1?n=x", "n", text);
+            ADD_FAILURE() << '"' << text << "\" was accepted";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address);
+            EXPECT_NE(std::string(e.what()).find("parameter n must be a number"), std::string::npos)
+                << e.what();
+            EXPECT_NE(std::string(e.what()).find("tcp://h:1?n=x"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST(UrlNumber, TransportParametersUseTheSameRules) {
+    net::io_context io;
+    for (const char* url : {"zmq+tcp://127.0.0.1:0?zmq_heartbeat_ms=12abc",
+                            "zmq+tcp://127.0.0.1:0?zmq_heartbeat_ms=-1",
+                            "tls://127.0.0.1:0?handshake_timeout_ms=soon"}) {
+        try {
+            listen(io.get_executor(), url);
+            ADD_FAILURE() << url << " was accepted";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address) << e.what();
+            const std::string key = std::string(url).substr(std::string(url).find('?') + 1);
+            EXPECT_NE(std::string(e.what()).find(key.substr(0, key.find('='))), std::string::npos)
+                << e.what();
         }
     }
 }

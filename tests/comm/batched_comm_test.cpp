@@ -23,18 +23,40 @@ using test::connect_pair;
 using test::seq_msg;
 using test::seq_of;
 
-TEST(BatchedComm, ConsecutiveWritesStartAtLeastOneIntervalApartUnderBursts) {
-    run_test([]() -> net::awaitable<void> {
-        auto p = co_await connect_pair("tcp");
-        std::uint32_t received = 0;
-        batched_comm server(std::move(p.server), {}, [&](std::string_view) { ++received; });
-        std::vector<write_event> writes;
-        comm_options opts;
-        opts.interval = 50ms;
-        opts.on_write = [&](const write_event& w) { writes.push_back(w); };
-        batched_comm client(std::move(p.client), opts, [](std::string_view) {});
+// A client whose writes are recorded, sending to a server that counts the messages it receives;
+// both started. The listener, the two connections and the records live as long as this (which
+// cannot move: the callbacks hold `this`).
+struct recorded_pair {
+    recorded_pair(test::transport_pair p, comm_options client_options)
+        : l(std::move(p.l)),
+          server(std::move(p.server), {}, [this](std::string_view) { ++received; }),
+          client(std::move(p.client), with_recorder(std::move(client_options)),
+                 [](std::string_view) {}) {
         server.start();
         client.start();
+    }
+
+    std::unique_ptr<listener> l;
+    std::uint32_t received = 0;
+    std::vector<write_event> writes;
+    batched_comm server;
+    batched_comm client;
+
+  private:
+    comm_options with_recorder(comm_options o) {
+        o.on_write = [this](const write_event& w) { writes.push_back(w); };
+        return o;
+    }
+};
+
+TEST(BatchedComm, ConsecutiveWritesStartAtLeastOneIntervalApartUnderBursts) {
+    run_test([]() -> net::awaitable<void> {
+        comm_options opts;
+        opts.interval = 50ms;
+        recorded_pair r(co_await connect_pair("tcp"), opts);
+        auto& received = r.received;
+        auto& writes = r.writes;
+        auto& client = r.client;
         // 30 bursts of 20 messages, 10 ms apart: about 300 ms of traffic.
         net::steady_timer gap(co_await net::this_coro::executor);
         std::uint32_t sent = 0;
@@ -61,16 +83,12 @@ TEST(BatchedComm, ConsecutiveWritesStartAtLeastOneIntervalApartUnderBursts) {
 
 TEST(BatchedComm, FirstMessageAfterAnIdleSpellIsWrittenAtOnce) {
     run_test([]() -> net::awaitable<void> {
-        auto p = co_await connect_pair("tcp");
-        std::uint32_t received = 0;
-        batched_comm server(std::move(p.server), {}, [&](std::string_view) { ++received; });
-        std::vector<write_event> writes;
         comm_options opts;
         opts.interval = 1000ms;
-        opts.on_write = [&](const write_event& w) { writes.push_back(w); };
-        batched_comm client(std::move(p.client), opts, [](std::string_view) {});
-        server.start();
-        client.start();
+        recorded_pair r(co_await connect_pair("tcp"), opts);
+        auto& received = r.received;
+        auto& writes = r.writes;
+        auto& client = r.client;
         net::steady_timer idle(co_await net::this_coro::executor);
         using clock = std::chrono::steady_clock;
 
@@ -94,17 +112,13 @@ TEST(BatchedComm, FirstMessageAfterAnIdleSpellIsWrittenAtOnce) {
 
 TEST(BatchedComm, MaxBatchBytesTriggersAWriteBeforeTheIntervalEnds) {
     run_test([]() -> net::awaitable<void> {
-        auto p = co_await connect_pair("tcp");
-        std::uint32_t received = 0;
-        batched_comm server(std::move(p.server), {}, [&](std::string_view) { ++received; });
-        std::vector<write_event> writes;
         comm_options opts;
         opts.interval = 60000ms;  // never reached within the test
         opts.max_batch_bytes = 4096;
-        opts.on_write = [&](const write_event& w) { writes.push_back(w); };
-        batched_comm client(std::move(p.client), opts, [](std::string_view) {});
-        server.start();
-        client.start();
+        recorded_pair r(co_await connect_pair("tcp"), opts);
+        auto& received = r.received;
+        auto& writes = r.writes;
+        auto& client = r.client;
         client.send(seq_msg(0));  // first write: at once
         EXPECT_TRUE(co_await wait_until([&] { return writes.size() == 1; }));
         for (std::uint32_t i = 1; i <= 5; ++i) client.send(seq_msg(i, 1000));  // > 4096 bytes

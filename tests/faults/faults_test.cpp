@@ -15,6 +15,7 @@
 
 #include "ordo/ordo.hpp"
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 #include "support/processes.hpp"
 #include "support/streams.hpp"
 
@@ -25,6 +26,7 @@ using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 using test::run_test;
 using test::wait_until;
+using test::sleep_for;
 using test::child;
 using test::start_server;
 
@@ -330,9 +332,7 @@ void serve_counting_sleep(server& srv, int& started, int& cancelled) {
            [&started, &cancelled](int ms) -> net::awaitable<int> {
                ++started;
                try {
-                   net::steady_timer t(co_await net::this_coro::executor,
-                                       std::chrono::milliseconds(ms));
-                   co_await t.async_wait(net::use_awaitable);
+                   co_await sleep_for(std::chrono::milliseconds(ms));
                } catch (const std::system_error&) {
                    ++cancelled;
                    throw;

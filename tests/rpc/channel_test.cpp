@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -12,17 +13,13 @@ namespace {
 using namespace std::chrono_literals;
 using test::run_test;
 using test::wait_until;
+using test::sleep_for;
 
 struct service : interface {
     method<int(int)> inc{"inc"};
     method<int(int)> sleep_ms{"sleep_ms"};
     method<int(std::string)> fail{"fail"};
 };
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(net::use_awaitable);
-}
 
 struct fixture {
     explicit fixture(net::any_io_executor ex, std::string listen_url = "tcp://127.0.0.1:0")

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -12,11 +13,7 @@ namespace {
 using namespace std::chrono_literals;
 using test::run_test;
 using test::wait_until;
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(net::use_awaitable);
-}
+using test::sleep_for;
 
 TEST(Limits, MaxQueuedMessagesStopsReadingWhileASerialHandlerIsBusy) {
     run_test([]() -> net::awaitable<void> {

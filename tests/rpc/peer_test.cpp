@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -15,17 +16,13 @@ namespace {
 using namespace std::chrono_literals;
 using test::run_test;
 using test::wait_until;
+using test::sleep_for;
 
 struct counter : interface {
     method<int(int)> inc{"inc"};
     method<void(int)> note{"note"};
     method<int(int)> sleep_ms{"sleep_ms"};
 };
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(net::use_awaitable);
-}
 
 // Requests (rec) and notifications (note) from one peer, 100,000 of them interleaved, are seen
 // by the server in send order.

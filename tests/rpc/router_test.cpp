@@ -9,6 +9,7 @@
 
 #include "support/processes.hpp"
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -17,17 +18,13 @@ using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 using test::run_test;
 using test::wait_until;
+using test::sleep_for;
 
 struct service : interface {
     method<int()> whoami{"whoami"};
     method<int(int)> work{"work"};            // sleeps ms, concurrent; yields the replica's id
     method<int(std::string, int)> seq{"seq"};  // records (key, n), serial; yields the id
 };
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(net::use_awaitable);
-}
 
 // One replica, with server-side counts.
 struct replica_server {

@@ -1,0 +1,18 @@
+// Simulated work for test handlers: a timer wait on the current executor.
+#pragma once
+
+#include <chrono>
+
+#include "ordo/net.hpp"
+
+namespace ordo::test {
+
+/// Waits `d` on the current executor. Throws std::system_error (operation_aborted) when the
+/// wait is cancelled, as a cancelled handler's work would; tests count cancellations by it.
+/// Not for waiting until things settle: wait_until (run_test.hpp) waits for a condition.
+inline net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::use_awaitable);
+}
+
+}  // namespace ordo::test
