@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "ordo/handlers.hpp"
 #include "rpc/detail/id_table.hpp"
 
 namespace ordo {

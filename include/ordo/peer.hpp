@@ -9,10 +9,11 @@
 
 #include "ordo/batched_comm.hpp"
 #include "ordo/channel.hpp"
-#include "ordo/handlers.hpp"
 #include "ordo/transport.hpp"
 
 namespace ordo {
+
+class handlers;
 
 /// A notification taken for sending but not written when its connection ended.
 struct undelivered_notification {
