@@ -1,4 +1,4 @@
-#include "ordo/batch.hpp"
+#include "ordo/detail/batcher.hpp"
 
 #include <algorithm>
 

@@ -3,22 +3,19 @@
 //
 //   srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = 1ms},
 //                [](std::vector<int> xs) { for (auto& x : xs) x *= x; return xs; });
+//
+// The options and result types are here; on_batch and batch_handle are in ordo/handlers.hpp,
+// the machinery in ordo/detail/batcher.hpp.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
-#include <tuple>
-#include <type_traits>
-#include <typeinfo>
 #include <variant>
-#include <vector>
 
-#include "ordo/codec.hpp"
 #include "ordo/error.hpp"
-#include "ordo/net.hpp"
 
 namespace ordo {
 
@@ -51,193 +48,4 @@ struct batch_stats {
     std::size_t running = 0;
     std::map<std::size_t, std::uint64_t> size_histogram;  ///< batch size -> how many batches
 };
-
-namespace detail {
-
-std::string type_name(const std::type_info& t);
-
-template <class T>
-struct is_awaitable : std::false_type {};
-template <class T, class E>
-struct is_awaitable<net::awaitable<T, E>> : std::true_type {
-    using value_type = T;
-};
-
-/// One call waiting in, or running as part of, a batch.
-struct batch_element {
-    explicit batch_element(net::any_io_executor ex)
-        : done_event(ex, std::chrono::steady_clock::time_point::max()) {}
-    virtual ~batch_element() = default;
-    net::steady_timer done_event;
-    bool done = false;
-    errc error = errc{};  ///< set on failure
-    std::string error_text;
-    buffer result;  ///< the packed result on success
-    std::chrono::steady_clock::time_point arrived{};
-};
-
-template <class Arg>
-struct typed_element final : batch_element {
-    typed_element(net::any_io_executor ex, Arg a)
-        : batch_element(std::move(ex)), arg(std::move(a)) {}
-    Arg arg;
-};
-
-/// Queueing, timing, cancellation and statistics of one batch handler; the typed part runs
-/// the user's function (run_batch).
-class batcher_core : public std::enable_shared_from_this<batcher_core> {
-  public:
-    batcher_core(std::string name, batch_options o) : name_(std::move(name)), o_(o) {}
-    virtual ~batcher_core() = default;
-
-    /// Queues `e` and waits for its result, which it appends to `out`; throws std::system_error
-    /// with the element's (or the whole batch's) error. Cancelling the awaiting coroutine
-    /// removes the call if its batch has not started, or discards its result.
-    net::awaitable<void> submit(std::shared_ptr<batch_element> e, buffer& out);
-    /// Fails every queued call with errc::shutting_down, and later ones at once.
-    void stop();
-    void set_max_batch_size(std::size_t n);
-    void set_max_wait(std::chrono::milliseconds w);
-    const batch_stats& stats() const noexcept { return stats_; }
-    /// Calls whose coroutine has not yet taken its outcome.
-    std::size_t waiters() const noexcept { return waiters_; }
-    const std::string& name() const noexcept { return name_; }
-
-  protected:
-    using batch = std::vector<std::shared_ptr<batch_element>>;
-    /// Runs the handler on `b` and sets each element's result or error.
-    virtual net::awaitable<void> run_batch(batch& b) = 0;
-    void fail_all(batch& b, errc code, const std::string& text);
-
-  private:
-    void maybe_run();
-    void arm_wait();
-    net::awaitable<void> run(batch b);
-
-    std::string name_;
-    batch_options o_;
-    std::vector<std::shared_ptr<batch_element>> queue_;
-    std::unique_ptr<net::steady_timer> wait_timer_;
-    net::any_io_executor ex_;
-    std::size_t running_ = 0;
-    std::size_t waiters_ = 0;
-    bool stopped_ = false;
-    batch_stats stats_;
-};
-
-template <class V>
-struct is_element : std::false_type {};
-template <class T>
-struct is_element<element<T>> : std::true_type {
-    using value_type = T;
-};
-
-template <class Arg, class F>
-class batcher final : public batcher_core {
-  public:
-    batcher(std::string name, batch_options o, F f)
-        : batcher_core(std::move(name), o), f_(std::move(f)) {}
-
-  private:
-    template <class Results>
-    void distribute(batch& b, Results& results) {
-        if (results.size() != b.size())
-            return fail_all(b, errc::remote_error,
-                            "batch handler " + name() + " returned " +
-                                std::to_string(results.size()) + " results for " +
-                                std::to_string(b.size()) + " calls");
-        for (std::size_t i = 0; i < b.size(); ++i) {
-            auto& r = results[i];
-            if constexpr (is_element<std::decay_t<decltype(r)>>::value) {
-                if (auto* err = std::get_if<element_error>(&r)) {
-                    b[i]->error = err->code;
-                    b[i]->error_text = err->message;
-                    continue;
-                }
-                msgpack::pack(b[i]->result, std::get<0>(r));
-            } else {
-                msgpack::pack(b[i]->result, r);
-            }
-        }
-    }
-
-    net::awaitable<void> run_batch(batch& b) override {
-        std::vector<Arg> args;
-        args.reserve(b.size());
-        for (auto& e : b) args.push_back(std::move(static_cast<typed_element<Arg>&>(*e).arg));
-        try {
-            using R = std::invoke_result_t<F&, std::vector<Arg>>;
-            if constexpr (is_awaitable<R>::value) {
-                auto results = co_await f_(std::move(args));
-                distribute(b, results);
-            } else {
-                auto results = f_(std::move(args));
-                distribute(b, results);
-            }
-        } catch (const std::exception& e) {
-            fail_all(b, errc::remote_error,
-                     "batch handler " + name() + " failed for a batch of " +
-                         std::to_string(b.size()) + " calls: " + e.what());
-        }
-    }
-
-    F f_;
-};
-
-template <class F>
-struct batch_arg;
-template <class F>
-struct batch_arg : batch_arg<decltype(&F::operator())> {};
-template <class R, class V>
-struct batch_arg<R (*)(V)> {
-    using type = typename std::decay_t<V>::value_type;
-};
-template <class C, class R, class V>
-struct batch_arg<R (C::*)(V) const> : batch_arg<R (*)(V)> {};
-template <class C, class R, class V>
-struct batch_arg<R (C::*)(V)> : batch_arg<R (*)(V)> {};
-
-/// Converts a call's params to the batch argument: the single parameter, or all of them into a
-/// tuple.
-template <class Arg>
-Arg convert_batch_arg(const msgpack::object& params, const std::string& method) {
-    const auto& arr = params.via.array;
-    try {
-        if constexpr (requires { std::tuple_size<Arg>::value; }) {
-            if (arr.size != std::tuple_size_v<Arg>) throw std::runtime_error("arity");
-            return params.as<Arg>();
-        } else {
-            if (arr.size != 1) throw std::runtime_error("arity");
-            return arr.ptr[0].as<Arg>();
-        }
-    } catch (const std::exception&) {
-        throw_error(errc::bad_arguments, "bad arguments for batch method " + method +
-                                             ": expected (" + type_name(typeid(Arg)) + "), got " +
-                                             std::to_string(arr.size) +
-                                             " arguments that do not convert");
-    }
-}
-
-template <class Arg>
-net::awaitable<void> submit_batch(std::shared_ptr<batcher_core> core, std::string method,
-                                  msgpack::object params, buffer& out) {
-    auto e = std::make_shared<typed_element<Arg>>(co_await net::this_coro::executor,
-                                                  convert_batch_arg<Arg>(params, method));
-    co_await core->submit(std::move(e), out);
-}
-
-}  // namespace detail
-
-/// Controls a registered batch handler: limits can change at run time.
-class batch_handle {
-  public:
-    explicit batch_handle(std::shared_ptr<detail::batcher_core> core) : core_(std::move(core)) {}
-    void set_max_batch_size(std::size_t n) { core_->set_max_batch_size(n); }
-    void set_max_wait(std::chrono::milliseconds w) { core_->set_max_wait(w); }
-    const batch_stats& stats() const noexcept { return core_->stats(); }
-
-  private:
-    std::shared_ptr<detail::batcher_core> core_;
-};
-
 }  // namespace ordo

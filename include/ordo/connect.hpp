@@ -44,8 +44,7 @@ namespace ordo {
 /// the connection error naming the address.
 net::awaitable<channel> async_connect(std::string_view url, peer_options o,
                                       const handlers* h = nullptr);
-/// The same with default options. (Overloads, not default arguments: GCC 12 mishandles a
-/// defaulted class argument of a coroutine called inside a co_await expression.)
+/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
 net::awaitable<channel> async_connect(std::string_view url);
 
 }  // namespace ordo

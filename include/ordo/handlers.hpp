@@ -2,16 +2,24 @@
 // reduced to one type-erased entry each.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ordo/batch.hpp"
 #include "ordo/codec.hpp"
+#include "ordo/detail/batcher.hpp"
+#include "ordo/detail/handler_entry.hpp"
+#include "ordo/detail/handler_shapes.hpp"
+#include "ordo/detail/type_traits.hpp"
 #include "ordo/error.hpp"
 #include "ordo/interface.hpp"
 #include "ordo/net.hpp"
@@ -28,125 +36,6 @@ struct handler_options {
 };
 
 namespace detail {
-
-/// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
-/// result into `out` or throws (std::system_error with an ordo::errc keeps its code; anything
-/// else becomes errc::remote_error with the exception's message).
-struct handler_entry {
-    std::string signature;  ///< e.g. "(int)", for error messages
-    bool concurrent = false;
-    std::function<void(peer&, const msgpack::object& params, buffer& out)> sync;
-    /// `params` is a view: the caller keeps its memory alive until the coroutine ends.
-    std::function<net::awaitable<void>(peer&, msgpack::object params, buffer& out)> async;
-};
-
-/// A readable name for T ("int", "std::string", ...).
-std::string type_name(const std::type_info& t);
-
-[[noreturn]] void throw_bad_arguments(std::string_view method, const std::string& signature,
-                                      const std::string& what);
-
-template <class F>
-struct fn_traits : fn_traits<decltype(&F::operator())> {};
-template <class R, class... A>
-struct fn_traits<R (*)(A...)> {
-    using result = R;
-    using args = std::tuple<A...>;
-};
-template <class R, class... A>
-struct fn_traits<R(A...)> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A>
-struct fn_traits<R (C::*)(A...)> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A>
-struct fn_traits<R (C::*)(A...) const> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A>
-struct fn_traits<R (C::*)(A...) noexcept> : fn_traits<R (*)(A...)> {};
-template <class C, class R, class... A>
-struct fn_traits<R (C::*)(A...) const noexcept> : fn_traits<R (*)(A...)> {};
-
-template <class T>
-T convert_arg(const msgpack::object& o, std::size_t index, std::string_view method,
-              const std::string& signature) {
-    try {
-        return o.as<T>();
-    } catch (const std::exception&) {
-        throw_bad_arguments(method, signature,
-                            "argument " + std::to_string(index + 1) + " does not convert to " +
-                                type_name(typeid(T)));
-    }
-}
-
-// Handler arguments after an optional leading peer&.
-template <class Tuple>
-struct handler_shape;
-template <class... A>
-struct handler_shape<std::tuple<A...>> {
-    static constexpr bool takes_peer = false;
-    using values = std::tuple<std::decay_t<A>...>;
-};
-template <class... A>
-struct handler_shape<std::tuple<peer&, A...>> {
-    static constexpr bool takes_peer = true;
-    using values = std::tuple<std::decay_t<A>...>;
-};
-
-template <class Values>
-struct signature_of;
-template <class... V>
-struct signature_of<std::tuple<V...>> {
-    static std::string get() {
-        std::string s = "(";
-        ((s += (s.size() > 1 ? ", " : "") + type_name(typeid(V))), ...);
-        return s + ")";
-    }
-};
-
-template <class Values, std::size_t... I>
-Values convert_params(const msgpack::object& params, std::string_view method,
-                      const std::string& signature, std::index_sequence<I...>) {
-    const auto& arr = params.via.array;
-    if (arr.size != sizeof...(I))
-        throw_bad_arguments(method, signature,
-                            "got " + std::to_string(arr.size) + " arguments, expected " +
-                                std::to_string(sizeof...(I)));
-    return Values{
-        convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
-}
-
-template <class F>
-decltype(auto) invoke_handler(F& f, peer& p, auto& values) {
-    using shape = handler_shape<typename fn_traits<F>::args>;
-    if constexpr (shape::takes_peer)
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(p, std::move(v)...); },
-                          values);
-    else
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(std::move(v)...); }, values);
-}
-
-template <class T>
-void pack_result(buffer& out, const T& v) {
-    msgpack::pack(out, v);
-}
-inline void pack_nil(buffer& out) {
-    msgpack::packer<buffer>(out).pack_nil();
-}
-
-template <class F>
-net::awaitable<void> run_async_handler(F f, std::string method, std::string signature, peer& p,
-                                       msgpack::object params, buffer& out) {
-    using shape = handler_shape<typename fn_traits<F>::args>;
-    using values_t = typename shape::values;
-    auto values = convert_params<values_t>(params, method, signature,
-                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
-    using T = typename is_awaitable<typename fn_traits<F>::result>::value_type;
-    if constexpr (std::is_void_v<T>) {
-        co_await invoke_handler(f, p, values);
-        pack_nil(out);
-    } else {
-        T r = co_await invoke_handler(f, p, values);
-        pack_result(out, r);
-    }
-}
 
 template <class F>
 handler_entry make_handler_entry(std::string method, F f, handler_options o) {
@@ -177,6 +66,18 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
 }
 
 }  // namespace detail
+
+/// Controls a registered batch handler (what on_batch returns): limits can change at run time.
+class batch_handle {
+  public:
+    explicit batch_handle(std::shared_ptr<detail::batcher_core> core) : core_(std::move(core)) {}
+    void set_max_batch_size(std::size_t n) { core_->set_max_batch_size(n); }
+    void set_max_wait(std::chrono::milliseconds w) { core_->set_max_wait(w); }
+    const batch_stats& stats() const noexcept { return core_->stats(); }
+
+  private:
+    std::shared_ptr<detail::batcher_core> core_;
+};
 
 /// A table of handlers by method name. Registering a name again replaces its handler (for
 /// messages dispatched afterwards).

@@ -43,8 +43,7 @@ class method<R(Args...)> {
 
     /// Calls the method: `co_await c.inc(1)`, `co_await c.inc(1, ordo::timeout(50ms))`.
     /// Throws ordo::rpc_error on failure.
-    /// (Overloads, not a default argument: call_options holds a string, and GCC 12 destroys
-    /// such a default argument twice inside a co_await expression.)
+    /// (Overloads, not a default argument for call_options: README.md, "GCC 12 note".)
     net::awaitable<R> operator()(const Args&... args) const {
         return detail::call<R>(bound(), name_, detail::pack_params(args...), call_options{},
                                net::use_awaitable);

@@ -9,10 +9,11 @@
 
 #include "ordo/batched_comm.hpp"
 #include "ordo/channel.hpp"
-#include "ordo/handlers.hpp"
 #include "ordo/transport.hpp"
 
 namespace ordo {
+
+class handlers;
 
 /// A notification taken for sending but not written when its connection ended.
 struct undelivered_notification {
@@ -130,8 +131,7 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
 /// Creates a peer over a connected transport. `h` (optional) must outlive the peer.
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o,
                                 const handlers* h = nullptr);
-/// The same with default options. (Option structs that hold strings are never default
-/// arguments in ordo: GCC 12 destroys such a default argument twice inside a coroutine.)
+/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t);
 
 }  // namespace ordo

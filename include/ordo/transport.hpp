@@ -119,8 +119,7 @@ class listener {
 /// and the reason (errc::bad_address for a bad URL or bad TLS files).
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url,
                                                                    transport_options o);
-/// The same with default options. (An overload, not a default argument: GCC 12 destroys a
-/// default argument of a coroutine twice when the call is inside a co_await expression.)
+/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url);
 
 /// Binds and listens on `url` with the executor `ex`. tcp:// reuses the address; unix:// and

@@ -1,0 +1,107 @@
+// call_op: the pending_call that converts the outcome (convert_result) and completes the caller.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <asio/associated_executor.hpp>
+
+#include "ordo/call.hpp"
+#include "ordo/detail/pending_call.hpp"
+#include "ordo/error.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo::detail {
+
+/// Converts a successful outcome to R; throws std::system_error(errc::bad_result) if it does not
+/// convert.
+template <class R>
+R convert_result(call_outcome& out) {
+    if constexpr (std::is_same_v<R, value>) {
+        return value(out.result, std::move(out.message.zone()));
+    } else {
+        try {
+            return out.result.as<R>();
+        } catch (const std::exception& e) {
+            throw_error(errc::bad_result, std::string("result does not convert: ") + e.what());
+        }
+    }
+}
+
+template <class R, class Handler>
+class call_op final : public pending_call {
+  public:
+    call_op(Handler h, const net::any_io_executor& channel_ex)
+        : handler_(std::move(h)),
+          ex_(net::get_associated_executor(handler_, channel_ex)),
+          inline_ok_(same_executor(ex_, channel_ex)) {}
+
+    void complete(std::error_code ec, call_outcome out) override {
+        finish(false, ec, std::move(out));
+    }
+    void complete_inline(std::error_code ec, call_outcome out) override {
+        finish(inline_ok_, ec, std::move(out));
+    }
+    bool takes_borrowed() const noexcept override { return true; }
+
+  private:
+    // Handlers with an executor of their own kind (use_future's, a strand) are always posted.
+    template <class E>
+    static bool same_executor(const E& a, const net::any_io_executor& b) {
+        if constexpr (std::is_same_v<E, net::any_io_executor>)
+            return a == b;
+        else
+            return false;
+    }
+
+    void finish(bool now, std::error_code ec, call_outcome out) {
+        // Typed results are converted here, before the read zone is reused; raw ones are kept.
+        if constexpr (std::is_same_v<R, call_outcome> || std::is_same_v<R, value>) {
+            if (out.borrowed) {
+                out.message = msgpack::clone(out.result);
+                out.result = out.message.get();
+                out.borrowed = false;
+            }
+        }
+        if constexpr (std::is_same_v<R, call_outcome>) {
+            deliver(now, ec, std::move(out));
+        } else if constexpr (std::is_void_v<R>) {
+            deliver(now, ec);
+        } else {
+            R r{};
+            if (!ec) {
+                try {
+                    r = convert_result<R>(out);
+                } catch (const std::system_error& e) {
+                    ec = e.code();
+                }
+            }
+            deliver(now, ec, std::move(r));
+        }
+    }
+
+    template <class... A>
+    void deliver(bool now, std::error_code ec, A... a) {
+        if (!now) {
+            net::post(ex_, [h = std::move(handler_), ec, ... a = std::move(a)]() mutable {
+                std::move(h)(ec, std::move(a)...);
+            });
+            return;
+        }
+        Handler h = std::move(handler_);
+        try {
+            std::move(h)(ec, std::move(a)...);
+        } catch (...) {
+            net::post(ex_, [e = std::current_exception()] { std::rethrow_exception(e); });
+        }
+    }
+
+    Handler handler_;
+    net::associated_executor_t<Handler, net::any_io_executor> ex_;
+    bool inline_ok_;
+};
+
+}  // namespace ordo::detail

@@ -1,0 +1,58 @@
+// handler_entry, one registered handler type-erased, and what runs a typed handler inside one.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "ordo/codec.hpp"
+#include "ordo/detail/handler_shapes.hpp"
+#include "ordo/detail/type_traits.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+class peer;
+
+namespace detail {
+
+/// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
+/// result into `out` or throws (std::system_error with an ordo::errc keeps its code; anything
+/// else becomes errc::remote_error with the exception's message).
+struct handler_entry {
+    std::string signature;  ///< e.g. "(int)", for error messages
+    bool concurrent = false;
+    std::function<void(peer&, const msgpack::object& params, buffer& out)> sync;
+    /// `params` is a view: the caller keeps its memory alive until the coroutine ends.
+    std::function<net::awaitable<void>(peer&, msgpack::object params, buffer& out)> async;
+};
+
+template <class T>
+void pack_result(buffer& out, const T& v) {
+    msgpack::pack(out, v);
+}
+inline void pack_nil(buffer& out) {
+    msgpack::packer<buffer>(out).pack_nil();
+}
+
+template <class F>
+net::awaitable<void> run_async_handler(F f, std::string method, std::string signature, peer& p,
+                                       msgpack::object params, buffer& out) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    using values_t = typename shape::values;
+    auto values = convert_params<values_t>(params, method, signature,
+                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    using T = typename is_awaitable<typename fn_traits<F>::result>::value_type;
+    if constexpr (std::is_void_v<T>) {
+        co_await invoke_handler(f, p, values);
+        pack_nil(out);
+    } else {
+        T r = co_await invoke_handler(f, p, values);
+        pack_result(out, r);
+    }
+}
+
+}  // namespace detail
+}  // namespace ordo

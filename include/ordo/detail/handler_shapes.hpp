@@ -1,0 +1,104 @@
+// A handler's shape (fn_traits, handler_shape, signature_of) and the conversion of its arguments.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+
+#include <msgpack.hpp>
+
+#include "ordo/detail/type_traits.hpp"
+
+namespace ordo {
+
+class peer;
+
+namespace detail {
+
+[[noreturn]] void throw_bad_arguments(std::string_view method, const std::string& signature,
+                                      const std::string& what);
+
+template <class F>
+struct fn_traits : fn_traits<decltype(&F::operator())> {};
+template <class R, class... A>
+struct fn_traits<R (*)(A...)> {
+    using result = R;
+    using args = std::tuple<A...>;
+};
+template <class R, class... A>
+struct fn_traits<R(A...)> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A>
+struct fn_traits<R (C::*)(A...)> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A>
+struct fn_traits<R (C::*)(A...) const> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A>
+struct fn_traits<R (C::*)(A...) noexcept> : fn_traits<R (*)(A...)> {};
+template <class C, class R, class... A>
+struct fn_traits<R (C::*)(A...) const noexcept> : fn_traits<R (*)(A...)> {};
+
+template <class T>
+T convert_arg(const msgpack::object& o, std::size_t index, std::string_view method,
+              const std::string& signature) {
+    try {
+        return o.as<T>();
+    } catch (const std::exception&) {
+        throw_bad_arguments(method, signature,
+                            "argument " + std::to_string(index + 1) + " does not convert to " +
+                                type_name(typeid(T)));
+    }
+}
+
+// Handler arguments after an optional leading peer&.
+template <class Tuple>
+struct handler_shape;
+template <class... A>
+struct handler_shape<std::tuple<A...>> {
+    static constexpr bool takes_peer = false;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+template <class... A>
+struct handler_shape<std::tuple<peer&, A...>> {
+    static constexpr bool takes_peer = true;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+
+template <class Values>
+struct signature_of;
+template <class... V>
+struct signature_of<std::tuple<V...>> {
+    static std::string get() {
+        std::string s = "(";
+        ((s += (s.size() > 1 ? ", " : "") + type_name(typeid(V))), ...);
+        return s + ")";
+    }
+};
+
+template <class Values, std::size_t... I>
+Values convert_params(const msgpack::object& params, std::string_view method,
+                      const std::string& signature, std::index_sequence<I...>) {
+    const auto& arr = params.via.array;
+    if (arr.size != sizeof...(I))
+        throw_bad_arguments(method, signature,
+                            "got " + std::to_string(arr.size) + " arguments, expected " +
+                                std::to_string(sizeof...(I)));
+    return Values{
+        convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
+}
+
+template <class F>
+decltype(auto) invoke_handler(F& f, peer& p, auto& values) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    if constexpr (shape::takes_peer)
+        return std::apply([&](auto&... v) -> decltype(auto) { return f(p, std::move(v)...); },
+                          values);
+    else
+        return std::apply([&](auto&... v) -> decltype(auto) { return f(std::move(v)...); }, values);
+}
+
+}  // namespace detail
+}  // namespace ordo

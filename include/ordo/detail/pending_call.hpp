@@ -1,0 +1,42 @@
+// pending_call: one call in flight, type-erased, as a channel_impl receives it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <system_error>
+
+#include "ordo/call.hpp"
+#include "ordo/detail/params_buffer.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo::detail {
+
+/// One call in flight, type-erased. A channel completes it exactly once, on the channel's
+/// executor, with complete() or complete_inline().
+class pending_call {
+  public:
+    virtual ~pending_call() = default;
+    /// Never runs the caller's handler inline: posts it to the handler's executor. Safe
+    /// anywhere, the call's own initiation included.
+    virtual void complete(std::error_code ec, call_outcome out) = 0;
+    /// Runs the caller's handler before returning when the handler's executor is the channel's
+    /// (saving a post per call), else behaves as complete(). For channels completing a call from
+    /// their read path: never from inside the call's initiation, and with the channel kept alive
+    /// across it (the handler may drop the last reference). An exception thrown by the handler
+    /// is rethrown from the handler's executor, as if the handler had been posted.
+    virtual void complete_inline(std::error_code ec, call_outcome out) {
+        complete(ec, std::move(out));
+    }
+    /// True if complete*() copes with a borrowed outcome (copies what it keeps before it
+    /// returns); else the channel makes the outcome own its memory first.
+    virtual bool takes_borrowed() const noexcept { return false; }
+
+    std::string method;
+    params_buffer params;  ///< the encoded params array
+    call_options options;
+    net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
+    /// 0 for a call as made; 1 when a router sends it again after its replica died.
+    std::uint8_t attempt = 0;
+};
+
+}  // namespace ordo::detail
