@@ -1,6 +1,6 @@
 // The one place where errors cross the wire: what an error object received in a response means
 // as an ordo::errc, and what a handler's exception answers. (The encoding of ordo's own error
-// object is encode_error_response in codec.hpp.) Both live in rpc/codec.cpp.
+// object is encode_error_response in codec.hpp.) Both live in rpc/wire_errors.cpp.
 #pragma once
 
 #include <string>
