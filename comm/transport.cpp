@@ -20,6 +20,7 @@
 #include <asio/write.hpp>
 
 #include "comm/transports.hpp"
+#include "lib/escaped.hpp"
 #include "lib/url_number.hpp"
 #include "ordo/error.hpp"
 
@@ -334,7 +335,7 @@ class tls_listener final : public listener {
         : st_(std::make_shared<state>(ex, a, to)) {
         local_ = tcp_url(st_->acceptor.local_endpoint(), "tls");
         st_->local = local_;
-        net::co_spawn(ex, accept_loop(st_), net::detached);
+        net::co_spawn(ex, accept_loop(st_), detail::rethrow_escaped{});
     }
     ~tls_listener() override { close(); }
 
@@ -392,7 +393,8 @@ class tls_listener final : public listener {
             }
             sock.set_option(tcp::no_delay(true), ec);
             ++s->handshaking;
-            net::co_spawn(s->acceptor.get_executor(), shake(s, std::move(sock)), net::detached);
+            net::co_spawn(s->acceptor.get_executor(), shake(s, std::move(sock)),
+                          detail::rethrow_escaped{});
         }
     }
 

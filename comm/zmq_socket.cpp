@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "lib/escaped.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo::detail {
@@ -64,8 +65,8 @@ zsock::~zsock() {
 
 void zsock::start() {
     auto self = shared_from_this();
-    net::co_spawn(ex_, pump(self), net::detached);
-    net::co_spawn(ex_, monitor_pump(self), net::detached);
+    net::co_spawn(ex_, pump(self), detail::rethrow_escaped{});
+    net::co_spawn(ex_, monitor_pump(self), detail::rethrow_escaped{});
     if (router_ && o_.heartbeat.count() > 0) schedule_sweep(o_.heartbeat);
 }
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "lib/escaped.hpp"
+#include "ordo/handlers.hpp"
+
 namespace ordo::detail {
 
 using clock = std::chrono::steady_clock;
@@ -27,7 +30,7 @@ net::awaitable<void> batcher_core::submit(std::shared_ptr<batch_element> e, buff
         auto cs = co_await net::this_coro::cancellation_state;
         if (cs.cancelled() == net::cancellation_type::none) continue;
         // Cancelled (ordo.cancel, a deadline, or the peer died): leave a batch not yet started.
-        --waiters_;
+        waiter_left();
         auto it = std::find(queue_.begin(), queue_.end(), e);
         if (it != queue_.end()) {
             queue_.erase(it);
@@ -36,7 +39,7 @@ net::awaitable<void> batcher_core::submit(std::shared_ptr<batch_element> e, buff
         }
         throw_error(errc::cancelled, "call cancelled while waiting for batch handler " + name_);
     }
-    --waiters_;
+    waiter_left();
     if (e->error != errc{}) throw_error(e->error, e->error_text);
     out.write(e->result.data(), e->result.size());
 }
@@ -53,7 +56,7 @@ void batcher_core::maybe_run() {
         queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
         ++running_;
         stats_.running = running_;
-        net::co_spawn(ex_, run(std::move(b)), net::detached);
+        net::co_spawn(ex_, run(std::move(b)), detail::rethrow_escaped{});
     }
     stats_.queued = queue_.size();
     arm_wait();
@@ -78,6 +81,9 @@ net::awaitable<void> batcher_core::run(batch b) {
         co_await run_batch(b);
     } catch (const std::exception& e) {
         fail_all(b, errc::remote_error, "batch handler " + name_ + " failed: " + e.what());
+    } catch (...) {
+        // Not a std::exception: its callers still get an answer, and the batch slot is freed.
+        fail_all(b, errc::remote_error, "batch handler " + name_ + " failed: unknown exception");
     }
     for (auto& e : b) {
         e->done = true;
@@ -96,6 +102,22 @@ void batcher_core::fail_all(batch& b, errc code, const std::string& text) {
         e->error = code;
         e->error_text = text;
         e->result.clear();
+    }
+}
+
+void batcher_core::waiter_left() {
+    if (--waiters_ == 0 && idle_event_) idle_event_->cancel();
+}
+
+net::awaitable<void> batcher_core::async_wait_idle() {
+    auto self = shared_from_this();
+    while (waiters_ > 0) {
+        if (!idle_event_)
+            idle_event_ = std::make_unique<net::steady_timer>(co_await net::this_coro::executor,
+                                                              clock::time_point::max());
+        co_await idle_event_->async_wait(use_tuple);
+        auto cs = co_await net::this_coro::cancellation_state;
+        if (cs.cancelled() != net::cancellation_type::none) co_return;
     }
 }
 
@@ -124,3 +146,11 @@ void batcher_core::set_max_wait(std::chrono::milliseconds w) {
 }
 
 }  // namespace ordo::detail
+
+namespace ordo {
+
+net::awaitable<void> handlers::async_wait_batches() const {
+    for (const auto& b : batchers_) co_await b->async_wait_idle();
+}
+
+}  // namespace ordo

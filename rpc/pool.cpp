@@ -4,6 +4,7 @@
 #include <map>
 #include <vector>
 
+#include "lib/escaped.hpp"
 #include "rpc/detail/connecting.hpp"
 #include "rpc/detail/wait_queue.hpp"
 #include "rpc/detail/when_closed.hpp"
@@ -148,7 +149,7 @@ struct pool::state {
         while (!closed && wanted > connecting && open.size() + connecting < o.max_connections) {
             ++connecting;
             update();
-            net::co_spawn(ex, connect_one(self.shared_from_this()), net::detached);
+            net::co_spawn(ex, connect_one(self.shared_from_this()), detail::rethrow_escaped{});
         }
     }
 

@@ -3,6 +3,7 @@
 #include <list>
 #include <vector>
 
+#include "lib/escaped.hpp"
 #include "rpc/detail/when_closed.hpp"
 
 namespace ordo {
@@ -69,7 +70,7 @@ std::string server::listen(std::string_view url) {
     auto l = ordo::listen(s_->ex, url, s_->o.peer.transport);
     std::string bound = l->local_address();
     ++s_->accept_loops;
-    net::co_spawn(s_->ex, state::accept_loop(s_, l.get()), net::detached);
+    net::co_spawn(s_->ex, state::accept_loop(s_, l.get()), detail::rethrow_escaped{});
     s_->listeners.push_back(std::move(l));
     return bound;
 }
@@ -80,11 +81,10 @@ net::awaitable<void> server::async_stop() {
     for (auto& l : s->listeners) l->close();
     // Calls waiting for a batch get their shutting_down answers out before connections close.
     handlers_.stop_batches();
-    net::steady_timer t(s->ex);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (handlers_.batch_waiters() > 0 && std::chrono::steady_clock::now() < give_up) {
-        t.expires_after(std::chrono::milliseconds(1));
-        co_await t.async_wait(use_tuple);
+    {
+        using namespace net::experimental::awaitable_operators;
+        net::steady_timer give_up(s->ex, std::chrono::seconds(2));
+        co_await (handlers_.async_wait_batches() || give_up.async_wait(use_tuple));
     }
     for (auto& p : s->peers) p->close();
     while (!s->peers.empty() || s->accept_loops > 0) co_await s->changed.async_wait(use_tuple);

@@ -5,7 +5,6 @@
 #include <string_view>
 
 #include "ordo/channel.hpp"
-#include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
 #include "ordo/pool.hpp"
 #include "ordo/router.hpp"

@@ -148,6 +148,8 @@ class handlers {
         for (const auto& b : batchers_) n += b->waiters();
         return n;
     }
+    /// Completes when no call waits for its batch outcome in any batch handler; cancellable.
+    net::awaitable<void> async_wait_batches() const;
 
     /// The entry for `name`, or null.
     const detail::handler_entry* find(std::string_view name) const {

@@ -58,6 +58,8 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     const batch_stats& stats() const noexcept { return stats_; }
     /// Calls whose coroutine has not yet taken its outcome.
     std::size_t waiters() const noexcept { return waiters_; }
+    /// Completes when waiters() is 0 (at once if it is); cancellable.
+    net::awaitable<void> async_wait_idle();
     const std::string& name() const noexcept { return name_; }
 
   protected:
@@ -70,11 +72,13 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     void maybe_run();
     void arm_wait();
     net::awaitable<void> run(batch b);
+    void waiter_left();
 
     std::string name_;
     batch_options o_;
     std::vector<std::shared_ptr<batch_element>> queue_;
     std::unique_ptr<net::steady_timer> wait_timer_;
+    std::unique_ptr<net::steady_timer> idle_event_;  // cancelled when waiters_ drops to 0
     net::any_io_executor ex_;
     std::size_t running_ = 0;
     std::size_t waiters_ = 0;
