@@ -280,5 +280,22 @@ TEST(Batch, StoppingTheServerFailsQueuedCallsWithShuttingDown) {
     });
 }
 
+TEST(Batch, AHandlerThrowingANonStandardExceptionFailsItsCallsAndFreesItsSlot) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        bool fail = true;
+        srv.on_batch("id", {.max_batch_size = 1, .max_wait = 1ms}, [&](std::vector<int> xs) {
+            if (fail) throw 42;
+            return xs;
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto [ec, v] = co_await ch.async_call<int>("id", 1, use_tuple);
+        EXPECT_EQ(ec, errc::remote_error);
+        fail = false;
+        EXPECT_EQ(co_await ch.async_call<int>("id", 2), 2);  // the one concurrent batch is free
+        co_await srv.async_stop();
+    });
+}
+
 }  // namespace
 }  // namespace ordo
