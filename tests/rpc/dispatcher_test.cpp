@@ -100,16 +100,21 @@ struct gate {
     bool opened = false;
 };
 
+// A handler that records its argument, waits at `g` and returns its argument.
+auto gated(gate& g, std::vector<int>& ran) {
+    return [&g, &ran](int x) -> net::awaitable<int> {
+        ran.push_back(x);
+        co_await g.wait();
+        co_return x;
+    };
+}
+
 TEST(Dispatcher, ASerialHandlerHoldsTheNextMessageUntilItEnds) {
     run_test([]() -> net::awaitable<void> {
         gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
-        h.on("slow", [&](int x) -> net::awaitable<int> {
-            ran.push_back(x);
-            co_await g.wait();
-            co_return x;
-        });
+        h.on("slow", gated(g, ran));
         h.on("fast", [&](int x) {
             ran.push_back(x);
             return x;
@@ -190,11 +195,7 @@ TEST(Dispatcher, CancelOfAQueuedRequestAnswersItWithoutRunningIt) {
         gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
-        h.on("slow", [&](int x) -> net::awaitable<int> {
-            ran.push_back(x);
-            co_await g.wait();
-            co_return x;
-        });
+        h.on("slow", gated(g, ran));
         auto r = co_await rig::make(h, 100);
         r->feed(request(1, "slow", 1));
         r->feed(request(2, "slow", 2));
