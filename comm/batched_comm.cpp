@@ -11,7 +11,7 @@ using clock = std::chrono::steady_clock;
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 // until they end, so destroying the batched_comm never leaves them with a dangling pointer.
-struct batched_comm::impl {
+struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     enum class state { open, closing, ended };
     enum class wait { none, idle, interval, peer_eof };
 
@@ -47,6 +47,11 @@ struct batched_comm::impl {
     close_result result;
     comm_counters c;
     detail::framer framer;
+    // message_timeout: since when the incomplete message now buffered has been waited for
+    // (epoch: none is), and the timer that checks it.
+    clock::time_point partial_since{};
+    net::steady_timer partial_timer{t->get_executor()};
+    bool partial_armed = false;
 
     void set_reason(std::error_code code, std::string reason) {
         if (has_reason) return;
@@ -63,6 +68,7 @@ struct batched_comm::impl {
         t->close();
         writer_wake.cancel();
         reader_wake.cancel();
+        partial_timer.cancel();
         changed.cancel();
         if (!started) finish();
     }
@@ -213,9 +219,11 @@ struct batched_comm::impl {
             c.bytes_received += n;
             c.last_receive = clock::now();
             std::size_t turn = 0;
+            bool took = false;
             while (st != state::ended) {
                 auto m = framer.next();
                 if (!m) break;
+                took = true;
                 ++c.messages_received;
                 if (!detached) on_message(*m);
                 if (++turn == o.messages_per_turn) {
@@ -226,7 +234,41 @@ struct batched_comm::impl {
                         co_await net::post(t->get_executor(), net::use_awaitable);
                 }
             }
+            watch_partial(took);
         }
+    }
+
+    // After a read: starts or ends the wait for the incomplete message left in the framer (a
+    // new one if this read completed others).
+    void watch_partial(bool took) {
+        if (framer.buffered() == 0) {
+            partial_since = {};
+            return;
+        }
+        if (took || partial_since == clock::time_point{}) partial_since = c.last_receive;
+        if (o.message_timeout.count() <= 0 || partial_armed) return;
+        partial_armed = true;
+        partial_timer.expires_at(partial_since + o.message_timeout);
+        partial_timer.async_wait([w = weak_from_this()](std::error_code ec) {
+            if (ec) return;
+            if (auto self = w.lock()) self->check_partial();
+        });
+    }
+
+    void check_partial() {
+        partial_armed = false;
+        if (st == state::ended || partial_since == clock::time_point{}) return;
+        const auto now = clock::now();
+        if (paused) partial_since = now;  // the owner holds the reader back: not the peer's delay
+        if (now - partial_since >= o.message_timeout) {
+            fail(errc::protocol_error,
+                 "ordo: protocol error: " + std::to_string(framer.buffered()) +
+                     " bytes of an incomplete message from " + t->remote_address() +
+                     ", not completed within message_timeout (" +
+                     std::to_string(o.message_timeout.count()) + " ms)");
+            return;
+        }
+        watch_partial(false);
     }
 
     void finish() {

@@ -69,6 +69,11 @@ void dispatcher::on_reserved(const message& m) {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
             cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+    } else if (m.method == "ordo.closing") {
+        // [code, reason]: the remote side closes the connection next, and says why.
+        const auto& a = m.params.via.array;
+        if (a.size == 2 && a.ptr[1].type == msgpack::type::STR)
+            host_.remote_closing(std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
     } else if (req) {
         respond_error(m.msgid, errc::method_not_found,
                       "no method \"" + std::string(m.method) + "\" (reserved name)");

@@ -2,7 +2,8 @@
 // guarantee): requests and notifications start their handlers in arrival order; a serial handler
 // runs to completion before the next message starts, a concurrent one lets it start while
 // suspended; what cannot start yet waits in a bounded queue (reading pauses when it is full);
-// ordo.cancel cancels a running handler or answers a queued request; ordo.ping is answered; when
+// ordo.cancel cancels a running handler or answers a queued request; ordo.ping is answered;
+// ordo.closing is passed on; when
 // the connection ends every handler is cancelled and the queue dropped.
 #pragma once
 
@@ -37,6 +38,8 @@ class dispatcher_host {
     virtual void handler_started() = 0;
     /// The connection, kept alive by each handler coroutine until it ends.
     virtual std::shared_ptr<void> keep_alive() = 0;
+    /// The remote side said (ordo.closing) that it is closing the connection, and why.
+    virtual void remote_closing(std::string reason) = 0;
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,

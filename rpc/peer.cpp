@@ -62,14 +62,16 @@ struct peer::state final : detail::call_table_host,
     }
 
     void on_ended(const close_result& r) {
+        const auto& code = sess->close_code();
+        const auto& why = sess->close_reason();
         live.stop();
-        calls.fail_all(r.code, r.reason);
+        calls.fail_all(code, why);
         sess->report_undelivered(r, o.on_undelivered, c);
         disp.stop();
         ended = true;
         closed_event.cancel();
         auto fns = std::move(closed_fns);
-        for (auto& f : fns) f(r.code, r.reason);
+        for (auto& f : fns) f(code, why);
     }
 
     // ---- the parts' view of the connection ----
@@ -99,6 +101,7 @@ struct peer::state final : detail::call_table_host,
     void pause_reading(bool paused) override { sess->pause_reading(paused); }
     void handler_started() override { live.note_work(); }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
+    void remote_closing(std::string reason) override { sess->note_remote_reason(std::move(reason)); }
 
     std::size_t calls_waiting() const override { return calls.waiting(); }
     std::size_t handlers_running() const override { return disp.running(); }

@@ -176,8 +176,10 @@ struct pool::state {
         auto conn = make_peer(std::move(t), o.peer, nullptr);
         conn->start();
         ++c.connections_opened;
-        detail::when_closed(*conn, ex, self.weak_from_this(),
-                            [this, raw = conn.get()](const std::string&) { forget_idle(raw); });
+        auto forget = [this, raw = conn.get()](const std::error_code&, const std::string&) {
+            forget_idle(raw);
+        };
+        detail::when_closed(*conn, ex, self.weak_from_this(), forget);
         open.push_back(conn);
         if (closed) {
             discard(conn);

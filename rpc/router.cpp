@@ -418,7 +418,8 @@ struct router::state {
         r->conn = make_peer(std::move(t), o.peer, nullptr);
         r->conn->start();
         detail::when_closed(*r->conn, ex, self.weak_from_this(),
-                            [this, wr = std::weak_ptr<replica>(r)](const std::string& why) {
+                            [this, wr = std::weak_ptr<replica>(r)](const std::error_code&,
+                                                                    const std::string& why) {
                                 if (auto rep = wr.lock()) lose(*rep, why);
                             });
         r->ph = phase::live;

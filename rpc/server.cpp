@@ -25,13 +25,19 @@ struct server::state : std::enable_shared_from_this<server::state> {
     bool stopping = false;
     net::steady_timer changed;
 
+    void event(server_event::kind what, std::string peer, std::error_code code = {},
+               std::string reason = {}) {
+        if (o.on_event) o.on_event({what, std::move(peer), code, std::move(reason)});
+    }
+
     static net::awaitable<void> accept_loop(std::shared_ptr<state> s, listener* l) {
         net::steady_timer backoff(s->ex);
         while (!s->stopping) {
             std::unique_ptr<transport> t;
             try {
                 t = co_await l->async_accept();
-            } catch (const std::system_error&) {
+            } catch (const std::system_error& e) {
+                if (!s->stopping) s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
             }
             if (s->stopping) break;
             if (!t) {
@@ -41,18 +47,71 @@ struct server::state : std::enable_shared_from_this<server::state> {
                 continue;
             }
             ++s->accepted;
+            if (s->peers.size() >= s->o.max_connections) {
+                s->refuse(std::move(t));
+                continue;
+            }
             auto p = make_peer(std::move(t), s->o.peer, s->h);
             s->peers.push_back(p);
             auto it = std::prev(s->peers.end());
-            detail::when_closed(*p, s->ex, s, [st = s.get(), it](const std::string&) {
-                st->peers.erase(it);
-                st->changed.cancel();
-            });
+            s->event(server_event::kind::opened, p->remote_address());
+            detail::when_closed(*p, s->ex, s,
+                                [st = s.get(), it](const std::error_code& code,
+                                                   const std::string& why) {
+                                    st->event(server_event::kind::closed,
+                                              (*it)->remote_address(), code, why);
+                                    st->peers.erase(it);
+                                    st->changed.cancel();
+                                });
             p->start();
         }
         --s->accept_loops;
         s->changed.cancel();
     }
+
+    // A connection beyond max_connections: told why, then closed. At most max_refusing are
+    // told at once; beyond that a connection is closed without a word.
+    void refuse(std::unique_ptr<transport> t) {
+        const std::string remote = t->remote_address();
+        const std::string why = "ordo: server has " + std::to_string(peers.size()) +
+                                " connections open (max_connections); try again later";
+        event(server_event::kind::refused, remote, errc::overloaded, why);
+        if (refusing >= max_refusing) return t->close();
+        ++refusing;
+        net::co_spawn(ex, say_closing(shared_from_this(), std::move(t), errc::overloaded, why),
+                      detail::rethrow_escaped{});
+    }
+
+    // Writes ordo.closing [code, reason], ends the sending side, and reads what the peer still
+    // sends (discarded, for up to a second) so that closing does not reset the connection
+    // before the peer has read the reason.
+    static net::awaitable<void> say_closing(std::shared_ptr<state> s, std::unique_ptr<transport> t,
+                                            errc code, std::string why) {
+        using namespace net::experimental::awaitable_operators;
+        buffer b;
+        encode_notification(b, "ordo.closing", static_cast<int>(code), why);
+        std::error_code ec;
+        co_await t->async_write(net::buffer(b.data(), b.size()), ec);
+        if (!ec) {
+            t->shutdown_send();
+            net::steady_timer limit(s->ex, std::chrono::seconds(1));
+            co_await (drain(*t) || limit.async_wait(use_tuple));
+        }
+        t->close();
+        --s->refusing;
+    }
+
+    static net::awaitable<void> drain(transport& t) {
+        char sink[1024];
+        for (int i = 0; i < 64; ++i) {
+            std::error_code ec;
+            co_await t.async_read_some(net::buffer(sink, sizeof sink), ec);
+            if (ec) co_return;
+        }
+    }
+
+    static constexpr std::size_t max_refusing = 64;
+    std::size_t refusing = 0;
 };
 
 server::server(net::any_io_executor ex) : server(std::move(ex), server_options{}) {}

@@ -17,6 +17,7 @@ void session::on_comm_closed(const close_result& r) {
     open_ = false;
     close_code_ = r.code;
     close_reason_ = r.reason;
+    if (!remote_reason_.empty()) close_reason_ += " (the peer said: " + remote_reason_ + ")";
     if (on_ended_) on_ended_(r);
 }
 

@@ -24,7 +24,8 @@ class session {
   public:
     /// Receives each incoming message (valid during the call only).
     using message_fn = batched_comm::message_fn;
-    /// Runs once when the connection has ended, after is_open() turned false.
+    /// Runs once when the connection has ended, after is_open() turned false; close_code()
+    /// and close_reason() say how (`r` holds what was not written).
     using ended_fn = std::function<void(const close_result&)>;
 
     session(std::unique_ptr<transport> t, const comm_options& o, message_fn on_message,
@@ -54,6 +55,8 @@ class session {
     /// How it ended; empty while open.
     const std::error_code& close_code() const noexcept { return close_code_; }
     const std::string& close_reason() const noexcept { return close_reason_; }
+    /// What the remote side said (ordo.closing) before it closed: added to the close reason.
+    void note_remote_reason(std::string reason) { remote_reason_ = std::move(reason); }
     /// Marks the session ended by its owner's destruction (no callback runs).
     void end_locally(std::error_code code, std::string reason);
 
@@ -74,6 +77,7 @@ class session {
     bool open_ = true;
     std::error_code close_code_;
     std::string close_reason_;
+    std::string remote_reason_;
 };
 
 }  // namespace detail

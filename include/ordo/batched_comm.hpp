@@ -47,6 +47,11 @@ struct comm_options {
     /// of taking turns with whole batches (pipelined calls: up to 1.5x the calls/s on 2 cores,
     /// bench/README.md). 0: the writer waits for the end of the read.
     std::size_t messages_per_turn = 128;
+    /// An incomplete message must be complete this long after its first bytes arrived, else
+    /// the connection closes with errc::protocol_error (a peer that announces a large message
+    /// and goes silent holds no buffer forever). Time the reader spends paused by its owner
+    /// does not count. 0: no limit.
+    std::chrono::milliseconds message_timeout{30'000};
     /// After close() has flushed and ended the sending direction, how long to wait for the
     /// peer's end of stream before closing anyway.
     std::chrono::milliseconds close_timeout{5000};

@@ -1,6 +1,7 @@
 // ordo::server: listeners, a handler table, and one peer per accepted connection.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -10,8 +11,29 @@
 
 namespace ordo {
 
+/// What a server tells its application about its connections (server_options::on_event).
+struct server_event {
+    enum class kind {
+        opened,         ///< a connection was accepted and is served
+        closed,         ///< a served connection ended; `code` and `reason` say how
+        refused,        ///< accepted beyond max_connections: told why, then closed
+        accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries
+    };
+    kind what = kind::opened;
+    std::string peer;  ///< the remote address (empty for accept_failed)
+    std::error_code code;
+    std::string reason;
+};
+
 struct server_options {
     peer_options peer;  ///< for every accepted connection
+    /// Connections served at once. One accepted beyond it gets an ordo.closing notification
+    /// saying why and is closed at once, instead of waiting in the kernel's backlog.
+    std::size_t max_connections = 10'000;
+    /// Told of connections opened, closed (with the reason: end of stream, protocol error,
+    /// message_timeout, dead peer...), refused, and of accept failures. Runs on the server's
+    /// executor; must not throw.
+    std::function<void(const server_event&)> on_event;
 };
 
 /// Serves the registered handlers on every listener. Each accepted connection becomes an

@@ -9,16 +9,16 @@
 
 namespace ordo::detail {
 
-/// Runs `f(why)` on `ex` once `p`'s connection has ended: posted, never inside the peer's own
+/// Runs `f(code, why)` on `ex` once `p`'s connection has ended: posted, never inside the peer's own
 /// close (where releasing the peer would destroy it under its own feet), and only if `owner`
 /// still lives then (it is held while f runs).
 template <class F>
 void when_closed(peer& p, const net::any_io_executor& ex, std::weak_ptr<void> owner, F f) {
-    p.on_closed([ex, owner = std::move(owner), f = std::move(f)](const std::error_code&,
+    p.on_closed([ex, owner = std::move(owner), f = std::move(f)](const std::error_code& code,
                                                                 const std::string& why) {
         if (owner.expired()) return;
-        net::post(ex, [owner, f, why] {
-            if (auto keep = owner.lock()) f(why);
+        net::post(ex, [owner, f, code, why] {
+            if (auto keep = owner.lock()) f(code, why);
         });
     });
 }

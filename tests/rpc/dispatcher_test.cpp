@@ -53,6 +53,8 @@ struct fake_host final : detail::dispatcher_host {
     void pause_reading(bool p) override { pauses.push_back(p); }
     void handler_started() override { ++started; }
     std::shared_ptr<void> keep_alive() override { return token; }
+    void remote_closing(std::string reason) override { closing = std::move(reason); }
+    std::string closing;
 };
 
 message request(std::uint32_t id, std::string_view method, int arg) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
@@ -95,6 +97,101 @@ TEST(Limits, LateResponsesToRememberedTimedOutCallsAreDroppedQuietly) {
 
 TEST(Limits, ALateResponseToAForgottenMsgidClosesTheConnectionWithAProtocolError) {
     late_responses(1, false);
+}
+
+// A server that records its events.
+struct event_log {
+    std::vector<server_event> events;
+    std::function<void(const server_event&)> recorder() {
+        return [this](const server_event& e) { events.push_back(e); };
+    }
+    std::size_t count(server_event::kind k) const {
+        return std::size_t(std::count_if(events.begin(), events.end(),
+                                         [k](const server_event& e) { return e.what == k; }));
+    }
+};
+
+// Half-sent messages (slowloris): a client announces a 1 MiB str and then sends a byte now and
+// then, never finishing. The server drops it within message_timeout and says why; a fresh
+// client is served meanwhile.
+TEST(Limits, AMessageThatDoesNotCompleteWithinMessageTimeoutClosesItsConnection) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        event_log log;
+        server_options so;
+        so.peer.comm.message_timeout = 300ms;
+        so.on_event = log.recorder();
+        server srv(ex, so);
+        srv.on("inc", [](int x) { return x + 1; });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto slow = co_await async_connect_transport(url);
+        std::error_code ec;
+        const std::string head("\x93\x02\xa1m\x91\xdb\x00\x10\x00\x00", 10);  // str of 1 MiB
+        co_await slow->async_write(net::buffer(head), ec);
+        ORDO_CO_ASSERT_TRUE(!ec);
+        const auto start = std::chrono::steady_clock::now();
+        bool closed = false;
+        for (int i = 0; i < 400 && !closed; ++i) {  // a byte every 25 ms, for at most 10 s
+            co_await sleep_for(25ms);
+            co_await slow->async_write(net::buffer("x", 1), ec);
+            if (ec) closed = true;
+            if (i == 4) {  // meanwhile a fresh client is served
+                auto ch = co_await async_connect(url);
+                EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+            }
+        }
+        EXPECT_TRUE(closed);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            return log.count(server_event::kind::closed) >= 1;
+        }));
+        bool said = false;
+        for (const auto& e : log.events)
+            if (e.what == server_event::kind::closed && e.code == errc::protocol_error &&
+                e.reason.find("message_timeout") != std::string::npos)
+                said = true;
+        EXPECT_TRUE(said);
+        co_await srv.async_stop();
+    });
+}
+
+// max_connections: the connection beyond it is told why and closed at once; its caller's error
+// carries the server's reason; once a connection leaves, a new client is served again.
+TEST(Limits, AConnectionBeyondMaxConnectionsIsToldWhyAndClosedAtOnce) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        event_log log;
+        server_options so;
+        so.max_connections = 2;
+        so.on_event = log.recorder();
+        server srv(ex, so);
+        srv.on("inc", [](int x) { return x + 1; });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto a = co_await async_connect(url);
+        auto b = co_await async_connect(url);
+        EXPECT_EQ(co_await a.async_call<int>("inc", 1), 2);
+        EXPECT_EQ(co_await b.async_call<int>("inc", 2), 3);
+        auto c = co_await async_connect(url);
+        auto [ec, v] = co_await c.async_call<int>("inc", 3, ordo::timeout(20s), use_tuple);
+        EXPECT_EQ(ec, errc::peer_lost);
+        try {
+            co_await c.async_call<int>("inc", 3);
+            ADD_FAILURE() << "the refused connection served a call";
+        } catch (const rpc_error& e) {
+            EXPECT_NE(std::string(e.what()).find("max_connections"), std::string::npos)
+                << e.what();
+        }
+        EXPECT_EQ(log.count(server_event::kind::refused), 1u);
+        EXPECT_EQ(log.count(server_event::kind::opened), 2u);
+        EXPECT_EQ(srv.peer_count(), 2u);
+        // One leaves: the next client is served.
+        co_await std::static_pointer_cast<peer>(a.impl())->async_close();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return srv.peer_count() == 1; }));
+        EXPECT_EQ(log.count(server_event::kind::closed), 1u);
+        auto d = co_await async_connect(url);
+        EXPECT_EQ(co_await d.async_call<int>("inc", 4), 5);
+        co_await srv.async_stop();
+    });
 }
 
 }  // namespace
