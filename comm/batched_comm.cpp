@@ -47,6 +47,10 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     close_result result;
     comm_counters c;
     detail::framer framer;
+    // Reads adapt between these (adapt_read_size).
+    const std::size_t max_read_size = std::max<std::size_t>(1, o.read_chunk_bytes);
+    const std::size_t min_read_size = std::min<std::size_t>(2048, max_read_size);
+    std::size_t read_size = min_read_size;
     // message_timeout: since when the incomplete message now buffered has been waited for
     // (epoch: none is), and the timer that checks it.
     clock::time_point partial_since{};
@@ -199,7 +203,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                 reader_paused = false;
             }
             if (st == state::ended) break;
-            auto area = framer.prepare(o.read_chunk_bytes);
+            auto area = framer.prepare(read_size);
             std::error_code ec;
             const std::size_t n =
                 co_await t->async_read_some(net::buffer(area.data(), area.size()), ec);
@@ -216,6 +220,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                 co_return;
             }
             framer.commit(n);
+            adapt_read_size(n);
             c.bytes_received += n;
             c.last_receive = clock::now();
             std::size_t turn = 0;
@@ -235,7 +240,20 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                 }
             }
             watch_partial(took);
+            // A buffer grown for a large message or a burst goes back to the read size.
+            if (framer.buffered() == 0) framer.trim(2 * read_size);
+            c.read_buffer_bytes = framer.capacity();
         }
+    }
+
+    // A full read means a burst: the next read takes up to read_chunk_bytes, so that a burst
+    // after an idle spell costs two reads, not a doubling series. Reads under a quarter full
+    // halve it, down to 2 KiB: an idle connection waits with a small buffer.
+    void adapt_read_size(std::size_t n) {
+        if (n == read_size)
+            read_size = max_read_size;
+        else if (n < read_size / 4)
+            read_size = std::max(read_size / 2, min_read_size);
     }
 
     // After a read: starts or ends the wait for the incomplete message left in the framer (a

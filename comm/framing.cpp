@@ -130,14 +130,28 @@ framer::framer(const limits& l) : limits_(l) {}
 std::span<char> framer::prepare(std::size_t n) {
     if (begin_ == end_) {
         begin_ = scan_ = end_ = 0;
-    } else if (buf_.size() - end_ < n && begin_ > 0) {
-        std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+    } else if (cap_ - end_ < n && begin_ > 0) {
+        std::memmove(buf_.get(), buf_.get() + begin_, end_ - begin_);
         scan_ -= begin_;
         end_ -= begin_;
         begin_ = 0;
     }
-    if (buf_.size() - end_ < n) buf_.resize(std::max(buf_.size() * 2, end_ + n));
-    return {buf_.data() + end_, n};
+    if (cap_ - end_ < n) {
+        // Not zero-filled: only what the transport writes into it is ever read.
+        const std::size_t c = std::max(cap_ * 2, end_ + n);
+        std::unique_ptr<char[]> b(new char[c]);
+        if (end_ > 0) std::memcpy(b.get(), buf_.get(), end_);
+        buf_ = std::move(b);
+        cap_ = c;
+    }
+    return {buf_.get() + end_, n};
+}
+
+void framer::trim(std::size_t cap) {
+    if (begin_ != end_ || cap_ <= cap) return;
+    buf_.reset(cap > 0 ? new char[cap] : nullptr);
+    cap_ = cap;
+    begin_ = scan_ = end_ = 0;
 }
 
 void framer::commit(std::size_t n) {
@@ -177,10 +191,10 @@ void framer::push_container(std::uint64_t entries, std::uint64_t length) {
 }
 
 std::optional<std::string_view> framer::next() {
-    const auto* data = reinterpret_cast<const unsigned char*>(buf_.data());
+    const auto* data = reinterpret_cast<const unsigned char*>(buf_.get());
     if (scan_ == begin_ && scan_ < end_) {  // at the start of a message: try it whole
         if (const std::size_t n = whole_message(data + begin_, end_ - begin_, limits_)) {
-            std::string_view whole(buf_.data() + begin_, n);
+            std::string_view whole(buf_.get() + begin_, n);
             begin_ = scan_ = begin_ + n;
             return whole;
         }
@@ -223,7 +237,7 @@ std::optional<std::string_view> framer::next() {
                 open_.pop_back();
         }
         if (item_done) {
-            std::string_view whole(buf_.data() + begin_, scan_ - begin_);
+            std::string_view whole(buf_.get() + begin_, scan_ - begin_);
             begin_ = scan_;
             objects_ = 0;
             return whole;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -45,13 +46,19 @@ class framer {
 
     /// Bytes received but not yet returned by next().
     std::size_t buffered() const noexcept { return end_ - begin_; }
+    /// Bytes the buffer holds (its memory).
+    std::size_t capacity() const noexcept { return cap_; }
+    /// When nothing is buffered and the buffer is larger than `cap` (it grew for a large
+    /// message or a burst), gives its memory back down to `cap` bytes.
+    void trim(std::size_t cap);
 
   private:
     [[noreturn]] void fail(const char* what, std::uint64_t value, std::size_t limit) const;
     void push_container(std::uint64_t entries, std::uint64_t length);
 
     limits limits_;
-    std::vector<char> buf_;
+    std::unique_ptr<char[]> buf_;
+    std::size_t cap_ = 0;
     std::size_t begin_ = 0;            // start of the object being scanned
     std::size_t scan_ = 0;             // next unscanned token
     std::size_t end_ = 0;              // end of received bytes

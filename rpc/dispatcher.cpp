@@ -61,7 +61,7 @@ void dispatcher::on_reserved(const message& m) {
     const bool req = m.kind == message_kind::request;
     if (m.method == "ordo.ping") {
         if (req) {
-            buffer b;
+            buffer b(small_buffer);
             encode_response(b, m.msgid, msgpack::type::nil_t());
             host_.send_response(b);
         }
@@ -100,7 +100,7 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
 }
 
 void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string& text) {
-    buffer b;
+    buffer b(small_buffer);
     encode_error_response(b, msgid, code, text);
     host_.send_response(b);
 }
@@ -151,7 +151,7 @@ void dispatcher::start_async(const handler_entry& e, message& m) {
     if (r.serial) serial_busy_ = true;
     c_.running_handlers = runs_.size();
     host_.handler_started();
-    auto out = std::make_unique<buffer>();
+    auto out = std::make_unique<buffer>(small_buffer);
     if (r.is_request) write_response_head(*out, m.msgid);
     // Creating the coroutine copies the handler into its frame: re-registering the name while
     // it runs is harmless.

@@ -90,7 +90,7 @@ class dispatcher {
     net::any_io_executor ex_;
     std::deque<message> queue_;
     std::list<run> runs_;
-    buffer scratch_;  // responses of plain-function handlers, reused
+    buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
     bool serial_busy_ = false;
     bool paused_ = false;
     bool stopped_ = false;

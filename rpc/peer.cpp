@@ -43,7 +43,9 @@ struct peer::state final : detail::call_table_host,
     net::any_io_executor ex;
     std::string remote;
     peer_counters c;
-    msgpack::zone read_zone;  // every incoming message is decoded into it (reused)
+    // Every incoming message is decoded into it (reused). Its first chunk is what an idle
+    // connection keeps: 2 KiB holds the objects of messages with a few dozen values.
+    msgpack::zone read_zone{2048};
     bool ended = false;
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
@@ -81,7 +83,7 @@ struct peer::state final : detail::call_table_host,
     void send_cancel(std::uint32_t msgid) override {
         if (!sess->is_open()) return;
         try {
-            buffer b;
+            buffer b(small_buffer);
             encode_notification(b, "ordo.cancel", msgid);
             sess->send(std::string_view(b.data(), b.size()));
         } catch (const std::system_error&) {

@@ -88,7 +88,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
     static net::awaitable<void> say_closing(std::shared_ptr<state> s, std::unique_ptr<transport> t,
                                             errc code, std::string why) {
         using namespace net::experimental::awaitable_operators;
-        buffer b;
+        buffer b(small_buffer);
         encode_notification(b, "ordo.closing", static_cast<int>(code), why);
         std::error_code ec;
         co_await t->async_write(net::buffer(b.data(), b.size()), ec);

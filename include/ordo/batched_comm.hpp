@@ -39,7 +39,10 @@ struct comm_options {
     std::size_t max_buffer_bytes = std::size_t{256} << 20;
     /// Bounds on incoming messages.
     ordo::limits limits;
-    /// Bytes asked of the transport per read.
+    /// Most bytes asked of the transport per read. Reads start at 2 KiB, take up to this after
+    /// one comes back full, and halve while they come back mostly empty; the read buffer follows
+    /// (growing to a message larger than that, and shrinking back once it is taken), so that an
+    /// idle connection holds a few KiB, not a read_chunk_bytes buffer.
     std::size_t read_chunk_bytes = 64 * 1024;
     /// After this many messages of one read, if their handlers queued messages (and the writer
     /// is not waiting for its interval), the reader lets the writer run before it goes on:
@@ -68,6 +71,8 @@ struct comm_counters {
     std::uint64_t writes = 0;
     std::size_t buffered_bytes = 0;
     std::size_t peak_buffered_bytes = 0;
+    /// Memory of the read buffer now (it grows for large messages and bursts, and shrinks back).
+    std::size_t read_buffer_bytes = 0;
     /// When bytes last arrived (the epoch if none yet): liveness checks read it.
     std::chrono::steady_clock::time_point last_receive{};
 

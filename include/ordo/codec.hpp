@@ -34,6 +34,9 @@ struct message {
 
 /// The buffer messages are encoded into (msgpack's growing byte buffer).
 using buffer = msgpack::sbuffer;
+/// What ordo's own buffers start with (msgpack's default is 8 KiB per buffer: per connection
+/// and per request, that was most of an idle connection's memory). They double as they grow.
+inline constexpr std::size_t small_buffer = 256;
 
 /// Appends `[0, msgid, method, [args...]]` to `out`.
 template <class... Args>

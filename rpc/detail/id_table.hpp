@@ -5,7 +5,7 @@
 // their low bits they would fill one long cluster, and every erase would walk all of it. They
 // are placed by Fibonacci hashing instead (multiply by 2^32/phi, keep the top bits), which
 // spreads consecutive ids evenly over the array. It grows at half full and shrinks at an eighth
-// (never below 64 slots): memory follows the number of calls in flight, not its high-water mark.
+// (never below 8 slots): memory follows the number of calls in flight, not its high-water mark.
 #pragma once
 
 #include <bit>
@@ -80,7 +80,7 @@ class id_table {
     }
 
   private:
-    static constexpr std::size_t min_slots = 64;
+    static constexpr std::size_t min_slots = 8;  // an idle connection keeps ~0.5 KiB here
     static constexpr std::size_t npos = ~std::size_t(0);
     struct slot {
         std::uint32_t id = 0;

@@ -173,5 +173,24 @@ TEST(BatchedComm, AThrowingMessageHandlerAbortsTheConnectionWithItsMessage) {
     });
 }
 
+// An idle connection holds a small read buffer; one that grew for a 1 MiB message gives the
+// memory back once traffic is small again.
+TEST(BatchedComm, TheReadBufferStartsSmallAndShrinksBackAfterALargeMessage) {
+    run_test([]() -> net::awaitable<void> {
+        recorded_pair r(co_await connect_pair("tcp"), {});
+        r.client.send(seq_msg(0));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.received == 1; }));
+        EXPECT_LE(r.server.counters().read_buffer_bytes, 4096u);
+        r.client.send(seq_msg(1, 1 << 20));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.received == 2; }));
+        // Small messages one at a time: each read comes back mostly empty.
+        for (std::uint32_t i = 2; i < 20; ++i) {
+            r.client.send(seq_msg(i));
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.received == i + 1; }));
+        }
+        EXPECT_LE(r.server.counters().read_buffer_bytes, 4096u);
+    });
+}
+
 }  // namespace
 }  // namespace ordo
