@@ -34,19 +34,28 @@ struct dispatcher::run {
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
-                       std::size_t max_queued_messages, dispatcher_host& host, peer_counters& c)
-    : self_(self), h_(h), max_queued_(max_queued_messages), host_(host), c_(c), ex_(std::move(ex)) {}
+                       std::size_t max_queued_messages, std::size_t max_queued_bytes,
+                       dispatcher_host& host, peer_counters& c)
+    : self_(self),
+      h_(h),
+      max_queued_(max_queued_messages),
+      max_queued_bytes_(max_queued_bytes),
+      host_(host),
+      c_(c),
+      ex_(std::move(ex)) {}
 
 dispatcher::~dispatcher() = default;
 
-void dispatcher::on_message(message& m) {
+void dispatcher::on_message(message& m, std::size_t bytes) {
     if (stopped_) return;
     if (m.method.starts_with("ordo.")) return on_reserved(m);
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         queue_.push_back(std::move(m));
+        queue_sizes_.push_back(bytes);
+        queued_bytes_ += bytes;
         c_.queued_messages = queue_.size();
-        if (!paused_ && queue_.size() >= max_queued_) {
+        if (!paused_ && (queue_.size() >= max_queued_ || queued_bytes_ >= max_queued_bytes_)) {
             paused_ = true;
             host_.pause_reading(true);
         }
@@ -91,7 +100,7 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
     }
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
         if (it->kind == message_kind::request && it->msgid == msgid) {
-            queue_.erase(it);
+            pop_queued(it);
             c_.queued_messages = queue_.size();
             respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
             return;
@@ -207,14 +216,21 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
 void dispatcher::drain_queue() {
     while (!serial_busy_ && !queue_.empty() && !stopped_) {
         message m = std::move(queue_.front());
-        queue_.pop_front();
+        pop_queued(queue_.begin());
         dispatch(m);
     }
     c_.queued_messages = queue_.size();
-    if (paused_ && queue_.size() <= max_queued_ / 2) {
+    if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2) {
         paused_ = false;
         host_.pause_reading(false);
     }
+}
+
+void dispatcher::pop_queued(std::deque<message>::iterator it) {
+    const auto i = it - queue_.begin();
+    queued_bytes_ -= queue_sizes_[std::size_t(i)];
+    queue_sizes_.erase(queue_sizes_.begin() + i);
+    queue_.erase(it);
 }
 
 void dispatcher::stop() {
@@ -226,6 +242,8 @@ void dispatcher::stop() {
         r.signal.emit(net::cancellation_type::terminal);
     }
     queue_.clear();
+    queue_sizes_.clear();
+    queued_bytes_ = 0;
     c_.queued_messages = 0;
 }
 

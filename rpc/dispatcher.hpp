@@ -50,20 +50,22 @@ class dispatcher {
     /// `self` is what handlers that take `ordo::peer&` receive; `h` (may be null: every request
     /// answers method-not-found) must outlive the dispatcher.
     dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
-               std::size_t max_queued_messages, dispatcher_host& host, peer_counters& c);
+               std::size_t max_queued_messages, std::size_t max_queued_bytes,
+               dispatcher_host& host, peer_counters& c);
     ~dispatcher();
     dispatcher(const dispatcher&) = delete;
     dispatcher& operator=(const dispatcher&) = delete;
 
     /// A request or a notification, as received (possibly borrowed from the read zone: what
-    /// is kept is own()ed, and `m` may be moved from).
-    void on_message(message& m);
+    /// is kept is own()ed, and `m` may be moved from); `bytes`: its size on the wire.
+    void on_message(message& m, std::size_t bytes);
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
     void stop();
 
     std::size_t running() const noexcept { return runs_.size(); }
     std::size_t queued() const noexcept { return queue_.size(); }
+    std::size_t queued_bytes() const noexcept { return queued_bytes_; }
 
   private:
     struct run;
@@ -81,14 +83,18 @@ class dispatcher {
     void finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
                         bool failed, const std::pair<errc, std::string>& why);
     void drain_queue();
+    void pop_queued(std::deque<message>::iterator it);
 
     peer& self_;
     const handlers* h_;
     std::size_t max_queued_;
+    std::size_t max_queued_bytes_;
     dispatcher_host& host_;
     peer_counters& c_;
     net::any_io_executor ex_;
     std::deque<message> queue_;
+    std::deque<std::size_t> queue_sizes_;  // wire bytes of each queued message
+    std::size_t queued_bytes_ = 0;
     std::list<run> runs_;
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
     bool serial_busy_ = false;

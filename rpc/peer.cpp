@@ -24,7 +24,7 @@ struct peer::state final : detail::call_table_host,
           closed_event(ex, std::chrono::steady_clock::time_point::max()),
           live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
-          disp(p, ex, h, o.max_queued_messages, *this, c) {
+          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         sess = std::make_unique<detail::session>(
             std::move(t), o.comm, [this](std::string_view bytes) { on_message(bytes); },
@@ -58,7 +58,7 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_zone: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_zone);
-        if (m.kind != message_kind::response) return disp.on_message(m);
+        if (m.kind != message_kind::response) return disp.on_message(m, bytes.size());
         auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
         calls.on_response(m);
     }

@@ -31,6 +31,9 @@ void session::report_undelivered(
     const close_result& r, const std::function<void(const undelivered_notification&)>& report,
     peer_counters& c) const {
     for (const auto& bytes : r.undelivered) {
+        // Only notifications are reported (calls fail on their own): ordo writes their heads
+        // as fixarray 3, kind 2, so every other message is skipped without being decoded.
+        if (bytes.size() < 2 || bytes[0] != '\x93' || bytes[1] != '\x02') continue;
         try {
             message m = decode_message(bytes, limits_);
             if (m.kind != message_kind::notification) continue;

@@ -46,6 +46,10 @@ struct peer_options {
     /// Incoming requests and notifications waiting for a serial handler; at this many the peer
     /// stops reading until the queue halves (TCP flow control pushes back on the sender).
     std::size_t max_queued_messages = 65536;
+    /// The same bound in bytes (as received): at this many bytes of queued messages the peer
+    /// stops reading until they halve. A few large messages queued behind a slow handler then
+    /// hold this much, not max_queued_messages x max_message_bytes.
+    std::size_t max_queued_bytes = std::size_t{64} << 20;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;

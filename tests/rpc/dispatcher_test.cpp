@@ -77,15 +77,17 @@ struct rig {
     std::shared_ptr<peer> self;
     std::unique_ptr<detail::dispatcher> d;
 
-    static net::awaitable<std::unique_ptr<rig>> make(const handlers& h, std::size_t max_queued) {
+    static net::awaitable<std::unique_ptr<rig>> make(const handlers& h, std::size_t max_queued,
+                                                     std::size_t max_queued_bytes = 1 << 30) {
         auto r = std::make_unique<rig>();
         r->pair = co_await test::connect_pair("inproc");
         r->self = make_peer(std::move(r->pair.client));
         r->d = std::make_unique<detail::dispatcher>(*r->self, co_await net::this_coro::executor,
-                                                    &h, max_queued, r->host, r->counters);
+                                                    &h, max_queued, max_queued_bytes, r->host,
+                                                    r->counters);
         co_return r;
     }
-    void feed(message m) { d->on_message(m); }
+    void feed(message m, std::size_t bytes = 16) { d->on_message(m, bytes); }
 };
 
 // A gate handlers wait at until the test opens it; open, it lets everyone through.
@@ -234,6 +236,27 @@ TEST(Dispatcher, AFullQueuePausesReadingUntilItHalves) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->host.answers.size() == 5; }));
         EXPECT_EQ(r->host.pauses, (std::vector<bool>{true, false}));
         for (std::size_t i = 1; i < 5; ++i) EXPECT_EQ(r->host.answers[i].msgid, i);
+    });
+}
+
+TEST(Dispatcher, QueuedBytesOverTheirLimitPauseReadingToo) {
+    run_test([]() -> net::awaitable<void> {
+        gate g(co_await net::this_coro::executor);
+        std::vector<int> ran;
+        handlers h;
+        h.on("slow", gated(g, ran));
+        auto r = co_await rig::make(h, 100, 1000);
+        r->feed(request(100, "slow", 0));  // running: what follows queues
+        r->feed(request(1, "slow", 1), 400);
+        r->feed(request(2, "slow", 2), 400);
+        EXPECT_TRUE(r->host.pauses.empty());
+        EXPECT_EQ(r->d->queued_bytes(), 800u);
+        r->feed(request(3, "slow", 3), 400);  // 1200 bytes: over max_queued_bytes
+        EXPECT_EQ(r->host.pauses, std::vector<bool>{true});
+        g.open();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->host.answers.size() == 4; }));
+        EXPECT_EQ(r->host.pauses, (std::vector<bool>{true, false}));
+        EXPECT_EQ(r->d->queued_bytes(), 0u);
     });
 }
 
