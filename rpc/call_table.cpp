@@ -5,8 +5,7 @@
 
 namespace ordo::detail {
 
-call_table::call_table(net::any_io_executor ex, options o, call_table_host& host,
-                       peer_counters& c)
+call_table::call_table(net::any_io_executor ex, options o, call_table_host& host, peer_counters& c)
     : ex_(std::move(ex)), o_(o), host_(host), c_(c), next_id_(o.first_msgid) {}
 
 call_table::~call_table() = default;

@@ -50,8 +50,8 @@ class dispatcher {
     /// `self` is what handlers that take `ordo::peer&` receive; `h` (may be null: every request
     /// answers method-not-found) must outlive the dispatcher.
     dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
-               std::size_t max_queued_messages, std::size_t max_queued_bytes,
-               dispatcher_host& host, peer_counters& c);
+               std::size_t max_queued_messages, std::size_t max_queued_bytes, dispatcher_host& host,
+               peer_counters& c);
     ~dispatcher();
     dispatcher(const dispatcher&) = delete;
     dispatcher& operator=(const dispatcher&) = delete;
@@ -78,10 +78,9 @@ class dispatcher {
     void start_async(const handler_entry& e, message& m);
     static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
                                             std::list<run>::iterator it, message m,
-                                            std::unique_ptr<buffer> out,
-                                            net::awaitable<void> body);
-    void finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
-                        bool failed, const std::pair<errc, std::string>& why);
+                                            std::unique_ptr<buffer> out, net::awaitable<void> body);
+    void finish_handler(std::list<run>::iterator it, const message& m, buffer& out, bool failed,
+                        const std::pair<errc, std::string>& why);
     void drain_queue();
     void pop_queued(std::deque<message>::iterator it);
 

@@ -13,9 +13,7 @@
 
 namespace ordo {
 
-struct peer::state final : detail::call_table_host,
-                           detail::dispatcher_host,
-                           detail::liveness_host {
+struct peer::state final : detail::call_table_host, detail::dispatcher_host, detail::liveness_host {
     state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h)
         : self(p),
           o(std::move(opt)),
@@ -103,7 +101,9 @@ struct peer::state final : detail::call_table_host,
     void pause_reading(bool paused) override { sess->pause_reading(paused); }
     void handler_started() override { live.note_work(); }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
-    void remote_closing(std::string reason) override { sess->note_remote_reason(std::move(reason)); }
+    void remote_closing(std::string reason) override {
+        sess->note_remote_reason(std::move(reason));
+    }
 
     std::size_t calls_waiting() const override { return calls.waiting(); }
     std::size_t handlers_running() const override { return disp.running(); }
@@ -155,9 +155,9 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
 
 void peer::notify_raw(std::string_view method, std::string_view params) {
     if (!s_->sess->is_open())
-        throw std::system_error(s_->sess->close_code(),
-                                "ordo: notify " + std::string(method) + " to " + s_->remote +
-                                    " failed: " + s_->sess->close_reason());
+        throw std::system_error(s_->sess->close_code(), "ordo: notify " + std::string(method) +
+                                                            " to " + s_->remote +
+                                                            " failed: " + s_->sess->close_reason());
     s_->sess->send(detail::notification_head(method), params);
 }
 

@@ -37,7 +37,8 @@ struct server::state : std::enable_shared_from_this<server::state> {
             try {
                 t = co_await l->async_accept();
             } catch (const std::system_error& e) {
-                if (!s->stopping) s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
+                if (!s->stopping)
+                    s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
             }
             if (s->stopping) break;
             if (!t) {
@@ -55,14 +56,13 @@ struct server::state : std::enable_shared_from_this<server::state> {
             s->peers.push_back(p);
             auto it = std::prev(s->peers.end());
             s->event(server_event::kind::opened, p->remote_address());
-            detail::when_closed(*p, s->ex, s,
-                                [st = s.get(), it](const std::error_code& code,
-                                                   const std::string& why) {
-                                    st->event(server_event::kind::closed,
-                                              (*it)->remote_address(), code, why);
-                                    st->peers.erase(it);
-                                    st->changed.cancel();
-                                });
+            detail::when_closed(
+                *p, s->ex, s,
+                [st = s.get(), it](const std::error_code& code, const std::string& why) {
+                    st->event(server_event::kind::closed, (*it)->remote_address(), code, why);
+                    st->peers.erase(it);
+                    st->changed.cancel();
+                });
             p->start();
         }
         --s->accept_loops;

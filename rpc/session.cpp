@@ -27,9 +27,9 @@ void session::end_locally(std::error_code code, std::string reason) {
     close_reason_ = std::move(reason);
 }
 
-void session::report_undelivered(
-    const close_result& r, const std::function<void(const undelivered_notification&)>& report,
-    peer_counters& c) const {
+void session::report_undelivered(const close_result& r,
+                                 const std::function<void(const undelivered_notification&)>& report,
+                                 peer_counters& c) const {
     for (const auto& bytes : r.undelivered) {
         // Only notifications are reported (calls fail on their own): ordo writes their heads
         // as fixarray 3, kind 2, so every other message is skipped without being decoded.

@@ -31,8 +31,8 @@ class call_watch {
 
     /// Starts watching `call`. `timeout` 0: no deadline.
     template <class Withdraw>
-    void arm(const net::any_io_executor& ex, std::chrono::milliseconds timeout,
-             pending_call& call, const std::weak_ptr<void>& owner, Withdraw withdraw) {
+    void arm(const net::any_io_executor& ex, std::chrono::milliseconds timeout, pending_call& call,
+             const std::weak_ptr<void>& owner, Withdraw withdraw) {
         timeout_ = timeout;
         if (timeout.count() > 0) {
             deadline_ = clock::now() + timeout;

@@ -15,7 +15,7 @@ namespace ordo::detail {
 template <class F>
 void when_closed(peer& p, const net::any_io_executor& ex, std::weak_ptr<void> owner, F f) {
     p.on_closed([ex, owner = std::move(owner), f = std::move(f)](const std::error_code& code,
-                                                                const std::string& why) {
+                                                                 const std::string& why) {
         if (owner.expired()) return;
         net::post(ex, [owner, f, code, why] {
             if (auto keep = owner.lock()) f(code, why);

@@ -82,8 +82,8 @@ struct rig {
         auto r = std::make_unique<rig>();
         r->pair = co_await test::connect_pair("inproc");
         r->self = make_peer(std::move(r->pair.client));
-        r->d = std::make_unique<detail::dispatcher>(*r->self, co_await net::this_coro::executor,
-                                                    &h, max_queued, max_queued_bytes, r->host,
+        r->d = std::make_unique<detail::dispatcher>(*r->self, co_await net::this_coro::executor, &h,
+                                                    max_queued, max_queued_bytes, r->host,
                                                     r->counters);
         co_return r;
     }
@@ -149,13 +149,16 @@ TEST(Dispatcher, ConcurrentHandlersOverlapAndStartInOrder) {
         std::vector<int> started;
         int inside = 0, most = 0;
         handlers h;
-        h.on("c", [&](int x) -> net::awaitable<int> {
-            started.push_back(x);
-            most = std::max(most, ++inside);
-            co_await g.wait();
-            --inside;
-            co_return x;
-        }, handler_options{.concurrent = true});
+        h.on(
+            "c",
+            [&](int x) -> net::awaitable<int> {
+                started.push_back(x);
+                most = std::max(most, ++inside);
+                co_await g.wait();
+                --inside;
+                co_return x;
+            },
+            handler_options{.concurrent = true});
         auto r = co_await rig::make(h, 100);
         for (int i = 1; i <= 3; ++i) r->feed(request(i, "c", i));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return started.size() == 3; }));
