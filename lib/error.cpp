@@ -30,6 +30,7 @@ const char* to_string(errc e) noexcept {
         case errc::closed: return "closed";
         case errc::bad_address: return "bad address";
         case errc::bad_result: return "bad result";
+        case errc::session_lost: return "session lost";
     }
     return "unknown ordo error";
 }

@@ -5,6 +5,7 @@
 #include "lib/url_number.hpp"
 #include "ordo/router.hpp"
 #include "rpc/detail/connecting.hpp"
+#include "rpc/session.hpp"
 
 namespace ordo {
 
@@ -23,6 +24,10 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
         o.liveness_timeout = ms();
     else if (key == "heartbeat_ms")
         o.heartbeat_interval = ms();
+    else if (key == "resume_ms")
+        o.resume = ms();
+    else if (key == "max_unacked_bytes")
+        o.max_unacked_bytes = number_parameter(url, key, value);
     else
         return false;
     return true;
@@ -56,6 +61,32 @@ net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url
     auto& [t, failure] = std::get<0>(r);
     if (failure) std::rethrow_exception(failure);
     co_return std::move(t);
+}
+
+namespace {
+
+// A coroutine over copies: it outlives the call that started it.
+net::awaitable<std::unique_ptr<transport>> reopen(std::string url, transport_options to,
+                                                  std::chrono::milliseconds liveness,
+                                                  std::chrono::milliseconds limit) {
+    auto t = co_await open_transport_within(std::move(url), limit, std::move(to));
+    if (liveness.count() > 0) t->set_liveness(liveness);
+    co_return t;
+}
+
+}  // namespace
+
+std::shared_ptr<peer> make_connected_peer(std::unique_ptr<transport> t, const std::string& url,
+                                          peer_options o, const handlers* h) {
+    resume_config rc;
+    if (o.resume.count() > 0) {
+        rc.window = o.resume;
+        rc.reconnect = [url, to = o.transport,
+                        lv = o.liveness_timeout](std::chrono::milliseconds limit) {
+            return reopen(url, to, lv, limit);
+        };
+    }
+    return make_peer(std::move(t), std::move(o), h, std::move(rc));
 }
 
 }  // namespace detail
@@ -204,7 +235,8 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
         co_await p->async_warm_up();
         co_return channel(std::move(p));
     }
-    auto p = make_peer(co_await async_connect_transport(where, o.transport), std::move(o), h);
+    auto t = co_await async_connect_transport(where, o.transport);
+    auto p = detail::make_connected_peer(std::move(t), where, std::move(o), h);
     p->start();
     co_return channel(std::move(p));
 }

@@ -13,8 +13,12 @@
 
 namespace ordo {
 
-struct peer::state final : detail::call_table_host, detail::dispatcher_host, detail::liveness_host {
-    state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h)
+struct peer::state final : detail::call_table_host,
+                           detail::dispatcher_host,
+                           detail::liveness_host,
+                           detail::session_host {
+    state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h,
+          detail::resume_config rc)
         : self(p),
           o(std::move(opt)),
           ex(t->get_executor()),
@@ -24,8 +28,10 @@ struct peer::state final : detail::call_table_host, detail::dispatcher_host, det
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
           disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
+        rc.max_unacked_bytes = o.max_unacked_bytes;
         sess = std::make_unique<detail::session>(
-            std::move(t), o.comm, [this](std::string_view bytes) { on_message(bytes); },
+            std::move(t), o.comm, std::move(rc), *this, c,
+            [this](std::string_view bytes) { on_message(bytes); },
             [this](const close_result& r) { on_ended(r); });
     }
 
@@ -77,6 +83,7 @@ struct peer::state final : detail::call_table_host, detail::dispatcher_host, det
     // ---- the parts' view of the connection ----
 
     std::weak_ptr<void> owner() override { return self.weak_from_this(); }
+    std::uint32_t next_msgid() override { return calls.next_id(); }
 
     void send_cancel(std::uint32_t msgid) override {
         if (!sess->is_open()) return;
@@ -122,13 +129,17 @@ struct peer::state final : detail::call_table_host, detail::dispatcher_host, det
         return true;
     }
     void lost(std::string reason) override {
-        sess->abort(errc::peer_lost, "no bytes from " + remote + " " + reason);
+        sess->cut("no bytes from " + remote + " " + reason);
     }
     bool is_open() const override { return sess->is_open(); }
 };
 
 peer::peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h)
-    : s_(std::make_unique<state>(*this, std::move(t), std::move(o), h)) {}
+    : peer(private_tag{}, std::move(t), std::move(o), h, detail::resume_config{}) {}
+
+peer::peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h,
+           detail::resume_config rc)
+    : s_(std::make_unique<state>(*this, std::move(t), std::move(o), h, std::move(rc))) {}
 
 peer::~peer() = default;
 
@@ -201,6 +212,9 @@ void peer::on_closed(std::function<void(const std::error_code&, const std::strin
 bool peer::is_open() const noexcept {
     return s_->sess->is_open();
 }
+bool peer::is_resumable() const noexcept {
+    return s_->sess->is_resumable();
+}
 const peer_counters& peer::counters() const noexcept {
     return s_->c;
 }
@@ -214,6 +228,12 @@ std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t) {
 
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h) {
     return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h);
+}
+
+std::shared_ptr<peer> detail::make_peer(std::unique_ptr<transport> t, peer_options o,
+                                        const handlers* h, resume_config rc) {
+    return std::make_shared<peer>(peer::private_tag{}, std::move(t), std::move(o), h,
+                                  std::move(rc));
 }
 
 }  // namespace ordo

@@ -415,7 +415,7 @@ struct router::state {
             throw;
         }
         if (r->ph != phase::connecting) co_return;  // removed or closed while connecting
-        r->conn = make_peer(std::move(t), o.peer, nullptr);
+        r->conn = detail::make_connected_peer(std::move(t), r->url, o.peer, nullptr);
         r->conn->start();
         detail::when_closed(*r->conn, ex, self.weak_from_this(),
                             [this, wr = std::weak_ptr<replica>(r)](const std::error_code&,

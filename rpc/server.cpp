@@ -5,6 +5,7 @@
 
 #include "lib/escaped.hpp"
 #include "rpc/detail/when_closed.hpp"
+#include "rpc/session.hpp"
 
 namespace ordo {
 
@@ -13,11 +14,14 @@ struct server::state : std::enable_shared_from_this<server::state> {
         : ex(std::move(e)),
           o(std::move(opt)),
           h(hs),
+          sessions(std::make_shared<detail::session_registry>(o.resume_window,
+                                                              o.max_detached_sessions)),
           changed(ex, std::chrono::steady_clock::time_point::max()) {}
 
     net::any_io_executor ex;
     server_options o;
     const ordo::handlers* h;
+    std::shared_ptr<detail::session_registry> sessions;
     std::vector<std::unique_ptr<listener>> listeners;
     std::list<std::shared_ptr<peer>> peers;
     int accept_loops = 0;
@@ -52,7 +56,9 @@ struct server::state : std::enable_shared_from_this<server::state> {
                 s->refuse(std::move(t));
                 continue;
             }
-            auto p = make_peer(std::move(t), s->o.peer, s->h);
+            detail::resume_config rc;
+            rc.registry = s->sessions;
+            auto p = detail::make_peer(std::move(t), s->o.peer, s->h, std::move(rc));
             s->peers.push_back(p);
             auto it = std::prev(s->peers.end());
             s->event(server_event::kind::opened, p->remote_address());
@@ -155,6 +161,9 @@ std::size_t server::peer_count() const noexcept {
 }
 std::uint64_t server::connections_accepted() const noexcept {
     return s_->accepted;
+}
+std::size_t server::detached_sessions() const noexcept {
+    return s_->sessions->detached_count();
 }
 
 }  // namespace ordo

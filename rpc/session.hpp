@@ -1,16 +1,27 @@
 // The session seam of an ordered connection: the one thing the call table and the dispatcher
 // send through (whole messages, or a head and a body), and the one place that knows how the
-// connection ended. Today a session is one batched_comm, and the order of sends is the order on
-// the wire; resumable sessions (DESIGN.md section 11) put sequence numbers, acks and resending
-// here, behind the same members.
+// connection ended.
+//
+// A plain session is one batched_comm: the order of sends is the order on the wire, and the
+// session ends with the connection. A resumable session (DESIGN.md section 11, docs/protocol.md
+// "Resumable sessions") outlives its connections: it counts the messages each way (on an ordered
+// stream a message's position is its sequence number), keeps what it sent until the other side
+// acknowledges it, and when a connection drops, the caller's side reconnects and both sides send
+// again what the other did not receive. The parts above see one unbroken, ordered stream.
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "ordo/batched_comm.hpp"
+#include "ordo/codec.hpp"
+#include "rpc/detail/resend_buffer.hpp"
 
 namespace ordo {
 
@@ -19,65 +30,201 @@ struct undelivered_notification;
 
 namespace detail {
 
+using session_id = std::array<unsigned char, 16>;
+class session;
+
+/// A server's resumable sessions, by id, and the bound on those waiting for their caller to
+/// come back (detached). Belongs to the server's executor.
+class session_registry {
+  public:
+    session_registry(std::chrono::milliseconds max_window, std::size_t max_detached)
+        : max_window_(max_window), max_detached_(max_detached) {}
+
+    /// The longest window this server grants (0: it does not resume sessions).
+    std::chrono::milliseconds max_window() const noexcept { return max_window_; }
+    session* find(const session_id& id) const;
+    void add(const session_id& id, session* s) { by_id_[key(id)].push_back({id, s}); }
+    void remove(const session_id& id, session* s);
+    /// `s` lost its connection. When more than max_detached wait, the one detached longest
+    /// is ended.
+    void detached(session* s);
+    /// `s` got a connection back, or ended.
+    void attached(session* s) { waiting_.remove(s); }
+    std::size_t detached_count() const noexcept { return waiting_.size(); }
+
+  private:
+    static std::size_t key(const session_id& id) {
+        std::size_t k = 0;
+        for (std::size_t i = 0; i < sizeof k; ++i) k = (k << 8) | id[i];
+        return k;
+    }
+    struct entry {
+        session_id id;
+        session* s;
+    };
+    std::chrono::milliseconds max_window_;
+    std::size_t max_detached_;
+    std::unordered_map<std::size_t, std::vector<entry>> by_id_;
+    std::list<session*> waiting_;
+};
+
+/// What a session asks of the connection that owns it.
+class session_host {
+  public:
+    virtual ~session_host() = default;
+    /// A msgid for the session's own request (ordo.hello), never used by a call meanwhile.
+    virtual std::uint32_t next_msgid() = 0;
+    /// The owner, held while the session's timers and reconnection run.
+    virtual std::weak_ptr<void> owner() = 0;
+};
+
+/// How a session resumes.
+struct resume_config {
+    /// The caller's side: the window asked for (0: plain session), and how to open a new
+    /// connection to the same place (given how long it may take).
+    std::chrono::milliseconds window{0};
+    std::function<net::awaitable<std::unique_ptr<transport>>(std::chrono::milliseconds)> reconnect;
+    /// The server's side: where its sessions are found by id (null: plain sessions only).
+    std::shared_ptr<session_registry> registry;
+    /// Most bytes sent and not acknowledged; send() refuses beyond (errc::overloaded).
+    std::size_t max_unacked_bytes = std::size_t{64} << 20;
+};
+
 /// Belongs to the transport's executor.
 class session {
   public:
     /// Receives each incoming message (valid during the call only).
     using message_fn = batched_comm::message_fn;
-    /// Runs once when the connection has ended, after is_open() turned false; close_code()
+    /// Runs once when the session has ended, after is_open() turned false; close_code()
     /// and close_reason() say how (`r` holds what was not written).
     using ended_fn = std::function<void(const close_result&)>;
 
-    session(std::unique_ptr<transport> t, const comm_options& o, message_fn on_message,
-            ended_fn on_ended);
+    session(std::unique_ptr<transport> t, const comm_options& o, resume_config rc,
+            session_host& host, peer_counters& c, message_fn on_message, ended_fn on_ended);
     ~session();
     session(const session&) = delete;
     session& operator=(const session&) = delete;
 
-    void start() { comm_->start(); }
+    void start();
 
     /// Takes one message for sending, in order. Throws std::system_error (errc::overloaded: not
-    /// taken; or the close reason's code once the connection is ending).
-    void send(std::string_view message) { comm_->send(message); }
+    /// taken; or the close reason's code once the session is ending).
+    void send(std::string_view message) { send(message, {}); }
     /// send() of `head` followed by `body`, as one message.
-    void send(std::string_view head, std::string_view body) { comm_->send(head, body); }
+    void send(std::string_view head, std::string_view body);
 
-    void pause_reading(bool paused) { comm_->pause_reading(paused); }
-    net::awaitable<void> async_drain() { return comm_->async_drain(); }
-    /// Flushes, then closes.
-    void close() { comm_->close(); }
-    /// Closes at once, reporting `code` and `reason`.
-    void abort(std::error_code code = errc::closed) { comm_->abort(code); }
-    void abort(std::error_code code, std::string reason) { comm_->abort(code, std::move(reason)); }
+    void pause_reading(bool paused);
+    /// Waits until the outgoing buffer (and the unacknowledged bytes) are below their high
+    /// water marks, and, while resuming, until the session has a connection again.
+    net::awaitable<void> async_drain();
+    /// Flushes, says goodbye (so that the other side does not wait for a resume), then closes.
+    void close();
+    /// Ends the session at once, reporting `code` and `reason`.
+    void abort(std::error_code code = errc::closed) { abort(code, {}); }
+    void abort(std::error_code code, std::string reason);
+    /// Drops the connection as lost (dead peer): a resumable session resumes, a plain one ends.
+    void cut(std::string reason);
 
-    /// False from the moment the connection has ended (or the session is being destroyed).
+    /// False from the moment the session has ended (or is being destroyed). A resumable session
+    /// between connections is open.
     bool is_open() const noexcept { return open_; }
+    /// True once the other side has agreed to resume this session after drops.
+    bool is_resumable() const noexcept { return mode_ == mode::resumable; }
     /// How it ended; empty while open.
     const std::error_code& close_code() const noexcept { return close_code_; }
     const std::string& close_reason() const noexcept { return close_reason_; }
-    /// What the remote side said (ordo.closing) before it closed: added to the close reason.
-    void note_remote_reason(std::string reason) { remote_reason_ = std::move(reason); }
+    /// What the remote side said (ordo.closing) before it closed: added to the close reason,
+    /// and the session will not wait for a resume.
+    void note_remote_reason(std::string reason);
     /// Marks the session ended by its owner's destruction (no callback runs).
     void end_locally(std::error_code code, std::string reason);
 
     /// Tells `report` (if set) about each notification among `r.undelivered` (taken for
-    /// sending, never written); counts them in `c`.
+    /// sending, never written or never acknowledged); counts them in `c`.
     void report_undelivered(const close_result& r,
                             const std::function<void(const undelivered_notification&)>& report,
                             peer_counters& c) const;
 
-    const comm_counters& counters() const noexcept { return comm_->counters(); }
+    /// The connection's counters, summed over the connections a resumable session had.
+    const comm_counters& counters() const noexcept;
 
   private:
-    void on_comm_closed(const close_result& r);
+    friend class session_registry;
+    using clock = std::chrono::steady_clock;
+    enum class mode {
+        plain,      ///< no resumption: the session is its one connection
+        offering,   ///< caller: ordo.hello sent, no answer yet; messages are kept, not sent
+        awaiting,   ///< server: the first message may still be ordo.hello
+        resumable,  ///< both sides keep counts and resend buffers
+    };
+    struct link;
 
-    std::unique_ptr<batched_comm> comm_;
-    limits limits_;
+    void attach(std::unique_ptr<transport> t);
+    void drop_comm();
+    void on_comm_message(std::string_view bytes);
+    void on_comm_closed(const close_result& r);
+    bool on_control(std::string_view bytes);
+    void on_welcome(const msgpack::object& result);
+    void on_hello_request(message& m);
+    void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l,
+                   std::uint32_t msgid, std::uint64_t their_received);
+    void answer_welcome(std::uint32_t msgid);
+    void answer_error(std::uint32_t msgid, errc code, const std::string& text);
+    void send_hello();
+    void send_ack();
+    void arm_ack();
+    void write_control(const buffer& b);
+    void established(std::uint64_t their_received, bool resend);
+    void become_plain(bool send_kept);
+    void detach(const close_result& r);
+    void give_up(const std::string& why);
+    void end(const close_result& r);
+    void finish_close();
+    void changed();
+    static net::awaitable<void> reconnect_loop(session* self, std::weak_ptr<void> owner,
+                                               std::uint64_t drop);
+
+    comm_options options_;
+    resume_config rc_;
+    session_host& host_;
+    peer_counters& c_;
+    message_fn on_message_;
     ended_fn on_ended_;
+    net::any_io_executor ex_;
+    std::string remote_;
+    std::unique_ptr<batched_comm> comm_;
+    std::shared_ptr<link> link_;
+    std::unique_ptr<batched_comm> dead_comm_;  // the last dropped connection, freed later
+    mode mode_ = mode::plain;
     bool open_ = true;
+    bool ending_ = false;         // close()/abort() was called: no resume
+    bool close_pending_ = false;  // close() during the handshake
+    bool said_goodbye_ = false;   // the other side will not resume
+    bool attached_ = false;       // a connection is there and carries the session
+    bool paused_ = false;
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;
+    std::string last_error_;  // why the last connection dropped (for the window's error)
+
+    // Resumption.
+    session_id id_{};
+    std::chrono::milliseconds window_{0};
+    clock::time_point window_deadline_{};
+    std::chrono::milliseconds backoff_{0};
+    resend_buffer sent_;                // [first, end): sent, not acknowledged
+    std::uint64_t received_ = 0;        // messages received: the next one's sequence number
+    std::uint64_t acked_received_ = 0;  // what this side last told the other it received
+    std::size_t bytes_since_ack_ = 0;
+    std::uint32_t hello_id_ = 0;
+    bool hello_pending_ = false;
+    bool ack_armed_ = false;
+    std::uint64_t detaches_ = 0;  // drops so far; a reconnection loop serves one drop
+    net::steady_timer ack_timer_;
+    net::steady_timer window_timer_;
+    net::steady_timer changed_;
+    comm_counters saved_;  // summed counters of dropped connections
+    mutable comm_counters sum_;
 };
 
 }  // namespace detail

@@ -23,7 +23,7 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
             else if (k == "message" && kv.val.type == msgpack::type::STR)
                 detail.assign(kv.val.via.str.ptr, kv.val.via.str.size);
         }
-        if (code && *code >= 1 && *code <= static_cast<int>(errc::bad_result) && !detail.empty())
+        if (code && *code >= 1 && *code <= static_cast<int>(errc::session_lost) && !detail.empty())
             return static_cast<errc>(*code);
     }
     if (detail.empty()) {

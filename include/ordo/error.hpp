@@ -20,6 +20,7 @@ enum class errc {
     closed = 10,           ///< used after a local close()/abort()
     bad_address = 11,      ///< an address (URL) that cannot be parsed or used
     bad_result = 12,       ///< a response's result does not convert to the caller's type
+    session_lost = 13,     ///< a resumable session cannot resume: the other side no longer has it
 };
 
 /// The category of ordo::errc; its name is "ordo".

@@ -14,6 +14,15 @@
 namespace ordo {
 
 class handlers;
+class peer;
+struct peer_options;
+
+namespace detail {
+struct resume_config;
+/// A peer whose session resumes as `rc` says (connect.cpp, server.cpp, router.cpp).
+std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h,
+                                resume_config rc);
+}  // namespace detail
 
 /// A notification taken for sending but not written when its connection ended.
 struct undelivered_notification {
@@ -50,6 +59,20 @@ struct peer_options {
     /// stops reading until they halve. A few large messages queued behind a slow handler then
     /// hold this much, not max_queued_messages x max_message_bytes.
     std::size_t max_queued_bytes = std::size_t{64} << 20;
+    /// Resumable session (DESIGN.md section 11; URL parameter resume_ms): when the connection
+    /// drops, this side reconnects (backoff from 10 ms to 1 s, jittered) and both sides send
+    /// again what the other did not receive, so that every request, notification and response
+    /// arrives once and in order; pending calls stay pending meanwhile. Asked for by the side
+    /// that connects (async_connect, router replicas); the server grants at most its own
+    /// server_options::resume_window. Not resumed within this window: the session ends with
+    /// errc::peer_lost; the other side no longer has it (restarted): errc::session_lost, at
+    /// once. A peer that does not resume sessions (any other msgpack-rpc peer) is served as
+    /// without it (peer::is_resumable() stays false). 0: off.
+    std::chrono::milliseconds resume{0};
+    /// Resumable sessions: most bytes sent and not yet acknowledged by the other side (they are
+    /// kept to be sent again). Beyond it send() refuses with errc::overloaded; async_drain()
+    /// waits while more than half of it is held.
+    std::size_t max_unacked_bytes = std::size_t{64} << 20;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;
@@ -70,6 +93,9 @@ struct peer_counters {
     std::uint64_t handlers_cancelled = 0;     ///< by ordo.cancel or by the connection ending
     std::uint64_t pings_sent = 0;
     std::uint64_t notifications_undelivered = 0;
+    std::uint64_t resumes = 0;          ///< resumable sessions: connections taken over after drops
+    std::uint64_t messages_resent = 0;  ///< sent again on a resume
+    std::size_t unacked_bytes = 0;      ///< sent and not yet acknowledged (kept for resending)
 };
 
 /// One ordered connection, symmetric: both ends call (through ordo::channel) and both serve
@@ -85,7 +111,9 @@ struct peer_counters {
 /// When the connection ends, every pending call fails with its reason (errc::peer_lost for an
 /// end of stream or a reset, errc::protocol_error for bad input, errc::closed after a local
 /// close), running handlers are cancelled, queued messages are dropped, and later calls fail at
-/// once with the same error. A peer never reconnects.
+/// once with the same error. A peer never reconnects, unless its session is resumable
+/// (peer_options::resume): then a dropped connection is replaced within the window, and nothing
+/// above notices but the delay.
 ///
 /// Belongs to one executor (a strand, if the io_context runs on several threads). Created
 /// shared (make_peer); handlers and channels keep it alive.
@@ -93,6 +121,8 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
   public:
     struct private_tag {};
     peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h);
+    peer(private_tag, std::unique_ptr<transport> t, peer_options o, const handlers* h,
+         detail::resume_config rc);
     ~peer() override;
     peer(const peer&) = delete;
     peer& operator=(const peer&) = delete;
@@ -123,6 +153,8 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     void on_closed(std::function<void(const std::error_code&, const std::string&)> f);
 
     bool is_open() const noexcept;
+    /// True once the other side agreed to a resumable session (peer_options::resume).
+    bool is_resumable() const noexcept;
     const peer_counters& counters() const noexcept;
     const comm_counters& comm() const noexcept;
 

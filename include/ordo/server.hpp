@@ -34,6 +34,13 @@ struct server_options {
     /// message_timeout, dead peer...), refused, and of accept failures. Runs on the server's
     /// executor; must not throw.
     std::function<void(const server_event&)> on_event;
+    /// Resumable sessions (peer_options::resume, asked for by callers): the longest window this
+    /// server grants; a session whose caller has not come back within it ends. 0: sessions are
+    /// not resumed (callers that ask are served as plain connections).
+    std::chrono::milliseconds resume_window{30'000};
+    /// Sessions waiting for their caller to come back, at most; beyond it the one that has
+    /// waited longest is given up (its caller gets errc::session_lost when it returns).
+    std::size_t max_detached_sessions = 1024;
 };
 
 /// Serves the registered handlers on every listener. Each accepted connection becomes an
@@ -78,6 +85,8 @@ class server {
     std::size_t peer_count() const noexcept;
     /// Connections accepted since construction.
     std::uint64_t connections_accepted() const noexcept;
+    /// Resumable sessions whose connection dropped, waiting for their caller to come back.
+    std::size_t detached_sessions() const noexcept;
     ordo::handlers& handlers() noexcept { return handlers_; }
 
     struct state;

@@ -23,4 +23,9 @@ net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url
 bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
                           peer_options& o);
 
+/// A peer over `t`, connected to `url`: with o.resume set, its session resumes by reconnecting
+/// to `url` (a server that does not resume sessions makes it a plain one).
+std::shared_ptr<peer> make_connected_peer(std::unique_ptr<transport> t, const std::string& url,
+                                          peer_options o, const handlers* h);
+
 }  // namespace ordo::detail

@@ -1,0 +1,89 @@
+// The messages a resumable session has sent and the other side has not yet acknowledged, by
+// sequence number (DESIGN.md section 11): what a resume sends again. Messages are copied into
+// chunks of ~64 KiB, so that keeping one costs a copy, not an allocation.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ordo::detail {
+
+class resend_buffer {
+  public:
+    /// Appends message number end() (a head and a body, kept as one message).
+    void push(std::string_view head, std::string_view body) {
+        const std::size_t n = head.size() + body.size();
+        if (chunks_.empty() || chunks_.back().data.size() + n > chunk_bytes) {
+            chunks_.emplace_back();
+            chunks_.back().data.reserve(n > chunk_bytes ? n : chunk_bytes);
+        }
+        chunk& c = chunks_.back();
+        c.data.append(head.data(), head.size());
+        c.data.append(body.data(), body.size());
+        c.ends.push_back(static_cast<std::uint32_t>(c.data.size()));
+        ++end_;
+        bytes_ += n;
+    }
+
+    /// Sequence number of the first message held, and one past the last.
+    std::uint64_t first() const noexcept { return first_; }
+    std::uint64_t end() const noexcept { return end_; }
+    /// Bytes of the messages held.
+    std::size_t bytes() const noexcept { return bytes_; }
+    bool empty() const noexcept { return first_ == end_; }
+
+    /// Forgets the messages before `seq` (first() <= seq <= end()).
+    void drop_until(std::uint64_t seq) {
+        while (first_ < seq) {
+            chunk& c = chunks_.front();
+            const std::uint32_t begin = skip_ == 0 ? 0 : c.ends[skip_ - 1];
+            bytes_ -= c.ends[skip_] - begin;
+            ++skip_;
+            ++first_;
+            if (skip_ == c.ends.size()) {
+                chunks_.pop_front();
+                skip_ = 0;
+            }
+        }
+    }
+
+    /// Calls f(message) for each message from `seq` (first() <= seq <= end()) on, in order.
+    template <class F>
+    void for_each_from(std::uint64_t seq, F&& f) const {
+        std::uint64_t n = first_;
+        std::size_t skip = skip_;
+        for (const chunk& c : chunks_) {
+            for (std::size_t i = skip; i < c.ends.size(); ++i, ++n) {
+                if (n < seq) continue;
+                const std::uint32_t begin = i == 0 ? 0 : c.ends[i - 1];
+                f(std::string_view(c.data.data() + begin, c.ends[i] - begin));
+            }
+            skip = 0;
+        }
+    }
+
+    /// Forgets everything; the next message pushed is number `next`.
+    void reset(std::uint64_t next) {
+        chunks_.clear();
+        skip_ = 0;
+        first_ = end_ = next;
+        bytes_ = 0;
+    }
+
+  private:
+    static constexpr std::size_t chunk_bytes = 64 * 1024;
+    struct chunk {
+        std::string data;
+        std::vector<std::uint32_t> ends;  ///< end offset of each message in data
+    };
+    std::deque<chunk> chunks_;
+    std::size_t skip_ = 0;  ///< messages of the front chunk already dropped
+    std::uint64_t first_ = 0, end_ = 0;
+    std::size_t bytes_ = 0;
+};
+
+}  // namespace ordo::detail
