@@ -208,7 +208,15 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             const std::size_t n =
                 co_await t->async_read_some(net::buffer(area.data(), area.size()), ec);
             if (ec == net::error::eof) {
-                framer.finish();  // throws if the stream ended inside a message
+                try {
+                    framer.finish();  // throws if the stream ended inside a message
+                } catch (const std::system_error& e) {
+                    // What a dropped connection looks like (a proxy or NAT giving up mid-way),
+                    // not bad bytes: lost, so that a resumable session resumes.
+                    fail(errc::peer_lost, e.what() + std::string(" (from ") +
+                                              t->remote_address() + ")");
+                    co_return;
+                }
                 if (st == state::open)
                     fail(errc::peer_lost,
                          "ordo: peer " + t->remote_address() + " closed the connection");

@@ -282,6 +282,13 @@ bool session::on_control(std::string_view bytes) {
         return true;
     }
     if (is_control_notification(bytes, "ordo.bye")) {
+        // [received]: what the other side got before it closed is not reported undelivered.
+        message m = decode_message(bytes, options_.limits);
+        std::uint64_t n = 0;
+        if (m.params.via.array.size == 1 && read_u64(m.params.via.array.ptr[0], n) &&
+            n >= sent_.first() && n <= sent_.end())
+            sent_.drop_until(n);
+        c_.unacked_bytes = sent_.bytes();
         said_goodbye_ = true;
         return true;
     }
@@ -617,7 +624,7 @@ void session::close() {
 void session::finish_close() {
     if (mode_ == mode::resumable) {
         buffer b(small_buffer);
-        encode_notification(b, "ordo.bye");
+        encode_notification(b, "ordo.bye", received_);
         write_control(b);
     }
     comm_->close();

@@ -1,0 +1,348 @@
+// Resumable sessions (DESIGN.md section 11): across dropped connections, every request,
+// notification and response arrives exactly once and in order. Connections are cut by a
+// userspace proxy (tests/support/cutting_proxy.hpp) on loopback.
+#include <cstdlib>
+#include <optional>
+
+#include <gtest/gtest.h>
+
+#include "ordo/connect.hpp"
+#include "ordo/server.hpp"
+#include "rpc/detail/wire_errors.hpp"
+#include "support/cutting_proxy.hpp"
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::cut_options;
+using test::cutting_proxy;
+using test::run_test;
+using test::wait_until;
+
+std::uint16_t port_of(const std::string& url) {
+    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+}
+
+std::shared_ptr<peer> peer_of(const channel& c) {
+    return std::dynamic_pointer_cast<peer>(c.impl());
+}
+
+// Counts ("add" notifications must arrive as 0, 1, 2...: `broken` records the first that did
+// not) and answers calls, some of which call back to the caller.
+struct counting_server {
+    explicit counting_server(net::any_io_executor ex, server_options o = {})
+        : srv(ex, std::move(o)) {
+        srv.on("add", [this](std::uint64_t i) {
+            if (i != next_add && !broken) broken = "add " + std::to_string(i) + " arrived, expected " +
+                                                   std::to_string(next_add);
+            next_add = i + 1;
+        });
+        srv.on("echo", [this](std::uint64_t i) {
+            if (i != next_echo && !broken) broken = "echo " + std::to_string(i) + " arrived, expected " +
+                                                    std::to_string(next_echo);
+            next_echo = i + 1;
+            return i;
+        });
+        // A call in the other direction, made by the handler: the caller's "twice" answers.
+        srv.on("via_caller", [](peer& p, std::uint64_t i) -> net::awaitable<std::uint64_t> {
+            channel back(p.shared_from_this());
+            co_return co_await back.async_call<std::uint64_t>("twice", i) + 1;
+        });
+        srv.on("bump", [this] {
+            ++bumps;
+            if (on_bump) on_bump();
+            return bumps;
+        });
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    server srv;
+    std::string url;
+    std::uint64_t next_add = 0, next_echo = 0;
+    int bumps = 0;
+    std::function<void()> on_bump;
+    std::optional<std::string> broken;
+};
+
+handlers caller_handlers() {
+    handlers h;
+    h.on("twice", [](std::uint64_t i) { return 2 * i; });
+    return h;
+}
+
+// Scale of the long run: ORDO_RESUME_SCALE=0.2 runs a fifth of it (sanitizer builds).
+double scale() {
+    const char* s = std::getenv("ORDO_RESUME_SCALE");
+    return s ? std::atof(s) : 1.0;
+}
+
+TEST(Resume, SessionIsResumableAndCallsWork) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        auto c = co_await async_connect(s.url + "?resume_ms=5000");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        EXPECT_TRUE(peer_of(c)->is_resumable());
+        co_await s.srv.async_stop();
+    });
+}
+
+TEST(Resume, WithoutResumeMsTheSessionIsPlain) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        auto c = co_await async_connect(s.url);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        EXPECT_FALSE(peer_of(c)->is_resumable());
+        co_await s.srv.async_stop();
+    });
+}
+
+TEST(Resume, AServerThatDoesNotResumeServesAPlainSession) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.resume_window = 0ms;  // answers ordo.hello as a reserved name, like a foreign peer
+        counting_server s(ex, so);
+        auto c = co_await async_connect(s.url + "?resume_ms=5000");
+        c.notify("add", std::uint64_t{0});
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        EXPECT_FALSE(peer_of(c)->is_resumable());
+        EXPECT_EQ(s.next_add, 1u);
+        co_await s.srv.async_stop();
+    });
+}
+
+// Cuts at chosen moments: calls pending over a cut complete, notifications arrive once, in order.
+TEST(Resume, CallsAndNotificationsSurviveCuts) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto hs = caller_handlers();
+        peer_options po;  // named: see README.md, "GCC 12 note"
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=10000", po, &hs);
+        std::uint64_t adds = 0, echoes = 0;
+        for (int round = 0; round < 20; ++round) {
+            for (int i = 0; i < 100; ++i) c.notify("add", adds++);
+            std::size_t done = 0;
+            for (int i = 0; i < 50; ++i, ++echoes)
+                c.async_call<std::uint64_t>("echo", echoes,
+                                            [&, want = echoes](std::error_code e, std::uint64_t r) {
+                                                EXPECT_FALSE(e) << e.message();
+                                                EXPECT_EQ(r, want);
+                                                ++done;
+                                            });
+            proxy.cut_all();
+            EXPECT_EQ(co_await c.async_call<std::uint64_t>("via_caller", 20), 41u);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 50; }));
+        }
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", echoes), echoes);
+        EXPECT_EQ(s.next_add, adds);
+        EXPECT_FALSE(s.broken) << *s.broken;
+        EXPECT_GE(proxy.cuts(), 10u);  // a cut_all() while the caller reconnects cuts nothing
+        EXPECT_GE(peer_of(c)->counters().resumes, 1u);
+        co_await s.srv.async_stop();
+    });
+}
+
+// The response of a handler that ran is lost with the connection: the handler does not run
+// again, and its answer arrives after the resume.
+TEST(Resume, ACutRightAfterAHandlerRanDoesNotRunItAgain) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        s.on_bump = [&] { proxy.cut_all(); };
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=10000");
+        for (int i = 1; i <= 5; ++i) EXPECT_EQ(co_await c.async_call<int>("bump"), i);
+        EXPECT_EQ(s.bumps, 5);
+        EXPECT_GE(proxy.cuts(), 5u);
+        co_await s.srv.async_stop();
+    });
+}
+
+// Random cuts anywhere (inside messages, inside batches, during handshakes): one-way messages
+// and calls both ways, nothing lost, nothing twice, order intact, no error surfaced.
+TEST(Resume, RandomCutsLoseAndDuplicateNothing) {
+    run_test(
+        []() -> net::awaitable<void> {
+            auto ex = co_await net::this_coro::executor;
+            counting_server s(ex);
+            cut_options co;
+            co.seed = 20261123;
+            co.min_bytes = 2'000;
+            co.max_bytes = 40'000;
+            cutting_proxy proxy("127.0.0.1", port_of(s.url), co);
+            auto hs = caller_handlers();
+            peer_options po;  // named: see README.md, "GCC 12 note"
+            auto c = co_await async_connect(proxy.url() + "?resume_ms=20000", po, &hs);
+            auto p = peer_of(c);
+            const auto one_way = static_cast<std::uint64_t>(1'000'000 * scale());
+            const auto calls = static_cast<std::uint64_t>(100'000 * scale());
+            std::uint64_t adds = 0, echoes = 0, backs = 0, done = 0, failed = 0;
+            net::steady_timer progress(ex);
+            while (adds < one_way || echoes + backs < calls) {
+                for (int i = 0; i < 200 && adds < one_way; ++i) c.notify("add", adds++);
+                for (int i = 0; i < 20 && echoes + backs < calls; ++i) {
+                    auto check = [&](std::uint64_t expect) {
+                        return [&, expect](std::error_code e, std::uint64_t r) {
+                            if (e || r != expect) ++failed;
+                            ++done;
+                        };
+                    };
+                    if (i % 4 == 3) {
+                        c.async_call<std::uint64_t>("via_caller", backs, check(2 * backs + 1));
+                        ++backs;
+                    } else {
+                        c.async_call<std::uint64_t>("echo", echoes, check(echoes));
+                        ++echoes;
+                    }
+                }
+                // Bounded in flight: wait for calls, and for the buffers to drain.
+                while (echoes + backs - done > 2000) {
+                    progress.expires_after(1ms);
+                    co_await progress.async_wait(use_tuple);
+                }
+                co_await p->async_drain();
+            }
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == echoes + backs; }, 120s));
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.next_add == one_way; }, 60s));
+            EXPECT_EQ(failed, 0u);
+            EXPECT_FALSE(s.broken) << *s.broken;
+            EXPECT_TRUE(p->is_open());
+            std::printf("random cuts: %zu cuts, %zu connections, %llu resumes, %llu resent\n",
+                        proxy.cuts(), proxy.connections(),
+                        static_cast<unsigned long long>(p->counters().resumes),
+                        static_cast<unsigned long long>(p->counters().messages_resent));
+            EXPECT_GE(proxy.cuts(), static_cast<std::size_t>(200 * scale()));
+            co_await s.srv.async_stop();
+        },
+        300s);
+}
+
+TEST(Resume, NotResumedWithinTheWindowFailsPendingCallsWithPeerLost) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=300");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
+        EXPECT_EQ(e, errc::peer_lost);
+        auto [code, why] = co_await peer_of(c)->async_wait_closed();
+        EXPECT_NE(why.find("not resumed within 300 ms"), std::string::npos) << why;
+        // The server gives its side up too, after its own window (the caller asked for 300 ms).
+        EXPECT_TRUE(co_await wait_until([&] { return s.srv.peer_count() == 0; }, 10s));
+        co_await s.srv.async_stop();
+    });
+}
+
+TEST(Resume, AServerThatLostTheSessionSaysSoAtOnce) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto first = std::make_unique<counting_server>(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(first->url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=30000");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        // The server "restarts" (no goodbye: the connection is cut first): a new one on the same
+        // port knows nothing of the session.
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return first->srv.detached_sessions() == 1; }));
+        const std::string url = first->url;
+        co_await first->srv.async_stop();
+        first.reset();
+        server second(ex);
+        second.on("echo", [](std::uint64_t i) { return i; });
+        second.listen(url);
+        proxy.set_refusing(false);
+        const auto start = std::chrono::steady_clock::now();
+        auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
+        EXPECT_EQ(e, errc::session_lost);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // not the 30 s window
+        co_await second.async_stop();
+    });
+}
+
+TEST(Resume, ACleanCloseByTheServerIsNotWaitedOn) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        auto c = co_await async_connect(s.url + "?resume_ms=30000");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        const auto start = std::chrono::steady_clock::now();
+        co_await s.srv.async_stop();
+        auto [code, why] = co_await peer_of(c)->async_wait_closed();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << why;
+    });
+}
+
+// While no connection carries the session, sends are kept up to max_unacked_bytes, then
+// refused with overloaded; everything taken arrives after the resume.
+TEST(Resume, AFullResendBufferPushesBackAndLosesNothing) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=20000&max_unacked_bytes=65536");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 1; }));
+        std::uint64_t taken = 0;
+        bool refused = false;
+        for (int i = 0; i < 100'000 && !refused; ++i) {
+            try {
+                c.notify("add", taken);
+                ++taken;
+            } catch (const std::system_error& e) {
+                EXPECT_EQ(e.code(), errc::overloaded);
+                refused = true;
+            }
+        }
+        EXPECT_TRUE(refused);
+        EXPECT_GT(taken, 1000u);
+        proxy.set_refusing(false);
+        co_await peer_of(c)->async_drain();
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 1), 1u);
+        EXPECT_EQ(s.next_add, taken);
+        EXPECT_FALSE(s.broken) << *s.broken;
+        co_await s.srv.async_stop();
+    });
+}
+
+// A resume naming a session the server never gave out is refused.
+TEST(Resume, AForgedSessionIdIsRefused) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        auto t = co_await async_connect_transport(s.url);
+        buffer b;
+        const std::vector<char> forged(16, '\x42');  // packed as bin, like a session id
+        encode_request(b, 7, "ordo.hello", 1, forged, 0, 1000);
+        std::error_code ec;
+        co_await t->async_write(net::buffer(b.data(), b.size()), ec);
+        ORDO_CO_ASSERT_TRUE(!ec);
+        decoder d;
+        char chunk[4096];
+        std::optional<message> m;
+        while (!m) {
+            const std::size_t n = co_await t->async_read_some(net::buffer(chunk), ec);
+            ORDO_CO_ASSERT_TRUE(!ec);
+            d.feed(std::string_view(chunk, n));
+            m = d.next();
+        }
+        EXPECT_EQ(m->kind, message_kind::response);
+        std::string detail;
+        EXPECT_EQ(detail::error_from_wire(m->error, detail), errc::session_lost) << detail;
+        t->close();
+        co_await s.srv.async_stop();
+    });
+}
+
+}  // namespace
+}  // namespace ordo
