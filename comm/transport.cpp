@@ -60,6 +60,24 @@ struct tls_stream {
     ssl::stream<tcp::socket> stream;
 };
 
+// "sha256:<hex>" of the peer's certificate, or empty when it showed none.
+std::string certificate_identity(const ssl::stream<tcp::socket>& s) {
+    X509* cert = ::SSL_get1_peer_certificate(const_cast<ssl::stream<tcp::socket>&>(s).native_handle());
+    if (!cert) return {};
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    const bool ok = ::X509_digest(cert, ::EVP_sha256(), digest, &n) == 1;
+    ::X509_free(cert);
+    if (!ok) return {};
+    static const char hex[] = "0123456789abcdef";
+    std::string id = "sha256:";
+    for (unsigned int i = 0; i < n; ++i) {
+        id += hex[digest[i] >> 4];
+        id += hex[digest[i] & 15];
+    }
+    return id;
+}
+
 tcp::socket& lowest(tcp::socket& s) { return s; }
 unix_stream::socket& lowest(unix_stream::socket& s) { return s; }
 tcp::socket& lowest(std::shared_ptr<tls_stream>& s) { return s->stream.next_layer(); }
@@ -102,6 +120,13 @@ class stream_transport final : public transport {
     }
 
     net::any_io_executor get_executor() override { return lowest(socket_).get_executor(); }
+
+    std::string peer_identity() const override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>)
+            return certificate_identity(socket_->stream);
+        else
+            return {};
+    }
 
     void reset() noexcept override {
         if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {

@@ -127,6 +127,7 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
       on_ended_(std::move(on_ended)),
       ex_(t->get_executor()),
       remote_(t->remote_address()),
+      identity_(t->peer_identity()),
       ack_timer_(ex_),
       window_timer_(ex_),
       changed_(ex_, std::chrono::steady_clock::time_point::max()) {
@@ -361,6 +362,8 @@ void session::on_hello_request(message& m) {
         return answer_welcome(m.msgid);
     }
     session* old = rc_.registry->find(id);
+    // Over tls, only the client that opened a session may resume it.
+    if (old && old->identity_ != identity_) old = nullptr;
     if (!old || old == this || !old->open_ || old->ending_) {
         become_plain(false);
         return answer_error(m.msgid, errc::session_lost,

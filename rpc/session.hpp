@@ -192,6 +192,7 @@ class session {
     ended_fn on_ended_;
     net::any_io_executor ex_;
     std::string remote_;
+    std::string identity_;  // what the caller proved to be (tls), checked on resume
     std::unique_ptr<batched_comm> comm_;
     std::shared_ptr<link> link_;
     std::unique_ptr<batched_comm> dead_comm_;  // the last dropped connection, freed later

@@ -81,6 +81,11 @@ class transport {
     /// left unacknowledged for 2 x liveness (at least 2 s) ends the connection. No-op elsewhere.
     virtual void set_liveness(std::chrono::milliseconds liveness) noexcept { (void)liveness; }
 
+    /// Who the peer proved to be: for tls with a peer certificate, "sha256:" and the hex SHA-256
+    /// of that certificate (DER); empty for other transports. A resumable session resumes only
+    /// over a connection whose peer proves the same identity.
+    virtual std::string peer_identity() const { return {}; }
+
     /// The peer's address as a URL ("tcp://127.0.0.1:41234", "unix:///run/app.sock").
     const std::string& remote_address() const noexcept { return remote_; }
     virtual net::any_io_executor get_executor() = 0;

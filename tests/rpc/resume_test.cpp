@@ -9,6 +9,7 @@
 #include "ordo/connect.hpp"
 #include "ordo/server.hpp"
 #include "rpc/detail/wire_errors.hpp"
+#include "support/streams.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 
@@ -312,6 +313,32 @@ TEST(Resume, AFullResendBufferPushesBackAndLosesNothing) {
         EXPECT_EQ(s.next_add, taken);
         EXPECT_FALSE(s.broken) << *s.broken;
         co_await s.srv.async_stop();
+    });
+}
+
+// Over mutual TLS the session resumes for the client that opened it (the server checks that the
+// new connection's client certificate is the same).
+TEST(Resume, OverMutualTlsTheSameClientResumes) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        const auto& f = test::shared_tls_files();
+        server srv(ex);
+        srv.on("echo", [](std::uint64_t i) { return i; });
+        const std::string url = srv.listen("tls://127.0.0.1:0?cert=" + f.server_cert +
+                                           "&key=" + f.server_key + "&ca=" + f.ca);
+        cutting_proxy proxy("127.0.0.1", port_of(url));
+        const std::string via = "tls://127.0.0.1:" + std::to_string(proxy.port()) + "?ca=" + f.ca +
+                                "&cert=" + f.client_cert + "&key=" + f.client_key +
+                                "&resume_ms=10000";
+        auto c = co_await async_connect(via);
+        for (std::uint64_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", i), i);
+            proxy.cut_all();
+        }
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 3), 3u);
+        EXPECT_TRUE(peer_of(c)->is_resumable());
+        EXPECT_GE(peer_of(c)->counters().resumes, 1u);
+        co_await srv.async_stop();
     });
 }
 
