@@ -5,6 +5,7 @@
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
+//              [--resume-ms N]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N]     (what the client starts)
 //
 // Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
@@ -68,6 +69,7 @@ struct config {
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;
     int spin_us = 0;  // both sides run ordo::run_spinning (raw-tcp: poll before each read)
+    long resume_ms = 0;  // ordered channels: a resumable session with this window
     bool json = false;
     std::string connect;  // client only, to a server started elsewhere
     std::string serve;    // server only
@@ -115,6 +117,7 @@ config parse(int argc, char** argv) {
         else if (k == "--size") c.size = num();
         else if (k == "--clients") c.clients = static_cast<int>(std::max(1L, num()));
         else if (k == "--spin-us") c.spin_us = static_cast<int>(num());
+        else if (k == "--resume-ms") c.resume_ms = num();
         else if (k == "--connect") c.connect = v;
         else if (k == "--serve") c.serve = v;
         else fail("unknown flag " + k);
@@ -676,6 +679,8 @@ std::string client_url(const config& cfg, const std::string& base, long inflight
     if (cfg.mode == "pooled")
         params += "&mode=pooled&max_connections=" + std::to_string(std::max(2L, inflight)) +
                   "&max_idle=" + std::to_string(std::max(2L, inflight));
+    else if (cfg.resume_ms > 0)
+        params += "&resume_ms=" + std::to_string(cfg.resume_ms);
     return with_params(base, params);
 }
 

@@ -172,14 +172,14 @@ void session::drop_comm() {
     link_->s = nullptr;
     link_.reset();
     add(saved_, comm_->counters());
+    dropped_ = true;
     comm_->abort(errc::closed);
     dead_comm_ = std::move(comm_);  // maybe inside its own callback: freed at the next drop
 }
 
 // ---- sending ----
 
-void session::send(std::string_view head, std::string_view body) {
-    if (mode_ == mode::plain && comm_) return comm_->send(head, body);
+void session::send_kept(std::string_view head, std::string_view body) {
     if (!open_ || ending_ || (!comm_ && mode_ == mode::plain))
         throw std::system_error(close_code_ ? close_code_ : make_error_code(errc::closed),
                                 close_reason_.empty() ? "ordo: session to " + remote_ + " closed"
@@ -190,7 +190,14 @@ void session::send(std::string_view head, std::string_view body) {
                                           " bytes sent to " + remote_ +
                                           " are not yet acknowledged (max_unacked_bytes)");
     // Between connections (or before the handshake is done), only kept: sent on resume.
-    if (attached_ && !comm_->is_closing()) comm_->send(head, body);
+    if (attached_) {
+        try {
+            comm_->send(head, body);
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::overloaded) throw;  // not taken
+            // The connection is ending: the message goes out again after the resume.
+        }
+    }
     sent_.push(head, body);
     c_.unacked_bytes = sent_.bytes();
 }
@@ -654,9 +661,7 @@ void session::note_remote_reason(std::string reason) {
     said_goodbye_ = true;
 }
 
-const comm_counters& session::counters() const noexcept {
-    if (mode_ == mode::plain && comm_ && saved_.writes == 0 && saved_.messages_received == 0)
-        return comm_->counters();
+const comm_counters& session::summed_counters() const noexcept {
     sum_ = saved_;
     if (comm_) {
         add(sum_, comm_->counters());

@@ -111,7 +111,10 @@ class session {
     /// taken; or the close reason's code once the session is ending).
     void send(std::string_view message) { send(message, {}); }
     /// send() of `head` followed by `body`, as one message.
-    void send(std::string_view head, std::string_view body);
+    void send(std::string_view head, std::string_view body) {
+        if (mode_ == mode::plain && comm_) return comm_->send(head, body);
+        send_kept(head, body);
+    }
 
     void pause_reading(bool paused);
     /// Waits until the outgoing buffer (and the unacknowledged bytes) are below their high
@@ -146,7 +149,10 @@ class session {
                             peer_counters& c) const;
 
     /// The connection's counters, summed over the connections a resumable session had.
-    const comm_counters& counters() const noexcept;
+    const comm_counters& counters() const noexcept {
+        if (comm_ && !dropped_) return comm_->counters();
+        return summed_counters();
+    }
 
   private:
     friend class session_registry;
@@ -159,6 +165,8 @@ class session {
     };
     struct link;
 
+    void send_kept(std::string_view head, std::string_view body);
+    const comm_counters& summed_counters() const noexcept;
     void attach(std::unique_ptr<transport> t);
     void drop_comm();
     void on_comm_message(std::string_view bytes);
@@ -203,6 +211,7 @@ class session {
     bool said_goodbye_ = false;   // the other side will not resume
     bool attached_ = false;       // a connection is there and carries the session
     bool paused_ = false;
+    bool dropped_ = false;  // a connection was dropped: counters() sums
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;

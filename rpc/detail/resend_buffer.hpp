@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,14 +18,12 @@ class resend_buffer {
     /// Appends message number end() (a head and a body, kept as one message).
     void push(std::string_view head, std::string_view body) {
         const std::size_t n = head.size() + body.size();
-        if (chunks_.empty() || chunks_.back().data.size() + n > chunk_bytes) {
-            chunks_.emplace_back();
-            chunks_.back().data.reserve(n > chunk_bytes ? n : chunk_bytes);
-        }
+        if (chunks_.empty() || chunks_.back().size + n > chunks_.back().cap) add_chunk(n);
         chunk& c = chunks_.back();
-        c.data.append(head.data(), head.size());
-        c.data.append(body.data(), body.size());
-        c.ends.push_back(static_cast<std::uint32_t>(c.data.size()));
+        std::memcpy(c.data.get() + c.size, head.data(), head.size());
+        std::memcpy(c.data.get() + c.size + head.size(), body.data(), body.size());
+        c.size += n;
+        c.ends.push_back(static_cast<std::uint32_t>(c.size));
         ++end_;
         bytes_ += n;
     }
@@ -36,18 +35,29 @@ class resend_buffer {
     std::size_t bytes() const noexcept { return bytes_; }
     bool empty() const noexcept { return first_ == end_; }
 
-    /// Forgets the messages before `seq` (first() <= seq <= end()).
+    /// Forgets the messages before `seq` (first() <= seq <= end()): whole chunks at a time.
     void drop_until(std::uint64_t seq) {
         while (first_ < seq) {
             chunk& c = chunks_.front();
-            const std::uint32_t begin = skip_ == 0 ? 0 : c.ends[skip_ - 1];
-            bytes_ -= c.ends[skip_] - begin;
-            ++skip_;
-            ++first_;
-            if (skip_ == c.ends.size()) {
-                chunks_.pop_front();
-                skip_ = 0;
+            const std::size_t left = c.ends.size() - skip_;
+            const std::size_t begin = skip_ == 0 ? 0 : c.ends[skip_ - 1];
+            if (seq - first_ < left) {
+                const std::size_t k = static_cast<std::size_t>(seq - first_);
+                bytes_ -= c.ends[skip_ + k - 1] - begin;
+                skip_ += k;
+                first_ = seq;
+                return;
             }
+            bytes_ -= c.size - begin;
+            first_ += left;
+            skip_ = 0;
+            // The last chunk is kept for reuse: a steady stream then allocates nothing.
+            if (!spare_.data || spare_.cap < c.cap) {
+                spare_ = std::move(c);
+                spare_.size = 0;
+                spare_.ends.clear();
+            }
+            chunks_.pop_front();
         }
     }
 
@@ -60,7 +70,7 @@ class resend_buffer {
             for (std::size_t i = skip; i < c.ends.size(); ++i, ++n) {
                 if (n < seq) continue;
                 const std::uint32_t begin = i == 0 ? 0 : c.ends[i - 1];
-                f(std::string_view(c.data.data() + begin, c.ends[i] - begin));
+                f(std::string_view(c.data.get() + begin, c.ends[i] - begin));
             }
             skip = 0;
         }
@@ -69,6 +79,7 @@ class resend_buffer {
     /// Forgets everything; the next message pushed is number `next`.
     void reset(std::uint64_t next) {
         chunks_.clear();
+        spare_ = {};
         skip_ = 0;
         first_ = end_ = next;
         bytes_ = 0;
@@ -77,10 +88,25 @@ class resend_buffer {
   private:
     static constexpr std::size_t chunk_bytes = 64 * 1024;
     struct chunk {
-        std::string data;
+        std::unique_ptr<char[]> data;
+        std::size_t size = 0, cap = 0;
         std::vector<std::uint32_t> ends;  ///< end offset of each message in data
     };
+
+    void add_chunk(std::size_t n) {
+        if (spare_.data && spare_.cap >= n) {
+            chunks_.push_back(std::move(spare_));
+            spare_ = {};
+            return;
+        }
+        chunk c;
+        c.cap = n > chunk_bytes ? n : chunk_bytes;
+        c.data.reset(new char[c.cap]);  // not zero-filled
+        chunks_.push_back(std::move(c));
+    }
+
     std::deque<chunk> chunks_;
+    chunk spare_;
     std::size_t skip_ = 0;  ///< messages of the front chunk already dropped
     std::uint64_t first_ = 0, end_ = 0;
     std::size_t bytes_ = 0;

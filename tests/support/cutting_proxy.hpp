@@ -1,7 +1,7 @@
 // A TCP forwarder on loopback that cuts the connections it forwards at exact byte counts, or on
 // demand, or refuses them: for tests of sessions that must survive a lost connection (tc netem
-// needs privileges the tests do not have). Header-only test support; needs gtest (failures of
-// the proxy itself are reported with ADD_FAILURE).
+// needs privileges the tests do not have). Header-only test support, without gtest (benchmarks
+// use it too): a failure of the proxy itself aborts the process with a message on stderr.
 #pragma once
 
 #include <sys/ioctl.h>
@@ -25,7 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
+#include <cstdio>
+#include <cstdlib>
 
 #include <asio/executor_work_guard.hpp>
 #include <asio/ip/tcp.hpp>
@@ -389,16 +390,18 @@ class cutting_proxy {
     }
 
     // The error sink of the proxy's coroutines, which report their failures with error codes:
-    // an exception here is a bug of the proxy.
+    // an exception here is a bug of the proxy, and stops the process loudly (the proxy also
+    // serves benchmarks, which have no test framework to report to).
     static void report(std::exception_ptr e, const char* where) {
         if (!e) return;
         try {
             std::rethrow_exception(e);
         } catch (const std::exception& x) {
-            ADD_FAILURE() << "cutting_proxy: " << where << " threw: " << x.what();
+            std::fprintf(stderr, "cutting_proxy: %s threw: %s\n", where, x.what());
         } catch (...) {
-            ADD_FAILURE() << "cutting_proxy: " << where << " threw";
+            std::fprintf(stderr, "cutting_proxy: %s threw\n", where);
         }
+        std::abort();
     }
 
     cut_options options_;

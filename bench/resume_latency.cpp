@@ -1,0 +1,119 @@
+// resume-latency: how long a resumable session takes from a dropped connection to its next
+// response (bench/README.md, "Resumable sessions").
+//
+//   ordo-resume-latency [--cuts N] [--resume-ms N]
+//
+// One process: a server, a client making sequential echo calls with resume_ms, and between them
+// a userspace proxy (tests/support/cutting_proxy.hpp) that resets the connection every 20-40 ms.
+// For each cut it records the time from the reset to the first response carried by the new
+// connection (the session's resume count has grown), and prints p50, p90, p99 and the maximum.
+// Every reply is checked; a wrong one, or a call that fails, fails the run (exit status 1).
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ordo/ordo.hpp"
+#include "support/cutting_proxy.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+[[noreturn]] void fail(const std::string& why) {
+    std::fprintf(stderr, "error: %s\n", why.c_str());
+    std::exit(1);
+}
+
+struct config {
+    long cuts = 200;
+    long resume_ms = 10'000;
+};
+
+config parse(int argc, char** argv) {
+    config c;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        if (i + 1 >= argc) fail("flag " + k + " needs a value");
+        const std::string v = argv[++i];
+        long n = 0;
+        try {
+            std::size_t used = 0;
+            n = std::stol(v, &used);
+            if (used != v.size() || n <= 0) throw std::invalid_argument(v);
+        } catch (const std::exception&) {
+            fail("flag " + k + " needs a positive number, not \"" + v + "\"");
+        }
+        if (k == "--cuts")
+            c.cuts = n;
+        else if (k == "--resume-ms")
+            c.resume_ms = n;
+        else
+            fail("unknown flag " + k + " (--cuts N, --resume-ms N)");
+    }
+    return c;
+}
+
+double percentile(std::vector<double> v, double p) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const config cfg = parse(argc, argv);
+    ordo::net::io_context io;
+    ordo::server srv(io.get_executor());
+    srv.on("echo", [](std::uint64_t i) { return i; });
+    const std::string url = srv.listen("tcp://127.0.0.1:0");
+    ordo::test::cutting_proxy proxy(
+        "127.0.0.1", static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))));
+
+    std::vector<double> ms;
+    std::string error;
+    auto body = [&]() -> ordo::net::awaitable<void> {
+        auto c = co_await ordo::async_connect(proxy.url() +
+                                              "?resume_ms=" + std::to_string(cfg.resume_ms));
+        auto p = std::dynamic_pointer_cast<ordo::peer>(c.impl());
+        std::minstd_rand rng(7);
+        std::uint64_t i = 0;
+        for (long cut = 0; cut < cfg.cuts; ++cut) {
+            // Calls for 20-40 ms, then a cut, then calls until one is answered over the new
+            // connection.
+            const auto until = clock_type::now() + std::chrono::milliseconds(20 + rng() % 21);
+            while (clock_type::now() < until) {
+                if (co_await c.async_call<std::uint64_t>("echo", i) != i) fail("wrong reply");
+                ++i;
+            }
+            const auto resumes = p->counters().resumes;
+            const auto at = clock_type::now();
+            proxy.cut_all();
+            for (int tries = 0;; ++tries) {
+                if (co_await c.async_call<std::uint64_t>("echo", i) != i) fail("wrong reply");
+                ++i;
+                if (p->counters().resumes > resumes) break;
+                if (tries > 1'000'000) fail("no resume after a cut");
+            }
+            ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - at).count());
+        }
+        co_await srv.async_stop();
+    };
+    ordo::net::co_spawn(io, body(), [&](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            error = x.what();
+        }
+    });
+    io.run();
+    if (!error.empty()) fail(error);
+    std::printf(
+        "resume latency over %zu cuts (tcp loopback, through a proxy): p50 %.2f ms, p90 %.2f ms, "
+        "p99 %.2f ms, max %.2f ms\n",
+        ms.size(), percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99),
+        *std::max_element(ms.begin(), ms.end()));
+    return 0;
+}
