@@ -31,7 +31,6 @@ struct peer::state final : detail::call_table_host,
         rc.max_unacked_bytes = o.max_unacked_bytes;
         sess = std::make_unique<detail::session>(
             std::move(t), o.comm, std::move(rc), *this, c,
-            [this](std::string_view bytes) { on_message(bytes); },
             [this](const close_result& r) { on_ended(r); });
     }
 
@@ -58,7 +57,7 @@ struct peer::state final : detail::call_table_host,
     detail::dispatcher disp;
     std::unique_ptr<detail::session> sess;
 
-    void on_message(std::string_view bytes) {
+    void on_message(std::string_view bytes) override {
         // Borrowed from read_zone: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_zone);

@@ -118,12 +118,11 @@ struct session::link {
 };
 
 session::session(std::unique_ptr<transport> t, const comm_options& o, resume_config rc,
-                 session_host& host, peer_counters& c, message_fn on_message, ended_fn on_ended)
+                 session_host& host, peer_counters& c, ended_fn on_ended)
     : options_(o),
       rc_(std::move(rc)),
       host_(host),
       c_(c),
-      on_message_(std::move(on_message)),
       on_ended_(std::move(on_ended)),
       ex_(t->get_executor()),
       remote_(t->remote_address()),
@@ -243,7 +242,13 @@ void session::send_ack() {
 // ---- receiving ----
 
 void session::on_comm_message(std::string_view bytes) {
-    if (mode_ == mode::plain) return on_message_(bytes);
+    if (mode_ == mode::plain) [[likely]]
+        return host_.on_message(bytes);
+    on_session_message(bytes);
+}
+
+// Kept apart from on_comm_message, so that a plain session's path stays a few instructions.
+[[gnu::noinline]] void session::on_session_message(std::string_view bytes) {
     if (mode_ == mode::awaiting) {
         // The caller's first message: ordo.hello asks for a session, anything else means none.
         if (bytes.size() > 2 && bytes[0] == '\x94' && bytes[1] == '\x00') {
@@ -251,7 +256,7 @@ void session::on_comm_message(std::string_view bytes) {
             if (m.method == "ordo.hello") return on_hello_request(m);
         }
         become_plain(false);
-        return on_message_(bytes);
+        return host_.on_message(bytes);
     }
     if (on_control(bytes)) return;
     ++received_;
@@ -260,7 +265,7 @@ void session::on_comm_message(std::string_view bytes) {
         send_ack();
     else if (!ack_armed_)
         arm_ack();
-    on_message_(bytes);
+    host_.on_message(bytes);
 }
 
 void session::arm_ack() {

@@ -76,6 +76,9 @@ class session_host {
     virtual std::uint32_t next_msgid() = 0;
     /// The owner, held while the session's timers and reconnection run.
     virtual std::weak_ptr<void> owner() = 0;
+    /// Receives each incoming message, in order (valid during the call only). May throw: the
+    /// connection then ends with the exception's code (protocol_error for others).
+    virtual void on_message(std::string_view bytes) = 0;
 };
 
 /// How a session resumes.
@@ -93,14 +96,12 @@ struct resume_config {
 /// Belongs to the transport's executor.
 class session {
   public:
-    /// Receives each incoming message (valid during the call only).
-    using message_fn = batched_comm::message_fn;
     /// Runs once when the session has ended, after is_open() turned false; close_code()
     /// and close_reason() say how (`r` holds what was not written).
     using ended_fn = std::function<void(const close_result&)>;
 
     session(std::unique_ptr<transport> t, const comm_options& o, resume_config rc,
-            session_host& host, peer_counters& c, message_fn on_message, ended_fn on_ended);
+            session_host& host, peer_counters& c, ended_fn on_ended);
     ~session();
     session(const session&) = delete;
     session& operator=(const session&) = delete;
@@ -170,6 +171,7 @@ class session {
     void attach(std::unique_ptr<transport> t);
     void drop_comm();
     void on_comm_message(std::string_view bytes);
+    void on_session_message(std::string_view bytes);
     void on_comm_closed(const close_result& r);
     bool on_control(std::string_view bytes);
     void on_welcome(const msgpack::object& result);
@@ -196,7 +198,6 @@ class session {
     resume_config rc_;
     session_host& host_;
     peer_counters& c_;
-    message_fn on_message_;
     ended_fn on_ended_;
     net::any_io_executor ex_;
     std::string remote_;
