@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "ordo/connect.hpp"
+#include "ordo/router.hpp"
 #include "ordo/server.hpp"
 #include "rpc/detail/wire_errors.hpp"
 #include "support/streams.hpp"
@@ -223,6 +224,35 @@ TEST(Resume, RandomCutsLoseAndDuplicateNothing) {
         300s);
 }
 
+// Connections that carry only a few dozen bytes each: cuts fall inside ordo.hello, inside its
+// answer and inside the messages sent again after a resume.
+TEST(Resume, CutsDuringHandshakesAndResends) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cut_options co;
+        co.seed = 7;
+        co.min_bytes = 10;
+        co.max_bytes = 160;
+        cutting_proxy proxy("127.0.0.1", port_of(s.url), co);
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=30000");
+        std::uint64_t done = 0, failed = 0;
+        for (std::uint64_t i = 0; i < 30; ++i) {
+            c.notify("add", i);
+            c.async_call<std::uint64_t>("echo", i, [&, i](std::error_code e, std::uint64_t r) {
+                if (e || r != i) ++failed;
+                ++done;
+            });
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 30; }, 60s));
+        EXPECT_EQ(failed, 0u);
+        EXPECT_EQ(s.next_add, 30u);
+        EXPECT_FALSE(s.broken) << *s.broken;
+        EXPECT_GE(proxy.cuts(), 10u);
+        co_await s.srv.async_stop();
+    });
+}
+
 TEST(Resume, NotResumedWithinTheWindowFailsPendingCallsWithPeerLost) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
@@ -339,6 +369,34 @@ TEST(Resume, OverMutualTlsTheSameClientResumes) {
         EXPECT_TRUE(peer_of(c)->is_resumable());
         EXPECT_GE(peer_of(c)->counters().resumes, 1u);
         co_await srv.async_stop();
+    });
+}
+
+// Router replicas take resume_ms too: a cut replica connection resumes instead of being dropped.
+TEST(Resume, RouterReplicasResume) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server a(ex), b(ex);
+        cutting_proxy pa("127.0.0.1", port_of(a.url)), pb("127.0.0.1", port_of(b.url));
+        auto c = co_await async_connect("route+tcp://127.0.0.1:" + std::to_string(pa.port()) +
+                                        ",127.0.0.1:" + std::to_string(pb.port()) +
+                                        "?resume_ms=10000");
+        int done = 0;
+        for (int round = 0; round < 10; ++round) {
+            for (int i = 0; i < 20; ++i)
+                c.async_call<int>("bump", [&](std::error_code e, int) {
+                    EXPECT_FALSE(e) << e.message();
+                    ++done;
+                });
+            pa.cut_all();
+            pb.cut_all();
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 20 * (round + 1); }));
+        }
+        EXPECT_EQ(a.bumps + b.bumps, 200);  // each call ran once
+        auto r = std::dynamic_pointer_cast<router>(c.impl());
+        for (const auto& rep : r->replicas()) EXPECT_EQ(rep.errors, 0u) << rep.url;
+        co_await a.srv.async_stop();
+        co_await b.srv.async_stop();
     });
 }
 
