@@ -30,6 +30,7 @@ struct dispatcher::run {
     bool is_request = false;
     bool serial = false;
     bool cancelled = false;
+    bool orphan = false;  // of a session that was lost: its answer is not sent
     net::cancellation_signal signal;
 };
 
@@ -194,9 +195,12 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
                                 bool failed, const std::pair<errc, std::string>& why) {
     const bool serial = it->serial;
     const bool req = it->is_request;
+    const bool orphan = it->orphan;
     runs_.erase(it);
     c_.running_handlers = runs_.size();
-    if (req) {
+    if (req && orphan) {
+        // Its caller's session is gone: the answer has nobody to go to.
+    } else if (req) {
         if (failed) {
             out.clear();
             encode_error_response(out, m.msgid, why.first, why.second);
@@ -235,6 +239,19 @@ void dispatcher::pop_queued(std::deque<message>::iterator it) {
 
 void dispatcher::stop() {
     stopped_ = true;
+    drop_all();
+}
+
+void dispatcher::restart() {
+    for (auto& r : runs_) r.orphan = true;
+    drop_all();
+    if (paused_) {
+        paused_ = false;
+        host_.pause_reading(false);
+    }
+}
+
+void dispatcher::drop_all() {
     for (auto& r : runs_) {
         if (r.cancelled) continue;
         r.cancelled = true;

@@ -62,6 +62,10 @@ class dispatcher {
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
     void stop();
+    /// The remote side's session was lost and a new one will follow on the same connection:
+    /// cancel every running handler (their answers are dropped), drop the queue, and go on
+    /// dispatching what arrives next.
+    void restart();
 
     std::size_t running() const noexcept { return runs_.size(); }
     std::size_t queued() const noexcept { return queue_.size(); }
@@ -82,6 +86,7 @@ class dispatcher {
     void finish_handler(std::list<run>::iterator it, const message& m, buffer& out, bool failed,
                         const std::pair<errc, std::string>& why);
     void drain_queue();
+    void drop_all();
     void pop_queued(std::deque<message>::iterator it);
 
     peer& self_;

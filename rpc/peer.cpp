@@ -82,6 +82,19 @@ struct peer::state final : detail::call_table_host,
     // ---- the parts' view of the connection ----
 
     std::weak_ptr<void> owner() override { return self.weak_from_this(); }
+
+    void session_lost(const close_result& r) override {
+        calls.fail_all(r.code, r.reason);
+        sess->report_undelivered(r, o.on_undelivered, c);
+        disp.restart();
+        if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
+    }
+    void session_opened(bool resumed) override {
+        if (o.on_session)
+            o.on_session({resumed ? session_event::kind::resumed : session_event::kind::opened,
+                          {},
+                          {}});
+    }
     std::uint32_t next_msgid() override { return calls.next_id(); }
 
     void send_cancel(std::uint32_t msgid) override {

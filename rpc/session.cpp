@@ -183,6 +183,12 @@ void session::send_kept(std::string_view head, std::string_view body) {
         throw std::system_error(close_code_ ? close_code_ : make_error_code(errc::closed),
                                 close_reason_.empty() ? "ordo: session to " + remote_ + " closed"
                                                       : close_reason_);
+    if (lost_) {
+        // The first message after a lost session opens a new one (ordo.hello with no id).
+        lost_ = false;
+        start_window();
+        net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
+    }
     const std::size_t n = head.size() + body.size();
     if (sent_.bytes() + n > rc_.max_unacked_bytes)
         throw_error(errc::overloaded, "ordo: " + std::to_string(sent_.bytes()) +
@@ -273,8 +279,9 @@ void session::arm_ack() {
     ack_timer_.expires_after(ack_delay);
     ack_timer_.async_wait([this, owner = host_.owner()](std::error_code ec) {
         auto keep = owner.lock();
-        if (ec || !keep) return;
+        if (!keep) return;
         ack_armed_ = false;
+        if (ec) return;
         if (received_ != acked_received_) send_ack();
     });
 }
@@ -317,9 +324,9 @@ bool session::on_control(std::string_view bytes) {
             if (mode_ == mode::resumable) {
                 // The other side no longer knows the session (it restarted, or the session
                 // expired or was given up): what was in flight cannot be completed.
-                end({code == errc::session_lost ? code : make_error_code(errc::session_lost),
-                     "ordo: session with " + remote_ + " cannot resume: " + detail,
-                     {}});
+                lose({code == errc::session_lost ? code : make_error_code(errc::session_lost),
+                      "ordo: session with " + remote_ + " cannot resume: " + detail,
+                      {}});
             } else {
                 become_plain(true);  // a peer that does not resume sessions (any msgpack-rpc peer)
             }
@@ -346,6 +353,7 @@ void session::on_welcome(const msgpack::object& result) {
     mode_ = mode::resumable;
     if (resumed) ++c_.resumes;
     established(their_received, resumed);
+    host_.session_opened(resumed);
     if (close_pending_) finish_close();
 }
 
@@ -483,23 +491,62 @@ void session::detach(const close_result& r) {
     hello_pending_ = false;
     drop_comm();
     ++detaches_;
-    if (was_attached) {
-        // The window counts from the drop of a working connection, not from each failed retry.
-        window_deadline_ = clock::now() + window_;
-        window_timer_.expires_at(window_deadline_);
-        window_timer_.async_wait([this, owner = host_.owner()](std::error_code ec) {
-            auto keep = owner.lock();
-            if (ec || !keep || attached_ || !open_) return;
-            end({errc::peer_lost,
-                 "ordo: session with " + remote_ + " not resumed within " +
-                     std::to_string(window_.count()) + " ms; last error: " + last_error_,
-                 {}});
-        });
-    }
+    // The window counts from the drop of a working connection, not from each failed retry.
+    if (was_attached) start_window();
     if (rc_.registry) rc_.registry->detached(this);  // may give up this one at once
     if (open_ && rc_.reconnect)
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     changed();
+}
+
+void session::start_window() {
+    window_deadline_ = clock::now() + window_;
+    window_timer_.expires_at(window_deadline_);
+    window_timer_.async_wait([this, owner = host_.owner()](std::error_code ec) {
+        auto keep = owner.lock();
+        if (ec || !keep || attached_ || !open_) return;
+        window_passed();
+    });
+}
+
+void session::window_passed() {
+    close_result r{errc::peer_lost,
+                   "ordo: session with " + remote_ + " not resumed within " +
+                       std::to_string(window_.count()) + " ms; last error: " + last_error_,
+                   {}};
+    // A caller opens a new session on demand; a server's session ends for good.
+    if (rc_.reconnect)
+        lose(r);
+    else
+        end(r);
+}
+
+// The caller's session cannot resume: everything in flight fails (the host is told), and the
+// session starts over, opening a new one with the next message sent. Never silently: the calls
+// that were pending fail, and the host hears of the loss and of the new session.
+void session::lose(const close_result& r) {
+    window_timer_.cancel();
+    ack_timer_.cancel();
+    ack_armed_ = false;
+    drop_comm();
+    close_result out{r.code, r.reason, {}};
+    sent_.for_each_from(sent_.first(), [&](std::string_view m) { out.undelivered.emplace_back(m); });
+    sent_.reset(0);
+    c_.unacked_bytes = 0;
+    received_ = acked_received_ = 0;
+    bytes_since_ack_ = 0;
+    id_ = {};
+    window_ = rc_.window;
+    mode_ = mode::offering;
+    attached_ = false;
+    hello_pending_ = false;
+    window_deadline_ = {};
+    backoff_ = std::chrono::milliseconds(0);
+    lost_ = true;
+    ++detaches_;  // ends reconnection loops still running
+    last_error_.clear();
+    changed();
+    host_.session_lost(out);
 }
 
 net::awaitable<void> session::reconnect_loop(session* self, std::weak_ptr<void> owner,

@@ -79,6 +79,12 @@ class session_host {
     /// Receives each incoming message, in order (valid during the call only). May throw: the
     /// connection then ends with the exception's code (protocol_error for others).
     virtual void on_message(std::string_view bytes) = 0;
+    /// The caller's side: the session cannot resume (`r.code` peer_lost: its window passed;
+    /// session_lost: the other side no longer has it). What was in flight is lost (`r` holds
+    /// the unacknowledged messages); the session opens a new one with the next message sent.
+    virtual void session_lost(const close_result& r) = 0;
+    /// The other side agreed to a session: a new one (`resumed` false) or this one again.
+    virtual void session_opened(bool resumed) = 0;
 };
 
 /// How a session resumes.
@@ -188,6 +194,9 @@ class session {
     void become_plain(bool send_kept);
     void detach(const close_result& r);
     void give_up(const std::string& why);
+    void lose(const close_result& r);
+    void start_window();
+    void window_passed();
     void end(const close_result& r);
     void finish_close();
     void changed();
@@ -213,6 +222,7 @@ class session {
     bool attached_ = false;       // a connection is there and carries the session
     bool paused_ = false;
     bool dropped_ = false;  // a connection was dropped: counters() sums
+    bool lost_ = false;     // the caller's session was lost: the next send opens a new one
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;

@@ -32,6 +32,18 @@ struct undelivered_notification {
     std::string reason;  ///< why the connection ended
 };
 
+/// What happened to a resumable session (peer_options::on_session).
+struct session_event {
+    enum class kind {
+        opened,   ///< the other side agreed to a new session
+        resumed,  ///< a dropped connection was replaced; nothing was lost
+        lost,     ///< the session could not resume: what was in flight failed (`code`, `reason`)
+    };
+    kind what = kind::opened;
+    std::error_code code;  ///< lost: errc::peer_lost (the window passed) or errc::session_lost
+    std::string reason;
+};
+
 struct peer_options {
     comm_options comm;
     /// TLS and ZeroMQ settings, for connections this side opens (async_connect, pools) or
@@ -73,6 +85,11 @@ struct peer_options {
     /// kept to be sent again). Beyond it send() refuses with errc::overloaded; async_drain()
     /// waits while more than half of it is held.
     std::size_t max_unacked_bytes = std::size_t{64} << 20;
+    /// Resumable sessions: told when a session opens, resumes, or is lost. After a loss the
+    /// pending calls have failed (and unacknowledged notifications gone to on_undelivered); the
+    /// peer stays open, and the next call or notification opens a new session, in order after
+    /// everything before it. Runs on the peer's executor; must not throw.
+    std::function<void(const session_event&)> on_session;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;

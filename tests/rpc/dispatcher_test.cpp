@@ -310,5 +310,33 @@ TEST(Dispatcher, StopCancelsRunningHandlersAndDropsTheQueue) {
     });
 }
 
+// A lost resumable session: running handlers are cancelled and their answers dropped (their
+// callers are gone), the queue is dropped, and what arrives next is dispatched as usual.
+TEST(Dispatcher, RestartDropsTheOldSessionsWorkAndGoesOn) {
+    run_test([]() -> net::awaitable<void> {
+        std::vector<int> ran;
+        handlers h;
+        h.on("slow", [&](int x) -> net::awaitable<int> {
+            ran.push_back(x);
+            if (x < 3) co_await test::sleep_for(30s);  // cancelled by the restart
+            co_return x;
+        });
+        auto r = co_await rig::make(h, 100);
+        r->feed(request(1, "slow", 1));
+        r->feed(request(2, "slow", 2));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return ran.size() == 1; }));
+        r->d->restart();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->d->running() == 0; }));
+        EXPECT_TRUE(r->host.answers.empty());  // the cancelled handler's answer was dropped
+        EXPECT_EQ(r->d->queued(), 0u);
+        r->feed(request(3, "slow", 3));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->host.answers.size() == 1; }));
+        EXPECT_EQ(r->host.answers[0].msgid, 3u);
+        EXPECT_TRUE(r->host.answers[0].ok);
+        EXPECT_EQ(ran, (std::vector<int>{1, 3}));
+        EXPECT_EQ(r->counters.handlers_cancelled, 1u);
+    });
+}
+
 }  // namespace
 }  // namespace ordo

@@ -253,21 +253,41 @@ TEST(Resume, CutsDuringHandshakesAndResends) {
     });
 }
 
-TEST(Resume, NotResumedWithinTheWindowFailsPendingCallsWithPeerLost) {
+// The window passes: what was in flight fails with peer_lost and the application hears of it;
+// the channel stays usable, and its next call opens a new session.
+TEST(Resume, NotResumedWithinTheWindowFailsPendingCallsThenANewSessionOpens) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         counting_server s(ex);
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
-        auto c = co_await async_connect(proxy.url() + "?resume_ms=300");
+        std::vector<session_event> events;
+        std::vector<std::string> undelivered;
+        peer_options po;
+        po.on_session = [&](const session_event& e) { events.push_back(e); };
+        po.on_undelivered = [&](const undelivered_notification& n) {
+            undelivered.push_back(n.method);
+        };
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=300", po, nullptr);
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
         proxy.set_refusing(true);
         proxy.cut_all();
+        c.notify("add", std::uint64_t{0});
         auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
         EXPECT_EQ(e, errc::peer_lost);
-        auto [code, why] = co_await peer_of(c)->async_wait_closed();
-        EXPECT_NE(why.find("not resumed within 300 ms"), std::string::npos) << why;
+        ORDO_CO_ASSERT_EQ(events.size(), 2u);
+        EXPECT_EQ(events[0].what, session_event::kind::opened);
+        EXPECT_EQ(events[1].what, session_event::kind::lost);
+        EXPECT_NE(events[1].reason.find("not resumed within 300 ms"), std::string::npos)
+            << events[1].reason;
+        EXPECT_EQ(undelivered, std::vector<std::string>{"add"});
         // The server gives its side up too, after its own window (the caller asked for 300 ms).
-        EXPECT_TRUE(co_await wait_until([&] { return s.srv.peer_count() == 0; }, 10s));
+        EXPECT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 0; }, 10s));
+        // The network is back: the next call opens a new session, the server counts afresh.
+        proxy.set_refusing(false);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        ORDO_CO_ASSERT_EQ(events.size(), 3u);
+        EXPECT_EQ(events[2].what, session_event::kind::opened);
+        EXPECT_TRUE(peer_of(c)->is_open());
         co_await s.srv.async_stop();
     });
 }
@@ -277,7 +297,10 @@ TEST(Resume, AServerThatLostTheSessionSaysSoAtOnce) {
         auto ex = co_await net::this_coro::executor;
         auto first = std::make_unique<counting_server>(ex);
         cutting_proxy proxy("127.0.0.1", port_of(first->url));
-        auto c = co_await async_connect(proxy.url() + "?resume_ms=30000");
+        std::vector<session_event> events;
+        peer_options po;
+        po.on_session = [&](const session_event& e) { events.push_back(e); };
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=30000", po, nullptr);
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
         // The server "restarts" (no goodbye: the connection is cut first): a new one on the same
         // port knows nothing of the session.
@@ -295,6 +318,13 @@ TEST(Resume, AServerThatLostTheSessionSaysSoAtOnce) {
         auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
         EXPECT_EQ(e, errc::session_lost);
         EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // not the 30 s window
+        ORDO_CO_ASSERT_EQ(events.size(), 2u);
+        EXPECT_EQ(events[1].what, session_event::kind::lost);
+        EXPECT_EQ(events[1].code, errc::session_lost);
+        // Later calls go to a new session with the new server.
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 2), 2u);
+        ORDO_CO_ASSERT_EQ(events.size(), 3u);
+        EXPECT_EQ(events[2].what, session_event::kind::opened);
         co_await second.async_stop();
     });
 }
