@@ -226,6 +226,9 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
             bad(url, "unknown parameter \"" + key + "\"");
         }
     }
+    if (pooled && o.resume.count() > 0)
+        bad(url, "resume_ms applies to ordered channels and router replicas, not to mode=pooled "
+                 "(a pool's calls are independent: a dropped connection fails only its own call)");
     // The transport sees the address with its own parameters only.
     const std::string where = a.to_string() + kept;
     auto ex = co_await net::this_coro::executor;

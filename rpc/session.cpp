@@ -24,6 +24,14 @@ constexpr std::chrono::milliseconds first_backoff{10};
 constexpr std::chrono::milliseconds max_backoff{1000};
 
 constexpr int hello_version = 1;
+// Windows are clamped to a day: a window is a time to wait for a network, not a storage period
+// (and a huge one would overflow the clock arithmetic).
+constexpr std::chrono::milliseconds longest_window = std::chrono::hours(24);
+
+std::chrono::milliseconds window_of(std::uint64_t ms) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(
+        std::min<std::uint64_t>(ms, static_cast<std::uint64_t>(longest_window.count()))));
+}
 
 session_id random_session_id() {
     session_id id;
@@ -131,6 +139,7 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
       window_timer_(ex_),
       changed_(ex_, std::chrono::steady_clock::time_point::max()) {
     attach(std::move(t));
+    rc_.window = std::min(rc_.window, longest_window);
     if (rc_.window.count() > 0 && rc_.reconnect) {
         mode_ = mode::offering;
         window_ = rc_.window;
@@ -348,8 +357,7 @@ void session::on_welcome(const msgpack::object& result) {
                     "ordo: protocol error: malformed answer to ordo.hello from " + remote_);
     const bool resumed = mode_ == mode::resumable;
     id_ = id;
-    if (granted > 0)
-        window_ = std::min(window_, std::chrono::milliseconds(static_cast<std::int64_t>(granted)));
+    if (granted > 0) window_ = std::min(window_, window_of(granted));
     mode_ = mode::resumable;
     if (resumed) ++c_.resumes;
     established(their_received, resumed);
@@ -363,16 +371,25 @@ void session::on_hello_request(message& m) {
     session_id id{};
     std::uint64_t their_received = 0, asked = 0;
     const bool fresh = a.size >= 4 && a.ptr[1].is_nil();
-    if (a.size < 4 || (!fresh && !read_id(a.ptr[1], id)) || !read_u64(a.ptr[2], their_received) ||
-        !read_u64(a.ptr[3], asked)) {
+    std::uint64_t version = 0;
+    std::string wrong;
+    if (a.size < 4 || !read_u64(a.ptr[0], version) || (!fresh && !read_id(a.ptr[1], id)) ||
+        !read_u64(a.ptr[2], their_received) || !read_u64(a.ptr[3], asked))
+        wrong = "ordo.hello expects [version, session id or nil, received, window_ms]";
+    else if (version != hello_version)
+        wrong = "ordo.hello version " + std::to_string(version) + " is not supported (1 is)";
+    else if (asked == 0)
+        wrong = "ordo.hello with window_ms 0 asks for no session";
+    else if (fresh && their_received > sent_.end())
+        wrong = "ordo.hello counts " + std::to_string(their_received) + " messages received; " +
+                std::to_string(sent_.end()) + " were sent";
+    if (!wrong.empty()) {
         become_plain(false);
-        return answer_error(m.msgid, errc::bad_arguments,
-                            "ordo.hello expects [version, session id or nil, received, window_ms]");
+        return answer_error(m.msgid, errc::bad_arguments, wrong);
     }
     if (fresh) {
         id_ = random_session_id();
-        window_ = std::min(rc_.registry->max_window(),
-                           std::chrono::milliseconds(static_cast<std::int64_t>(asked)));
+        window_ = std::min(rc_.registry->max_window(), window_of(asked));
         rc_.registry->add(id_, this);
         mode_ = mode::resumable;
         // This connection carried everything sent so far: nothing to send again.

@@ -10,6 +10,7 @@
 // again what the other did not receive. The parts above see one unbroken, ordered stream.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -38,7 +39,8 @@ class session;
 class session_registry {
   public:
     session_registry(std::chrono::milliseconds max_window, std::size_t max_detached)
-        : max_window_(max_window), max_detached_(max_detached) {}
+        : max_window_(std::min(max_window, std::chrono::milliseconds(std::chrono::hours(24)))),
+          max_detached_(max_detached) {}
 
     /// The longest window this server grants (0: it does not resume sessions).
     std::chrono::milliseconds max_window() const noexcept { return max_window_; }

@@ -21,7 +21,8 @@ class resend_buffer {
         if (chunks_.empty() || chunks_.back().size + n > chunks_.back().cap) add_chunk(n);
         chunk& c = chunks_.back();
         std::memcpy(c.data.get() + c.size, head.data(), head.size());
-        std::memcpy(c.data.get() + c.size + head.size(), body.data(), body.size());
+        if (!body.empty())  // an empty view may hold a null pointer, which memcpy must not get
+            std::memcpy(c.data.get() + c.size + head.size(), body.data(), body.size());
         c.size += n;
         c.ends.push_back(static_cast<std::uint32_t>(c.size));
         ++end_;

@@ -28,11 +28,70 @@ malformed = [
 ]
 responses = [[1, i, None, i + 1] for i in range(8)]
 
+
+# Resumable sessions (docs/protocol.md): the caller's first message ordo.hello [version, session
+# id (bin 16) or nil, received, window_ms], then ordo.ack [received] and ordo.bye [received]. The
+# fuzzed server resumes sessions (server_options' default resume_window), and one connection
+# cannot know the id it is given: an id here is always one the server never gave out.
+def hello(sid=None, received=0, window=10000, msgid=100, version=1):
+    return [0, msgid, "ordo.hello", [version, sid, received, window]]
+
+
+def hello_params(params):
+    return [0, 100, "ordo.hello", params]
+
+
+def ack(n):
+    return [2, "ordo.ack", [n]]
+
+
+def bye(n):
+    return [2, "ordo.bye", [n]]
+
+
+forged = hashlib.sha256(b"ordo: a session id no server gave out").digest()[:16]
+huge = 2**64 - 1
+inc = [0, 0, "inc", [1]]
+sessions = [
+    # Fresh sessions, alone and followed by the usual traffic; window and counts at extremes.
+    p(hello()), p(hello(), *requests, *notes), p(hello(msgid=4294967295), inc),
+    p(hello(window=0), inc), p(hello(window=huge), inc), p(hello(window=2**63), inc),
+    p(hello(received=5), inc), p(hello(received=huge, window=huge)), p(hello(version=2), inc),
+    # A forged id (session_lost, then a plain session), and malformed hellos (bad_arguments).
+    p(hello(forged)), p(hello(forged), inc, [2, "add", [1]], [0, 1, "total", []]),
+    p(hello(forged, received=huge)), p(hello_params([])), p(hello_params([1])),
+    p(hello_params([1, None, 0])), p(hello_params(["1", None, 0, 0]), inc),
+    p(hello_params([1, "sixteen chars!!!", 0, 0]), inc), p(hello_params([1, forged[:15], 0, 0])),
+    p(hello_params([1, forged + b"x", 0, 0])), p(hello_params([1, None, -1, 0])),
+    p(hello_params([1, None, 0, -1])), p(hello_params([1, None, 0.5, 0])),
+    p(hello_params([1, None, 0, 10000, "more"]), inc), p(hello_params([1, [], 0, 0])),
+    p(hello_params({"id": None})), p([2, "ordo.hello", [1, None, 0, 10000]], inc),
+    p([1, 100, None, [1, forged, 0, 10000]], inc),
+    # ordo.ack and ordo.bye before any hello: a plain session, where they are unknown names.
+    p(ack(0), inc), p(bye(0), inc), p(ack(huge), bye(huge), inc), p(inc, hello()),
+    # After a hello: acks of nothing, of everything, of more than was sent; malformed acks.
+    p(hello(), ack(0), inc, ack(1), [0, 1, "total", []]), p(hello(), inc, ack(huge)),
+    p(hello(), ack(1)), p(hello(), ack(-1)), p(hello(), [2, "ordo.ack", []]),
+    p(hello(), [2, "ordo.ack", [1, 2]]), p(hello(), [2, "ordo.ack", ["x"]]),
+    p(hello(), [2, "ordo.ack", {"n": 1}]), p(hello(), *[ack(0)] * 64, inc),
+    # Byes: counting nothing, more than was sent, malformed, twice, while a handler runs.
+    p(hello(), bye(0)), p(hello(), inc, bye(1), inc), p(hello(), bye(huge), inc),
+    p(hello(), [2, "ordo.bye", []]), p(hello(), bye(0), bye(0), ack(0)),
+    p(hello(), [0, 0, "sleep_ms", [100000]], bye(0)),
+    # A second hello on a session, fresh or with an id; control names in a longer string
+    # encoding (str 8), which are ordinary notifications; a stream ending inside a control message.
+    p(hello(), hello()), p(hello(), inc, hello(forged, received=1)),
+    p(hello()) + b"\x93\x02\xd9\x08ordo.ack\x91\x00" + p(inc),
+    p(hello()) + b"\x93\x02\xd9\x08ordo.bye\x91\x00" + p(inc),
+    p(hello(), inc, ack(1))[:-2], p(hello())[:-3],
+]
+
 seeds = {
     "decoder": [bytes([s]) + data for s in (0, 1, 7, 63)
                 for data in [p(*requests), p(*notes), p(*responses)] + malformed],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
-              + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])],
+              + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
+              + sessions,
     "client": [p(*responses), p(*reversed(responses)), p(responses[0], responses[0]),
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),

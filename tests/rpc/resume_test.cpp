@@ -430,31 +430,87 @@ TEST(Resume, RouterReplicasResume) {
     });
 }
 
+// Sends one encoded hello to `url` on a fresh connection; returns the answer's error code and
+// text (success: {} and "").
+net::awaitable<std::pair<std::error_code, std::string>> hello_answer(std::string url, buffer b) {
+    auto t = co_await async_connect_transport(url);
+    std::error_code ec;
+    co_await t->async_write(net::buffer(b.data(), b.size()), ec);
+    decoder d;
+    char chunk[4096];
+    std::optional<message> m;
+    while (!m && !ec) {
+        const std::size_t n = co_await t->async_read_some(net::buffer(chunk), ec);
+        d.feed(std::string_view(chunk, n));
+        m = d.next();
+    }
+    t->close();
+    if (!m || m->kind != message_kind::response) co_return std::make_pair(ec, std::string("no answer"));
+    std::string text;
+    if (m->error.is_nil()) co_return std::make_pair(std::error_code{}, text);
+    const std::error_code code = detail::error_from_wire(m->error, text);
+    co_return std::make_pair(code, text);
+}
+
 // A resume naming a session the server never gave out is refused.
 TEST(Resume, AForgedSessionIdIsRefused) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         counting_server s(ex);
-        auto t = co_await async_connect_transport(s.url);
         buffer b;
         const std::vector<char> forged(16, '\x42');  // packed as bin, like a session id
         encode_request(b, 7, "ordo.hello", 1, forged, 0, 1000);
-        std::error_code ec;
-        co_await t->async_write(net::buffer(b.data(), b.size()), ec);
-        ORDO_CO_ASSERT_TRUE(!ec);
-        decoder d;
-        char chunk[4096];
-        std::optional<message> m;
-        while (!m) {
-            const std::size_t n = co_await t->async_read_some(net::buffer(chunk), ec);
-            ORDO_CO_ASSERT_TRUE(!ec);
-            d.feed(std::string_view(chunk, n));
-            m = d.next();
+        auto [code, text] = co_await hello_answer(s.url, std::move(b));
+        EXPECT_EQ(code, errc::session_lost) << text;
+        co_await s.srv.async_stop();
+    });
+}
+
+// Hellos a server cannot honour are answered with an error saying why (and the connection
+// goes on as a plain one).
+TEST(Resume, HellosThatCannotBeHonouredAreAnsweredWithTheReason) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        const msgpack::type::nil_t nil;
+        struct bad {
+            buffer b;
+            std::string says;
+        };
+        std::vector<bad> cases(4);
+        encode_request(cases[0].b, 1, "ordo.hello", 2, nil, 0, 1000);
+        cases[0].says = "version 2 is not supported";
+        encode_request(cases[1].b, 1, "ordo.hello", 1, nil, 0, 0);
+        cases[1].says = "window_ms 0";
+        encode_request(cases[2].b, 1, "ordo.hello", 1, nil, 5, 1000);
+        cases[2].says = "counts 5 messages received; 0 were sent";
+        encode_request(cases[3].b, 1, "ordo.hello", 1, "not an id", 0, 1000);
+        cases[3].says = "expects [version, session id or nil, received, window_ms]";
+        for (auto& c : cases) {
+            auto [code, text] = co_await hello_answer(s.url, std::move(c.b));
+            EXPECT_EQ(code, errc::bad_arguments) << text;
+            EXPECT_NE(text.find(c.says), std::string::npos) << text;
         }
-        EXPECT_EQ(m->kind, message_kind::response);
-        std::string detail;
-        EXPECT_EQ(detail::error_from_wire(m->error, detail), errc::session_lost) << detail;
-        t->close();
+        // A window beyond a day is granted as a day (no clock overflow).
+        buffer huge;
+        encode_request(huge, 1, "ordo.hello", 1, nil, 0, std::uint64_t{1} << 63);
+        auto [code, text] = co_await hello_answer(s.url, std::move(huge));
+        EXPECT_FALSE(code) << text;
+        co_await s.srv.async_stop();
+    });
+}
+
+TEST(Resume, ResumeMsIsRefusedOnPooledChannels) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        try {
+            co_await async_connect(s.url + "?mode=pooled&resume_ms=1000");
+            ADD_FAILURE() << "accepted";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address);
+            EXPECT_NE(std::string(e.what()).find("not to mode=pooled"), std::string::npos);
+        }
         co_await s.srv.async_stop();
     });
 }

@@ -33,6 +33,37 @@ for sig in TERM INT; do
     pid=
 done
 
+# --adds: add(1) notifications among the calls, and total() grew by exactly that many (over a
+# resumable session too); refused where notifications are not ordered with calls; and the
+# error when another client adds meanwhile.
+"$server" --listen tcp://127.0.0.1:0 >"$dir/out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
+url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out")
+[ -n "$url" ] || fail "no listening line: $(cat "$dir/out")"
+out=$("$client" --connect "$url" --calls 2000 --inflight 16 --adds 500) || fail "adds: $out"
+[[ "$out" =~ ^ok\ 2000\ calls\ .*\;\ total\ grew\ by\ 500$ ]] || fail "bad adds ok line: $out"
+out=$("$client" --connect "$url?resume_ms=5000" --calls 2000 --inflight 8 --adds 777) ||
+    fail "adds with resume_ms: $out"
+[[ "$out" =~ ^ok\ 2000\ calls\ .*\;\ total\ grew\ by\ 777$ ]] || fail "bad resume_ms ok line: $out"
+out=$("$client" --connect "$url" --calls 0 --adds 3) || fail "adds without calls: $out"
+[[ "$out" =~ total\ grew\ by\ 3$ ]] || fail "bad ok line for --calls 0: $out"
+err=$("$client" --connect "$url" --mode pooled --adds 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == error:*--adds* ]] || fail "pooled adds: rc=$rc $err"
+# A long run (its calls one at a time) while short ones add back to back: the long one's total
+# grows by more than its own add. (A short run takes milliseconds, the long one over a second.)
+"$client" --connect "$url" --calls 50000 --adds 1 >"$dir/long" 2>&1 &
+long=$!
+while kill -0 "$long" 2>/dev/null; do
+    "$client" --connect "$url" --calls 1 --adds 1 >/dev/null 2>&1
+done
+wait "$long"; rc=$?
+err=$(cat "$dir/long")
+[ $rc = 1 ] && [[ "$err" =~ ^error:\ total\ grew\ by\ [0-9]+,\ expected\ 1$ ]] ||
+    fail "concurrent adds not detected: rc=$rc $err"
+kill -TERM "$pid"; wait "$pid" || fail "server exited $? after SIGTERM"
+pid=
+
 # Every socket scheme, and tls with the certificate flags (a throwaway CA made with openssl).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj "/CN=test CA" \
     -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null || fail "openssl: no CA"
