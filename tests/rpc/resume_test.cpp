@@ -430,6 +430,40 @@ TEST(Resume, RouterReplicasResume) {
     });
 }
 
+// A server keeps at most max_detached_sessions waiting; beyond, it gives up the one detached
+// longest, whose caller hears session_lost when it comes back (and then opens a new session).
+TEST(Resume, DetachedSessionsAreBoundedOnTheServer) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.max_detached_sessions = 1;
+        counting_server s(ex, so);
+        cutting_proxy first("127.0.0.1", port_of(s.url)), second("127.0.0.1", port_of(s.url));
+        std::vector<session_event> events;
+        peer_options po;
+        po.on_session = [&](const session_event& e) { events.push_back(e); };
+        auto a = co_await async_connect(first.url() + "?resume_ms=30000", po, nullptr);
+        auto b = co_await async_connect(second.url() + "?resume_ms=30000");
+        EXPECT_EQ(co_await a.async_call<std::uint64_t>("echo", 0), 0u);
+        EXPECT_EQ(co_await b.async_call<std::uint64_t>("echo", 0), 0u);
+        first.set_refusing(true);
+        first.cut_all();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 1; }));
+        second.set_refusing(true);
+        second.cut_all();  // a second one detaches: the first is given up
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.peer_count() == 1; }));
+        EXPECT_EQ(s.srv.detached_sessions(), 1u);
+        first.set_refusing(false);
+        second.set_refusing(false);
+        auto [e, r] = co_await a.async_call<std::uint64_t>("echo", 1, use_tuple);
+        EXPECT_EQ(e, errc::session_lost);
+        EXPECT_EQ(co_await a.async_call<std::uint64_t>("echo", 2), 2u);  // a new session
+        EXPECT_EQ(co_await b.async_call<std::uint64_t>("echo", 3), 3u);  // resumed
+        EXPECT_GE(peer_of(b)->counters().resumes, 1u);
+        co_await s.srv.async_stop();
+    });
+}
+
 // Sends one encoded hello to `url` on a fresh connection; returns the answer's error code and
 // text (success: {} and "").
 net::awaitable<std::pair<std::error_code, std::string>> hello_answer(std::string url, buffer b) {
