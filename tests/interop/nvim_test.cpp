@@ -127,6 +127,13 @@ TEST_P(Neovim, CallsErrorsNotificationsAndRequestsBackAllWork) {
                                [&, i](std::error_code ec, int v) { ok += !ec && v == 2 * i; });
         EXPECT_TRUE(co_await wait_until([&] { return ok == 200; }));
         EXPECT_TRUE(static_cast<peer&>(*ch.impl()).is_open());
+
+        // A resumable session asked of a peer that knows nothing of it: neovim answers
+        // ordo.hello with an error, and the channel goes on as a plain one.
+        auto plain = co_await connect_when_up(url + "?resume_ms=5000", nullptr);
+        plain.notify("nvim_set_var", "ordo_resumed", 7);
+        EXPECT_EQ(co_await plain.async_call<int>("nvim_get_var", "ordo_resumed"), 7);
+        EXPECT_FALSE(static_cast<peer&>(*plain.impl()).is_resumable());
     });
 }
 

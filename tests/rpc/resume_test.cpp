@@ -430,6 +430,28 @@ TEST(Resume, RouterReplicasResume) {
     });
 }
 
+// Deadlines keep running while the session waits for a connection.
+TEST(Resume, DeadlinesKeepRunningBetweenConnections) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=30000");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        const auto start = std::chrono::steady_clock::now();
+        auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, timeout(200ms), use_tuple);
+        EXPECT_EQ(e, errc::timed_out);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // not the 30 s window
+        proxy.set_refusing(false);
+        // The session resumes; the withdrawn call's late answer is dropped quietly.
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 2), 2u);
+        EXPECT_GE(peer_of(c)->counters().resumes, 1u);
+        co_await s.srv.async_stop();
+    });
+}
+
 // A server keeps at most max_detached_sessions waiting; beyond, it gives up the one detached
 // longest, whose caller hears session_lost when it comes back (and then opens a new session).
 TEST(Resume, DetachedSessionsAreBoundedOnTheServer) {
