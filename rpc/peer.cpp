@@ -194,6 +194,18 @@ net::any_io_executor peer::get_executor() const {
 void peer::close() {
     s_->sess->close();
 }
+void peer::close(errc code, std::string reason) {
+    if (s_->sess->is_open()) {
+        try {
+            buffer b(small_buffer);
+            encode_notification(b, "ordo.closing", static_cast<int>(code), reason);
+            s_->sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error&) {
+            // Full or ending: it closes without a word.
+        }
+    }
+    s_->sess->close(std::move(reason));
+}
 void peer::abort() {
     s_->sess->abort();
 }

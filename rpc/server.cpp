@@ -23,7 +23,15 @@ struct server::state : std::enable_shared_from_this<server::state> {
     const ordo::handlers* h;
     std::shared_ptr<detail::session_registry> sessions;
     std::vector<std::unique_ptr<listener>> listeners;
-    std::list<std::shared_ptr<peer>> peers;
+    struct served {
+        std::shared_ptr<peer> p;
+        // idle_timeout: the bytes both ways when last looked at, and since when unchanged.
+        std::uint64_t bytes = 0;
+        std::chrono::steady_clock::time_point quiet_since = std::chrono::steady_clock::now();
+        bool idle_closed = false;
+    };
+    std::list<served> peers;
+    bool sweeping = false;
     int accept_loops = 0;
     std::uint64_t accepted = 0;
     bool stopping = false;
@@ -59,13 +67,13 @@ struct server::state : std::enable_shared_from_this<server::state> {
             detail::resume_config rc;
             rc.registry = s->sessions;
             auto p = detail::make_peer(std::move(t), s->o.peer, s->h, std::move(rc));
-            s->peers.push_back(p);
+            s->peers.push_back({p});
             auto it = std::prev(s->peers.end());
             s->event(server_event::kind::opened, p->remote_address());
             detail::when_closed(
                 *p, s->ex, s,
                 [st = s.get(), it](const std::error_code& code, const std::string& why) {
-                    st->event(server_event::kind::closed, (*it)->remote_address(), code, why);
+                    st->event(server_event::kind::closed, it->p->remote_address(), code, why);
                     st->peers.erase(it);
                     st->changed.cancel();
                 });
@@ -73,6 +81,33 @@ struct server::state : std::enable_shared_from_this<server::state> {
         }
         --s->accept_loops;
         s->changed.cancel();
+    }
+
+    // idle_timeout: every quarter of it, closes the connections that have been quiet for it.
+    static net::awaitable<void> sweep_idle(std::shared_ptr<state> s) {
+        using clock = std::chrono::steady_clock;
+        const auto limit = s->o.idle_timeout;
+        net::steady_timer tick(s->ex);
+        while (!s->stopping) {
+            tick.expires_after(std::max(std::chrono::milliseconds(10), limit / 4));
+            co_await tick.async_wait(use_tuple);
+            const auto now = clock::now();
+            for (auto& e : s->peers) {
+                const auto& pc = e.p->counters();
+                const auto& cc = e.p->comm();
+                const std::uint64_t bytes = cc.bytes_sent + cc.bytes_received;
+                if (bytes != e.bytes || pc.pending_calls != 0 || pc.running_handlers != 0 ||
+                    pc.queued_messages != 0) {
+                    e.bytes = bytes;
+                    e.quiet_since = now;
+                } else if (now - e.quiet_since >= limit && !e.idle_closed && e.p->is_open()) {
+                    e.idle_closed = true;
+                    e.p->close(errc::closed, "ordo: the server closed the connection after " +
+                                                 std::to_string(limit.count()) +
+                                                 " ms without traffic (idle_timeout)");
+                }
+            }
+        }
     }
 
     // A connection beyond max_connections: told why, then closed. At most max_refusing are
@@ -128,7 +163,7 @@ server::server(net::any_io_executor ex, server_options o)
 server::~server() {
     s_->stopping = true;
     for (auto& l : s_->listeners) l->close();
-    for (auto& p : s_->peers) p->abort();
+    for (auto& e : s_->peers) e.p->abort();
 }
 
 std::string server::listen(std::string_view url) {
@@ -136,6 +171,10 @@ std::string server::listen(std::string_view url) {
     std::string bound = l->local_address();
     ++s_->accept_loops;
     net::co_spawn(s_->ex, state::accept_loop(s_, l.get()), detail::rethrow_escaped{});
+    if (s_->o.idle_timeout.count() > 0 && !s_->sweeping) {
+        s_->sweeping = true;
+        net::co_spawn(s_->ex, state::sweep_idle(s_), detail::rethrow_escaped{});
+    }
     s_->listeners.push_back(std::move(l));
     return bound;
 }
@@ -151,7 +190,7 @@ net::awaitable<void> server::async_stop() {
         net::steady_timer give_up(s->ex, std::chrono::seconds(2));
         co_await (handlers_.async_wait_batches() || give_up.async_wait(use_tuple));
     }
-    for (auto& p : s->peers) p->close();
+    for (auto& e : s->peers) e.p->close();
     while (!s->peers.empty() || s->accept_loops > 0) co_await s->changed.async_wait(use_tuple);
     s->listeners.clear();
 }

@@ -131,6 +131,11 @@ class session {
     net::awaitable<void> async_drain();
     /// Flushes, says goodbye (so that the other side does not wait for a resume), then closes.
     void close();
+    /// close(), reporting `reason` as how the session ended.
+    void close(std::string reason) {
+        local_reason_ = std::move(reason);
+        close();
+    }
     /// Ends the session at once, reporting `code` and `reason`.
     void abort(std::error_code code = errc::closed) { abort(code, {}); }
     void abort(std::error_code code, std::string reason);
@@ -228,6 +233,7 @@ class session {
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;
+    std::string local_reason_;  // why this side closed, when it said
     std::string last_error_;  // why the last connection dropped (for the window's error)
 
     // Resumption.

@@ -157,6 +157,9 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     net::awaitable<void> async_close();
     /// close() without waiting.
     void close();
+    /// close(), after telling the remote side why: an ordo.closing [code, reason] notification,
+    /// which an ordo peer adds to the reason its connection ended with (foreign peers ignore it).
+    void close(errc code, std::string reason);
     /// Closes at once.
     void abort();
     /// Waits until this side's outgoing buffer is at or below comm.high_water_bytes: what a

@@ -34,6 +34,11 @@ struct server_options {
     /// message_timeout, dead peer...), refused, and of accept failures. Runs on the server's
     /// executor; must not throw.
     std::function<void(const server_event&)> on_event;
+    /// A connection with no bytes either way for this long, and nothing pending (no calls
+    /// waiting, no handlers running, nothing queued), is told why (ordo.closing) and closed.
+    /// Checked every quarter of it. A resumable session waiting for its caller counts as
+    /// idle too: keep this longer than resume_window. 0: off.
+    std::chrono::milliseconds idle_timeout{0};
     /// Resumable sessions (peer_options::resume, asked for by callers): the longest window this
     /// server grants; a session whose caller has not come back within it ends. 0: sessions are
     /// not resumed (callers that ask are served as plain connections).

@@ -194,5 +194,39 @@ TEST(Limits, AConnectionBeyondMaxConnectionsIsToldWhyAndClosedAtOnce) {
     });
 }
 
+// idle_timeout: a quiet connection with nothing pending is told why and closed; one whose
+// handler runs longer than the timeout is not.
+TEST(Limits, IdleConnectionsAreToldWhyAndClosedBusyOnesAreNot) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.idle_timeout = 300ms;
+        std::vector<std::string> closed;
+        so.on_event = [&](const server_event& e) {
+            if (e.what == server_event::kind::closed) closed.push_back(e.reason);
+        };
+        server srv(ex, so);
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("sleep_ms", [](int ms) -> net::awaitable<int> {
+            co_await sleep_for(std::chrono::milliseconds(ms));
+            co_return ms;
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto idle = co_await async_connect(url);
+        auto busy = co_await async_connect(url);
+        EXPECT_EQ(co_await idle.async_call<int>("inc", 1), 2);
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_EQ(co_await busy.async_call<int>("sleep_ms", 1200), 1200);  // 4x the timeout
+        auto p = std::dynamic_pointer_cast<peer>(idle.impl());
+        auto [code, why] = co_await p->async_wait_closed();
+        EXPECT_NE(why.find("idle_timeout"), std::string::npos) << why;
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+        EXPECT_TRUE(std::dynamic_pointer_cast<peer>(busy.impl())->is_open());
+        ORDO_CO_ASSERT_GE(closed.size(), 1u);
+        EXPECT_NE(closed[0].find("idle_timeout"), std::string::npos) << closed[0];
+        co_await srv.async_stop();
+    });
+}
+
 }  // namespace
 }  // namespace ordo
