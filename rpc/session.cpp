@@ -274,6 +274,12 @@ void session::on_comm_message(std::string_view bytes) {
         return host_.on_message(bytes);
     }
     if (on_control(bytes)) return;
+    if (hello_pending_ && mode_ == mode::resumable) {
+        // On a resume the server answers ordo.hello before anything else: this message is not
+        // the session's (a server over max_connections saying why it refuses, say). Drop the
+        // connection and try again.
+        return cut("ordo: " + remote_ + " sent a message before answering the resume");
+    }
     ++received_;
     bytes_since_ack_ += bytes.size();
     if (received_ - acked_received_ >= ack_every_messages || bytes_since_ack_ >= ack_every_bytes)

@@ -14,7 +14,9 @@ namespace ordo {
 /// What a server tells its application about its connections (server_options::on_event).
 struct server_event {
     enum class kind {
-        opened,         ///< a connection was accepted and is served
+        opened,         ///< a connection was accepted and is served (a connection that
+                        ///< resumes a session shows as opened, then closed with the reason
+                        ///< "resumed an earlier session": the session goes on over it)
         closed,         ///< a served connection ended; `code` and `reason` say how
         refused,        ///< accepted beyond max_connections: told why, then closed
         accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries

@@ -430,6 +430,30 @@ TEST(Resume, RouterReplicasResume) {
     });
 }
 
+// A resume refused by a server at max_connections (its detached session holds the one slot):
+// the refusal is not taken for a goodbye; the caller retries until its window passes, and its
+// next call opens a new session once the server has let the old one go.
+TEST(Resume, ARefusedResumeIsRetriedNotTakenForAGoodbye) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.max_connections = 1;
+        counting_server s(ex, so);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=500");
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.cut_all();
+        auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
+        // Refused until the caller's window passed (peer_lost), or until the server let the
+        // session go first and said so (session_lost): both windows are 500 ms.
+        EXPECT_TRUE(e == errc::peer_lost || e == errc::session_lost) << e.message();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.peer_count() == 0; }, 10s));
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);  // a new session
+        EXPECT_TRUE(peer_of(c)->is_open());
+        co_await s.srv.async_stop();
+    });
+}
+
 // Deadlines keep running while the session waits for a connection.
 TEST(Resume, DeadlinesKeepRunningBetweenConnections) {
     run_test([]() -> net::awaitable<void> {
