@@ -62,7 +62,8 @@ struct tls_stream {
 
 // "sha256:<hex>" of the peer's certificate, or empty when it showed none.
 std::string certificate_identity(const ssl::stream<tcp::socket>& s) {
-    X509* cert = ::SSL_get1_peer_certificate(const_cast<ssl::stream<tcp::socket>&>(s).native_handle());
+    X509* cert =
+        ::SSL_get1_peer_certificate(const_cast<ssl::stream<tcp::socket>&>(s).native_handle());
     if (!cert) return {};
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
@@ -78,12 +79,24 @@ std::string certificate_identity(const ssl::stream<tcp::socket>& s) {
     return id;
 }
 
-tcp::socket& lowest(tcp::socket& s) { return s; }
-unix_stream::socket& lowest(unix_stream::socket& s) { return s; }
-tcp::socket& lowest(std::shared_ptr<tls_stream>& s) { return s->stream.next_layer(); }
-auto& stream_of(tcp::socket& s) { return s; }
-auto& stream_of(unix_stream::socket& s) { return s; }
-auto& stream_of(std::shared_ptr<tls_stream>& s) { return s->stream; }
+tcp::socket& lowest(tcp::socket& s) {
+    return s;
+}
+unix_stream::socket& lowest(unix_stream::socket& s) {
+    return s;
+}
+tcp::socket& lowest(std::shared_ptr<tls_stream>& s) {
+    return s->stream.next_layer();
+}
+auto& stream_of(tcp::socket& s) {
+    return s;
+}
+auto& stream_of(unix_stream::socket& s) {
+    return s;
+}
+auto& stream_of(std::shared_ptr<tls_stream>& s) {
+    return s->stream;
+}
 
 // tcp, unix and tls streams share everything but their names.
 template <class Socket>
@@ -243,10 +256,14 @@ std::string openssl_reason(const std::error_code& ec) {
 
 tls_options tls_settings(const address& a, tls_options o) {
     for (const auto& [k, v] : a.params) {
-        if (k == "cert") o.cert_file = v;
-        else if (k == "key") o.key_file = v;
-        else if (k == "ca") o.ca_file = v;
-        else if (k == "server_name") o.server_name = v;
+        if (k == "cert")
+            o.cert_file = v;
+        else if (k == "key")
+            o.key_file = v;
+        else if (k == "ca")
+            o.ca_file = v;
+        else if (k == "server_name")
+            o.server_name = v;
         else if (k == "verify") {
             if (v != "none" && v != "peer") bad_tls(a, "verify must be peer or none");
             o.verify_peer = v == "peer";
@@ -302,7 +319,8 @@ std::string handshake_reason(ssl::stream<tcp::socket>& s, const std::error_code&
 }
 
 // Runs the handshake; closes the socket if it takes longer than the options allow.
-net::awaitable<std::string> handshake(std::shared_ptr<tls_stream> ts, ssl::stream_base::handshake_type type,
+net::awaitable<std::string> handshake(std::shared_ptr<tls_stream> ts,
+                                      ssl::stream_base::handshake_type type,
                                       std::chrono::milliseconds timeout) {
     auto done = std::make_shared<bool>(false);
     auto timed_out = std::make_shared<bool>(false);
@@ -496,8 +514,8 @@ transport::~transport() = default;
 listener::~listener() = default;
 
 bool is_transport_parameter(std::string_view name) noexcept {
-    for (std::string_view k : {"cert", "key", "ca", "verify", "server_name",
-                               "handshake_timeout_ms", "zmq_heartbeat_ms"})
+    for (std::string_view k :
+         {"cert", "key", "ca", "verify", "server_name", "handshake_timeout_ms", "zmq_heartbeat_ms"})
         if (k == name) return true;
     return false;
 }
@@ -511,7 +529,8 @@ net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_v
     const address a = parse_address(url);
     auto ex = co_await net::this_coro::executor;
     if (a.scheme == "inproc") co_return co_await detail::connect_inproc(a, o);
-    if (a.scheme == "zmq+tcp" || a.scheme == "zmq+ipc") co_return co_await detail::connect_zmq(a, o);
+    if (a.scheme == "zmq+tcp" || a.scheme == "zmq+ipc")
+        co_return co_await detail::connect_zmq(a, o);
     if (a.scheme == "tls") co_return co_await connect_tls(a, o);
     if (a.scheme == "unix") {
         unix_stream::socket s(ex);

@@ -29,9 +29,8 @@ struct peer::state final : detail::call_table_host,
           disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         rc.max_unacked_bytes = o.max_unacked_bytes;
-        sess = std::make_unique<detail::session>(
-            std::move(t), o.comm, std::move(rc), *this, c,
-            [this](const close_result& r) { on_ended(r); });
+        sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
+                                                 [this](const close_result& r) { on_ended(r); });
     }
 
     ~state() override {
@@ -91,9 +90,8 @@ struct peer::state final : detail::call_table_host,
     }
     void session_opened(bool resumed) override {
         if (o.on_session)
-            o.on_session({resumed ? session_event::kind::resumed : session_event::kind::opened,
-                          {},
-                          {}});
+            o.on_session(
+                {resumed ? session_event::kind::resumed : session_event::kind::opened, {}, {}});
     }
     std::uint32_t next_msgid() override { return calls.next_id(); }
 
@@ -140,9 +138,7 @@ struct peer::state final : detail::call_table_host,
         ++c.pings_sent;
         return true;
     }
-    void lost(std::string reason) override {
-        sess->cut("no bytes from " + remote + " " + reason);
-    }
+    void lost(std::string reason) override { sess->cut("no bytes from " + remote + " " + reason); }
     bool is_open() const override { return sess->is_open(); }
 };
 

@@ -14,8 +14,8 @@ struct server::state : std::enable_shared_from_this<server::state> {
         : ex(std::move(e)),
           o(std::move(opt)),
           h(hs),
-          sessions(std::make_shared<detail::session_registry>(o.resume_window,
-                                                              o.max_detached_sessions)),
+          sessions(
+              std::make_shared<detail::session_registry>(o.resume_window, o.max_detached_sessions)),
           changed(ex, std::chrono::steady_clock::time_point::max()) {}
 
     net::any_io_executor ex;

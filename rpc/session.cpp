@@ -189,9 +189,9 @@ void session::drop_comm() {
 
 void session::send_kept(std::string_view head, std::string_view body) {
     if (!open_ || ending_ || (!comm_ && mode_ == mode::plain))
-        throw std::system_error(close_code_ ? close_code_ : make_error_code(errc::closed),
-                                close_reason_.empty() ? "ordo: session to " + remote_ + " closed"
-                                                      : close_reason_);
+        throw std::system_error(
+            close_code_ ? close_code_ : make_error_code(errc::closed),
+            close_reason_.empty() ? "ordo: session to " + remote_ + " closed" : close_reason_);
     if (lost_) {
         // The first message after a lost session opens a new one (ordo.hello with no id).
         lost_ = false;
@@ -200,8 +200,8 @@ void session::send_kept(std::string_view head, std::string_view body) {
     }
     const std::size_t n = head.size() + body.size();
     if (sent_.bytes() + n > rc_.max_unacked_bytes)
-        throw_error(errc::overloaded, "ordo: " + std::to_string(sent_.bytes()) +
-                                          " bytes sent to " + remote_ +
+        throw_error(errc::overloaded, "ordo: " + std::to_string(sent_.bytes()) + " bytes sent to " +
+                                          remote_ +
                                           " are not yet acknowledged (max_unacked_bytes)");
     // Between connections (or before the handshake is done), only kept: sent on resume.
     if (attached_) {
@@ -307,10 +307,9 @@ bool session::on_control(std::string_view bytes) {
         std::uint64_t n = 0;
         if (m.params.via.array.size != 1 || !read_u64(m.params.via.array.ptr[0], n) ||
             n < sent_.first() || n > sent_.end())
-            throw_error(errc::protocol_error,
-                        "ordo: protocol error: ordo.ack from " + remote_ +
-                            " acknowledges messages never sent (" + std::to_string(sent_.end()) +
-                            " sent)");
+            throw_error(errc::protocol_error, "ordo: protocol error: ordo.ack from " + remote_ +
+                                                  " acknowledges messages never sent (" +
+                                                  std::to_string(sent_.end()) + " sent)");
         sent_.drop_until(n);
         c_.unacked_bytes = sent_.bytes();
         changed();
@@ -409,9 +408,9 @@ void session::on_hello_request(message& m) {
     if (old && old->identity_ != identity_) old = nullptr;
     if (!old || old == this || !old->open_ || old->ending_) {
         become_plain(false);
-        return answer_error(m.msgid, errc::session_lost,
-                            "no session " + hex(id) +
-                                " here (the server restarted, or the session expired)");
+        return answer_error(
+            m.msgid, errc::session_lost,
+            "no session " + hex(id) + " here (the server restarted, or the session expired)");
     }
     // The caller is back: its session takes this connection over, and this one ends.
     auto comm = std::move(comm_);
@@ -430,11 +429,11 @@ void session::take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link
     remote_ = comm_->remote_address();
     if (paused_) comm_->pause_reading(true);
     if (their_received < sent_.first() || their_received > sent_.end()) {
-        answer_error(msgid, errc::session_lost, "the caller's count of messages received (" +
-                                                    std::to_string(their_received) +
-                                                    ") does not match this session's");
-        return abort(errc::session_lost, "ordo: session with " + remote_ +
-                                             " cannot resume: message counts disagree");
+        answer_error(msgid, errc::session_lost,
+                     "the caller's count of messages received (" + std::to_string(their_received) +
+                         ") does not match this session's");
+        return abort(errc::session_lost,
+                     "ordo: session with " + remote_ + " cannot resume: message counts disagree");
     }
     ++c_.resumes;
     answer_welcome(msgid);
@@ -466,11 +465,11 @@ void session::answer_error(std::uint32_t msgid, errc code, const std::string& te
 // A connection carries the session again: send what the other side has not received.
 void session::established(std::uint64_t their_received, bool resend) {
     if (their_received < sent_.first() || their_received > sent_.end())
-        throw_error(errc::protocol_error,
-                    "ordo: protocol error: " + remote_ + " says it received " +
-                        std::to_string(their_received) + " messages; " +
-                        std::to_string(sent_.first()) + " to " + std::to_string(sent_.end()) +
-                        " are possible");
+        throw_error(errc::protocol_error, "ordo: protocol error: " + remote_ +
+                                              " says it received " +
+                                              std::to_string(their_received) + " messages; " +
+                                              std::to_string(sent_.first()) + " to " +
+                                              std::to_string(sent_.end()) + " are possible");
     sent_.drop_until(their_received);
     std::uint64_t n = 0;
     sent_.for_each_from(their_received, [&](std::string_view m) {
@@ -553,7 +552,8 @@ void session::lose(const close_result& r) {
     ack_armed_ = false;
     drop_comm();
     close_result out{r.code, r.reason, {}};
-    sent_.for_each_from(sent_.first(), [&](std::string_view m) { out.undelivered.emplace_back(m); });
+    sent_.for_each_from(sent_.first(),
+                        [&](std::string_view m) { out.undelivered.emplace_back(m); });
     sent_.reset(0);
     c_.unacked_bytes = 0;
     received_ = acked_received_ = 0;
@@ -575,7 +575,8 @@ void session::lose(const close_result& r) {
 net::awaitable<void> session::reconnect_loop(session* self, std::weak_ptr<void> owner,
                                              std::uint64_t drop) {
     net::steady_timer pause(self->ex_);
-    std::minstd_rand jitter(static_cast<unsigned>(drop * 7919 + clock::now().time_since_epoch().count()));
+    std::minstd_rand jitter(
+        static_cast<unsigned>(drop * 7919 + clock::now().time_since_epoch().count()));
     // Whether this drop is still the one being served (the session may have ended, resumed
     // or dropped again meanwhile; the owner may be gone).
     auto current = [&]() -> std::shared_ptr<void> {

@@ -189,8 +189,8 @@ class session {
     bool on_control(std::string_view bytes);
     void on_welcome(const msgpack::object& result);
     void on_hello_request(message& m);
-    void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l,
-                   std::uint32_t msgid, std::uint64_t their_received);
+    void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l, std::uint32_t msgid,
+                   std::uint64_t their_received);
     void answer_welcome(std::uint32_t msgid);
     void answer_error(std::uint32_t msgid, errc code, const std::string& text);
     void send_hello();
@@ -234,7 +234,7 @@ class session {
     std::string close_reason_;
     std::string remote_reason_;
     std::string local_reason_;  // why this side closed, when it said
-    std::string last_error_;  // why the last connection dropped (for the window's error)
+    std::string last_error_;    // why the last connection dropped (for the window's error)
 
     // Resumption.
     session_id id_{};

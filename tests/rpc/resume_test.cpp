@@ -10,9 +10,9 @@
 #include "ordo/router.hpp"
 #include "ordo/server.hpp"
 #include "rpc/detail/wire_errors.hpp"
-#include "support/streams.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/streams.hpp"
 
 namespace ordo {
 namespace {
@@ -37,13 +37,15 @@ struct counting_server {
     explicit counting_server(net::any_io_executor ex, server_options o = {})
         : srv(ex, std::move(o)) {
         srv.on("add", [this](std::uint64_t i) {
-            if (i != next_add && !broken) broken = "add " + std::to_string(i) + " arrived, expected " +
-                                                   std::to_string(next_add);
+            if (i != next_add && !broken)
+                broken =
+                    "add " + std::to_string(i) + " arrived, expected " + std::to_string(next_add);
             next_add = i + 1;
         });
         srv.on("echo", [this](std::uint64_t i) {
-            if (i != next_echo && !broken) broken = "echo " + std::to_string(i) + " arrived, expected " +
-                                                    std::to_string(next_echo);
+            if (i != next_echo && !broken)
+                broken =
+                    "echo " + std::to_string(i) + " arrived, expected " + std::to_string(next_echo);
             next_echo = i + 1;
             return i;
         });
@@ -306,7 +308,8 @@ TEST(Resume, AServerThatLostTheSessionSaysSoAtOnce) {
         // port knows nothing of the session.
         proxy.set_refusing(true);
         proxy.cut_all();
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return first->srv.detached_sessions() == 1; }));
+        ORDO_CO_ASSERT_TRUE(
+            co_await wait_until([&] { return first->srv.detached_sessions() == 1; }));
         const std::string url = first->url;
         co_await first->srv.async_stop();
         first.reset();
@@ -408,9 +411,9 @@ TEST(Resume, RouterReplicasResume) {
         auto ex = co_await net::this_coro::executor;
         counting_server a(ex), b(ex);
         cutting_proxy pa("127.0.0.1", port_of(a.url)), pb("127.0.0.1", port_of(b.url));
-        auto c = co_await async_connect("route+tcp://127.0.0.1:" + std::to_string(pa.port()) +
-                                        ",127.0.0.1:" + std::to_string(pb.port()) +
-                                        "?resume_ms=10000");
+        auto c =
+            co_await async_connect("route+tcp://127.0.0.1:" + std::to_string(pa.port()) +
+                                   ",127.0.0.1:" + std::to_string(pb.port()) + "?resume_ms=10000");
         int done = 0;
         for (int round = 0; round < 10; ++round) {
             for (int i = 0; i < 20; ++i)
@@ -525,7 +528,8 @@ net::awaitable<std::pair<std::error_code, std::string>> hello_answer(std::string
         m = d.next();
     }
     t->close();
-    if (!m || m->kind != message_kind::response) co_return std::make_pair(ec, std::string("no answer"));
+    if (!m || m->kind != message_kind::response)
+        co_return std::make_pair(ec, std::string("no answer"));
     std::string text;
     if (m->error.is_nil()) co_return std::make_pair(std::error_code{}, text);
     const std::error_code code = detail::error_from_wire(m->error, text);
