@@ -1,6 +1,8 @@
 // Addresses are URLs: scheme://where?key=value&key=value.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -8,6 +8,8 @@
 // the machinery in ordo/detail/batcher.hpp.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

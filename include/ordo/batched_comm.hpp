@@ -1,6 +1,8 @@
 // BatchedComm: one ordered, bidirectional connection to one peer (DESIGN.md section 4).
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

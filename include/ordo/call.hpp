@@ -2,6 +2,8 @@
 // call_outcome, the untyped result a channel_impl completes a call with.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <string>
 #include <utility>

@@ -3,6 +3,8 @@
 // everything else happens in a channel_impl (ordo::peer, ordo::pool or ordo::router).
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <cstddef>
 #include <memory>
 #include <string>

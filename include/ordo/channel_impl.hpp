@@ -2,6 +2,8 @@
 // ordo::pool and ordo::router.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <memory>
 #include <string>
 #include <string_view>

@@ -2,6 +2,8 @@
 // validating one message, and a streaming decoder over byte chunks split anywhere.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <optional>

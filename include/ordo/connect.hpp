@@ -2,6 +2,8 @@
 // change.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <string_view>
 
 #include "ordo/channel.hpp"

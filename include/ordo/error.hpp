@@ -2,6 +2,8 @@
 // also the "code" field of error maps on the wire (docs/protocol.md), so they never change.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <string>
 #include <system_error>
 

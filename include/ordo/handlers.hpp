@@ -2,6 +2,8 @@
 // reduced to one type-erased entry each.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <functional>

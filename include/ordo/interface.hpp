@@ -10,6 +10,8 @@
 //   srv.on(counter{}.inc, [](int x) { return x + 1; });   // signature checked at compile time
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <string>
 #include <utility>
 

@@ -3,6 +3,8 @@
 // connection (docs/protocol.md, "Limits").
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <cstddef>
 
 namespace ordo {

@@ -1,6 +1,8 @@
 // Everything ordo offers, in one include.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include "ordo/address.hpp"
 #include "ordo/batch.hpp"
 #include "ordo/batched_comm.hpp"

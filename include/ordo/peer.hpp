@@ -1,6 +1,8 @@
 // ordo::peer: ordered request/response calls over one batched_comm (DESIGN.md section 5).
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>

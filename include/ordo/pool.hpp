@@ -2,6 +2,8 @@
 // after calls that succeed; no ordering between calls and no head-of-line blocking.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>

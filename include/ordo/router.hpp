@@ -1,6 +1,8 @@
 // ordo::router: one channel over several replicas of a service (DESIGN.md section 9b).
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>

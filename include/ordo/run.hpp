@@ -1,6 +1,8 @@
 // ordo::run_spinning: an io_context loop for threads where latency matters more than a core.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstddef>
 

@@ -1,6 +1,8 @@
 // ordo::server: listeners, a handler table, and one peer per accepted connection.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <functional>
 #include <memory>
 #include <string>

@@ -3,6 +3,8 @@
 // zmq+ipc:///path. Nothing here knows about msgpack-rpc.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <functional>

@@ -1,6 +1,8 @@
 // detail::call: a call on a channel_impl, as an Asio async operation or a throwing awaitable.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <memory>
 #include <string>
 #include <type_traits>

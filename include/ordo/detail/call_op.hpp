@@ -1,6 +1,8 @@
 // call_op: the pending_call that converts the outcome (convert_result) and completes the caller.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <exception>
 #include <string>
 #include <system_error>

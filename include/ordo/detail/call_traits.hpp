@@ -1,6 +1,8 @@
 // Call traits: a call's completion signature, and which trailing arguments are tokens or options.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <system_error>
 #include <type_traits>
 

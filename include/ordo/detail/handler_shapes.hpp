@@ -1,6 +1,8 @@
 // A handler's shape (fn_traits, handler_shape, signature_of) and the conversion of its arguments.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <cstddef>
 #include <exception>
 #include <string>

@@ -1,6 +1,8 @@
 // params_buffer, the packed params array of one call, and pack_params, which fills it.
 #pragma once
 
+#include "ordo/config.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
