@@ -11,6 +11,9 @@
 #include <openssl/x509v3.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
 #include <deque>
 
 #include <asio/connect.hpp>
@@ -98,6 +101,50 @@ auto& stream_of(std::shared_ptr<tls_stream>& s) {
     return s->stream;
 }
 
+// The kernel's probing of a tcp connection, below ordo's own (transport::set_liveness).
+struct keepalive {
+    int idle_s;                // TCP_KEEPIDLE: silence before the first probe
+    int interval_s;            // TCP_KEEPINTVL: between unanswered probes
+    int count;                 // TCP_KEEPCNT
+    unsigned user_timeout_ms;  // TCP_USER_TIMEOUT
+};
+
+// Only connections with nothing pending rely on this: while calls are pending or handlers run,
+// ordo pings and gives up after `liveness` itself (rpc/liveness.cpp). So the probes can be rare,
+// and must never end a healthy connection:
+//  - The first probe comes after 6 x liveness of silence (60 s by default), plus up to half as
+//    much again, spread evenly over the sockets. Without the spread, connections opened together
+//    probe together forever (the kernel's timers round to the same tick), and a burst of
+//    thousands of probes overflows the receive backlog (net.core.netdev_max_backlog, 1000 by
+//    default; on loopback the probes and their answers both pass through it).
+//  - With TCP_USER_TIMEOUT set, Linux ignores TCP_KEEPCNT: it ends the connection at the first
+//    probe time after user_timeout of silence. user_timeout is therefore idle + 3 intervals, so
+//    that three probes in a row must go unanswered (were it below idle, one lost probe would do).
+//    This also bounds how long a half-open idle peer holds its slot: 90-120 s by default.
+//  - The cost: data left unacknowledged with nothing pending at the ordo level (notifications,
+//    a response to a client that vanished) ends the connection after that same user_timeout,
+//    not after 2 x liveness. The kernel couples the two; a user_timeout short enough for
+//    unacknowledged data would need a probe at least that often on every idle connection.
+keepalive keepalive_for(std::chrono::milliseconds liveness) {
+    // The kernel refuses more than 32767 s of idle or interval.
+    const auto seconds = [](long long ms) {
+        return static_cast<int>(std::clamp(ms / 1000, 1LL, 32767LL));
+    };
+    static std::atomic<std::uint32_t> sockets{0};
+    // The golden-ratio sequence spreads any run of consecutive sockets evenly over [0, 1).
+    const double spread =
+        (sockets.fetch_add(1, std::memory_order_relaxed) * 2654435769u) / 4294967296.0;
+    const int idle = seconds(6 * liveness.count());
+    keepalive k;
+    k.idle_s = std::min(32767, idle + static_cast<int>(spread * (idle / 2 + 1)));
+    k.interval_s = seconds(liveness.count());
+    k.count = 3;  // used only if the socket refuses TCP_USER_TIMEOUT
+    const long long user_timeout = std::max(1000LL * (k.idle_s + k.count * k.interval_s),
+                                            2 * static_cast<long long>(liveness.count()));
+    k.user_timeout_ms = static_cast<unsigned>(std::min<long long>(user_timeout, INT_MAX));
+    return k;
+}
+
 // tcp, unix and tls streams share everything but their names.
 template <class Socket>
 class stream_transport final : public transport {
@@ -151,19 +198,16 @@ class stream_transport final : public transport {
 
     void set_liveness(std::chrono::milliseconds liveness) noexcept override {
         if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {
+            const keepalive k = keepalive_for(liveness);
             const int fd = lowest(socket_).native_handle();
             const int on = 1;
-            const int idle = std::max(1, static_cast<int>(liveness.count() / 1000));
-            const int interval = std::max(1, idle / 3);
-            const int count = 3;
-            const unsigned user_timeout =
-                static_cast<unsigned>(std::max<long long>(2000, 2 * liveness.count()));
             // Best effort: a socket that refuses an option keeps ordo's own probing.
             ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
-            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
-            ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k.idle_s, sizeof k.idle_s);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k.interval_s, sizeof k.interval_s);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k.count, sizeof k.count);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &k.user_timeout_ms,
+                         sizeof k.user_timeout_ms);
         }
     }
 

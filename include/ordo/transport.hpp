@@ -78,9 +78,13 @@ class transport {
     virtual void close() noexcept = 0;
     /// Closes at once and, for tcp, makes the peer see a reset rather than an end of stream.
     virtual void reset() noexcept { close(); }
-    /// The second line of dead-peer detection, below ordo's own probing: for tcp, keepalive
-    /// probes after `liveness` of silence (at least 1 s) and TCP_USER_TIMEOUT, so that data
-    /// left unacknowledged for 2 x liveness (at least 2 s) ends the connection. No-op elsewhere.
+    /// The second line of dead-peer detection, for connections with nothing pending (ordo's
+    /// own probing covers the others within `liveness`): for tcp, keepalive probes after 6 x
+    /// `liveness` of silence plus up to half as much again (spread over the sockets, so that
+    /// connections opened together do not probe together), then every `liveness` (whole
+    /// seconds, at least 1); three unanswered probes, or data left unacknowledged for as long
+    /// (TCP_USER_TIMEOUT), end the connection: after 90-120 s with the default 10 s. No-op
+    /// elsewhere.
     virtual void set_liveness(std::chrono::milliseconds liveness) noexcept { (void)liveness; }
 
     /// Who the peer proved to be: for tls with a peer certificate, "sha256:" and the hex SHA-256
