@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/framing.hpp"
+#include "ordo/detail/memory_budget.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -56,6 +57,23 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     clock::time_point partial_since{};
     net::steady_timer partial_timer{t->get_executor()};
     bool partial_armed = false;
+    // comm_options::budget: what this connection has charged to it, whether the reader waits
+    // for it, and whether a wake-up is registered with it.
+    static constexpr std::size_t budget_floor = 32 * 1024;
+    static constexpr std::size_t out_step = 64 * 1024;  // output is charged in these steps
+    std::size_t charged_read = 0, charged_out = 0;
+    bool budget_wait = false, budget_registered = false;
+
+    void charge_read() {
+        if (o.budget) o.budget->adjust(charged_read, framer.capacity());
+    }
+    // Output is charged in whole steps, so that send() touches the shared counter once per
+    // out_step bytes rather than once per message.
+    void charge_out() {
+        if (!o.budget) return;
+        const std::size_t want = (c.buffered_bytes + out_step - 1) / out_step * out_step;
+        if (want != charged_out) o.budget->adjust(charged_out, want);
+    }
 
     void set_reason(std::error_code code, std::string reason) {
         if (has_reason) return;
@@ -73,8 +91,40 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         writer_wake.cancel();
         reader_wake.cancel();
         partial_timer.cancel();
+        quit_timer.cancel();
         changed.cancel();
         if (!started) finish();
+    }
+
+    // fail() for a fault of the peer's (protocol error, broken limit): with comm_options::
+    // farewell, tells the peer why first (after what is queued), reads nothing more, and ends
+    // once that is written or close_timeout has passed.
+    bool quitting = false;
+    net::steady_timer quit_timer{t->get_executor()};
+    void fail_telling(std::error_code code, std::string reason) {
+        std::string last;
+        if (o.farewell && st == state::open) {
+            try {
+                last = o.farewell(code, reason);
+            } catch (const std::exception&) {
+                last.clear();
+            }
+        }
+        if (last.empty()) return fail(code, std::move(reason));
+        set_reason(code, std::move(reason));
+        try {
+            send(last);
+        } catch (const std::system_error&) {
+            return fail(code, result.reason);  // full: no room for last words
+        }
+        quitting = true;
+        st = state::closing;
+        wake_writer();
+        reader_wake.cancel();
+        quit_timer.expires_after(o.close_timeout);
+        quit_timer.async_wait([w = weak_from_this()](std::error_code ec) {
+            if (auto self = w.lock(); self && !ec) self->fail(errc::closed, {});
+        });
     }
 
     void wake_writer() {
@@ -108,6 +158,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         queue_ends.push_back(queue.size());
         c.buffered_bytes += size;
         c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
+        if (o.budget && c.buffered_bytes > charged_out) charge_out();
         if (writer_wait == wait::idle ||
             (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes))
             wake_writer();
@@ -148,7 +199,9 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             if (o.on_write) o.on_write({last_write_start, writing_ends.size(), writing.size()});
 
             std::error_code ec;
+            c.write_since = last_write_start;
             const std::size_t n = co_await t->async_write(net::buffer(writing), ec);
+            c.write_since = {};
             // Messages wholly handed to the transport count as sent; the rest go back.
             const std::size_t whole =
                 ec ? std::size_t(std::upper_bound(writing_ends.begin(), writing_ends.end(), n) -
@@ -158,6 +211,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             c.bytes_sent += n;
             ++c.writes;
             c.buffered_bytes -= writing.size();
+            charge_out();
+            if (budget_wait) reader_wake.cancel();  // it may wait for this output to drain
             if (ec) {
                 hand_back(writing, writing_ends, whole);
                 fail(errc::peer_lost,
@@ -186,7 +241,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         try {
             co_await read_messages();
         } catch (const std::system_error& e) {
-            fail(e.code(), e.what() + std::string(" (from ") + t->remote_address() + ")");
+            std::string why = e.what() + std::string(" (from ") + t->remote_address() + ")";
+            if (e.code() == errc::protocol_error)
+                fail_telling(e.code(), std::move(why));
+            else
+                fail(e.code(), std::move(why));
         } catch (const std::exception& e) {
             fail(errc::protocol_error, "ordo: message handler failed: " + std::string(e.what()) +
                                            " (from " + t->remote_address() + ")");
@@ -196,14 +255,20 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     }
 
     net::awaitable<void> read_messages() {
-        while (st != state::ended) {
-            while (paused && st != state::ended) {
+        while (st != state::ended && !quitting) {
+            while (paused && st != state::ended && !quitting) {
                 reader_paused = true;
                 co_await reader_wake.async_wait(use_tuple);
                 reader_paused = false;
             }
+            if (st == state::ended || quitting) break;
+            // The budget's common case (room for the read) costs one load, not a coroutine.
+            read_plan plan{read_size};
+            if (o.budget && o.budget->over(framer.capacity_for(read_size) - framer.capacity()))
+                plan = co_await budgeted_read();
             if (st == state::ended) break;
-            auto area = framer.prepare(read_size);
+            auto area = framer.prepare(plan.size, plan.max_capacity);
+            charge_read();
             std::error_code ec;
             const std::size_t n =
                 co_await t->async_read_some(net::buffer(area.data(), area.size()), ec);
@@ -213,8 +278,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                 } catch (const std::system_error& e) {
                     // What a dropped connection looks like (a proxy or NAT giving up mid-way),
                     // not bad bytes: lost, so that a resumable session resumes.
-                    fail(errc::peer_lost, e.what() + std::string(" (from ") +
-                                              t->remote_address() + ")");
+                    fail(errc::peer_lost,
+                         e.what() + std::string(" (from ") + t->remote_address() + ")");
                     co_return;
                 }
                 if (st == state::open)
@@ -227,13 +292,14 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                      "ordo: read from " + t->remote_address() + " failed: " + ec.message());
                 co_return;
             }
+            if (quitting) break;  // told the peer why it is closed: what it sent since is dropped
             framer.commit(n);
             adapt_read_size(n);
             c.bytes_received += n;
             c.last_receive = clock::now();
             std::size_t turn = 0;
             bool took = false;
-            while (st != state::ended) {
+            while (st != state::ended && !quitting) {
                 auto m = framer.next();
                 if (!m) break;
                 took = true;
@@ -251,7 +317,56 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             // A buffer grown for a large message or a burst goes back to the read size.
             if (framer.buffered() == 0) framer.trim(2 * read_size);
             c.read_buffer_bytes = framer.capacity();
+            charge_read();
         }
+    }
+
+    struct read_plan {
+        std::size_t size;                     // to ask of the transport
+        std::size_t max_capacity = SIZE_MAX;  // for the read buffer, if it has to grow
+    };
+
+    // What the next read may take under comm_options::budget (see there); waits while it may
+    // take nothing. Returns size 0 only when the connection has ended.
+    net::awaitable<read_plan> budgeted_read() {
+        detail::memory_budget& b = *o.budget;
+        while (st != state::ended && !quitting) {
+            const std::size_t cap = framer.capacity();
+            if (!b.over(framer.capacity_for(read_size) - cap)) co_return read_plan{read_size};
+            const bool exhausted = b.over();
+            const bool output_held = c.buffered_bytes > budget_floor;
+            if (!(output_held && exhausted)) {
+                // Doubling does not fit: grow by what does, if that is enough for one read.
+                const std::size_t used = b.used();
+                const std::size_t room = used < b.limit() ? b.limit() - used : 0;
+                if (framer.capacity_for(read_size, 0) - cap <= room)
+                    co_return read_plan{read_size, cap + room};
+                if (framer.space() > 0) co_return read_plan{std::min(read_size, framer.space())};
+                if (framer.capacity_for(min_read_size) <= budget_floor)
+                    co_return read_plan{min_read_size};
+            }
+            // Wait for room (or for this connection's own output to drain: the writer wakes
+            // the reader after every write while it waits).
+            const std::size_t need =
+                output_held && exhausted ? 0 : framer.capacity_for(read_size, 0) - cap;
+            if (!budget_registered) {
+                auto wake = [w = weak_from_this(), ex = t->get_executor()] {
+                    net::post(ex, [w] {
+                        if (auto self = w.lock()) {
+                            self->budget_registered = false;
+                            self->reader_wake.cancel();
+                        }
+                    });
+                };
+                if (!b.wait_for(need, std::move(wake))) continue;
+                budget_registered = true;
+            }
+            ++c.budget_waits;
+            budget_wait = true;
+            co_await reader_wake.async_wait(use_tuple);
+            budget_wait = false;
+        }
+        co_return read_plan{0};
     }
 
     // A full read means a burst: the next read takes up to read_chunk_bytes, so that a burst
@@ -287,11 +402,15 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         const auto now = clock::now();
         if (paused) partial_since = now;  // the owner holds the reader back: not the peer's delay
         if (now - partial_since >= o.message_timeout) {
-            fail(errc::protocol_error,
-                 "ordo: protocol error: " + std::to_string(framer.buffered()) +
-                     " bytes of an incomplete message from " + t->remote_address() +
-                     ", not completed within message_timeout (" +
-                     std::to_string(o.message_timeout.count()) + " ms)");
+            std::string why = "ordo: protocol error: " + std::to_string(framer.buffered()) +
+                              " bytes of an incomplete message from " + t->remote_address() +
+                              ", not completed within message_timeout (" +
+                              std::to_string(o.message_timeout.count()) + " ms)";
+            if (budget_wait)
+                why += "; it was waiting for room in the memory budget (" +
+                       std::to_string(o.budget->used()) + " of " +
+                       std::to_string(o.budget->limit()) + " bytes used)";
+            fail_telling(errc::protocol_error, std::move(why));
             return;
         }
         watch_partial(false);
@@ -302,6 +421,10 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         queue.clear();
         queue_ends.clear();
         c.buffered_bytes = 0;
+        if (o.budget) {
+            o.budget->adjust(charged_out, 0);
+            o.budget->adjust(charged_read, 0);
+        }
         st = state::ended;
         finished = true;
         set_reason(errc::closed, "ordo: connection to " + t->remote_address() + " closed");

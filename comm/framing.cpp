@@ -127,7 +127,7 @@ std::size_t whole_message(const unsigned char* p, std::size_t avail, const limit
 
 framer::framer(const limits& l) : limits_(l) {}
 
-std::span<char> framer::prepare(std::size_t n) {
+std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
     if (begin_ == end_) {
         begin_ = scan_ = end_ = 0;
     } else if (cap_ - end_ < n && begin_ > 0) {
@@ -138,7 +138,7 @@ std::span<char> framer::prepare(std::size_t n) {
     }
     if (cap_ - end_ < n) {
         // Not zero-filled: only what the transport writes into it is ever read.
-        const std::size_t c = std::max(cap_ * 2, end_ + n);
+        const std::size_t c = std::max(std::min(cap_ * 2, max_capacity), end_ + n);
         std::unique_ptr<char[]> b(new char[c]);
         if (end_ > 0) std::memcpy(b.get(), buf_.get(), end_);
         buf_ = std::move(b);

@@ -1,6 +1,7 @@
 // Cutting a byte stream into whole msgpack objects, within limits, without decoding them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,8 +31,9 @@ class framer {
     explicit framer(const limits& l = {});
 
     /// A writable area of at least `n` bytes at the end of the buffer. Invalidates views
-    /// returned by next().
-    std::span<char> prepare(std::size_t n);
+    /// returned by next(). When it has to grow, the buffer doubles, but to no more than
+    /// `max_capacity` unless `n` needs more.
+    std::span<char> prepare(std::size_t n, std::size_t max_capacity = SIZE_MAX);
     /// Marks `n` bytes written into the area from prepare() as received.
     void commit(std::size_t n);
     /// Copies `bytes` in (prepare + copy + commit).
@@ -48,6 +50,14 @@ class framer {
     std::size_t buffered() const noexcept { return end_ - begin_; }
     /// Bytes the buffer holds (its memory).
     std::size_t capacity() const noexcept { return cap_; }
+    /// The capacity prepare(n, max_capacity) would leave (more than capacity() when it has to
+    /// grow).
+    std::size_t capacity_for(std::size_t n, std::size_t max_capacity = SIZE_MAX) const noexcept {
+        const std::size_t held = end_ - begin_;
+        return cap_ - held >= n ? cap_ : std::max(std::min(cap_ * 2, max_capacity), held + n);
+    }
+    /// Bytes prepare() can offer without growing the buffer.
+    std::size_t space() const noexcept { return cap_ - (end_ - begin_); }
     /// When nothing is buffered and the buffer is larger than `cap` (it grew for a large
     /// message or a burst), gives its memory back down to `cap` bytes.
     void trim(std::size_t cap);

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "ordo/detail/memory_budget.hpp"
 #include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
 #include "rpc/detail/wire_errors.hpp"
@@ -36,27 +37,37 @@ struct dispatcher::run {
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
                        std::size_t max_queued_messages, std::size_t max_queued_bytes,
-                       dispatcher_host& host, peer_counters& c)
+                       memory_budget* budget, dispatcher_host& host, peer_counters& c)
     : self_(self),
       h_(h),
       max_queued_(max_queued_messages),
       max_queued_bytes_(max_queued_bytes),
+      budget_(budget),
       host_(host),
       c_(c),
       ex_(std::move(ex)) {}
 
-dispatcher::~dispatcher() = default;
+dispatcher::~dispatcher() {
+    if (budget_)
+        for (const auto& q : queue_) budget_->release(q.held);
+}
 
 void dispatcher::on_message(message& m, std::size_t bytes) {
     if (stopped_) return;
     if (m.method.starts_with("ordo.")) return on_reserved(m);
     if (serial_busy_ || !queue_.empty()) {
         own(m);
-        queue_.push_back(std::move(m));
-        queue_sizes_.push_back(bytes);
+        // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
+        // of many small values holds far more than its wire size) and its wire size.
+        const std::size_t held = bytes + msgpack::aligned_zone_size(m.handle.get());
+        queue_.push_back({std::move(m), bytes, held});
         queued_bytes_ += bytes;
+        if (budget_) budget_->charge(held);
         c_.queued_messages = queue_.size();
-        if (!paused_ && (queue_.size() >= max_queued_ || queued_bytes_ >= max_queued_bytes_)) {
+        // Over the server's memory budget, a connection with a queue stops reading until the
+        // queue has drained (its queue drains by itself; reading would only add to it).
+        if (!paused_ && (queue_.size() >= max_queued_ || queued_bytes_ >= max_queued_bytes_ ||
+                         (budget_ && budget_->over()))) {
             paused_ = true;
             host_.pause_reading(true);
         }
@@ -100,7 +111,7 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
         }
     }
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-        if (it->kind == message_kind::request && it->msgid == msgid) {
+        if (it->m.kind == message_kind::request && it->m.msgid == msgid) {
             pop_queued(it);
             c_.queued_messages = queue_.size();
             respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
@@ -219,21 +230,21 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
 
 void dispatcher::drain_queue() {
     while (!serial_busy_ && !queue_.empty() && !stopped_) {
-        message m = std::move(queue_.front());
+        message m = std::move(queue_.front().m);
         pop_queued(queue_.begin());
         dispatch(m);
     }
     c_.queued_messages = queue_.size();
-    if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2) {
+    if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2 &&
+        (queue_.empty() || !budget_ || !budget_->over())) {
         paused_ = false;
         host_.pause_reading(false);
     }
 }
 
-void dispatcher::pop_queued(std::deque<message>::iterator it) {
-    const auto i = it - queue_.begin();
-    queued_bytes_ -= queue_sizes_[std::size_t(i)];
-    queue_sizes_.erase(queue_sizes_.begin() + i);
+void dispatcher::pop_queued(std::deque<queued_message>::iterator it) {
+    queued_bytes_ -= it->wire;
+    if (budget_) budget_->release(it->held);
     queue_.erase(it);
 }
 
@@ -258,8 +269,9 @@ void dispatcher::drop_all() {
         ++c_.handlers_cancelled;
         r.signal.emit(net::cancellation_type::terminal);
     }
+    if (budget_)
+        for (const auto& q : queue_) budget_->release(q.held);
     queue_.clear();
-    queue_sizes_.clear();
     queued_bytes_ = 0;
     c_.queued_messages = 0;
 }

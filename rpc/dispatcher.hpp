@@ -24,6 +24,8 @@ struct peer_counters;
 
 namespace detail {
 
+class memory_budget;
+
 struct handler_entry;
 
 /// What a dispatcher needs from its connection.
@@ -50,8 +52,8 @@ class dispatcher {
     /// `self` is what handlers that take `ordo::peer&` receive; `h` (may be null: every request
     /// answers method-not-found) must outlive the dispatcher.
     dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
-               std::size_t max_queued_messages, std::size_t max_queued_bytes, dispatcher_host& host,
-               peer_counters& c);
+               std::size_t max_queued_messages, std::size_t max_queued_bytes, memory_budget* budget,
+               dispatcher_host& host, peer_counters& c);
     ~dispatcher();
     dispatcher(const dispatcher&) = delete;
     dispatcher& operator=(const dispatcher&) = delete;
@@ -87,17 +89,22 @@ class dispatcher {
                         const std::pair<errc, std::string>& why);
     void drain_queue();
     void drop_all();
-    void pop_queued(std::deque<message>::iterator it);
+    struct queued_message {
+        message m;
+        std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
+        std::size_t held;  // what it holds in memory (charged to the budget)
+    };
+    void pop_queued(std::deque<queued_message>::iterator it);
 
     peer& self_;
     const handlers* h_;
     std::size_t max_queued_;
     std::size_t max_queued_bytes_;
+    memory_budget* budget_;  // queued messages are charged to it (null: none)
     dispatcher_host& host_;
     peer_counters& c_;
     net::any_io_executor ex_;
-    std::deque<message> queue_;
-    std::deque<std::size_t> queue_sizes_;  // wire bytes of each queued message
+    std::deque<queued_message> queue_;
     std::size_t queued_bytes_ = 0;
     std::list<run> runs_;
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused

@@ -26,7 +26,7 @@ struct peer::state final : detail::call_table_host,
           closed_event(ex, std::chrono::steady_clock::time_point::max()),
           live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
-          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, *this, c) {
+          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         rc.max_unacked_bytes = o.max_unacked_bytes;
         sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
@@ -204,6 +204,9 @@ void peer::close(errc code, std::string reason) {
 }
 void peer::abort() {
     s_->sess->abort();
+}
+void peer::abort(errc code, std::string reason) {
+    s_->sess->abort(code, std::move(reason));
 }
 
 net::awaitable<void> peer::async_close() {

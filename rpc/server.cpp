@@ -1,9 +1,14 @@
 #include "ordo/server.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <list>
 #include <vector>
 
 #include "lib/escaped.hpp"
+#include "ordo/detail/memory_budget.hpp"
 #include "rpc/detail/when_closed.hpp"
 #include "rpc/session.hpp"
 
@@ -16,7 +21,31 @@ struct server::state : std::enable_shared_from_this<server::state> {
           h(hs),
           sessions(
               std::make_shared<detail::session_registry>(o.resume_window, o.max_detached_sessions)),
-          changed(ex, std::chrono::steady_clock::time_point::max()) {}
+          changed(ex, std::chrono::steady_clock::time_point::max()) {
+        // Every accepted connection charges the same budget (one given in o.peer.comm is kept:
+        // several servers may share one).
+        if (o.memory_budget > 0 && !o.peer.comm.budget)
+            o.peer.comm.budget = std::make_shared<detail::memory_budget>(o.memory_budget);
+        keep_spare();
+    }
+    ~state() {
+        if (spare_fd >= 0) ::close(spare_fd);
+    }
+
+    // A descriptor held in reserve: when accepting fails for want of descriptors, it is given
+    // up so that the connection waiting can be accepted, told why and closed, rather than left
+    // in the kernel's backlog with no answer; it is taken again once that one is closed.
+    int spare_fd = -1;
+    void keep_spare() {
+        if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    static bool out_of_descriptors(const std::error_code& ec) {
+        // Asio reports errno values in a category of its own, which does not compare equal
+        // to std::errc.
+        const bool sys = ec.category() == std::system_category() ||
+                         ec.category() == net::error::get_system_category();
+        return sys && (ec.value() == EMFILE || ec.value() == ENFILE);
+    }
 
     net::any_io_executor ex;
     server_options o;
@@ -31,7 +60,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
         bool idle_closed = false;
     };
     std::list<served> peers;
-    bool sweeping = false;
+    bool sweeping = false, watching_budget = false;
     int accept_loops = 0;
     std::uint64_t accepted = 0;
     bool stopping = false;
@@ -46,13 +75,32 @@ struct server::state : std::enable_shared_from_this<server::state> {
         net::steady_timer backoff(s->ex);
         while (!s->stopping) {
             std::unique_ptr<transport> t;
+            bool no_descriptors = false;
             try {
                 t = co_await l->async_accept();
             } catch (const std::system_error& e) {
-                if (!s->stopping)
+                if (!s->stopping) {
                     s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
+                    no_descriptors = out_of_descriptors(e.code());
+                }
             }
             if (s->stopping) break;
+            if (!t && no_descriptors && s->spare_fd >= 0) {
+                ::close(s->spare_fd);
+                s->spare_fd = -1;
+                try {
+                    t = co_await l->async_accept();
+                } catch (const std::system_error&) {
+                    // Taken by another thread of this process meanwhile: back off below.
+                }
+                if (t) {
+                    ++s->accepted;
+                    s->refuse(std::move(t), errc::overloaded,
+                              "ordo: server is out of file descriptors; try again later");
+                    continue;
+                }
+                s->keep_spare();
+            }
             if (!t) {
                 // Out of descriptors and the like: try again shortly rather than spin or quit.
                 backoff.expires_after(std::chrono::milliseconds(100));
@@ -61,7 +109,9 @@ struct server::state : std::enable_shared_from_this<server::state> {
             }
             ++s->accepted;
             if (s->peers.size() >= s->o.max_connections) {
-                s->refuse(std::move(t));
+                s->refuse(std::move(t), errc::overloaded,
+                          "ordo: server has " + std::to_string(s->peers.size()) +
+                              " connections open (max_connections); try again later");
                 continue;
             }
             detail::resume_config rc;
@@ -110,16 +160,62 @@ struct server::state : std::enable_shared_from_this<server::state> {
         }
     }
 
-    // A connection beyond max_connections: told why, then closed. At most max_refusing are
-    // told at once; beyond that a connection is closed without a word.
-    void refuse(std::unique_ptr<transport> t) {
+    // While the memory budget is used up: says so (once each time), and closes the connections
+    // whose output has not been written for output_grace. The rest of the budget's policy
+    // works without it, inside each connection (comm_options::budget).
+    static net::awaitable<void> watch_budget(std::shared_ptr<state> s) {
+        using clock = std::chrono::steady_clock;
+        constexpr std::size_t output_floor = 32 * 1024;
+        const auto grace = std::max(s->o.output_grace, std::chrono::milliseconds(1));
+        auto& b = *s->o.peer.comm.budget;
+        net::steady_timer tick(s->ex);
+        bool told = false;
+        while (!s->stopping) {
+            tick.expires_after(std::max(std::chrono::milliseconds(10), grace / 4));
+            co_await tick.async_wait(use_tuple);
+            if (!b.over()) {
+                told = false;
+                continue;
+            }
+            if (!told) {
+                told = true;
+                s->event(server_event::kind::over_budget, {}, errc::overloaded,
+                         "ordo: the server's memory budget is used up (" +
+                             std::to_string(b.used()) + " of " + std::to_string(b.limit()) +
+                             " bytes): large messages wait, connections with queued messages "
+                             "or unread output stop reading");
+            }
+            const auto now = clock::now();
+            std::vector<std::shared_ptr<peer>> stuck;  // closed after the walk: it may erase
+            for (auto& e : s->peers) {
+                const auto& cc = e.p->comm();
+                if (cc.write_since != clock::time_point{} && now - cc.write_since >= grace &&
+                    cc.buffered_bytes > output_floor && e.p->is_open())
+                    stuck.push_back(e.p);
+            }
+            for (auto& p : stuck)
+                p->abort(errc::overloaded,
+                         "ordo: the server's memory budget is used up (" +
+                             std::to_string(b.used()) + " of " + std::to_string(b.limit()) +
+                             " bytes) and " + std::to_string(p->comm().buffered_bytes) +
+                             " bytes of output to " + p->remote_address() +
+                             " have not been written for " + std::to_string(grace.count()) +
+                             " ms (output_grace): the peer does not read; closed");
+        }
+    }
+
+    // A connection not served (beyond max_connections, or no descriptors left): told why,
+    // then closed. At most max_refusing are told at once; beyond that a connection is closed
+    // without a word.
+    void refuse(std::unique_ptr<transport> t, errc code, std::string why) {
         const std::string remote = t->remote_address();
-        const std::string why = "ordo: server has " + std::to_string(peers.size()) +
-                                " connections open (max_connections); try again later";
-        event(server_event::kind::refused, remote, errc::overloaded, why);
-        if (refusing >= max_refusing) return t->close();
+        event(server_event::kind::refused, remote, code, why);
+        if (refusing >= max_refusing) {
+            t->close();
+            return keep_spare();
+        }
         ++refusing;
-        net::co_spawn(ex, say_closing(shared_from_this(), std::move(t), errc::overloaded, why),
+        net::co_spawn(ex, say_closing(shared_from_this(), std::move(t), code, std::move(why)),
                       detail::rethrow_escaped{});
     }
 
@@ -140,6 +236,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
         }
         t->close();
         --s->refusing;
+        s->keep_spare();
     }
 
     static net::awaitable<void> drain(transport& t) {
@@ -175,6 +272,10 @@ std::string server::listen(std::string_view url) {
         s_->sweeping = true;
         net::co_spawn(s_->ex, state::sweep_idle(s_), detail::rethrow_escaped{});
     }
+    if (s_->o.peer.comm.budget && !s_->watching_budget) {
+        s_->watching_budget = true;
+        net::co_spawn(s_->ex, state::watch_budget(s_), detail::rethrow_escaped{});
+    }
     s_->listeners.push_back(std::move(l));
     return bound;
 }
@@ -203,6 +304,9 @@ std::uint64_t server::connections_accepted() const noexcept {
 }
 std::size_t server::detached_sessions() const noexcept {
     return s_->sessions->detached_count();
+}
+std::size_t server::memory_used() const noexcept {
+    return s_->o.peer.comm.budget ? s_->o.peer.comm.budget->used() : 0;
 }
 
 }  // namespace ordo

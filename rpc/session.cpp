@@ -6,6 +6,7 @@
 #include <random>
 
 #include "lib/escaped.hpp"
+#include "ordo/detail/memory_budget.hpp"
 #include "ordo/detail/message_heads.hpp"
 #include "ordo/peer.hpp"
 #include "rpc/detail/wire_errors.hpp"
@@ -138,6 +139,18 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
       ack_timer_(ex_),
       window_timer_(ex_),
       changed_(ex_, std::chrono::steady_clock::time_point::max()) {
+    // Closing for the peer's fault (protocol error, message_timeout), the comm tells it why
+    // with an ordo.closing notification, which an ordo peer adds to its close reason. Not on a
+    // resumable session: an unnumbered message there would break its count.
+    options_.farewell = [this](const std::error_code& code, const std::string& reason) {
+        if (mode_ == mode::resumable || mode_ == mode::offering) return std::string();
+        const int wire = code.category() == error_category()
+                             ? code.value()
+                             : static_cast<int>(errc::protocol_error);
+        buffer b(small_buffer);
+        encode_notification(b, "ordo.closing", wire, reason);
+        return std::string(b.data(), b.size());
+    };
     attach(std::move(t));
     rc_.window = std::min(rc_.window, longest_window);
     if (rc_.window.count() > 0 && rc_.reconnect) {
@@ -153,8 +166,19 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
 }
 
 session::~session() {
+    if (options_.budget) options_.budget->adjust(charged_unacked_, 0);
     if (link_) link_->s = nullptr;
     if (rc_.registry) rc_.registry->remove(id_, this);
+}
+
+// The resend buffer is charged to the server's memory budget in 64 KiB steps (its chunks' size),
+// so that a steady stream touches the shared counter once per chunk, not once per message.
+void session::note_unacked() {
+    c_.unacked_bytes = sent_.bytes();
+    if (!options_.budget) return;
+    constexpr std::size_t step = 64 * 1024;
+    const std::size_t want = (c_.unacked_bytes + step - 1) / step * step;
+    if (want != charged_unacked_) options_.budget->adjust(charged_unacked_, want);
 }
 
 void session::start() {
@@ -213,7 +237,7 @@ void session::send_kept(std::string_view head, std::string_view body) {
         }
     }
     sent_.push(head, body);
-    c_.unacked_bytes = sent_.bytes();
+    note_unacked();
 }
 
 void session::write_control(const buffer& b) {
@@ -311,7 +335,7 @@ bool session::on_control(std::string_view bytes) {
                                                   " acknowledges messages never sent (" +
                                                   std::to_string(sent_.end()) + " sent)");
         sent_.drop_until(n);
-        c_.unacked_bytes = sent_.bytes();
+        note_unacked();
         changed();
         return true;
     }
@@ -322,7 +346,7 @@ bool session::on_control(std::string_view bytes) {
         if (m.params.via.array.size == 1 && read_u64(m.params.via.array.ptr[0], n) &&
             n >= sent_.first() && n <= sent_.end())
             sent_.drop_until(n);
-        c_.unacked_bytes = sent_.bytes();
+        note_unacked();
         said_goodbye_ = true;
         return true;
     }
@@ -400,7 +424,7 @@ void session::on_hello_request(message& m) {
         // This connection carried everything sent so far: nothing to send again.
         if (their_received <= sent_.end() && their_received >= sent_.first())
             sent_.drop_until(their_received);
-        c_.unacked_bytes = sent_.bytes();
+        note_unacked();
         return answer_welcome(m.msgid);
     }
     session* old = rc_.registry->find(id);
@@ -477,7 +501,7 @@ void session::established(std::uint64_t their_received, bool resend) {
         ++n;
     });
     if (resend) c_.messages_resent += n;
-    c_.unacked_bytes = sent_.bytes();
+    note_unacked();
     attached_ = true;
     backoff_ = std::chrono::milliseconds(0);
     window_timer_.cancel();
@@ -492,7 +516,7 @@ void session::become_plain(bool send_kept) {
     attached_ = true;
     if (send_kept) sent_.for_each_from(sent_.first(), [&](std::string_view m) { comm_->send(m); });
     sent_.reset(0);
-    c_.unacked_bytes = 0;
+    note_unacked();
     changed();
     if (close_pending_) comm_->close();
 }
@@ -555,7 +579,7 @@ void session::lose(const close_result& r) {
     sent_.for_each_from(sent_.first(),
                         [&](std::string_view m) { out.undelivered.emplace_back(m); });
     sent_.reset(0);
-    c_.unacked_bytes = 0;
+    note_unacked();
     received_ = acked_received_ = 0;
     bytes_since_ack_ = 0;
     id_ = {};
@@ -645,7 +669,7 @@ void session::end(const close_result& r) {
         sent_.for_each_from(sent_.first(),
                             [&](std::string_view m) { out.undelivered.emplace_back(m); });
         sent_.reset(0);
-        c_.unacked_bytes = 0;
+        note_unacked();
     }
     changed();
     if (on_ended_) on_ended_(out);

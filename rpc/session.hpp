@@ -241,7 +241,9 @@ class session {
     std::chrono::milliseconds window_{0};
     clock::time_point window_deadline_{};
     std::chrono::milliseconds backoff_{0};
-    resend_buffer sent_;                // [first, end): sent, not acknowledged
+    resend_buffer sent_;               // [first, end): sent, not acknowledged
+    std::size_t charged_unacked_ = 0;  // of sent_, to options_.budget
+    void note_unacked();
     std::uint64_t received_ = 0;        // messages received: the next one's sequence number
     std::uint64_t acked_received_ = 0;  // what this side last told the other it received
     std::size_t bytes_since_ack_ = 0;

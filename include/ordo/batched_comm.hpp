@@ -20,6 +20,10 @@
 
 namespace ordo {
 
+namespace detail {
+class memory_budget;
+}
+
 /// One write of the writer: when it started, what it carried.
 struct write_event {
     std::chrono::steady_clock::time_point start;
@@ -62,6 +66,19 @@ struct comm_options {
     std::chrono::milliseconds close_timeout{5000};
     /// Called at the start of every write (tracing, tests). Runs on the comm's executor.
     std::function<void(const write_event&)> on_write;
+    /// The memory budget this connection charges its read buffer and its unwritten output to
+    /// (set by ordo::server from server_options::memory_budget on the connections it accepts;
+    /// null: none). While the budget is used up, the reader still reads into the buffer it has
+    /// (or grows it up to 32 KiB), so small messages from any peer are served; it waits for
+    /// room before growing the buffer for a larger message, and stops reading while more than
+    /// 32 KiB of its own output is unwritten. A wait counts towards message_timeout.
+    std::shared_ptr<detail::memory_budget> budget;
+    /// Last words: when this side closes the connection for a protocol error or a broken limit
+    /// (message_timeout), the message it returns for the code and reason is written after what
+    /// is queued, so the peer learns why, and the connection closes once it is written (or
+    /// after close_timeout); nothing more is read meanwhile. Empty result or null: the
+    /// connection closes at once. (ordo::peer sets it to an ordo.closing notification.)
+    std::function<std::string(const std::error_code&, const std::string&)> farewell;
 };
 
 /// Always-on counters. Sent = handed to the transport by a completed write.
@@ -77,6 +94,11 @@ struct comm_counters {
     std::size_t read_buffer_bytes = 0;
     /// When bytes last arrived (the epoch if none yet): liveness checks read it.
     std::chrono::steady_clock::time_point last_receive{};
+    /// When the write in flight started (the epoch if none is): a write that does not
+    /// complete means a peer that does not read.
+    std::chrono::steady_clock::time_point write_since{};
+    /// Times the reader waited for room in comm_options::budget.
+    std::uint64_t budget_waits = 0;
 
     double messages_per_write() const noexcept {
         return writes == 0 ? 0.0 : double(messages_sent) / double(writes);

@@ -164,6 +164,9 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     void close(errc code, std::string reason);
     /// Closes at once.
     void abort();
+    /// Closes at once, with `code` and `reason` as how the connection ended (nothing is sent:
+    /// what is queued may never leave, e.g. for a peer that does not read).
+    void abort(errc code, std::string reason);
     /// Waits until this side's outgoing buffer is at or below comm.high_water_bytes: what a
     /// producer of notifications awaits now and then so that notify() (which never blocks) does
     /// not run into errc::overloaded. Throws std::system_error with the close reason if the

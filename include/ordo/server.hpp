@@ -3,6 +3,7 @@
 
 #include "ordo/config.hpp"
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,8 +21,10 @@ struct server_event {
                         ///< resumes a session shows as opened, then closed with the reason
                         ///< "resumed an earlier session": the session goes on over it)
         closed,         ///< a served connection ended; `code` and `reason` say how
-        refused,        ///< accepted beyond max_connections: told why, then closed
+        refused,        ///< accepted beyond max_connections, or with no descriptors left (a
+                        ///< spare one is kept for this): told why, then closed
         accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries
+        over_budget,    ///< the memory budget was found used up (again); `reason` has figures
     };
     kind what = kind::opened;
     std::string peer;  ///< the remote address (empty for accept_failed)
@@ -50,6 +53,18 @@ struct server_options {
     /// Sessions waiting for their caller to come back, at most; beyond it the one that has
     /// waited longest is given up (its caller gets errc::session_lost when it returns).
     std::size_t max_detached_sessions = 1024;
+    /// Memory all connections together may hold for their peers: read buffers (incomplete
+    /// messages included), queued incoming messages, output not yet written, resend buffers.
+    /// While it is used up, small messages are still read and served on every connection, but
+    /// no connection grows its read buffer beyond 32 KiB, a connection with queued messages
+    /// stops reading until its queue drains, and one with more than 32 KiB of unwritten output
+    /// stops reading (see comm_options::budget). Each connection also costs ~15 KiB that is
+    /// not counted here. 0: no budget.
+    std::size_t memory_budget = std::size_t{1} << 30;
+    /// While the budget is used up, a connection whose output (over 32 KiB) has not been
+    /// written for this long (its peer does not read) is closed with errc::overloaded and the
+    /// reason. Checked every quarter of it.
+    std::chrono::milliseconds output_grace{10'000};
 };
 
 /// Serves the registered handlers on every listener. Each accepted connection becomes an
@@ -96,6 +111,8 @@ class server {
     std::uint64_t connections_accepted() const noexcept;
     /// Resumable sessions whose connection dropped, waiting for their caller to come back.
     std::size_t detached_sessions() const noexcept;
+    /// Bytes charged to the memory budget now (0 without one).
+    std::size_t memory_used() const noexcept;
     ordo::handlers& handlers() noexcept { return handlers_; }
 
     struct state;

@@ -83,7 +83,7 @@ struct rig {
         r->pair = co_await test::connect_pair("inproc");
         r->self = make_peer(std::move(r->pair.client));
         r->d = std::make_unique<detail::dispatcher>(*r->self, co_await net::this_coro::executor, &h,
-                                                    max_queued, max_queued_bytes, r->host,
+                                                    max_queued, max_queued_bytes, nullptr, r->host,
                                                     r->counters);
         co_return r;
     }
