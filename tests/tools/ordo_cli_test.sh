@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The ordo command against ordo-inc-server (and neovim, when installed): JSON in and out, plain
+# words as strings, errors on stderr with exit status 1 naming the method and the peer,
+# notifications that arrive, ping, and --help.
+set -u
+ordo=$1
+server=$2
+dir=$(mktemp -d)
+pid=
+nvim_pid=
+cleanup() {
+    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+    [ -n "$nvim_pid" ] && kill -9 "$nvim_pid" 2>/dev/null
+    rm -rf "$dir"
+}
+fail() { echo "FAIL: $*"; cleanup; exit 1; }
+
+"$server" --listen tcp://127.0.0.1:0 --listen "unix://$dir/s.sock" --listen zmq+tcp://127.0.0.1:0 \
+    >"$dir/out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [ "$(grep -c '^listening on ' "$dir/out")" = 3 ] && break; sleep 0.1; done
+url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out" | head -1)
+[ -n "$url" ] && [ "${url##*:}" != 0 ] || fail "no listening line with a real port: $(cat "$dir/out")"
+
+out=$("$ordo" call "$url" inc 41) || fail "call inc: $out"
+[ "$out" = 42 ] || fail "inc 41 printed '$out'"
+json='{"a":[1,2.5,"x",null,true]}'
+out=$("$ordo" call "$url" echo "$json") || fail "call echo: $out"
+[ "$out" = "$json" ] || fail "echo printed '$out', expected '$json'"
+out=$("$ordo" call "$url" echo -- -7) || fail "call echo -7: $out"
+[ "$out" = -7 ] || fail "echo -7 printed '$out'"
+out=$("$ordo" call "$url" echo 18446744073709551615) || fail "call echo uint64 max: $out"
+[ "$out" = 18446744073709551615 ] || fail "echo uint64 max printed '$out'"
+out=$("$ordo" call "$url" echo bob) || fail "call echo bob: $out"
+[ "$out" = '"bob"' ] || fail "echo bob printed '$out'"
+out=$("$ordo" call "unix://$dir/s.sock" echo '[1,{"k":"v"}]') || fail "unix echo: $out"
+[ "$out" = '[1,{"k":"v"}]' ] || fail "unix echo printed '$out'"
+zmq=$(grep -o 'zmq+tcp://127\.0\.0\.1:[0-9]*' "$dir/out")
+out=$("$ordo" call "$zmq" echo '"z"') || fail "zmq+tcp echo: $out"
+[ "$out" = '"z"' ] || fail "zmq+tcp echo printed '$out'"
+out=$("$ordo" call "route+tcp://${url#tcp://}" inc 2) || fail "route inc: $out"
+[ "$out" = 3 ] || fail "route inc printed '$out'"
+out=$("$ordo" call "$url?mode=pooled" inc 1) || fail "pooled inc: $out"
+[ "$out" = 2 ] || fail "pooled inc printed '$out'"
+out=$("$ordo" call --raw "$url" echo '"x"') || fail "call --raw: $out"
+[ "$out" = '"x"' ] || fail "--raw printed '$out'"
+
+err=$("$ordo" call "$url" nope 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *nope* ]] && [[ "$err" == *"${url#tcp://}"* ]] ||
+    fail "unknown method: rc=$rc $err"
+err=$("$ordo" call --timeout 200 "$url" sleep_ms 2000 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *sleep_ms*"timed out"* ]] || fail "timeout: rc=$rc $err"
+
+before=$("$ordo" call "$url" total) || fail "total: $before"
+"$ordo" notify "$url" add 5 || fail "notify add 5"
+after=$("$ordo" call "$url" total) || fail "total: $after"
+[ "$after" = $((before + 5)) ] || fail "total went from $before to $after after notify add 5"
+"$ordo" notify "$url?mode=pooled" add 2 || fail "pooled notify add 2"
+after2=$("$ordo" call "$url" total) || fail "total: $after2"
+[ "$after2" = $((after + 2)) ] || fail "total went from $after to $after2 after pooled notify"
+
+out=$("$ordo" ping "$url") || fail "ping: $out"
+[[ "$out" =~ ^ok\ [0-9]+\.[0-9]+$ ]] || fail "ping printed '$out'"
+
+# Nothing listens on port 1: the error names the address and the reason.
+err=$("$ordo" call tcp://127.0.0.1:1 inc 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *inc*127.0.0.1:1*refused* ]] || fail "refused: rc=$rc $err"
+err=$("$ordo" call bogus://x inc 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *bogus* ]] || fail "bad url: rc=$rc $err"
+
+"$ordo" --help >/dev/null || fail "ordo --help"
+"$ordo" call --help >/dev/null || fail "ordo call --help"
+"$ordo" frobnicate >/dev/null 2>&1; rc=$?
+[ $rc = 2 ] || fail "unknown subcommand exited $rc, expected 2"
+
+kill -TERM "$pid"; wait "$pid" || fail "server exited $? after SIGTERM"
+pid=
+
+# A msgpack-rpc server nobody here wrote (skipped without neovim).
+if command -v nvim >/dev/null; then
+    sock=$dir/nvim.sock
+    nvim --headless --clean --listen "$sock" </dev/null >/dev/null 2>&1 &
+    nvim_pid=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    out=$("$ordo" call "unix://$sock" nvim_eval '"6*7"') || fail "nvim_eval: $out"
+    [ "$out" = 42 ] || fail "nvim_eval 6*7 printed '$out'"
+    out=$("$ordo" ping "unix://$sock") || fail "nvim ping: $out"
+    kill -9 "$nvim_pid"; wait "$nvim_pid" 2>/dev/null
+    nvim_pid=
+else
+    echo "nvim not installed: the neovim check is skipped"
+fi
+
+cleanup
+echo "ok"

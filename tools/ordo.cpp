@@ -1,0 +1,383 @@
+// ordo: msgpack-rpc from the command line, against any msgpack-rpc server and any URL ordo
+// accepts (tcp://, unix://, tls://, zmq+tcp://, route+..., ?mode=pooled).
+//
+//   ordo call URL METHOD [ARG...] [--raw] [--timeout MS]   prints the result as JSON
+//   ordo notify URL METHOD [ARG...] [--timeout MS]         sends a one-way message
+//   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
+//
+// Each ARG is JSON; a word that is not JSON is sent as a string (`greet bob` sends "bob").
+// Failures print one line on stderr naming the method, the peer and the reason, and exit 1;
+// usage errors exit 2.
+//
+// msgpack to JSON (the default output): bin is a string when it is valid UTF-8, else an array
+// of byte values; ext is {"ext": type, "data": [bytes]}; a map key that is not a string becomes
+// its JSON text. --raw prints msgpack-c's own rendering of the object instead, which shows the
+// msgpack types as they are but is not always valid JSON.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <ordo/connect.hpp>
+
+namespace net = ordo::net;
+using json = nlohmann::json;
+
+namespace {
+
+struct request {
+    std::string command;  // call, notify or ping
+    std::string url;
+    std::string method;
+    std::vector<std::string> args;
+    long timeout_ms = 10'000;
+    bool raw = false;
+};
+
+// A failure already worded for the user (method, peer, reason).
+struct failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// ---- JSON -> msgpack ----------------------------------------------------------------------
+
+using packer = msgpack::packer<ordo::detail::params_buffer>;
+
+void pack_json(packer& p, const json& j) {
+    switch (j.type()) {
+        case json::value_t::null: p.pack_nil(); break;
+        case json::value_t::boolean: p.pack(j.get<bool>()); break;
+        // nlohmann keeps non-negative integers unsigned, so the full uint64 range survives.
+        case json::value_t::number_unsigned: p.pack(j.get<std::uint64_t>()); break;
+        case json::value_t::number_integer: p.pack(j.get<std::int64_t>()); break;
+        case json::value_t::number_float: p.pack(j.get<double>()); break;
+        case json::value_t::string: p.pack(j.get_ref<const std::string&>()); break;
+        case json::value_t::array:
+            p.pack_array(static_cast<std::uint32_t>(j.size()));
+            for (const auto& e : j) pack_json(p, e);
+            break;
+        case json::value_t::object:
+            p.pack_map(static_cast<std::uint32_t>(j.size()));
+            for (const auto& [k, v] : j.items()) {
+                p.pack(k);
+                pack_json(p, v);
+            }
+            break;
+        case json::value_t::binary: {
+            const auto& b = j.get_binary();
+            p.pack_bin(static_cast<std::uint32_t>(b.size()));
+            p.pack_bin_body(reinterpret_cast<const char*>(b.data()),
+                            static_cast<std::uint32_t>(b.size()));
+            break;
+        }
+        case json::value_t::discarded: p.pack_nil(); break;
+    }
+}
+
+// One command-line word as a value: JSON if it parses, else the word itself as a string, so
+// that plain words need no shell-quoted JSON quotes.
+json parse_arg(const std::string& word) {
+    json j = json::parse(word, nullptr, /*allow_exceptions=*/false);
+    return j.is_discarded() ? json(word) : j;
+}
+
+ordo::detail::params_buffer pack_args(const std::vector<std::string>& args) {
+    ordo::detail::params_buffer params;
+    packer p(params);
+    p.pack_array(static_cast<std::uint32_t>(args.size()));
+    for (const auto& a : args) pack_json(p, parse_arg(a));
+    return params;
+}
+
+// ---- msgpack -> JSON ----------------------------------------------------------------------
+
+bool valid_utf8(std::string_view s) {
+    // nlohmann checks UTF-8 when it writes a string: reuse that instead of another decoder.
+    try {
+        (void)json(std::string(s)).dump();
+        return true;
+    } catch (const json::type_error&) {
+        return false;
+    }
+}
+
+json byte_array(const char* p, std::size_t n) {
+    json a = json::array();
+    for (std::size_t i = 0; i < n; ++i) a.push_back(static_cast<unsigned char>(p[i]));
+    return a;
+}
+
+json to_json(const msgpack::object& o) {
+    switch (o.type) {
+        case msgpack::type::NIL: return nullptr;
+        case msgpack::type::BOOLEAN: return o.via.boolean;
+        case msgpack::type::POSITIVE_INTEGER: return o.via.u64;
+        case msgpack::type::NEGATIVE_INTEGER: return o.via.i64;
+        case msgpack::type::FLOAT32:
+        case msgpack::type::FLOAT64: return o.via.f64;
+        case msgpack::type::STR: return std::string(o.via.str.ptr, o.via.str.size);
+        case msgpack::type::BIN:
+            // Many peers (neovim among them) send text as bin: show it as text when it is.
+            if (valid_utf8({o.via.bin.ptr, o.via.bin.size}))
+                return std::string(o.via.bin.ptr, o.via.bin.size);
+            return byte_array(o.via.bin.ptr, o.via.bin.size);
+        case msgpack::type::ARRAY: {
+            json a = json::array();
+            for (std::uint32_t i = 0; i < o.via.array.size; ++i)
+                a.push_back(to_json(o.via.array.ptr[i]));
+            return a;
+        }
+        case msgpack::type::MAP: {
+            json m = json::object();
+            for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
+                const auto& kv = o.via.map.ptr[i];
+                // JSON keys are strings: any other key is written as its JSON text.
+                json k = to_json(kv.key);
+                m[k.is_string() ? k.get<std::string>() : k.dump()] = to_json(kv.val);
+            }
+            return m;
+        }
+        case msgpack::type::EXT:
+            return {{"ext", o.via.ext.type()},
+                    {"data", byte_array(o.via.ext.data(), o.via.ext.size)}};
+    }
+    return nullptr;
+}
+
+std::string render(const msgpack::object& o, bool raw) {
+    if (raw) {
+        std::ostringstream s;
+        s << o;
+        return s.str();
+    }
+    // A msgpack str need not be UTF-8: replace bad bytes rather than fail on output.
+    return to_json(o).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// ---- the commands -------------------------------------------------------------------------
+
+// Stops the loop if connecting takes longer than the timeout: async_connect has no deadline of
+// its own for an ordered connection (a host that drops SYNs keeps connect() waiting for
+// minutes, a TLS server that never answers the handshake for handshake_timeout_ms).
+class deadline {
+  public:
+    deadline(net::io_context& io, long ms) : io_(io), timer_(io), ms_(ms) {}
+
+    void arm(std::string step) {
+        step_ = std::move(step);
+        if (ms_ <= 0) return;
+        timer_.expires_after(std::chrono::milliseconds(ms_));
+        timer_.async_wait([this](std::error_code ec) {
+            if (ec) return;
+            expired_ = true;
+            io_.stop();
+        });
+    }
+    void disarm() { timer_.cancel(); }
+    bool expired() const { return expired_; }
+    const std::string& step() const { return step_; }
+
+  private:
+    net::io_context& io_;
+    net::steady_timer timer_;
+    long ms_;
+    std::string step_;
+    bool expired_ = false;
+};
+
+std::string what_for(const request& r) {
+    return r.command == "ping" ? "ping" : r.command + " " + r.method;
+}
+
+net::awaitable<ordo::channel> connect(const request& r, deadline& dl) {
+    dl.arm(what_for(r) + " to " + r.url);
+    try {
+        auto ch = co_await ordo::async_connect(r.url);
+        dl.disarm();
+        co_return ch;
+    } catch (const std::system_error& e) {
+        // The connection errors start with "ordo: " too: say it once.
+        std::string_view why = e.what();
+        if (why.starts_with("ordo: ")) why.remove_prefix(6);
+        throw failure("ordo: " + what_for(r) + " to " + r.url + " failed: " + std::string(why));
+    }
+}
+
+// There is no public call taking already packed params (channel::async_call packs a fixed
+// number of C++ arguments), so the call goes through the same detail::call that it uses.
+net::awaitable<ordo::value> call_packed(const ordo::channel& ch, const std::string& method,
+                                        ordo::detail::params_buffer params, long timeout_ms) {
+    ordo::call_options o;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    return ordo::detail::call<ordo::value>(ch.impl(), method, std::move(params), std::move(o),
+                                           net::use_awaitable);
+}
+
+// A response that is an error still proves the round trip: a foreign peer answers ordo.ping
+// with "no such method".
+bool answered(const ordo::rpc_error& e) {
+    return e.code() == ordo::errc::method_not_found || e.code() == ordo::errc::remote_error ||
+           e.code() == ordo::errc::bad_arguments;
+}
+
+// A graceful close writes what is queued, ends our direction and waits for the server to end
+// its (closing at once could reset the connection before the server has read the
+// notification). A server that keeps its end open past the timeout is not an error once
+// everything was written: the connection is then dropped.
+net::awaitable<void> close_after_flush(ordo::peer& p, const request& r) {
+    using namespace net::experimental::awaitable_operators;
+    if (r.timeout_ms <= 0) co_return co_await p.async_close();
+    net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(r.timeout_ms));
+    auto done = co_await (p.async_close() || t.async_wait(net::use_awaitable));
+    if (done.index() == 0) co_return;
+    const bool written = p.comm().buffered_bytes == 0;
+    p.abort();
+    if (!written)
+        throw failure("ordo: " + what_for(r) + " to " + r.url + " failed: not written within " +
+                      std::to_string(r.timeout_ms) + " ms");
+}
+
+net::awaitable<int> run(const request& r, deadline& dl) {
+    auto ch = co_await connect(r, dl);
+    if (r.command == "call") {
+        auto v = co_await call_packed(ch, r.method, pack_args(r.args), r.timeout_ms);
+        std::cout << render(v.get(), r.raw) << std::endl;
+    } else if (r.command == "notify") {
+        auto params = pack_args(r.args);
+        ch.impl()->notify_raw(r.method, std::string_view(params.data(), params.size()));
+        if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
+            co_await close_after_flush(*p, r);
+        } else {
+            // Pools and routers only abort their connections: a round trip on the connection
+            // the notification took shows that it was written (best effort on a router with
+            // several replicas, where the ping may go elsewhere).
+            try {
+                co_await call_packed(ch, "ordo.ping", pack_args({}), r.timeout_ms);
+            } catch (const ordo::rpc_error& e) {
+                if (!answered(e)) throw;
+            }
+        }
+    } else {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+            co_await call_packed(ch, "ordo.ping", pack_args({}), r.timeout_ms);
+        } catch (const ordo::rpc_error& e) {
+            if (!answered(e)) throw;
+        }
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        char ms[32];
+        std::snprintf(ms, sizeof ms, "%.3f", took.count());
+        std::cout << "ok " << ms << std::endl;
+    }
+    co_return 0;
+}
+
+int execute(const request& r) {
+    net::io_context io;
+    deadline dl(io, r.timeout_ms);
+    int status = 1;
+    net::co_spawn(io, run(r, dl), [&](std::exception_ptr e, int rc) {
+        dl.disarm();
+        status = rc;
+        if (!e) return;
+        status = 1;
+        try {
+            std::rethrow_exception(e);
+        } catch (const failure& f) {
+            std::cerr << f.what() << '\n';
+        } catch (const ordo::rpc_error& x) {
+            // what() names the method, the peer and the reason.
+            std::cerr << x.what() << '\n';
+        } catch (const std::exception& x) {
+            std::cerr << "ordo: " << what_for(r) << " to " << r.url << " failed: " << x.what()
+                      << '\n';
+        }
+    });
+    io.run();
+    if (dl.expired()) {
+        std::cerr << "ordo: " << dl.step() << " failed: timed out connecting after " << r.timeout_ms
+                  << " ms\n";
+        return 1;
+    }
+    return status;
+}
+
+// CLI11 reads a word in brackets given to a list option as a list of its own and splits it at
+// commas: [1,[2,3]] would become the three words "1", "[2" and "3]". A marker byte after the
+// closing bracket hides the word from that rule; unmark() takes it off after parsing.
+constexpr char marker = '\x01';
+
+std::vector<std::string> marked_words(int argc, char** argv) {
+    std::vector<std::string> words;
+    for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes them in reverse order
+        std::string w = argv[i];
+        if (w.size() >= 2 && w.front() == '[' && w.back() == ']') w += marker;
+        words.push_back(std::move(w));
+    }
+    return words;
+}
+
+void unmark(std::string& w) {
+    if (!w.empty() && w.back() == marker) w.pop_back();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"ordo: msgpack-rpc calls, notifications and pings from the command line", "ordo"};
+    app.require_subcommand(1);
+    request r;
+
+    auto common = [&r](CLI::App* sub) {
+        sub->add_option("URL", r.url,
+                        "tcp://, unix://, tls://, zmq+tcp://, route+..., with ?parameters")
+            ->required();
+        sub->add_option("--timeout", r.timeout_ms,
+                        "milliseconds for connecting and for the call (0: no limit)")
+            ->capture_default_str()
+            ->check(CLI::NonNegativeNumber);
+    };
+    auto method_and_args = [&r](CLI::App* sub) {
+        sub->add_option("METHOD", r.method, "method name")->required();
+        sub->add_option("ARG", r.args, "arguments as JSON; a word that is not JSON is a string");
+    };
+
+    auto* call = app.add_subcommand("call", "call METHOD and print its result as JSON");
+    common(call);
+    method_and_args(call);
+    auto* raw = call->add_flag("--raw", r.raw, "print msgpack-c's rendering (not always JSON)");
+    auto* as_json = call->add_flag("--json")->description("print the result as JSON (the default)");
+    raw->excludes(as_json);
+
+    auto* notify = app.add_subcommand("notify", "send METHOD as a one-way message");
+    common(notify);
+    method_and_args(notify);
+
+    auto* ping = app.add_subcommand("ping", "call ordo.ping and print \"ok <ms>\"");
+    common(ping);
+
+    try {
+        app.parse(marked_words(argc, argv));
+    } catch (const CLI::ParseError& e) {
+        // --help is a ParseError too, with status 0; other usage errors exit 2, not CLI11's
+        // own codes, so that 1 always means the call failed.
+        return app.exit(e) == 0 ? 0 : 2;
+    }
+    r.command = app.get_subcommands().front()->get_name();
+    unmark(r.url);
+    unmark(r.method);
+    for (auto& a : r.args) unmark(a);
+    return execute(r);
+}
