@@ -90,6 +90,22 @@ void dispatcher::on_reserved(const message& m) {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
             cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+    } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
+        // {name: "(parameter types)"} for every method served, in name order.
+        buffer b(small_buffer);
+        msgpack::packer<buffer> p(b);
+        p.pack_array(4);
+        p.pack(1);
+        p.pack(m.msgid);
+        p.pack_nil();
+        std::size_t n = 0;
+        h_->for_each_method([&](const std::string&, const std::string&) { ++n; });
+        p.pack_map(static_cast<std::uint32_t>(n));
+        h_->for_each_method([&](const std::string& name, const std::string& sig) {
+            p.pack(name);
+            p.pack(sig);
+        });
+        host_.send_response(b);
     } else if (m.method == "ordo.closing") {
         // [code, reason]: the remote side closes the connection next, and says why.
         const auto& a = m.params.via.array;

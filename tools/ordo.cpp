@@ -4,6 +4,7 @@
 //   ordo call URL METHOD [ARG...] [--raw] [--timeout MS]   prints the result as JSON
 //   ordo notify URL METHOD [ARG...] [--timeout MS]         sends a one-way message
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
+//   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //
 // Each ARG is JSON; a word that is not JSON is sent as a string (`greet bob` sends "bob").
 // Failures print one line on stderr naming the method, the peer and the reason, and exit 1;
@@ -197,7 +198,7 @@ class deadline {
 };
 
 std::string what_for(const request& r) {
-    return r.command == "ping" ? "ping" : r.command + " " + r.method;
+    return r.command == "ping" || r.command == "methods" ? r.command : r.command + " " + r.method;
 }
 
 net::awaitable<ordo::channel> connect(const request& r, deadline& dl) {
@@ -268,6 +269,18 @@ net::awaitable<int> run(const request& r, deadline& dl) {
                 if (!answered(e)) throw;
             }
         }
+    } else if (r.command == "methods") {
+        // ordo.methods answers {name: "(parameter types)"}: one method a line, in name order.
+        auto v = co_await call_packed(ch, "ordo.methods", pack_args({}), r.timeout_ms);
+        const msgpack::object& o = v.get();
+        if (o.type != msgpack::type::MAP)
+            throw failure("ordo: methods from " + r.url + ": the answer is not a map");
+        const auto text = [](const msgpack::object& x) {
+            return x.type == msgpack::type::STR ? std::string(x.via.str.ptr, x.via.str.size)
+                                                : render(x, false);
+        };
+        for (const auto& kv : o.via.map) std::cout << text(kv.key) << text(kv.val) << '\n';
+        std::cout << std::flush;
     } else {
         const auto start = std::chrono::steady_clock::now();
         try {
@@ -367,6 +380,10 @@ int main(int argc, char** argv) {
 
     auto* ping = app.add_subcommand("ping", "call ordo.ping and print \"ok <ms>\"");
     common(ping);
+
+    auto* methods = app.add_subcommand(
+        "methods", "list the methods an ordo server serves (ordo.methods), one a line");
+    common(methods);
 
     try {
         app.parse(marked_words(argc, argv));

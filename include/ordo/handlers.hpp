@@ -159,8 +159,23 @@ class handlers {
         return it == map_.end() ? nullptr : &it->second;
     }
 
+    /// Whether the reserved method ordo.methods answers (on by default): it lists every
+    /// method's name with the types of its parameters (`ordo methods URL` shows them). Turn it
+    /// off where the list is not for every caller to see.
+    handlers& introspection(bool on) {
+        introspection_ = on;
+        return *this;
+    }
+    bool introspection() const noexcept { return introspection_; }
+    /// Calls f(name, signature) for every method, in name order.
+    template <class F>
+    void for_each_method(F&& f) const {
+        for (const auto& [name, e] : map_) f(name, e.signature);
+    }
+
   private:
     std::map<std::string, detail::handler_entry, std::less<>> map_;
+    bool introspection_ = true;
     std::vector<std::shared_ptr<detail::batcher_core>> batchers_;
 };
 

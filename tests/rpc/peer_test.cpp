@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -15,8 +16,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::run_test;
-using test::wait_until;
 using test::sleep_for;
+using test::wait_until;
 
 struct counter : interface {
     method<int(int)> inc{"inc"};
@@ -449,6 +450,28 @@ TEST(Threads, CallsFromManyCoroutinesOnTwoThreadsAreAllMatched) {
     }
     guard.reset();
     for (auto& t : threads) t.join();
+}
+
+// ordo.methods lists what a server serves, with parameter types; turned off, it is an unknown
+// reserved method like any other.
+TEST(Introspection, OrdoMethodsListsTheMethodsWithTheirParameterTypes) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("greet",
+               [](const std::string& who, int times) { return who + std::to_string(times); });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        auto listed = co_await ch.async_call<std::map<std::string, std::string>>("ordo.methods");
+        EXPECT_EQ(listed, (std::map<std::string, std::string>{{"greet", "(std::string, int)"},
+                                                              {"inc", "(int)"}}));
+        srv.handlers().introspection(false);
+        auto [ec, none] =
+            co_await ch.async_call<std::map<std::string, std::string>>("ordo.methods", use_tuple);
+        EXPECT_EQ(ec, errc::method_not_found);
+        co_await srv.async_stop();
+    });
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ after2=$("$ordo" call "$url" total) || fail "total: $after2"
 out=$("$ordo" ping "$url") || fail "ping: $out"
 [[ "$out" =~ ^ok\ [0-9]+\.[0-9]+$ ]] || fail "ping printed '$out'"
 
+# ordo.methods: one method a line, with its parameter types.
+out=$("$ordo" methods "$url") || fail "methods: $out"
+grep -qx 'inc(int)' <<<"$out" || fail "methods did not list inc(int): '$out'"
+grep -qx 'echo(msgpack::v2::object)\|echo(.*object)' <<<"$out" || fail "methods did not list echo: '$out'"
+
 # Nothing listens on port 1: the error names the address and the reason.
 err=$("$ordo" call tcp://127.0.0.1:1 inc 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *inc*127.0.0.1:1*refused* ]] || fail "refused: rc=$rc $err"
