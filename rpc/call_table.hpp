@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -14,6 +13,7 @@
 #include "ordo/channel.hpp"
 #include "ordo/codec.hpp"
 #include "rpc/detail/call_watch.hpp"
+#include "rpc/detail/fifo.hpp"
 #include "rpc/detail/id_table.hpp"
 
 namespace ordo {
@@ -89,7 +89,7 @@ class call_table {
     peer_counters& c_;
     id_table<entry> pending_;
     std::unordered_set<std::uint32_t> abandoned_;
-    std::deque<std::uint32_t> abandoned_order_;
+    fifo<std::uint32_t> abandoned_order_;
     std::uint32_t next_id_;
     std::size_t pings_ = 0;
 };

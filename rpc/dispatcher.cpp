@@ -258,7 +258,7 @@ void dispatcher::drain_queue() {
     }
 }
 
-void dispatcher::pop_queued(std::deque<queued_message>::iterator it) {
+void dispatcher::pop_queued(std::list<queued_message>::iterator it) {
     queued_bytes_ -= it->wire;
     if (budget_) budget_->release(it->held);
     queue_.erase(it);

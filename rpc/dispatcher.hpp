@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <list>
 #include <memory>
 #include <string>
@@ -94,7 +93,7 @@ class dispatcher {
         std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
         std::size_t held;  // what it holds in memory (charged to the budget)
     };
-    void pop_queued(std::deque<queued_message>::iterator it);
+    void pop_queued(std::list<queued_message>::iterator it);
 
     peer& self_;
     const handlers* h_;
@@ -104,7 +103,9 @@ class dispatcher {
     dispatcher_host& host_;
     peer_counters& c_;
     net::any_io_executor ex_;
-    std::deque<queued_message> queue_;
+    // A list, not a deque: a deque allocates on construction, and most connections never
+    // queue a message.
+    std::list<queued_message> queue_;
     std::size_t queued_bytes_ = 0;
     std::list<run> runs_;
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused

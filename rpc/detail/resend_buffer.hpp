@@ -5,11 +5,12 @@
 
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "rpc/detail/fifo.hpp"
 
 namespace ordo::detail {
 
@@ -106,7 +107,7 @@ class resend_buffer {
         chunks_.push_back(std::move(c));
     }
 
-    std::deque<chunk> chunks_;
+    fifo<chunk> chunks_;
     chunk spare_;
     std::size_t skip_ = 0;  ///< messages of the front chunk already dropped
     std::uint64_t first_ = 0, end_ = 0;
