@@ -71,7 +71,9 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // out_step bytes rather than once per message.
     void charge_out() {
         if (!o.budget) return;
-        const std::size_t want = (c.buffered_bytes + out_step - 1) / out_step * out_step;
+        // What the two output vectors hold, not what is in them: they grow by doubling.
+        const std::size_t held = queue.capacity() + writing.capacity();
+        const std::size_t want = (held + out_step - 1) / out_step * out_step;
         if (want != charged_out) o.budget->adjust(charged_out, want);
     }
 
@@ -158,7 +160,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         queue_ends.push_back(queue.size());
         c.buffered_bytes += size;
         c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
-        if (o.budget && c.buffered_bytes > charged_out) charge_out();
+        if (o.budget && queue.capacity() > charged_out) charge_out();
         if (writer_wait == wait::idle ||
             (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes))
             wake_writer();
@@ -169,7 +171,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                    std::size_t first) {
         std::size_t begin = first == 0 ? 0 : ends[first - 1];
         for (std::size_t i = first; i < ends.size(); ++i) {
-            result.undelivered.emplace_back(bytes.data() + begin, ends[i] - begin);
+            const std::string_view m(bytes.data() + begin, ends[i] - begin);
+            if (!o.keep_undelivered || o.keep_undelivered(m)) result.undelivered.emplace_back(m);
             begin = ends[i];
         }
     }
@@ -418,8 +421,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
 
     void finish() {
         hand_back(queue, queue_ends, 0);
-        queue.clear();
-        queue_ends.clear();
+        // Their memory goes now, not when the owner lets go of this object.
+        std::vector<char>().swap(queue);
+        std::vector<std::size_t>().swap(queue_ends);
+        std::vector<char>().swap(writing);
+        std::vector<std::size_t>().swap(writing_ends);
         c.buffered_bytes = 0;
         if (o.budget) {
             o.budget->adjust(charged_out, 0);

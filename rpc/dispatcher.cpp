@@ -58,8 +58,10 @@ void dispatcher::on_message(message& m, std::size_t bytes) {
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
-        // of many small values holds far more than its wire size) and its wire size.
-        const std::size_t held = bytes + msgpack::aligned_zone_size(m.handle.get());
+        // of many small values holds far more than its wire size). Its wire bytes are in the
+        // read buffer, which is charged on its own and reused.
+        const std::size_t held =
+            sizeof(queued_message) + msgpack::aligned_zone_size(m.handle.get());
         queue_.push_back({std::move(m), bytes, held});
         queued_bytes_ += bytes;
         if (budget_) budget_->charge(held);

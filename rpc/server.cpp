@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <cerrno>
 #include <list>
@@ -38,6 +41,11 @@ struct server::state : std::enable_shared_from_this<server::state> {
     int spare_fd = -1;
     void keep_spare() {
         if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    static void give_back_memory() {
+#ifdef __GLIBC__
+        ::malloc_trim(0);
+#endif
     }
     static bool out_of_descriptors(const std::error_code& ec) {
         // Asio reports errno values in a category of its own, which does not compare equal
@@ -170,9 +178,17 @@ struct server::state : std::enable_shared_from_this<server::state> {
         auto& b = *s->o.peer.comm.budget;
         net::steady_timer tick(s->ex);
         bool told = false;
+        std::size_t peak = 0;  // the most charged since memory was last given back
         while (!s->stopping) {
             tick.expires_after(std::max(std::chrono::milliseconds(10), grace / 4));
             co_await tick.async_wait(use_tuple);
+            peak = std::max(peak, b.used());
+            if (peak >= (std::size_t{64} << 20) && b.used() < peak / 4) {
+                // A burst has passed: give what it freed back to the system (glibc keeps
+                // freed memory otherwise, and the process's RSS stays at the burst's peak).
+                give_back_memory();
+                peak = b.used();
+            }
             if (!b.over()) {
                 told = false;
                 continue;

@@ -13,6 +13,12 @@
 
 namespace ordo::detail {
 
+// ordo writes notification heads as fixarray 3, kind 2: every other message is told apart
+// without being decoded.
+static bool is_notification_head(std::string_view m) {
+    return m.size() >= 2 && m[0] == '\x93' && m[1] == '\x02';
+}
+
 namespace {
 
 // Acknowledgements: after this many messages or bytes, or this long after the first message
@@ -151,6 +157,9 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
         encode_notification(b, "ordo.closing", wire, reason);
         return std::string(b.data(), b.size());
     };
+    // Of what a connection could not write, only notifications are reported (report_undelivered);
+    // the rest is never copied.
+    options_.keep_undelivered = [](std::string_view m) { return is_notification_head(m); };
     attach(std::move(t));
     rc_.window = std::min(rc_.window, longest_window);
     if (rc_.window.count() > 0 && rc_.reconnect) {
@@ -779,9 +788,8 @@ void session::report_undelivered(const close_result& r,
                                  const std::function<void(const undelivered_notification&)>& report,
                                  peer_counters& c) const {
     for (const auto& bytes : r.undelivered) {
-        // Only notifications are reported (calls fail on their own): ordo writes their heads
-        // as fixarray 3, kind 2, so every other message is skipped without being decoded.
-        if (bytes.size() < 2 || bytes[0] != '\x93' || bytes[1] != '\x02') continue;
+        // Only notifications are reported (calls fail on their own).
+        if (!is_notification_head(bytes)) continue;
         try {
             message m = decode_message(bytes, options_.limits);
             if (m.kind != message_kind::notification) continue;

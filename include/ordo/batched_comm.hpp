@@ -79,6 +79,10 @@ struct comm_options {
     /// after close_timeout); nothing more is read meanwhile. Empty result or null: the
     /// connection closes at once. (ordo::peer sets it to an ordo.closing notification.)
     std::function<std::string(const std::error_code&, const std::string&)> farewell;
+    /// Which messages not written go back in close_result::undelivered: null, all of them;
+    /// else those it returns true for (ordo::peer keeps notifications only: its calls fail on
+    /// their own, so copying a large unsent output only to drop it would double its memory).
+    std::function<bool(std::string_view message)> keep_undelivered;
 };
 
 /// Always-on counters. Sent = handed to the transport by a completed write.
@@ -112,8 +116,9 @@ struct close_result {
     std::error_code code;
     /// Human-readable: names the peer and what happened.
     std::string reason;
-    /// Messages taken by send() and not written whole, in the order they were sent. A message
-    /// cut by a failed write is here too: the peer may have received its first bytes only.
+    /// Messages taken by send() and not written whole, in the order they were sent (those
+    /// comm_options::keep_undelivered keeps). A message cut by a failed write is here too: the
+    /// peer may have received its first bytes only.
     std::vector<std::string> undelivered;
 };
 
