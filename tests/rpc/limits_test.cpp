@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "ordo/detail/memory_budget.hpp"
 #include "support/run_test.hpp"
@@ -251,6 +252,12 @@ TEST(Limits, IdleConnectionsAreToldWhyAndClosedBusyOnesAreNot) {
 // connection that is waiting, tells it why and closes it (rather than leave it in the
 // kernel's backlog with no answer); once descriptors are free again, clients are served.
 TEST(Limits, AServerOutOfDescriptorsTellsTheWaitingClientWhy) {
+#ifdef ORDO_UBSAN
+    // UBSan's vptr check probes memory through a pipe (sanitizer_common's
+    // IsAccessibleMemoryRange): in a process with no descriptor left it reports valid objects
+    // as having an invalid vptr, at any virtual call. The plain build runs this test.
+    GTEST_SKIP() << "needs a process out of descriptors, where UBSan's vptr check fails";
+#endif
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         event_log log;
@@ -273,13 +280,18 @@ TEST(Limits, AServerOutOfDescriptorsTellsTheWaitingClientWhy) {
         ::close(fillers.back());
         fillers.pop_back();
         std::string why;
+        std::optional<channel> c;
         try {
-            auto c = co_await async_connect(url);
-            auto [ec, v] = co_await c.async_call<int>("inc", 1, ordo::timeout(20s), use_tuple);
-            EXPECT_EQ(ec, errc::peer_lost);
-            co_await c.async_call<int>("inc", 2);
-        } catch (const std::exception& e) {
+            c = co_await async_connect(url);
+        } catch (const std::system_error& e) {
             why = e.what();
+        }
+        if (c) {
+            auto [ec, v] = co_await c->async_call<int>("inc", 1, ordo::timeout(20s), use_tuple);
+            EXPECT_EQ(ec, errc::peer_lost);
+            auto p = std::dynamic_pointer_cast<peer>(c->impl());
+            ORDO_CO_ASSERT_TRUE(p != nullptr);
+            why = (co_await p->async_wait_closed()).second;
         }
         for (int fd : fillers) ::close(fd);
         ::setrlimit(RLIMIT_NOFILE, &old);
