@@ -22,7 +22,11 @@ using test::wait_until;
 
 class nvim_process {
   public:
-    explicit nvim_process(const std::string& listen) {
+    explicit nvim_process(const std::string& listen)
+        : path_(listen.starts_with("/") ? listen : "") {
+        // nvim killed with SIGKILL leaves its socket file behind, and a later run whose pid
+        // names the same path found it: nvim would not listen there, and connecting was refused.
+        if (!path_.empty()) ::unlink(path_.c_str());
         const char* nvim = std::getenv("ORDO_NVIM");
         if (!nvim || ::access(nvim, X_OK) != 0)
             throw std::runtime_error(
@@ -36,9 +40,11 @@ class nvim_process {
     ~nvim_process() {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
+        if (!path_.empty()) ::unlink(path_.c_str());
     }
 
   private:
+    std::string path_;  // a unix socket's file, removed before and after
     pid_t pid_;
 };
 
