@@ -13,21 +13,21 @@
 // processes). The server writes its bound address on stdout and serves until its stdin ends,
 // which the client closes when done (or the kernel, if the client dies). Connections are made and
 // warmed before the clock starts; every reply is checked: a wrong or missing one fails the run
-// (exit status 1).
+// (exit status 1), as does a usage error (--help lists the flags).
 //
 // Payloads are --size bytes (at least 8) whose first 8 bytes are the message's sequence number.
 // ordo sends them as a msgpack str in the params; raw-tcp frames them with a 4-byte length;
 // raw-zmq sends them as one-frame messages.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <arpa/inet.h>
-#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +50,7 @@
 
 #include <ordo/ordo.hpp>
 
+#include "cli.hpp"
 #include "support/streams.hpp"  // listen_url, connect_url, shared_tls_files
 
 namespace net = ordo::net;
@@ -68,7 +69,7 @@ struct config {
     long inflight = 256;
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;
-    int spin_us = 0;  // both sides run ordo::run_spinning (raw-tcp: poll before each read)
+    int spin_us = 0;     // both sides run ordo::run_spinning (raw-tcp: poll before each read)
     long resume_ms = 0;  // ordered channels: a resumable session with this window
     bool json = false;
     std::string connect;  // client only, to a server started elsewhere
@@ -88,43 +89,39 @@ std::string scheme_of(const std::string& transport) {
     return transport == "zmq" ? "zmq+tcp" : transport;
 }
 
-config parse(int argc, char** argv) {
-    config c;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        if (k == "--json") {
-            c.json = true;
-            continue;
-        }
-        if (i + 1 >= argc) fail("flag " + k + " needs a value");
-        const std::string v = argv[++i];
-        auto num = [&] {
-            try {
-                std::size_t used = 0;
-                const long n = std::stol(v, &used);
-                if (used != v.size() || n < 0) throw std::invalid_argument(v);
-                return n;
-            } catch (const std::exception&) {
-                fail("flag " + k + " needs a number, not \"" + v + "\"");
-            }
-        };
-        if (k == "--workload") c.workload = v;
-        else if (k == "--transport") c.transport = v;
-        else if (k == "--mode") c.mode = v;
-        else if (k == "--interval-ms") c.interval_ms = static_cast<int>(num());
-        else if (k == "--count") c.count = num();
-        else if (k == "--inflight") c.inflight = std::max(1L, num());
-        else if (k == "--size") c.size = num();
-        else if (k == "--clients") c.clients = static_cast<int>(std::max(1L, num()));
-        else if (k == "--spin-us") c.spin_us = static_cast<int>(num());
-        else if (k == "--resume-ms") c.resume_ms = num();
-        else if (k == "--connect") c.connect = v;
-        else if (k == "--serve") c.serve = v;
-        else fail("unknown flag " + k);
-    }
+// The flags, into `c` (the header comment above lists them).
+void declare_flags(CLI::App& app, config& c) {
+    ordo_cli::use_defaults(app);
+    app.add_option("--workload", c.workload, "oneway, seq, pipelined, hol or fanin");
+    app.add_option("--transport", c.transport, "tcp, unix, inproc, zmq, tls, raw-tcp or raw-zmq");
+    app.add_option("--mode", c.mode, "ordered, pooled or naive (a connection per call)");
+    app.add_option("--interval-ms", c.interval_ms, "batching interval of each connection")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--count", c.count, "messages or calls (0: the workload's default)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--inflight", c.inflight, "calls in flight at once (at least 1)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--size", c.size, "payload bytes, at least 8 (0: 16; hol: 1 MiB)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--clients", c.clients, "fanin: client processes (at least 1)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--spin-us", c.spin_us, "poll this long before sleeping (ordo::run_spinning)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--resume-ms", c.resume_ms, "ordered channels: a resumable session")
+        ->check(ordo_cli::at_least(0));
+    app.add_flag("--json", c.json, "print the results as one JSON line");
+    app.add_option("--connect", c.connect, "client only: a server started elsewhere")
+        ->type_name("URL");
+    app.add_option("--serve", c.serve, "serve on URL (what the client starts)")->type_name("URL");
+}
+
+// Checks the combination of flags and fills in the workload's defaults.
+void complete(config& c) {
+    c.inflight = std::max(1L, c.inflight);
+    c.clients = std::max(1, c.clients);
     const std::vector<std::string> workloads{"oneway", "seq", "pipelined", "hol", "fanin"};
-    const std::vector<std::string> transports{"tcp",     "unix",    "inproc", "zmq",
-                                              "tls",     "raw-tcp", "raw-zmq"};
+    const std::vector<std::string> transports{"tcp", "unix",    "inproc", "zmq",
+                                              "tls", "raw-tcp", "raw-zmq"};
     if (std::find(workloads.begin(), workloads.end(), c.workload) == workloads.end())
         fail("unknown workload " + c.workload);
     if (std::find(transports.begin(), transports.end(), c.transport) == transports.end())
@@ -133,7 +130,8 @@ config parse(int argc, char** argv) {
         fail("unknown mode " + c.mode + " (ordered, pooled or naive)");
     if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
     if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
-    if (c.count == 0) c.count = c.workload == "oneway" ? 1'000'000 : c.workload == "hol" ? 50 : 100'000;
+    if (c.count == 0)
+        c.count = c.workload == "oneway" ? 1'000'000 : c.workload == "hol" ? 50 : 100'000;
     if (c.workload == "oneway" && c.mode != "ordered")
         fail("oneway runs on one ordered channel: --mode ordered");
     if (c.mode == "naive" && c.workload != "pipelined" && c.workload != "seq")
@@ -142,7 +140,6 @@ config parse(int argc, char** argv) {
         fail("raw baselines run oneway, seq, pipelined and fanin, in mode ordered");
     if (c.workload == "fanin" && c.transport == "inproc")
         fail("fanin runs client processes: inproc:// cannot reach them");
-    return c;
 }
 
 // ---------------------------------------------------------------- payloads and numbers
@@ -195,8 +192,8 @@ double thread_cpu() {
 /// What one client run measured.
 struct result {
     double seconds = 0;
-    long calls = 0;              // messages or calls counted in the rate
-    std::vector<float> lat_us;   // per call (empty for oneway)
+    long calls = 0;             // messages or calls counted in the rate
+    std::vector<float> lat_us;  // per call (empty for oneway)
     double msgs_per_write = 0;
     std::uint64_t peak_buffer_bytes = 0;
 };
@@ -829,7 +826,8 @@ net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
     }
     auto verdict = co_await ch.async_call<std::vector<std::uint64_t>>("done");
     res.seconds = seconds_since(start);
-    if (verdict.size() != 2 || verdict[0] != static_cast<std::uint64_t>(cfg.count) || verdict[1] != 1)
+    if (verdict.size() != 2 || verdict[0] != static_cast<std::uint64_t>(cfg.count) ||
+        verdict[1] != 1)
         fail("oneway: the server received " + std::to_string(verdict.empty() ? 0 : verdict[0]) +
              " messages" + (verdict.size() == 2 && verdict[1] ? "" : ", out of order"));
     res.calls = cfg.count;
@@ -839,7 +837,8 @@ net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
 }
 
 /// A connected, warmed channel for the ordo transports.
-net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string& url, long inflight) {
+net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string& url,
+                                           long inflight) {
     ordo::channel ch = co_await ordo::async_connect(client_url(cfg, url, inflight));
     // Warm: in pooled mode, this opens the connections the measured run will use. (hol's big
     // payloads are not needed for that.)
@@ -851,16 +850,21 @@ net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string&
 
 net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, long inflight) {
     if (cfg.mode == "naive") {
-        const std::string plain = with_params(url, "interval_ms=" + std::to_string(cfg.interval_ms));
+        const std::string plain =
+            with_params(url, "interval_ms=" + std::to_string(cfg.interval_ms));
         co_return co_await ordo_naive(cfg, plain, count, cfg.workload == "seq" ? 1 : inflight);
     }
     const long connections = cfg.workload == "seq" ? 1 : cfg.workload == "hol" ? 2 : inflight;
     ordo::channel ch = co_await ordo_channel(cfg, url, connections);
     result r;
-    if (cfg.workload == "oneway") r = co_await ordo_oneway(cfg, ch);
-    else if (cfg.workload == "seq") r = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), count, "seq");
-    else if (cfg.workload == "hol") r = co_await ordo_hol(cfg, ch);
-    else r = co_await ordo_pipelined(cfg, ch, count, inflight, 0);
+    if (cfg.workload == "oneway")
+        r = co_await ordo_oneway(cfg, ch);
+    else if (cfg.workload == "seq")
+        r = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), count, "seq");
+    else if (cfg.workload == "hol")
+        r = co_await ordo_hol(cfg, ch);
+    else
+        r = co_await ordo_pipelined(cfg, ch, count, inflight, 0);
     if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
         if (r.msgs_per_write == 0) r.msgs_per_write = p->comm().messages_per_write();
         r.peak_buffer_bytes = p->comm().peak_buffered_bytes;
@@ -888,11 +892,12 @@ result run_client(const config& cfg, const std::string& url, long count, long in
     net::io_context io(1);
     std::optional<result> r;
     std::exception_ptr error;
-    net::co_spawn(io, ordo_run(cfg, url, count, inflight),
-                  [&](std::exception_ptr e, result res) {
-                      if (e) error = e;
-                      else r = std::move(res);
-                  });
+    net::co_spawn(io, ordo_run(cfg, url, count, inflight), [&](std::exception_ptr e, result res) {
+        if (e)
+            error = e;
+        else
+            r = std::move(res);
+    });
     ordo::run_spinning(io, std::chrono::microseconds(cfg.spin_us));
     if (error) std::rethrow_exception(error);
     return std::move(*r);
@@ -937,22 +942,25 @@ std::string read_line(int fd) {
 server_handle start_server(const config& cfg) {
     server_handle s;
     std::string listen;
-    if (cfg.transport == "raw-tcp") listen = "raw-tcp://127.0.0.1:0";
-    else if (cfg.transport == "raw-zmq") listen = "raw-zmq://127.0.0.1";
-    else listen = ordo::test::listen_url(scheme_of(cfg.transport));  // tls: files made here
+    if (cfg.transport == "raw-tcp")
+        listen = "raw-tcp://127.0.0.1:0";
+    else if (cfg.transport == "raw-zmq")
+        listen = "raw-zmq://127.0.0.1";
+    else
+        listen = ordo::test::listen_url(scheme_of(cfg.transport));  // tls: files made here
     int ready[2], stop[2];
     if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe2(stop, O_CLOEXEC) != 0) fail("pipe failed");
     if (cfg.transport == "inproc") {
-        s.thread = std::thread([cfg, listen, ready_fd = ready[1], stop_fd = stop[0],
-                                cpu = s.thread_cpu] {
-            try {
-                serve_ordo(cfg, listen, ready_fd, stop_fd);
-            } catch (const std::exception& e) {
-                std::cerr << "ordo-bench server: " << e.what() << "\n";
-            }
-            ::close(stop_fd);
-            *cpu = thread_cpu();
-        });
+        s.thread =
+            std::thread([cfg, listen, ready_fd = ready[1], stop_fd = stop[0], cpu = s.thread_cpu] {
+                try {
+                    serve_ordo(cfg, listen, ready_fd, stop_fd);
+                } catch (const std::exception& e) {
+                    std::cerr << "ordo-bench server: " << e.what() << "\n";
+                }
+                ::close(stop_fd);
+                *cpu = thread_cpu();
+            });
     } else {
         const std::string interval = std::to_string(cfg.interval_ms);
         const std::string spin = std::to_string(cfg.spin_us);
@@ -962,9 +970,10 @@ server_handle start_server(const config& cfg) {
             ::prctl(PR_SET_PDEATHSIG, SIGKILL);
             ::dup2(stop[0], 0);
             ::dup2(ready[1], 1);
-            const char* args[] = {"ordo-bench",  "--serve",         listen.c_str(),
-                                  "--transport", cfg.transport.c_str(), "--interval-ms",
-                                  interval.c_str(), "--spin-us", spin.c_str(), nullptr};
+            const char* args[] = {
+                "ordo-bench",          "--serve",       listen.c_str(),   "--transport",
+                cfg.transport.c_str(), "--interval-ms", interval.c_str(), "--spin-us",
+                spin.c_str(),          nullptr};
             ::execv("/proc/self/exe", const_cast<char* const*>(args));
             std::_Exit(127);
         }
@@ -1021,8 +1030,7 @@ result run_fanin(const config& cfg, const std::string& url, double& clients_cpu)
                 const std::uint64_t n = r.lat_us.size();
                 write_all(up[1], reinterpret_cast<const char*>(&r.seconds), sizeof r.seconds);
                 write_all(up[1], reinterpret_cast<const char*>(&n), sizeof n);
-                write_all(up[1], reinterpret_cast<const char*>(r.lat_us.data()),
-                          n * sizeof(float));
+                write_all(up[1], reinterpret_cast<const char*>(r.lat_us.data()), n * sizeof(float));
             } catch (const std::exception& e) {
                 std::cerr << "ordo-bench fanin client: " << e.what() << "\n";
                 status = 1;
@@ -1050,7 +1058,8 @@ result run_fanin(const config& cfg, const std::string& url, double& clients_cpu)
         } else {
             const auto old = res.lat_us.size();
             res.lat_us.resize(old + n);
-            if (!read_all(k.from, reinterpret_cast<char*>(res.lat_us.data() + old), n * sizeof(float)))
+            if (!read_all(k.from, reinterpret_cast<char*>(res.lat_us.data() + old),
+                          n * sizeof(float)))
                 ok = false;
             longest = std::max(longest, secs);
         }
@@ -1096,17 +1105,16 @@ void report(const config& cfg, result& r, double client_cpu, std::optional<doubl
             "\"rate\":%.0f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
             "\"msgs_per_write\":%.1f,\"peak_buffer_bytes\":%llu,\"client_cpu_s\":%.3f,"
             "\"server_cpu_s\":%s,\"spin_us\":%d,\"cdf_us\":%s}\n",
-            cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
-            r.calls, cfg.workload == "seq" || cfg.workload == "hol" ? 1 : cfg.inflight, cfg.size,
-            cfg.workload == "fanin" ? cfg.clients : 1, r.seconds, rate,
-            percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.9), percentile(r.lat_us, 0.99),
-            percentile(r.lat_us, 0.999), r.msgs_per_write,
-            static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server, cfg.spin_us,
-            cdf(r.lat_us).c_str());
+            cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, r.calls,
+            cfg.workload == "seq" || cfg.workload == "hol" ? 1 : cfg.inflight, cfg.size,
+            cfg.workload == "fanin" ? cfg.clients : 1, r.seconds, rate, percentile(r.lat_us, 0.5),
+            percentile(r.lat_us, 0.9), percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999),
+            r.msgs_per_write, static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu,
+            server, cfg.spin_us, cdf(r.lat_us).c_str());
     } else {
-        std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s", cfg.workload.c_str(),
-                    cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, cfg.size, r.calls,
-                    r.seconds, rate);
+        std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s",
+                    cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
+                    cfg.size, r.calls, r.seconds, rate);
         if (!r.lat_us.empty())
             std::printf("; p50 %.1f us, p99 %.1f us, p99.9 %.1f us", percentile(r.lat_us, 0.5),
                         percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999));
@@ -1139,7 +1147,8 @@ int bench_main(const config& cfg) {
     std::optional<double> server_cpu;
     if (srv) {
         server_cpu = srv->stop();
-        if (cfg.transport == "inproc") client_cpu -= *server_cpu;  // the server ran on a thread here
+        if (cfg.transport == "inproc")
+            client_cpu -= *server_cpu;  // the server ran on a thread here
     }
     report(cfg, r, client_cpu, server_cpu);
     return 0;
@@ -1148,8 +1157,12 @@ int bench_main(const config& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    config cfg;
+    CLI::App app{"ordo's workloads and the raw baselines they are measured against.", "ordo-bench"};
+    declare_flags(app, cfg);
+    if (const auto status = ordo_cli::parse(app, argc, argv, 1)) return *status;
     try {
-        const config cfg = parse(argc, argv);
+        complete(cfg);
         if (!cfg.serve.empty()) return serve_main(cfg);
         ::signal(SIGPIPE, SIG_IGN);
         return bench_main(cfg);

@@ -7,13 +7,15 @@
 // a userspace proxy (tests/support/cutting_proxy.hpp) that resets the connection every 20-40 ms.
 // For each cut it records the time from the reset to the first response carried by the new
 // connection (the session's resume count has grown), and prints p50, p90, p99 and the maximum.
-// Every reply is checked; a wrong one, or a call that fails, fails the run (exit status 1).
+// Every reply is checked; a wrong one, or a call that fails, fails the run (exit status 1), as
+// does a usage error (--help lists the flags).
 #include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "ordo/ordo.hpp"
 #include "support/cutting_proxy.hpp"
 
@@ -31,30 +33,6 @@ struct config {
     long resume_ms = 10'000;
 };
 
-config parse(int argc, char** argv) {
-    config c;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        if (i + 1 >= argc) fail("flag " + k + " needs a value");
-        const std::string v = argv[++i];
-        long n = 0;
-        try {
-            std::size_t used = 0;
-            n = std::stol(v, &used);
-            if (used != v.size() || n <= 0) throw std::invalid_argument(v);
-        } catch (const std::exception&) {
-            fail("flag " + k + " needs a positive number, not \"" + v + "\"");
-        }
-        if (k == "--cuts")
-            c.cuts = n;
-        else if (k == "--resume-ms")
-            c.resume_ms = n;
-        else
-            fail("unknown flag " + k + " (--cuts N, --resume-ms N)");
-    }
-    return c;
-}
-
 double percentile(std::vector<double> v, double p) {
     std::sort(v.begin(), v.end());
     return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
@@ -63,7 +41,14 @@ double percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const config cfg = parse(argc, argv);
+    config cfg;
+    CLI::App app{"From a dropped connection to the next response (resumable sessions).",
+                 "ordo-resume-latency"};
+    ordo_cli::use_defaults(app);
+    app.add_option("--cuts", cfg.cuts, "connections to cut")->check(ordo_cli::at_least(1));
+    app.add_option("--resume-ms", cfg.resume_ms, "the client's resume_ms")
+        ->check(ordo_cli::at_least(1));
+    if (const auto status = ordo_cli::parse(app, argc, argv, 1)) return *status;
     ordo::net::io_context io;
     ordo::server srv(io.get_executor());
     srv.on("echo", [](std::uint64_t i) { return i; });

@@ -144,9 +144,9 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     void send(std::string_view m, std::string_view body = {}) {
         if (st != state::open) {
             auto code = has_reason ? result.code : make_error_code(errc::closed);
-            throw std::system_error(
-                code, "ordo: send to " + t->remote_address() +
-                          " refused: " + (has_reason ? result.reason : "connection is closing"));
+            throw rpc_error(code, {}, {},
+                            "ordo: send to " + t->remote_address() + " refused: " +
+                                (has_reason ? result.reason : "connection is closing"));
         }
         const std::size_t size = m.size() + body.size();
         if (size > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))

@@ -31,7 +31,7 @@ namespace ordo {
 namespace detail {
 
 void transport_fail(std::string_view what, std::string_view url, const std::error_code& ec) {
-    throw std::system_error(ec, "ordo: " + std::string(what) + " " + std::string(url));
+    throw rpc_error(ec, {}, {}, "ordo: " + std::string(what) + " " + std::string(url));
 }
 
 }  // namespace detail
@@ -595,6 +595,12 @@ std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_vie
 std::unique_ptr<listener> listen(const net::any_io_executor& ex, std::string_view url,
                                  const transport_options& o) {
     const address a = parse_address(url);
+    // Only transport parameters configure a listener (the same list connect passes on): a
+    // misspelt one would otherwise be ignored silently.
+    for (const auto& param : a.params)
+        if (!is_transport_parameter(param.first))
+            throw_error(errc::bad_address, "ordo: invalid address \"" + std::string(url) +
+                                               "\": unknown parameter \"" + param.first + "\"");
     if (a.scheme == "unix") return std::make_unique<unix_listener>(ex, a);
     if (a.scheme == "inproc") return detail::listen_inproc(ex, a, o);
     if (a.scheme == "zmq+tcp" || a.scheme == "zmq+ipc") return detail::listen_zmq(ex, a, o);

@@ -8,10 +8,13 @@
 // --adds A (ordered mode): also A add(1) notifications spread evenly among the calls, and a check
 // that total() grew by exactly A from before the first to after the last (no other client may
 // add meanwhile): the ok line ends "; total grew by A", else "error: total grew by X, expected A".
+// --help lists the flags; a usage error (an unknown flag, a value that is not a number) prints
+// CLI11's message naming the flag and exits 1.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 
+#include "cli.hpp"
 #include "counter.hpp"
 #include "run_main.hpp"
 
@@ -111,39 +114,31 @@ net::awaitable<void> run(const config& cfg) {
 
 int main(int argc, char** argv) {
     config cfg;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
-            return argv[++i];
-        };
-        try {
-            if (a == "--connect")
-                cfg.url = value();
-            else if (a == "--mode")
-                cfg.mode = value();
-            else if (a == "--calls")
-                cfg.calls = std::stol(value());
-            else if (a == "--inflight")
-                cfg.inflight = std::stol(value());
-            else if (a == "--adds")
-                cfg.adds = std::stol(value());
-            else if (a == "--timeout-ms")
-                cfg.timeout_ms = std::stol(value());
-            else if (a == "--liveness-timeout-ms")
-                cfg.liveness_timeout_ms = std::stol(value());
-            else if (a == "--ca")
-                cfg.ca = value();
-            else if (a == "--cert")
-                cfg.cert = value();
-            else if (a == "--key")
-                cfg.key = value();
-            else
-                throw std::runtime_error("unknown flag " + a);
-        } catch (const std::exception& e) {
-            std::cerr << "error: " << e.what() << "\n";
-            return 1;
-        }
-    }
+    CLI::App app{"Calls inc(i) for i in 0..N-1, K at a time, and checks every result.",
+                 "ordo-inc-client"};
+    ordo_cli::use_defaults(app);
+    app.add_option("--connect", cfg.url, "the server's URL, any scheme (route+..., ?params too)")
+        ->type_name("URL");
+    app.add_option("--mode", cfg.mode, "ordered (one connection) or pooled")->type_name("MODE");
+    app.add_option("--calls", cfg.calls, "calls to make")->check(ordo_cli::at_least(0));
+    app.add_option("--inflight", cfg.inflight, "calls in flight at once (pooled: connections)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--adds", cfg.adds,
+                   "add(1) notifications among the calls, and a check that total() grew by "
+                   "exactly that (ordered mode)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--timeout-ms", cfg.timeout_ms, "deadline of each call (0: none)")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--liveness-timeout-ms", cfg.liveness_timeout_ms,
+                   "a server silent for this long while calls are pending is lost (default: the "
+                   "library's)")
+        ->check(ordo_cli::at_least(0))
+        ->default_str("");
+    app.add_option("--ca", cfg.ca, "CA that tls:// servers are checked against (default: system)")
+        ->type_name("F");
+    app.add_option("--cert", cfg.cert, "client certificate, for servers that ask for one")
+        ->type_name("F");
+    app.add_option("--key", cfg.key, "the client certificate's key")->type_name("F");
+    if (const auto status = ordo_cli::parse(app, argc, argv, 1)) return *status;
     return run_main("error: ", run(cfg));
 }

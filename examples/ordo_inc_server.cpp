@@ -1,52 +1,103 @@
 // ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L]
-//                 [--cert F --key F [--ca F]]
+//                 [--cert F --key F [--ca F]] [--metrics HOST:PORT] [--verbose]
 // Serves counter (examples/counter.hpp) and echo(any) on every URL, of any scheme: tcp://,
 // unix://, tls://, zmq+tcp://, zmq+ipc:// (and inproc://, reachable from this process only).
 // --cert/--key are the certificate and key of tls:// listeners; with --ca, clients must show a
 // certificate signed by that CA (mutual TLS). Prints "listening on URL" for each (with the real
 // port for port 0), "refused: <why>" on stderr for failed TLS handshakes, and exits 0 after a
-// graceful stop on SIGINT/SIGTERM.
+// graceful stop on SIGINT/SIGTERM. What the server drops or refuses (server_options::on_event:
+// protocol errors, timeouts, refused connections, dropped notifications...) goes to stderr, one
+// line each; --verbose adds every connection opened and closed. --metrics serves Prometheus
+// metrics (ordo/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help lists the
+// flags; a usage error (an unknown flag, a value that is not a number) prints CLI11's message
+// naming the flag and exits 2.
 #include <asio/signal_set.hpp>
 
 #include <iostream>
+#include <memory>
 #include <vector>
 
+#include "cli.hpp"
 #include "inc_handlers.hpp"
+#ifdef ORDO_HAS_PROMETHEUS
+#include "ordo/prometheus.hpp"
+#endif
 
 namespace net = ordo::net;
 
 int main(int argc, char** argv) {
     std::vector<std::string> urls;
     ordo::server_options options;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--listen" && i + 1 < argc) {
-            urls.push_back(argv[++i]);
-        } else if (a == "--liveness-timeout-ms" && i + 1 < argc) {
-            options.peer.liveness_timeout = std::chrono::milliseconds(std::stol(argv[++i]));
-        } else if (a == "--cert" && i + 1 < argc) {
-            options.peer.transport.tls.cert_file = argv[++i];
-        } else if (a == "--key" && i + 1 < argc) {
-            options.peer.transport.tls.key_file = argv[++i];
-        } else if (a == "--ca" && i + 1 < argc) {
-            options.peer.transport.tls.ca_file = argv[++i];
-        } else {
-            std::cerr << "usage: ordo-inc-server --listen URL [--listen URL...] "
-                         "[--liveness-timeout-ms L] [--cert F --key F [--ca F]]\n";
-            return 2;
-        }
-    }
+    long liveness_timeout_ms = -1;  // -1: the library's default
+    std::string metrics;
+    bool verbose = false;
+    CLI::App app{"Serves counter and echo(any) on every URL until SIGINT or SIGTERM.",
+                 "ordo-inc-server"};
+    ordo_cli::use_defaults(app);
+    app.add_option("--listen", urls,
+                   "a URL to listen on, any scheme; repeat for more (default "
+                   "tcp://127.0.0.1:7000)")
+        ->type_name("URL")
+        ->default_str("")
+        ->take_all()
+        ->allow_extra_args(false);
+    app.add_option("--liveness-timeout-ms", liveness_timeout_ms,
+                   "a peer silent for this long while calls are pending is lost (default: the "
+                   "library's)")
+        ->check(ordo_cli::at_least(0))
+        ->default_str("");
+    app.add_option("--cert", options.peer.transport.tls.cert_file,
+                   "certificate of the tls:// listeners (PEM)")
+        ->type_name("F");
+    app.add_option("--key", options.peer.transport.tls.key_file,
+                   "private key of the tls:// listeners (PEM)")
+        ->type_name("F");
+    app.add_option("--ca", options.peer.transport.tls.ca_file,
+                   "clients must show a certificate signed by this CA (mutual TLS)")
+        ->type_name("F");
+    app.add_option("--metrics", metrics,
+                   "serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free one)")
+        ->type_name("HOST:PORT");
+    app.add_flag("--verbose", verbose, "also print every connection opened and closed");
+    if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
+    if (liveness_timeout_ms >= 0)
+        options.peer.liveness_timeout = std::chrono::milliseconds(liveness_timeout_ms);
     if (urls.empty()) urls.push_back("tcp://127.0.0.1:7000");
 
     options.peer.transport.on_refused = [](const std::string& why) {
         std::cerr << "refused: " << why << std::endl;
+    };
+    options.on_event = [verbose](const ordo::server_event& e) {
+        using kind = ordo::server_event::kind;
+        // A peer that leaves (end of stream, reset) or is closed by the stop is no news.
+        const bool routine = e.what == kind::opened ||
+                             (e.what == kind::closed &&
+                              (e.code == ordo::errc::peer_lost || e.code == ordo::errc::closed ||
+                               e.code == ordo::errc::shutting_down || !e.code));
+        if (verbose || !routine) std::cerr << ordo::to_string(e) << std::endl;
     };
     net::io_context io;
     ordo::server srv(io.get_executor(), options);
     long total = 0;  // process-wide, shared by every peer
     serve_counter(srv, total);
 
+#ifdef ORDO_HAS_PROMETHEUS
+    std::unique_ptr<ordo::prometheus_exporter> exporter;  // stops serving before srv goes
+#endif
     try {
+#ifdef ORDO_HAS_PROMETHEUS
+        if (!metrics.empty()) {
+            exporter = std::make_unique<ordo::prometheus_exporter>(metrics);
+            exporter->add(srv);
+            std::cout << "metrics on " << exporter->url() << std::endl;
+        }
+#else
+        if (!metrics.empty()) {
+            std::cerr << "error: --metrics: this ordo-inc-server was built without "
+                         "prometheus-cpp (install prometheus-cpp-dev and rebuild)\n";
+            return 1;
+        }
+#endif
         for (const auto& u : urls) std::cout << "listening on " << srv.listen(u) << std::endl;
     } catch (const std::exception& e) {
         std::cerr << "error: " << e.what() << "\n";

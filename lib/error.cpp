@@ -36,12 +36,19 @@ const char* to_string(errc e) noexcept {
 }
 
 void throw_error(errc code, const std::string& what) {
-    throw std::system_error(make_error_code(code), what);
+    throw rpc_error(make_error_code(code), {}, {}, what);
 }
 
 namespace {
 std::string describe(const std::error_code& code, const std::string& method,
                      const std::string& peer, const std::string& detail) {
+    // No method: opening a connection failed. The detail (the OS's or ordo's reason) says it
+    // better than the code's words: "connect to tcp://127.0.0.1:1 failed: connection refused".
+    // Neither: a local failure (throw_error); it reads as std::system_error's would.
+    if (method.empty() && peer.empty()) return detail + ": " + code.message();
+    if (method.empty())
+        return "ordo: connect to " + peer +
+               " failed: " + (detail.empty() ? code.message() : detail);
     std::string s = "ordo: call " + method + " to " + peer + " failed: " + code.message();
     if (!detail.empty() && detail != code.message()) s += " (" + detail + ")";
     return s;

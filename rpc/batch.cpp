@@ -150,7 +150,7 @@ void batcher_core::set_max_wait(std::chrono::milliseconds w) {
 namespace ordo {
 
 net::awaitable<void> handlers::async_wait_batches() const {
-    for (const auto& b : batchers_) co_await b->async_wait_idle();
+    for (const auto& b : batchers_) co_await b.core->async_wait_idle();
 }
 
 }  // namespace ordo

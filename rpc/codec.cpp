@@ -1,9 +1,12 @@
 #include "ordo/codec.hpp"
 
 #include <cstring>
+#include <sstream>
 #include <string>
 
 #include "comm/framing.hpp"
+#include "ordo/call.hpp"
+#include "ordo/detail/type_traits.hpp"
 
 namespace ordo {
 namespace {
@@ -338,5 +341,20 @@ std::optional<message> decoder::next() {
 void decoder::finish() const {
     impl_->framer.finish();
 }
+
+namespace detail {
+
+void throw_bad_result(const std::type_info& expected, const msgpack::object& got) {
+    // The value as msgpack-c prints it (JSON-like), cut short: enough to recognise it.
+    std::ostringstream text;
+    text << got;
+    std::string shown = text.str();
+    constexpr std::size_t max_shown = 60;
+    if (shown.size() > max_shown) shown = shown.substr(0, max_shown) + "...";
+    throw_error(errc::bad_result, "result does not convert: expected " + type_name(expected) +
+                                      ", got " + ordo::type_name(got) + " " + shown);
+}
+
+}  // namespace detail
 
 }  // namespace ordo

@@ -1,5 +1,7 @@
 #include "ordo/connect.hpp"
 
+#include <cctype>
+
 #include <asio/experimental/awaitable_operators.hpp>
 
 #include "lib/url_number.hpp"
@@ -31,6 +33,37 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
     else
         return false;
     return true;
+}
+
+rpc_error connect_error(std::string_view url, const std::system_error& e) {
+    auto* r = dynamic_cast<const rpc_error*>(&e);
+    if (r && !r->peer().empty()) return *r;  // already names its address
+    // What went wrong, without the "ordo: " prefix and the code's words after it.
+    std::string inner = r ? r->detail() : e.what();
+    if (inner.starts_with("ordo: ")) inner.erase(0, 6);
+    if (!r && inner.ends_with(": " + e.code().message()))
+        inner.resize(inner.size() - e.code().message().size() - 2);
+    if (e.code().category() == ordo::error_category())
+        return rpc_error(e.code(), {}, std::string(url), inner);
+    const std::error_code ec = e.code();
+    const bool unknown_host =
+        ec == net::error::host_not_found || ec == net::error::service_not_found;
+    // The OS's words, as a phrase ("connection refused"), after what was tried when that names
+    // another address than `url` (a router's replica).
+    std::string reason = ec.message();
+    if (!reason.empty()) reason[0] = static_cast<char>(std::tolower(reason[0]));
+    std::string canonical;
+    try {
+        canonical = parse_address(url).to_string();
+    } catch (const std::system_error&) {
+    }
+    const bool names_url = inner.find(std::string(url)) != std::string::npos ||
+                           (!canonical.empty() && inner.find(canonical) != std::string::npos);
+    if (!names_url && inner.ends_with(": " + ec.message()))
+        reason = inner.substr(0, inner.size() - ec.message().size()) + reason;
+    return rpc_error(
+        unknown_host ? make_error_code(errc::bad_address) : make_error_code(errc::peer_lost), {},
+        std::string(url), reason);
 }
 
 namespace {
@@ -81,10 +114,8 @@ std::shared_ptr<peer> make_connected_peer(std::unique_ptr<transport> t, const st
     resume_config rc;
     if (o.resume.count() > 0) {
         rc.window = o.resume;
-        rc.reconnect = [url, to = o.transport,
-                        lv = o.liveness_timeout](std::chrono::milliseconds limit) {
-            return reopen(url, to, lv, limit);
-        };
+        rc.reconnect = [url, to = o.transport, lv = o.liveness_timeout](
+                           std::chrono::milliseconds limit) { return reopen(url, to, lv, limit); };
     }
     return make_peer(std::move(t), std::move(o), h, std::move(rc));
 }
@@ -194,7 +225,9 @@ net::awaitable<channel> async_connect(std::string_view url) {
     return async_connect(url, peer_options{}, nullptr);
 }
 
-net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
+namespace {
+
+net::awaitable<channel> open_channel(std::string_view url, peer_options o, const handlers* h) {
     if (url.substr(0, 6) == "route+") co_return co_await connect_route(url, std::move(o));
     const address a = parse_address(url);
     bool pooled = false;
@@ -206,8 +239,7 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
         const std::string& value = param.second;
         auto n = [&] { return detail::number_parameter(url, key, value); };
         if (key == "mode") {
-            if (value != "ordered" && value != "pooled")
-                bad(url, "mode must be ordered or pooled");
+            if (value != "ordered" && value != "pooled") bad(url, "mode must be ordered or pooled");
             pooled = value == "pooled";
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (key == "max_connections") {
@@ -227,8 +259,9 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
         }
     }
     if (pooled && o.resume.count() > 0)
-        bad(url, "resume_ms applies to ordered channels and router replicas, not to mode=pooled "
-                 "(a pool's calls are independent: a dropped connection fails only its own call)");
+        bad(url,
+            "resume_ms applies to ordered channels and router replicas, not to mode=pooled "
+            "(a pool's calls are independent: a dropped connection fails only its own call)");
     // The transport sees the address with its own parameters only.
     const std::string where = a.to_string() + kept;
     auto ex = co_await net::this_coro::executor;
@@ -242,6 +275,18 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
     auto p = detail::make_connected_peer(std::move(t), where, std::move(o), h);
     p->start();
     co_return channel(std::move(p));
+}
+
+}  // namespace
+
+net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
+    // A copy: the caller's string may not outlive the first suspension of the rethrow below.
+    const std::string where(url);
+    try {
+        co_return co_await open_channel(where, std::move(o), h);
+    } catch (const std::system_error& e) {
+        throw detail::connect_error(where, e);
+    }
 }
 
 }  // namespace ordo

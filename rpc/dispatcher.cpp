@@ -8,6 +8,7 @@
 #include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
 #include "rpc/detail/wire_errors.hpp"
+#include "rpc/stats.hpp"
 
 namespace ordo::detail {
 
@@ -32,6 +33,8 @@ struct dispatcher::run {
     bool serial = false;
     bool cancelled = false;
     bool orphan = false;  // of a session that was lost: its answer is not sent
+    method_counters* counters = nullptr;
+    std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
 };
 
@@ -108,6 +111,11 @@ void dispatcher::on_reserved(const message& m) {
             p.pack(sig);
         });
         host_.send_response(b);
+    } else if (m.method == "ordo.stats" && req && h_ && h_->introspection()) {
+        buffer b(small_buffer);
+        write_response_head(b, m.msgid);
+        pack_stats(b, *h_);
+        host_.send_response(b);
     } else if (m.method == "ordo.closing") {
         // [code, reason]: the remote side closes the connection next, and says why.
         const auto& a = m.params.via.array;
@@ -148,11 +156,16 @@ void dispatcher::dispatch(message& m) {
     const bool req = m.kind == message_kind::request;
     const handler_entry* e = h_ ? h_->find(m.method) : nullptr;
     if (!e) {
-        if (req)
+        if (h_) h_->count_unknown(req);
+        if (req) {
             respond_error(m.msgid, errc::method_not_found,
                           "no method \"" + std::string(m.method) + "\"");
-        else
+        } else {
             ++c_.unknown_notifications;
+            host_.dropped(
+                m.method, errc::method_not_found,
+                "notification for \"" + std::string(m.method) + "\" dropped: no such method");
+        }
         return;
     }
     if (e->sync) return run_sync(*e, m);
@@ -161,24 +174,37 @@ void dispatcher::dispatch(message& m) {
 
 void dispatcher::run_sync(const handler_entry& e, const message& m) {
     const bool req = m.kind == message_kind::request;
+    const bool timed = h_->time_calls();
+    const auto started =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     scratch_.clear();
     if (req) write_response_head(scratch_, m.msgid);
+    bool failed = false;
     try {
         e.sync(self_, m.params, scratch_);
     } catch (...) {
+        failed = true;
         auto [code, text] = describe_current_exception();
         scratch_.clear();
-        if (req)
+        if (req) {
             encode_error_response(scratch_, m.msgid, code, text);
-        else
+            e.counters->request_done(code);
+        } else {
             ++c_.notification_errors;
+            host_.dropped(
+                m.method, code,
+                "notification handler for \"" + std::string(m.method) + "\" failed: " + text);
+        }
     }
     if (req) {
         host_.send_response(scratch_);
         ++c_.requests_served;
+        if (!failed) e.counters->request_done();
     } else {
         ++c_.notifications_served;
+        e.counters->notification_done(failed);
     }
+    if (timed) e.counters->took(std::chrono::steady_clock::now() - started);
 }
 
 void dispatcher::start_async(const handler_entry& e, message& m) {
@@ -187,6 +213,8 @@ void dispatcher::start_async(const handler_entry& e, message& m) {
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
     r.serial = !e.concurrent;
+    r.counters = e.counters.get();
+    if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
     if (r.serial) serial_busy_ = true;
     c_.running_handlers = runs_.size();
     host_.handler_started();
@@ -225,6 +253,9 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     const bool serial = it->serial;
     const bool req = it->is_request;
     const bool orphan = it->orphan;
+    method_counters& counters = *it->counters;
+    if (it->started != std::chrono::steady_clock::time_point{})
+        counters.took(std::chrono::steady_clock::now() - it->started);
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {
@@ -233,12 +264,21 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
         if (failed) {
             out.clear();
             encode_error_response(out, m.msgid, why.first, why.second);
+            counters.request_done(why.first);
+        } else {
+            counters.request_done();
         }
         host_.send_response(out);
         ++c_.requests_served;
     } else {
-        if (failed) ++c_.notification_errors;
+        if (failed) {
+            ++c_.notification_errors;
+            host_.dropped(
+                m.method, why.first,
+                "notification handler for \"" + std::string(m.method) + "\" failed: " + why.second);
+        }
         ++c_.notifications_served;
+        counters.notification_done(failed);
     }
     if (serial) {
         serial_busy_ = false;

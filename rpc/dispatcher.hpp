@@ -11,6 +11,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "ordo/codec.hpp"
 #include "ordo/net.hpp"
@@ -41,6 +42,9 @@ class dispatcher_host {
     virtual std::shared_ptr<void> keep_alive() = 0;
     /// The remote side said (ordo.closing) that it is closing the connection, and why.
     virtual void remote_closing(std::string reason) = 0;
+    /// A message was dropped with nobody to answer: a notification for a method with no
+    /// handler, or whose handler threw.
+    virtual void dropped(std::string_view method, errc code, std::string reason) = 0;
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,

@@ -121,6 +121,10 @@ struct peer::state final : detail::call_table_host,
     void remote_closing(std::string reason) override {
         sess->note_remote_reason(std::move(reason));
     }
+    void dropped(std::string_view method, errc code, std::string reason) override {
+        if (o.on_dropped)
+            o.on_dropped({remote, std::string(method), make_error_code(code), std::move(reason)});
+    }
 
     std::size_t calls_waiting() const override { return calls.waiting(); }
     std::size_t handlers_running() const override { return disp.running(); }
@@ -174,9 +178,9 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
 
 void peer::notify_raw(std::string_view method, std::string_view params) {
     if (!s_->sess->is_open())
-        throw std::system_error(s_->sess->close_code(), "ordo: notify " + std::string(method) +
-                                                            " to " + s_->remote +
-                                                            " failed: " + s_->sess->close_reason());
+        throw rpc_error(s_->sess->close_code(), {}, {},
+                        "ordo: notify " + std::string(method) + " to " + s_->remote +
+                            " failed: " + s_->sess->close_reason());
     s_->sess->send(detail::notification_head(method), params);
 }
 

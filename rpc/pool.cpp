@@ -64,9 +64,9 @@ struct pool::state {
     net::any_io_executor ex;
     std::string url;
     pool_options o;
-    std::vector<std::shared_ptr<peer>> open;  // idle and busy
-    std::vector<idle_entry> idle;             // most recently used last
-    detail::wait_queue queue;                 // calls waiting for a connection
+    std::vector<std::shared_ptr<peer>> open;                 // idle and busy
+    std::vector<idle_entry> idle;                            // most recently used last
+    detail::wait_queue queue;                                // calls waiting for a connection
     std::vector<std::pair<std::string, std::string>> notes;  // waiting for a connection
     std::size_t connecting = 0;
     bool closed = false;
@@ -82,14 +82,16 @@ struct pool::state {
     }
 
     void start_call(std::unique_ptr<detail::pending_call> call) {
-        if (closed) return detail::fail_call(*call, errc::closed, "ordo: pool for " + url + " is closed");
+        if (closed)
+            return detail::fail_call(*call, errc::closed, "ordo: pool for " + url + " is closed");
         const auto timeout =
             call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
         if (auto conn = take_idle()) return lend(conn, std::move(call), timeout);
         if (queue.size() >= o.max_queued_calls)
             return detail::fail_call(*call, errc::overloaded,
-                        "ordo: " + std::to_string(queue.size()) + " calls already wait for a " +
-                            "connection to " + url + " (max_queued_calls)");
+                                     "ordo: " + std::to_string(queue.size()) +
+                                         " calls already wait for a " + "connection to " + url +
+                                         " (max_queued_calls)");
         queue.push(std::move(call), timeout);
         update();
         maybe_connect();
@@ -159,10 +161,14 @@ struct pool::state {
         std::error_code ec;
         std::string why;
         try {
-            t = co_await detail::open_transport_within(s.url, s.o.connect_timeout, s.o.peer.transport);
+            t = co_await detail::open_transport_within(s.url, s.o.connect_timeout,
+                                                       s.o.peer.transport);
         } catch (const std::system_error& e) {
-            ec = e.code();
-            why = e.what();
+            // The code an ordered channel reports for a server that is gone (peer_lost, or
+            // timed_out...), with the OS's reason as the detail.
+            const rpc_error r = detail::connect_error(s.url, e);
+            ec = r.code();
+            why = r.detail();
         }
         --s.connecting;
         if (t)
@@ -299,7 +305,13 @@ net::any_io_executor pool::get_executor() const {
 
 net::awaitable<void> pool::async_warm_up() {
     auto keep = shared_from_this();
-    auto t = co_await detail::open_transport_within(s_->url, s_->o.connect_timeout, s_->o.peer.transport);
+    std::unique_ptr<transport> t;
+    try {
+        t = co_await detail::open_transport_within(s_->url, s_->o.connect_timeout,
+                                                   s_->o.peer.transport);
+    } catch (const std::system_error& e) {
+        throw detail::connect_error(s_->url, e);
+    }
     s_->adopt(std::move(t));
 }
 

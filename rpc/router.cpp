@@ -32,8 +32,8 @@ std::uint64_t hash_of(std::string_view s) {
 class histogram {
   public:
     void record(clock_type::duration d) {
-        const auto us = static_cast<std::uint64_t>(
-            std::max<std::int64_t>(1, std::chrono::duration_cast<std::chrono::microseconds>(d).count()));
+        const auto us = static_cast<std::uint64_t>(std::max<std::int64_t>(
+            1, std::chrono::duration_cast<std::chrono::microseconds>(d).count()));
         const int e = std::bit_width(us) - 1;
         const unsigned sub = e >= 3 ? (us >> (e - 3)) & 7 : (us << (3 - e)) & 7;
         ++b_[static_cast<std::size_t>(e) * 8 + sub];
@@ -123,7 +123,7 @@ struct router::state {
     router& self;
     net::any_io_executor ex;
     router_options o;
-    std::vector<std::shared_ptr<replica>> reps;  // in the order added
+    std::vector<std::shared_ptr<replica>> reps;            // in the order added
     std::vector<std::pair<std::uint64_t, replica*>> ring;  // sorted by hash
     detail::wait_queue queue;
     router_counters c;
@@ -167,7 +167,8 @@ struct router::state {
         for (auto& r : reps) {
             if (r->ph != phase::live || is_shadow(*r)) continue;
             const auto points = std::max<std::size_t>(
-                1, static_cast<std::size_t>(std::llround(static_cast<double>(o.ring_points) * r->weight)));
+                1, static_cast<std::size_t>(
+                       std::llround(static_cast<double>(o.ring_points) * r->weight)));
             for (std::size_t i = 0; i < points; ++i)
                 ring.emplace_back(hash_of(r->url + "#" + std::to_string(i)), r.get());
         }
@@ -227,7 +228,8 @@ struct router::state {
     }
 
     void start_call(std::unique_ptr<detail::pending_call> call) {
-        if (closed) return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
+        if (closed)
+            return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
         const bool retry = call->attempt > 0;
         if (!retry) ++c.calls;
         const auto timeout =
@@ -236,8 +238,7 @@ struct router::state {
         // freed up before the queue was served (which keeps the order of a key across failover).
         if (queue.empty())
             if (replica* r = pick(*call)) return send(shared(r), std::move(call), timeout, retry);
-        if (!any_usable())
-            return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
+        if (!any_usable()) return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
         if (queue.size() >= o.max_queued_calls)
             return detail::fail_call(*call, errc::overloaded,
                                      "ordo: " + std::to_string(queue.size()) +
@@ -249,7 +250,8 @@ struct router::state {
     }
 
     std::string no_replica_reason() const {
-        return "no live replica in " + name + (last_loss.empty() ? "" : " (last lost: " + last_loss + ")");
+        return "no live replica in " + name +
+               (last_loss.empty() ? "" : " (last lost: " + last_loss + ")");
     }
 
     void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
@@ -262,7 +264,8 @@ struct router::state {
             }
         }
         auto rc = std::make_unique<routed_call>(self.weak_from_this(), r);
-        if (!retry && o.idempotent_methods.count(call->method)) rc->saved_params = call->params.copy();
+        if (!retry && o.idempotent_methods.count(call->method))
+            rc->saved_params = call->params.copy();
         detail::move_call_fields(*call, *rc, timeout);
         if (timeout.count() > 0) rc->deadline = clock_type::now() + timeout;
         rc->inner = std::move(call);
@@ -344,9 +347,8 @@ struct router::state {
             update();
             return;
         }
-        while (auto t = queue.take_first([this](const detail::pending_call& call) {
-            return peek(call) != nullptr;
-        })) {
+        while (auto t = queue.take_first(
+                   [this](const detail::pending_call& call) { return peek(call) != nullptr; })) {
             replica* r = pick(*t->call);
             const bool retry = t->call->attempt > 0;
             send(shared(r), std::move(t->call), t->timeout, retry);
@@ -417,11 +419,11 @@ struct router::state {
         if (r->ph != phase::connecting) co_return;  // removed or closed while connecting
         r->conn = detail::make_connected_peer(std::move(t), r->url, o.peer, nullptr);
         r->conn->start();
-        detail::when_closed(*r->conn, ex, self.weak_from_this(),
-                            [this, wr = std::weak_ptr<replica>(r)](const std::error_code&,
-                                                                    const std::string& why) {
-                                if (auto rep = wr.lock()) lose(*rep, why);
-                            });
+        detail::when_closed(
+            *r->conn, ex, self.weak_from_this(),
+            [this, wr = std::weak_ptr<replica>(r)](const std::error_code&, const std::string& why) {
+                if (auto rep = wr.lock()) lose(*rep, why);
+            });
         r->ph = phase::live;
         rebuild_ring();
         event("replica " + r->url + " added");
@@ -429,7 +431,8 @@ struct router::state {
     }
 
     bool remove(const std::string& url) {
-        auto it = std::find_if(reps.begin(), reps.end(), [&](const auto& r) { return r->url == url; });
+        auto it =
+            std::find_if(reps.begin(), reps.end(), [&](const auto& r) { return r->url == url; });
         if (it == reps.end()) return false;
         auto r = *it;
         const phase was = r->ph;
@@ -454,8 +457,9 @@ struct router::state {
             if (!is_shadow(*r) && r->ph == phase::live && (!best || r->in_flight < best->in_flight))
                 best = r.get();
         if (!best)
-            throw std::system_error(errc::peer_lost, "ordo: notify " + std::string(method) +
-                                                         " failed: " + no_replica_reason());
+            throw rpc_error(
+                make_error_code(errc::peer_lost), {}, {},
+                "ordo: notify " + std::string(method) + " failed: " + no_replica_reason());
         best->conn->notify_raw(method, params);
     }
 

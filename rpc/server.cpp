@@ -24,7 +24,9 @@ struct server::state : std::enable_shared_from_this<server::state> {
           h(hs),
           sessions(
               std::make_shared<detail::session_registry>(o.resume_window, o.max_detached_sessions)),
-          changed(ex, std::chrono::steady_clock::time_point::max()) {
+          changed(ex, std::chrono::steady_clock::time_point::max()),
+          sweep_tick(ex),
+          budget_tick(ex) {
         // Every accepted connection charges the same budget (one given in o.peer.comm is kept:
         // several servers may share one).
         if (o.memory_budget > 0 && !o.peer.comm.budget)
@@ -70,9 +72,13 @@ struct server::state : std::enable_shared_from_this<server::state> {
     std::list<served> peers;
     bool sweeping = false, watching_budget = false;
     int accept_loops = 0;
-    std::uint64_t accepted = 0;
+    std::uint64_t accepted = 0, refused = 0;
+    std::uint64_t closed_bytes_received = 0, closed_bytes_sent = 0;  // of connections gone
     bool stopping = false;
     net::steady_timer changed;
+    // The ticks of sweep_idle and watch_budget, cancelled by a stop so that neither keeps the
+    // executor busy until its next tick (output_grace / 4 is 2.5 s).
+    net::steady_timer sweep_tick, budget_tick;
 
     void event(server_event::kind what, std::string peer, std::error_code code = {},
                std::string reason = {}) {
@@ -131,6 +137,8 @@ struct server::state : std::enable_shared_from_this<server::state> {
             detail::when_closed(
                 *p, s->ex, s,
                 [st = s.get(), it](const std::error_code& code, const std::string& why) {
+                    st->closed_bytes_received += it->p->comm().bytes_received;
+                    st->closed_bytes_sent += it->p->comm().bytes_sent;
                     st->event(server_event::kind::closed, it->p->remote_address(), code, why);
                     st->peers.erase(it);
                     st->changed.cancel();
@@ -145,10 +153,11 @@ struct server::state : std::enable_shared_from_this<server::state> {
     static net::awaitable<void> sweep_idle(std::shared_ptr<state> s) {
         using clock = std::chrono::steady_clock;
         const auto limit = s->o.idle_timeout;
-        net::steady_timer tick(s->ex);
+        auto& tick = s->sweep_tick;
         while (!s->stopping) {
             tick.expires_after(std::max(std::chrono::milliseconds(10), limit / 4));
             co_await tick.async_wait(use_tuple);
+            if (s->stopping) break;
             const auto now = clock::now();
             for (auto& e : s->peers) {
                 const auto& pc = e.p->counters();
@@ -176,12 +185,13 @@ struct server::state : std::enable_shared_from_this<server::state> {
         constexpr std::size_t output_floor = 32 * 1024;
         const auto grace = std::max(s->o.output_grace, std::chrono::milliseconds(1));
         auto& b = *s->o.peer.comm.budget;
-        net::steady_timer tick(s->ex);
+        auto& tick = s->budget_tick;
         bool told = false;
         std::size_t peak = 0;  // the most charged since memory was last given back
         while (!s->stopping) {
             tick.expires_after(std::max(std::chrono::milliseconds(10), grace / 4));
             co_await tick.async_wait(use_tuple);
+            if (s->stopping) break;
             peak = std::max(peak, b.used());
             if (peak >= (std::size_t{64} << 20) && b.used() < peak / 4) {
                 // A burst has passed: give what it freed back to the system (glibc keeps
@@ -225,6 +235,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
     // without a word.
     void refuse(std::unique_ptr<transport> t, errc code, std::string why) {
         const std::string remote = t->remote_address();
+        ++refused;
         event(server_event::kind::refused, remote, code, why);
         if (refusing >= max_refusing) {
             t->close();
@@ -264,6 +275,41 @@ struct server::state : std::enable_shared_from_this<server::state> {
         }
     }
 
+    // server_stats without the handlers' part.
+    server_stats snapshot() const {
+        server_stats st;
+        st.connections = peers.size();
+        st.connections_accepted = accepted;
+        st.connections_refused = refused;
+        st.bytes_received = closed_bytes_received;
+        st.bytes_sent = closed_bytes_sent;
+        for (const auto& e : peers) {
+            const auto& cc = e.p->comm();
+            st.bytes_received += cc.bytes_received;
+            st.bytes_sent += cc.bytes_sent;
+            st.queued_messages += e.p->counters().queued_messages;
+            st.running_handlers += e.p->counters().running_handlers;
+        }
+        st.detached_sessions = sessions->detached_count();
+        if (const auto& b = o.peer.comm.budget) {
+            st.memory_used = b->used();
+            st.memory_budget = b->limit();
+        }
+        return st;
+    }
+
+    // snapshot() with the handlers' counters.
+    server_stats full_snapshot() const {
+        server_stats st = snapshot();
+        if (h) {
+            st.unknown_requests = h->unknown_requests();
+            st.unknown_notifications = h->unknown_notifications();
+            st.methods = h->stats_by_method();
+            st.batches = h->stats_by_batch();
+        }
+        return st;
+    }
+
     static constexpr std::size_t max_refusing = 64;
     std::size_t refusing = 0;
 };
@@ -271,10 +317,23 @@ struct server::state : std::enable_shared_from_this<server::state> {
 server::server(net::any_io_executor ex) : server(std::move(ex), server_options{}) {}
 
 server::server(net::any_io_executor ex, server_options o)
-    : s_(std::make_shared<state>(std::move(ex), std::move(o), &handlers_)) {}
+    : s_(std::make_shared<state>(std::move(ex), std::move(o), &handlers_)) {
+    std::weak_ptr<state> w = s_;
+    if (s_->o.on_event && !s_->o.peer.on_dropped)
+        s_->o.peer.on_dropped = [w](const dropped_message& d) {
+            if (auto s = w.lock()) s->event(server_event::kind::dropped, d.peer, d.code, d.reason);
+        };
+    handlers_.stats_source([w] {
+        auto s = w.lock();
+        return s ? s->snapshot() : server_stats{};
+    });
+}
 
 server::~server() {
     s_->stopping = true;
+    s_->sweep_tick.cancel();
+    s_->budget_tick.cancel();
+    s_->h = nullptr;
     for (auto& l : s_->listeners) l->close();
     for (auto& e : s_->peers) e.p->abort();
 }
@@ -299,6 +358,8 @@ std::string server::listen(std::string_view url) {
 net::awaitable<void> server::async_stop() {
     auto s = s_;
     s->stopping = true;
+    s->sweep_tick.cancel();
+    s->budget_tick.cancel();
     for (auto& l : s->listeners) l->close();
     // Calls waiting for a batch get their shutting_down answers out before connections close.
     handlers_.stop_batches();
@@ -323,6 +384,36 @@ std::size_t server::detached_sessions() const noexcept {
 }
 std::size_t server::memory_used() const noexcept {
     return s_->o.peer.comm.budget ? s_->o.peer.comm.budget->used() : 0;
+}
+
+server_stats server::stats() const {
+    return s_->full_snapshot();
+}
+
+std::function<std::optional<server_stats>()> server::stats_reader() const {
+    return [w = std::weak_ptr<state>(s_)]() -> std::optional<server_stats> {
+        auto s = w.lock();
+        if (!s || s->stopping || !s->h) return std::nullopt;
+        return s->full_snapshot();
+    };
+}
+
+net::any_io_executor server::get_executor() const {
+    return s_->ex;
+}
+
+std::string to_string(const server_event& e) {
+    static constexpr const char* names[] = {"opened",        "closed",      "refused",
+                                            "accept failed", "over budget", "dropped"};
+    std::string line = "ordo: ";
+    line += names[static_cast<int>(e.what)];
+    if (!e.peer.empty()) line += " " + e.peer;
+    if (e.code)
+        line += std::string(": ") + (e.code.category() == error_category()
+                                         ? to_string(static_cast<errc>(e.code.value()))
+                                         : e.code.message());
+    if (!e.reason.empty()) line += (e.code ? " (" : ": ") + e.reason + (e.code ? ")" : "");
+    return line;
 }
 
 }  // namespace ordo

@@ -222,8 +222,8 @@ void session::drop_comm() {
 
 void session::send_kept(std::string_view head, std::string_view body) {
     if (!open_ || ending_ || (!comm_ && mode_ == mode::plain))
-        throw std::system_error(
-            close_code_ ? close_code_ : make_error_code(errc::closed),
+        throw rpc_error(
+            close_code_ ? close_code_ : make_error_code(errc::closed), {}, {},
             close_reason_.empty() ? "ordo: session to " + remote_ + " closed" : close_reason_);
     if (lost_) {
         // The first message after a lost session opens a new one (ordo.hello with no id).
@@ -701,7 +701,7 @@ void session::pause_reading(bool paused) {
 
 net::awaitable<void> session::async_drain() {
     for (;;) {
-        if (!open_) throw std::system_error(close_code_, close_reason_);
+        if (!open_) throw rpc_error(close_code_, {}, {}, close_reason_);
         if (mode_ == mode::plain) {
             if (comm_) co_await comm_->async_drain();
             co_return;

@@ -65,7 +65,8 @@ std::pair<errc, std::string> describe_current_exception() {
     try {
         throw;
     } catch (const rpc_error& e) {
-        return describe(e, false);
+        // One from throw_error (no method, no peer) ends in the code's words, as system_error.
+        return describe(e, e.method().empty() && e.peer().empty());
     } catch (const std::system_error& e) {
         return describe(e, true);
     } catch (const std::exception& e) {

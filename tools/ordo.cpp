@@ -5,6 +5,7 @@
 //   ordo notify URL METHOD [ARG...] [--timeout MS]         sends a one-way message
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
+//   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
 //
 // Each ARG is JSON; a word that is not JSON is sent as a string (`greet bob` sends "bob").
 // Failures print one line on stderr naming the method, the peer and the reason, and exit 1;
@@ -198,20 +199,26 @@ class deadline {
 };
 
 std::string what_for(const request& r) {
-    return r.command == "ping" || r.command == "methods" ? r.command : r.command + " " + r.method;
+    return r.command == "call" || r.command == "notify" ? r.command + " " + r.method : r.command;
 }
 
 net::awaitable<ordo::channel> connect(const request& r, deadline& dl) {
     dl.arm(what_for(r) + " to " + r.url);
     try {
-        auto ch = co_await ordo::async_connect(r.url);
+        // A server may send notifications back (neovim does, once subscribed); those with no
+        // handler here are said on stderr rather than dropped unseen.
+        ordo::peer_options po;
+        po.on_dropped = [](const ordo::dropped_message& d) {
+            std::cerr << "ordo: dropped from " << d.peer << ": " << d.reason << std::endl;
+        };
+        auto ch = co_await ordo::async_connect(r.url, po);
         dl.disarm();
         co_return ch;
-    } catch (const std::system_error& e) {
-        // The connection errors start with "ordo: " too: say it once.
-        std::string_view why = e.what();
-        if (why.starts_with("ordo: ")) why.remove_prefix(6);
-        throw failure("ordo: " + what_for(r) + " to " + r.url + " failed: " + std::string(why));
+    } catch (const ordo::rpc_error& e) {
+        // Connect failures name the address already: say the step, the address and the reason
+        // once ("ordo: call inc to tcp://127.0.0.1:1 failed: connection refused").
+        throw failure("ordo: " + what_for(r) + " to " + r.url +
+                      " failed: " + (e.detail().empty() ? e.what() : e.detail()));
     }
 }
 
@@ -281,6 +288,11 @@ net::awaitable<int> run(const request& r, deadline& dl) {
         };
         for (const auto& kv : o.via.map) std::cout << text(kv.key) << text(kv.val) << '\n';
         std::cout << std::flush;
+    } else if (r.command == "stats") {
+        // ordo.stats answers a map (docs/protocol.md): printed as indented JSON.
+        auto v = co_await call_packed(ch, "ordo.stats", pack_args({}), r.timeout_ms);
+        std::cout << to_json(v.get()).dump(2, ' ', false, json::error_handler_t::replace)
+                  << std::endl;
     } else {
         const auto start = std::chrono::steady_clock::now();
         try {
@@ -384,6 +396,12 @@ int main(int argc, char** argv) {
     auto* methods = app.add_subcommand(
         "methods", "list the methods an ordo server serves (ordo.methods), one a line");
     common(methods);
+
+    auto* stats = app.add_subcommand(
+        "stats",
+        "print an ordo server's counters (ordo.stats) as JSON: connections, bytes, "
+        "requests by method and outcome, latency, batches");
+    common(stats);
 
     try {
         app.parse(marked_words(argc, argv));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 #include "ordo/codec.hpp"
@@ -46,5 +47,14 @@ struct call_outcome {
     /// complete*() only. Given only to calls whose takes_borrowed() is true.
     bool borrowed = false;
 };
+
+namespace detail {
+
+/// Throws ordo::rpc_error(errc::bad_result) naming both types: `result does not convert:
+/// expected int, got str "abc"` (the received value shortened). Out of line: the message needs
+/// no template.
+[[noreturn]] void throw_bad_result(const std::type_info& expected, const msgpack::object& got);
+
+}  // namespace detail
 
 }  // namespace ordo

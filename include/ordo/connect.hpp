@@ -41,8 +41,11 @@ namespace ordo {
 /// | cert, key, ca, verify, server_name, handshake_timeout_ms | tls:// | see ordo::tls_options |
 /// | zmq_heartbeat_ms | zmq+tcp://, zmq+ipc:// | see ordo::zmq_options |
 ///
-/// Throws std::system_error: errc::bad_address naming an unknown parameter or a bad value, or
-/// the connection error naming the address.
+/// Every failure throws ordo::rpc_error with an empty method, peer() the URL as given, and
+/// what() like `ordo: connect to tcp://127.0.0.1:1 failed: connection refused`. Codes:
+/// errc::bad_address (unknown parameter, bad value, unusable TLS settings, unknown host),
+/// errc::timed_out (connect_timeout_ms passed), errc::peer_lost (refused, unreachable, reset,
+/// TLS handshake failed: the OS's or OpenSSL's reason is in detail()).
 net::awaitable<channel> async_connect(std::string_view url, peer_options o,
                                       const handlers* h = nullptr);
 /// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").

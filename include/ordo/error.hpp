@@ -10,7 +10,8 @@
 namespace ordo {
 
 enum class errc {
-    peer_lost = 1,         ///< connection ended (EOF, reset) or the peer stopped answering
+    peer_lost = 1,         ///< connection ended (EOF, reset), could not be opened, or the peer
+                           ///< stopped answering
     timed_out = 2,         ///< a deadline passed
     cancelled = 3,         ///< the operation was cancelled (locally, or by ordo.cancel remotely)
     protocol_error = 4,    ///< malformed input or a broken limit: the connection is closed
@@ -35,13 +36,17 @@ inline std::error_code make_error_code(errc e) noexcept {
 /// Short lowercase words for a code ("peer lost", "protocol error"), as used in messages.
 const char* to_string(errc e) noexcept;
 
-/// Throws std::system_error(code, what). Out of line so that throw sites stay small.
+/// Throws ordo::rpc_error(code) with no method or peer; what() is `what` followed by ": " and
+/// the code's words, as std::system_error(code, what) would read. Out of line so that throw
+/// sites stay small.
 [[noreturn]] void throw_error(errc code, const std::string& what);
 
 /// A failed call, as coroutine APIs throw it: the code (an ordo::errc where ordo knows it), the
 /// method, the peer's address and the detail (the remote error message, or what went wrong
 /// locally). what() reads like
 /// `ordo: call inc to tcp://127.0.0.1:7000 failed: peer lost (connection reset by peer)`.
+/// A failed connect (async_connect, a pool opening a connection) has an empty method and reads
+/// `ordo: connect to tcp://127.0.0.1:1 failed: connection refused`.
 class rpc_error : public std::system_error {
   public:
     rpc_error(std::error_code code, std::string method, std::string peer, std::string detail);

@@ -25,6 +25,7 @@
 #include "ordo/error.hpp"
 #include "ordo/interface.hpp"
 #include "ordo/net.hpp"
+#include "ordo/stats.hpp"
 
 namespace ordo {
 
@@ -93,7 +94,7 @@ class handlers {
     template <class F>
     handlers& on(std::string name, F f, handler_options o = {}) {
         auto e = detail::make_handler_entry(name, std::move(f), o);
-        map_.insert_or_assign(std::move(name), std::move(e));
+        add(std::move(name), std::move(e));
         return *this;
     }
 
@@ -135,19 +136,19 @@ class handlers {
         e.async = [core, name](peer&, msgpack::object params, buffer& out) {
             return detail::submit_batch<Arg>(core, name, params, out);
         };
-        map_.insert_or_assign(std::move(name), std::move(e));
-        batchers_.push_back(core);
+        batchers_.push_back({name, core});
+        add(std::move(name), std::move(e));
         return batch_handle(core);
     }
 
     /// Fails the calls queued in every batch handler with errc::shutting_down (server stop).
     void stop_batches() const {
-        for (const auto& b : batchers_) b->stop();
+        for (const auto& b : batchers_) b.core->stop();
     }
     /// Calls still waiting for their batch outcome, over all batch handlers.
     std::size_t batch_waiters() const {
         std::size_t n = 0;
-        for (const auto& b : batchers_) n += b->waiters();
+        for (const auto& b : batchers_) n += b.core->waiters();
         return n;
     }
     /// Completes when no call waits for its batch outcome in any batch handler; cancellable.
@@ -173,10 +174,44 @@ class handlers {
         for (const auto& [name, e] : map_) f(name, e.signature);
     }
 
+    /// Whether handler latency is measured (method_stats' histogram; two clock reads per
+    /// message). Off by default; the Prometheus exporter turns it on. May be set from any thread.
+    handlers& time_calls(bool on) noexcept {
+        timed_.set(on);
+        return *this;
+    }
+    bool time_calls() const noexcept { return timed_.get() != 0; }
+
+    /// Every method's counters, in name order, and every batch handler's.
+    std::vector<ordo::method_stats> stats_by_method() const;
+    std::vector<batch_handler_stats> stats_by_batch() const;
+    /// Requests and notifications for names with no handler (answered method_not_found, or
+    /// dropped).
+    std::uint64_t unknown_requests() const noexcept { return unknown_requests_.get(); }
+    std::uint64_t unknown_notifications() const noexcept { return unknown_notifications_.get(); }
+    void count_unknown(bool request) const noexcept {
+        (request ? unknown_requests_ : unknown_notifications_).add(1);
+    }
+
+    /// What ordo.stats answers beyond the methods' counters: a server sets it to its own
+    /// figures (server_stats without methods and batches). Called on the executor of the
+    /// connection that asks.
+    void stats_source(std::function<server_stats()> f) { stats_source_ = std::move(f); }
+    const std::function<server_stats()>& stats_source() const noexcept { return stats_source_; }
+
   private:
+    void add(std::string name, detail::handler_entry e);
+
     std::map<std::string, detail::handler_entry, std::less<>> map_;
     bool introspection_ = true;
-    std::vector<std::shared_ptr<detail::batcher_core>> batchers_;
+    detail::relaxed_counter timed_;
+    mutable detail::relaxed_counter unknown_requests_, unknown_notifications_;
+    struct named_batcher {
+        std::string name;
+        std::shared_ptr<detail::batcher_core> core;
+    };
+    std::vector<named_batcher> batchers_;
+    std::function<server_stats()> stats_source_;
 };
 
 }  // namespace ordo

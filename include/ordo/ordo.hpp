@@ -21,4 +21,5 @@
 #include "ordo/router.hpp"
 #include "ordo/run.hpp"
 #include "ordo/server.hpp"
+#include "ordo/sync_client.hpp"
 #include "ordo/transport.hpp"

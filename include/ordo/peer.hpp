@@ -34,6 +34,16 @@ struct undelivered_notification {
     std::string reason;  ///< why the connection ended
 };
 
+/// An incoming message dropped with nobody to answer (peer_options::on_dropped): a notification
+/// for a method with no handler, or whose handler threw. (A request is answered with the error
+/// instead.)
+struct dropped_message {
+    std::string peer;  ///< the remote address
+    std::string method;
+    std::error_code code;  ///< errc::method_not_found, or the handler's error
+    std::string reason;
+};
+
 /// What happened to a resumable session (peer_options::on_session).
 struct session_event {
     enum class kind {
@@ -62,6 +72,10 @@ struct peer_options {
     /// Told about every notification taken for sending and not written when the connection
     /// ended (requests need no such report: their calls fail).
     std::function<void(const undelivered_notification&)> on_undelivered;
+    /// Told of every incoming notification dropped (dropped_message). Silent by default; a
+    /// server passes them to server_options::on_event. Runs on the peer's executor; must not
+    /// throw.
+    std::function<void(const dropped_message&)> on_dropped;
     /// Deadline of calls that set none. 0: none.
     std::chrono::milliseconds default_timeout{0};
     /// The first msgid used (tests start near 2^32 to exercise the wrap).

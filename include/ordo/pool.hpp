@@ -65,7 +65,8 @@ class pool final : public channel_impl, public std::enable_shared_from_this<pool
     net::any_io_executor get_executor() const override;
 
     /// Opens one connection now (so that the first call does not pay for it). Throws
-    /// std::system_error naming the address if it cannot be opened.
+    /// ordo::rpc_error naming the address if it cannot be opened (see async_connect). Calls
+    /// that wait for a connection which cannot be opened fail with the same code and reason.
     net::awaitable<void> async_warm_up();
     /// Closes every connection; calls in flight and waiting fail with errc::closed.
     void close();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,8 @@ struct server_event {
                         ///< spare one is kept for this): told why, then closed
         accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries
         over_budget,    ///< the memory budget was found used up (again); `reason` has figures
+        dropped,        ///< a notification was dropped: no such method, or its handler threw
+                        ///< (`reason` names the method; peer_options::on_dropped)
     };
     kind what = kind::opened;
     std::string peer;  ///< the remote address (empty for accept_failed)
@@ -37,9 +40,11 @@ struct server_options {
     /// Connections served at once. One accepted beyond it gets an ordo.closing notification
     /// saying why and is closed at once, instead of waiting in the kernel's backlog.
     std::size_t max_connections = 10'000;
-    /// Told of connections opened, closed (with the reason: end of stream, protocol error,
-    /// message_timeout, dead peer...), refused, and of accept failures. Runs on the server's
-    /// executor; must not throw.
+    /// The one place a server reports what it drops or refuses: told of connections opened,
+    /// closed (with the reason: end of stream, protocol error, message_timeout, dead peer...),
+    /// refused, of accept failures, of the memory budget running out and of notifications
+    /// dropped. Silent when unset. Runs on the server's executor (`dropped`: on the connection's);
+    /// must not throw. ordo::to_string(event) (below) gives each as one line.
     std::function<void(const server_event&)> on_event;
     /// A connection with no bytes either way for this long, and nothing pending (no calls
     /// waiting, no handlers running, nothing queued), is told why (ordo.closing) and closed.
@@ -66,6 +71,10 @@ struct server_options {
     /// reason. Checked every quarter of it.
     std::chrono::milliseconds output_grace{10'000};
 };
+
+/// One line for a server event, e.g. `ordo: closed tcp://127.0.0.1:50412: protocol error
+/// (...)`, as the examples and tools print them.
+std::string to_string(const server_event& e);
 
 /// Serves the registered handlers on every listener. Each accepted connection becomes an
 /// ordo::peer (so handlers can call back through their peer&). Belongs to the executor given at
@@ -113,6 +122,13 @@ class server {
     std::size_t detached_sessions() const noexcept;
     /// Bytes charged to the memory budget now (0 without one).
     std::size_t memory_used() const noexcept;
+    /// Everything the server counts (also answered to the reserved method ordo.stats). Call on
+    /// the server's executor.
+    server_stats stats() const;
+    /// stats() as a function that may outlive the server (it then returns nothing); call it on
+    /// the server's executor. The Prometheus exporter reads servers through it.
+    std::function<std::optional<server_stats>()> stats_reader() const;
+    net::any_io_executor get_executor() const;
     ordo::handlers& handlers() noexcept { return handlers_; }
 
     struct state;

@@ -65,6 +65,14 @@ if CMAKE_PREFIX_PATH=$root cmake -S "$here" -B "$work/cmake-config" -DORDO_VIA=c
     cmake --build "$work/cmake-config" >>"$log" 2>&1; then
     grep -q "ordo_DIR: $libdir/cmake/ordo" "$log" || fail "CMake found another ordo: $(grep ordo_DIR "$log")"
     run_consumer "CMake find_package(ordo)" "$work/cmake-config/consumer"
+    if [ -f "$libdir/libordo-prometheus.a" ] || [ -f "$libdir/libordo-prometheus.so" ]; then
+        [ -x "$work/cmake-config/metrics_consumer" ] || fail "ordo-prometheus is installed but CMake has no ordo::prometheus"
+        out=$(timeout 30 "$work/cmake-config/metrics_consumer" 2>&1) ||
+            fail "the ordo::prometheus consumer failed: $out"
+        [[ "$out" =~ ^metrics\ on\ http://127\.0\.0\.1:[1-9][0-9]*/metrics$ ]] ||
+            fail "the ordo::prometheus consumer printed '$out'"
+        say "CMake ordo::prometheus: OK ($out)"
+    fi
 else
     fail "CMake find_package(ordo) build: $(tail -40 "$log")"
 fi

@@ -1,6 +1,11 @@
 // One test body for both modes: what a call site sees does not depend on ordered or pooled.
-// Then what differs: head-of-line blocking, connection reuse and limits of the pool.
+// Then what differs: head-of-line blocking, connection reuse and limits of the pool. Last, a
+// struct of the user's own (MSGPACK_DEFINE) as an argument and a result.
 #include "ordo/ordo.hpp"
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -12,8 +17,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::run_test;
-using test::wait_until;
 using test::sleep_for;
+using test::wait_until;
 
 struct service : interface {
     method<int(int)> inc{"inc"};
@@ -267,11 +272,143 @@ TEST(Connect, ARefusedConnectionFailsAtOnceInBothModesNotAfterTheConnectTimeout)
                 co_await async_connect(url);
                 ADD_FAILURE() << url << " connected";
             } catch (const std::system_error& e) {
-                EXPECT_NE(std::string(e.what()).find("127.0.0.1:1"), std::string::npos)
-                    << e.what();
+                EXPECT_NE(std::string(e.what()).find("127.0.0.1:1"), std::string::npos) << e.what();
             }
             EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << url;
         }
+    });
+}
+
+// The README's custom type: msgpack-c's MSGPACK_DEFINE packs it as the array [x, y, label].
+struct point {
+    double x = 0;
+    double y = 0;
+    std::string label;
+    MSGPACK_DEFINE(x, y, label)
+};
+
+struct geometry : interface {
+    method<point(point)> mirror{"mirror"};
+    method<point(std::vector<point>)> farthest{"farthest"};
+};
+
+TEST(CustomTypes, AStructWithMsgpackDefineIsAnArgumentAndAResultInBothModes) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        srv.on(geometry{}.mirror, [](point p) {
+            p.x = -p.x;
+            p.label += "'";
+            return p;
+        });
+        srv.on(geometry{}.farthest, [](std::vector<point> ps) {
+            if (ps.empty()) throw std::invalid_argument("no points");
+            return *std::max_element(ps.begin(), ps.end(), [](const point& a, const point& b) {
+                return a.x * a.x + a.y * a.y < b.x * b.x + b.y * b.y;
+            });
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        for (const std::string params : {"", "?mode=pooled"}) {
+            ordo::channel ch = co_await async_connect(url + params);
+            auto g = stub<geometry>(ch);
+            const point p{1.5, 2, "a"};  // named: no braced temporary inside co_await (GCC 12)
+            const point q = co_await g.mirror(p);
+            EXPECT_EQ(q.x, -1.5);
+            EXPECT_EQ(q.y, 2);
+            EXPECT_EQ(q.label, "a'");
+            const point r = co_await ch.async_call<point>("mirror", q);  // untyped, the same
+            EXPECT_EQ(r.x, 1.5);
+            EXPECT_EQ(r.label, "a''");
+            const std::vector<point> ps{{1, 1, "near"}, {-3, 4, "far"}, {0, 2, "mid"}};
+            EXPECT_EQ((co_await g.farthest(ps)).label, "far");
+            // Anything else where a point is expected is refused, naming the signature: not an
+            // array, or a member of the wrong type.
+            const auto wrong_member = std::make_tuple(std::string("x"), 2.0, std::string("a"));
+            for (int i = 0; i < 2; ++i) {
+                try {
+                    if (i == 0)
+                        co_await ch.async_call<point>("mirror", 42);
+                    else
+                        co_await ch.async_call<point>("mirror", wrong_member);
+                    ADD_FAILURE() << "a wrong argument was taken for a point";
+                } catch (const rpc_error& e) {
+                    EXPECT_EQ(e.code(), errc::bad_arguments) << e.what();
+                    EXPECT_NE(std::string(e.what()).find("point"), std::string::npos) << e.what();
+                }
+            }
+        }
+        co_await srv.async_stop();
+    });
+}
+
+// Connect failures and call failures are one story: an rpc_error with an ordo::errc code, and a
+// what() naming the address and the reason.
+TEST(Connect, EveryConnectFailureIsAnRpcErrorNamingTheAddressAndTheReason) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        const auto port = std::to_string(parse_address(f.url).port);
+        struct expected {
+            std::string url;
+            errc code;
+            std::string reason;
+        };
+        const std::vector<expected> cases{
+            {"tcp://127.0.0.1:1", errc::peer_lost, "connection refused"},
+            {"tcp://127.0.0.1:1?mode=pooled", errc::peer_lost, "connection refused"},
+            {f.url + "?colour=blue", errc::bad_address, "unknown parameter \"colour\""},
+            {"tcp://127.0.0.1", errc::bad_address, "missing :port"},
+            {"route+tcp://127.0.0.1:1", errc::peer_lost, "connection refused"},
+            // A TLS client to a plaintext server: the handshake fails.
+            {"tls://127.0.0.1:" + port + "?verify=none", errc::peer_lost, "TLS handshake"},
+        };
+        for (const auto& c : cases) {
+            try {
+                co_await async_connect(c.url);
+                ADD_FAILURE() << c.url << " connected";
+            } catch (const rpc_error& e) {
+                EXPECT_EQ(e.code(), c.code) << e.what();
+                EXPECT_TRUE(e.method().empty()) << e.what();
+                const std::string what = e.what();
+                EXPECT_NE(what.find("connect to " + c.url.substr(0, c.url.find('?'))),
+                          std::string::npos)
+                    << what;
+                EXPECT_NE(what.find(c.reason), std::string::npos) << what;
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << c.url << ": not an rpc_error: " << e.what();
+            }
+        }
+        co_await f.srv.async_stop();
+    });
+}
+
+// What a call to a server that has gone away fails with does not depend on the mode: the
+// ordered channel's connection ends, the pool cannot open one; both say peer_lost.
+TEST_P(BothModes, ACallToAServerThatIsGoneFailsWithPeerLostAndTheReason) {
+    run_test([this]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto f = std::make_unique<fixture>(ex);
+        auto ch = co_await async_connect(with_mode(f->url));
+        auto s = stub<service>(ch);
+        EXPECT_EQ(co_await s.inc(1), 2);
+        co_await f->srv.async_stop();
+        f.reset();
+        std::error_code ec;
+        for (int i = 0; i < 50 && ec != errc::peer_lost; ++i) {
+            try {
+                co_await s.inc(1);
+                co_await sleep_for(10ms);  // the ordered peer may not have seen the close yet
+            } catch (const rpc_error& e) {
+                ec = e.code();
+                EXPECT_EQ(e.code(), errc::peer_lost) << e.what();
+                if (GetParam().find("pooled") != std::string::npos) {
+                    EXPECT_NE(std::string(e.what()).find("connection refused"), std::string::npos)
+                        << e.what();
+                }
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << "not an rpc_error: " << e.what();
+                break;
+            }
+        }
+        EXPECT_EQ(ec, errc::peer_lost);
     });
 }
 

@@ -54,7 +54,16 @@ struct fake_host final : detail::dispatcher_host {
     void handler_started() override { ++started; }
     std::shared_ptr<void> keep_alive() override { return token; }
     void remote_closing(std::string reason) override { closing = std::move(reason); }
+    void dropped(std::string_view method, errc code, std::string reason) override {
+        drops.push_back({std::string(method), code, std::move(reason)});
+    }
     std::string closing;
+    struct drop {
+        std::string method;
+        errc code;
+        std::string reason;
+    };
+    std::vector<drop> drops;
 };
 
 message request(std::uint32_t id, std::string_view method, int arg) {

@@ -219,6 +219,32 @@ TEST(Errors, UnknownMethodBadArgumentsAndThrowingHandlersAnswerErrorsAndTheConne
     });
 }
 
+TEST(Errors, AResultThatDoesNotConvertNamesTheExpectedTypeAndTheTypeReceived) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        f.srv.on("word", [] { return std::string("abc"); });
+        auto ch = co_await async_connect(f.url);
+        try {
+            co_await ch.async_call<int>("word");
+            ADD_FAILURE() << "converted";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_result) << e.what();
+            EXPECT_NE(std::string(e.what()).find("expected int, got str \"abc\""),
+                      std::string::npos)
+                << e.what();
+        }
+        try {
+            co_await ch.async_call<std::string>("inc", 1);
+            ADD_FAILURE() << "converted";
+        } catch (const rpc_error& e) {
+            EXPECT_NE(std::string(e.what()).find("expected std::string, got positive int 2"),
+                      std::string::npos)
+                << e.what();
+        }
+        co_await f.srv.async_stop();
+    });
+}
+
 TEST(Deadlines, ExpiryFailsWithTimedOutRemovesThePendingEntryAndCancelsTheHandler) {
     run_test([]() -> net::awaitable<void> {
         fixture f(co_await net::this_coro::executor);

@@ -5,6 +5,7 @@
 set -u
 ordo=$1
 server=$2
+metrics=${3:-no-metrics}  # "metrics": the server has --metrics (the Prometheus exporter)
 dir=$(mktemp -d)
 pid=
 nvim_pid=
@@ -15,8 +16,10 @@ cleanup() {
 }
 fail() { echo "FAIL: $*"; cleanup; exit 1; }
 
+metrics_flag=()
+[ "$metrics" = metrics ] && metrics_flag=(--metrics 127.0.0.1:0)
 "$server" --listen tcp://127.0.0.1:0 --listen "unix://$dir/s.sock" --listen zmq+tcp://127.0.0.1:0 \
-    >"$dir/out" 2>&1 &
+    "${metrics_flag[@]}" >"$dir/out" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ "$(grep -c '^listening on ' "$dir/out")" = 3 ] && break; sleep 0.1; done
 url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out" | head -1)
@@ -66,6 +69,35 @@ out=$("$ordo" ping "$url") || fail "ping: $out"
 out=$("$ordo" methods "$url") || fail "methods: $out"
 grep -qx 'inc(int)' <<<"$out" || fail "methods did not list inc(int): '$out'"
 grep -qx 'echo(msgpack::v2::object)\|echo(.*object)' <<<"$out" || fail "methods did not list echo: '$out'"
+
+# ordo.stats: the server's counters as JSON, with the calls made above.
+out=$("$ordo" stats "$url") || fail "stats: $out"
+python3 - "$out" <<'PY' || fail "stats printed: $out"
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["methods"]["inc"]["requests"] >= 3, s["methods"]["inc"]
+assert s["unknown_requests"] >= 1, s
+assert s["server"]["connections"] >= 1 and s["server"]["bytes_received"] > 0, s["server"]
+PY
+
+# Prometheus: the request counter and the latency histogram move between two scrapes.
+if [ "$metrics" = metrics ]; then
+    murl=$(grep -o 'http://127\.0\.0\.1:[0-9]*/metrics' "$dir/out")
+    [ -n "$murl" ] || fail "no 'metrics on' line: $(cat "$dir/out")"
+    scrape() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())' "$murl"; }
+    value() { grep -F "$1 " <<<"$2" | awk '{print $2}'; }
+    m1=$(scrape) || fail "scrape $murl"
+    "$ordo" call "$url" inc 1 >/dev/null && "$ordo" call "$url" inc 2 >/dev/null || fail "inc for metrics"
+    m2=$(scrape) || fail "scrape $murl"
+    for series in 'ordo_server_requests_total{method="inc",code="ok"}' \
+                  'ordo_server_request_duration_seconds_count{method="inc"}'; do
+        a=$(value "$series" "$m1"); b=$(value "$series" "$m2")
+        [ -n "$a" ] && [ -n "$b" ] && python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) == 2 else 1)" "$a" "$b" ||
+            fail "$series went from '$a' to '$b' over two calls"
+    done
+    grep -q '^ordo_server_request_duration_seconds_bucket{method="inc",le="0.001"} ' <<<"$m2" ||
+        fail "no latency bucket for inc: $m2"
+fi
 
 # Nothing listens on port 1: the error names the address and the reason.
 err=$("$ordo" call tcp://127.0.0.1:1 inc 1 2>&1 >/dev/null); rc=$?

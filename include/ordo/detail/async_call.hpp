@@ -66,15 +66,15 @@ net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string m
     if constexpr (!std::is_void_v<R>) {
         try {
             co_return convert_result<R>(out);
-        } catch (const std::system_error& e) {
-            throw rpc_error(e.code(), method, ch->remote_address(), e.what());
+        } catch (const rpc_error& e) {
+            throw rpc_error(e.code(), method, ch->remote_address(), e.detail());
         }
     }
 }
 
 template <class R, class Token>
-auto call(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params, call_options o,
-          Token&& token) {
+auto call(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
+          call_options o, Token&& token) {
     if constexpr (is_use_awaitable<std::decay_t<Token>>::value)
         return call_awaitable<R>(std::move(ch), std::move(method), std::move(params), o);
     else

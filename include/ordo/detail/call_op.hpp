@@ -7,6 +7,7 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include <asio/associated_executor.hpp>
@@ -18,8 +19,8 @@
 
 namespace ordo::detail {
 
-/// Converts a successful outcome to R; throws std::system_error(errc::bad_result) if it does not
-/// convert.
+/// Converts a successful outcome to R; throws ordo::rpc_error(errc::bad_result) naming the
+/// expected type and the msgpack type received if it does not convert.
 template <class R>
 R convert_result(call_outcome& out) {
     if constexpr (std::is_same_v<R, value>) {
@@ -27,8 +28,8 @@ R convert_result(call_outcome& out) {
     } else {
         try {
             return out.result.as<R>();
-        } catch (const std::exception& e) {
-            throw_error(errc::bad_result, std::string("result does not convert: ") + e.what());
+        } catch (const std::exception&) {
+            throw_bad_result(typeid(R), out.result);
         }
     }
 }

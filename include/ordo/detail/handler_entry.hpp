@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -18,6 +19,8 @@ class peer;
 
 namespace detail {
 
+class method_counters;
+
 /// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
 /// result into `out` or throws (std::system_error with an ordo::errc keeps its code; anything
 /// else becomes errc::remote_error with the exception's message).
@@ -27,6 +30,8 @@ struct handler_entry {
     std::function<void(peer&, const msgpack::object& params, buffer& out)> sync;
     /// `params` is a view: the caller keeps its memory alive until the coroutine ends.
     std::function<net::awaitable<void>(peer&, msgpack::object params, buffer& out)> async;
+    /// Its counters (ordo.stats), set by handlers when registered; kept across re-registration.
+    std::shared_ptr<method_counters> counters;
 };
 
 template <class T>

@@ -1,0 +1,144 @@
+#include "ordo/sync_client.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <thread>
+
+#include "ordo/channel.hpp"
+#include "ordo/connect.hpp"
+#include "ordo/peer.hpp"
+#include "ordo/pool.hpp"
+#include "ordo/router.hpp"
+
+namespace ordo {
+
+struct sync_client::state {
+    // A call a thread is blocked on. Touched on the io thread only (the promise's future aside).
+    struct waiting {
+        std::string method;
+        std::promise<value> done;
+        net::cancellation_signal cancel;
+        bool finished = false;
+
+        void fail(std::error_code ec, const std::string& peer, const std::string& detail) {
+            finished = true;
+            done.set_exception(std::make_exception_ptr(rpc_error(ec, method, peer, detail)));
+        }
+    };
+
+    net::io_context io;
+    net::executor_work_guard<net::io_context::executor_type> work{io.get_executor()};
+    std::string remote;  // set before any call, then only read
+    // On the io thread only:
+    channel ch;
+    std::map<std::uint64_t, std::shared_ptr<waiting>> calls;
+    std::uint64_t next_id = 0;
+    bool closed = false;
+    // Set when io.run() has returned.
+    std::promise<void> stopped;
+    std::thread thread;
+
+    void start_call(std::shared_ptr<waiting> w, detail::params_buffer params, call_options o) {
+        if (closed) return w->fail(errc::closed, remote, "the sync_client is being destroyed");
+        const std::uint64_t id = next_id++;
+        calls.emplace(id, w);
+        auto done = [this, w, id](std::error_code ec, call_outcome out) {
+            calls.erase(id);
+            if (w->finished) return;  // already failed by shutdown()
+            if (ec) return w->fail(ec, remote, out.detail);
+            w->finished = true;
+            w->done.set_value(detail::convert_result<value>(out));
+        };
+        detail::call<call_outcome>(ch.impl(), w->method, std::move(params), std::move(o),
+                                   net::bind_cancellation_slot(w->cancel.slot(), std::move(done)));
+    }
+
+    // Fails what is waiting, withdraws it from the channel and closes the channel.
+    void shutdown() {
+        closed = true;
+        auto pending = std::move(calls);  // cancelling may complete a call (and erase) at once
+        calls.clear();
+        for (auto& [id, w] : pending) {
+            if (w->finished) continue;
+            w->fail(errc::closed, remote, "the sync_client was destroyed while the call waited");
+            w->cancel.emit(net::cancellation_type::terminal);
+        }
+        const auto& impl = ch.impl();
+        if (auto p = std::dynamic_pointer_cast<peer>(impl))
+            p->close();  // sends what is queued first
+        else if (auto q = std::dynamic_pointer_cast<pool>(impl))
+            q->close();
+        else if (auto r = std::dynamic_pointer_cast<router>(impl))
+            r->close();
+        ch = channel();
+    }
+};
+
+sync_client::sync_client(std::string_view url) : s_(std::make_unique<state>()) {
+    state& s = *s_;
+    s.thread = std::thread([&s] {
+        s.io.run();
+        s.stopped.set_value();
+    });
+    try {
+        const std::string u(url);
+        s.ch = net::co_spawn(s.io, async_connect(u), net::use_future).get();
+        s.remote = s.ch.remote_address();
+    } catch (...) {
+        s.work.reset();
+        s.thread.join();
+        throw;
+    }
+}
+
+sync_client::~sync_client() {
+    state& s = *s_;
+    net::post(s.io, [&s] { s.shutdown(); });
+    s.work.reset();
+    // A remote side that does not end its connection is not waited for long.
+    if (s.stopped.get_future().wait_for(std::chrono::seconds(2)) != std::future_status::ready)
+        s.io.stop();
+    s.thread.join();
+}
+
+const std::string& sync_client::remote_address() const noexcept {
+    return s_->remote;
+}
+
+value sync_client::call_raw(std::string_view method, detail::params_buffer params, call_options o) {
+    state& s = *s_;
+    auto w = std::make_shared<state::waiting>();
+    w->method = std::string(method);
+    auto result = w->done.get_future();
+    net::post(s.io, [&s, w, params = std::move(params), o = std::move(o)]() mutable {
+        s.start_call(std::move(w), std::move(params), std::move(o));
+    });
+    return result.get();
+}
+
+void sync_client::notify_raw(std::string_view method, detail::params_buffer params) {
+    state& s = *s_;
+    std::promise<void> taken;
+    auto result = taken.get_future();
+    // By reference: this thread waits until the io thread is done with them.
+    net::post(s.io, [&] {
+        try {
+            if (s.closed)
+                throw_error(errc::closed, "ordo: notify " + std::string(method) + " to " +
+                                              s.remote + ": the sync_client is being destroyed");
+            s.ch.impl()->notify_raw(method, std::string_view(params.data(), params.size()));
+            taken.set_value();
+        } catch (const rpc_error& e) {
+            taken.set_exception(std::make_exception_ptr(
+                rpc_error(e.code(), std::string(method), s.remote, e.detail())));
+        } catch (const std::system_error& e) {
+            taken.set_exception(std::make_exception_ptr(
+                rpc_error(e.code(), std::string(method), s.remote, e.what())));
+        }
+    });
+    result.get();
+}
+
+}  // namespace ordo

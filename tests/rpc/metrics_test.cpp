@@ -1,0 +1,129 @@
+// The Prometheus exporter (ordo/prometheus.hpp): scraped over HTTP while a server serves.
+#include "ordo/prometheus.hpp"
+
+#include <asio/ip/tcp.hpp>
+#include <asio/write.hpp>
+
+#include <future>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "ordo/ordo.hpp"
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+// GET http://HOST:PORT/metrics with a blocking socket: the body, or "" on failure.
+std::string scrape(const std::string& url) {
+    const std::string rest = url.substr(std::string("http://").size());
+    const auto colon = rest.find(':');
+    const auto slash = rest.find('/');
+    const std::string host = rest.substr(0, colon);
+    const std::string port = rest.substr(colon + 1, slash - colon - 1);
+    try {
+        net::io_context io;
+        net::ip::tcp::socket s(io);
+        s.connect({net::ip::make_address(host), static_cast<unsigned short>(std::stoi(port))});
+        const std::string req =
+            "GET /metrics HTTP/1.0\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+        net::write(s, net::buffer(req));
+        std::string out;
+        std::error_code ec;
+        char buf[4096];
+        for (int i = 0; i < 100'000; ++i) {
+            const auto n = s.read_some(net::buffer(buf), ec);
+            out.append(buf, n);
+            if (ec) break;
+        }
+        const auto body = out.find("\r\n\r\n");
+        return body == std::string::npos ? "" : out.substr(body + 4);
+    } catch (const std::exception&) {
+        return "";
+    }
+}
+
+// The value of the sample line that starts with `series` (name and labels), or -1.
+double sample(const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    at += series.size() + 2;
+    return std::stod(text.substr(at, text.find('\n', at) - at));
+}
+
+// Scrapes on another thread (the exporter reads the server on this one's executor).
+net::awaitable<std::string> scrape_async(const std::string& url) {
+    auto f = std::async(std::launch::async, [url] { return scrape(url); });
+    co_await wait_until([&] { return f.wait_for(0s) == std::future_status::ready; }, 30s);
+    co_return f.wait_for(0s) == std::future_status::ready ? f.get() : std::string();
+}
+
+TEST(Prometheus, ScrapesShowRequestsAndLatencyMoving) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("fail", [](int) -> int { throw std::runtime_error("no"); });
+        prometheus_exporter metrics("127.0.0.1:0");
+        metrics.add(srv, "main");
+        EXPECT_EQ(metrics.url().rfind("http://127.0.0.1:", 0), 0u) << metrics.url();
+        EXPECT_EQ(metrics.url().find(":0/"), std::string::npos) << metrics.url();
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        for (int i = 0; i < 3; ++i) co_await ch.async_call<int>("inc", i);
+        auto [ec, r] = co_await ch.async_call<int>("fail", 1, use_tuple);
+        EXPECT_EQ(ec, errc::remote_error);
+
+        const std::string first = co_await scrape_async(metrics.url());
+        EXPECT_EQ(
+            sample(first, R"(ordo_server_requests_total{server="main",method="inc",code="ok"})"), 3)
+            << first;
+        EXPECT_EQ(
+            sample(
+                first,
+                R"(ordo_server_requests_total{server="main",method="fail",code="remote_error"})"),
+            1);
+        EXPECT_EQ(
+            sample(first,
+                   R"(ordo_server_request_duration_seconds_count{server="main",method="inc"})"),
+            3);
+        EXPECT_EQ(sample(first, R"(ordo_server_connections{server="main"})"), 1);
+        EXPECT_GT(sample(first, R"(ordo_server_received_bytes_total{server="main"})"), 0);
+        EXPECT_NE(first.find("# TYPE ordo_server_request_duration_seconds histogram"),
+                  std::string::npos);
+
+        for (int i = 0; i < 4; ++i) co_await ch.async_call<int>("inc", i);
+        const std::string second = co_await scrape_async(metrics.url());
+        EXPECT_EQ(
+            sample(second, R"(ordo_server_requests_total{server="main",method="inc",code="ok"})"),
+            7);
+        EXPECT_EQ(
+            sample(second,
+                   R"(ordo_server_request_duration_seconds_count{server="main",method="inc"})"),
+            7);
+        co_await srv.async_stop();
+    });
+}
+
+TEST(Prometheus, AnAddressInUseIsAClearError) {
+    prometheus_exporter first("127.0.0.1:0");
+    const std::string url = first.url();
+    const std::string port =
+        url.substr(url.rfind(':') + 1, url.find("/metrics") - url.rfind(':') - 1);
+    try {
+        prometheus_exporter second("127.0.0.1:" + port);
+        ADD_FAILURE() << "a second exporter listened on " << port;
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::bad_address);
+        EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + port), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(prometheus_exporter("no-port"), rpc_error);
+}
+
+}  // namespace
+}  // namespace ordo
