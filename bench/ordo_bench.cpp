@@ -50,7 +50,7 @@
 
 #include <ordo/ordo.hpp>
 
-#include "cli.hpp"
+#include "bench_options.hpp"
 #include "support/streams.hpp"  // listen_url, connect_url, shared_tls_files
 
 namespace net = ordo::net;
@@ -59,22 +59,6 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 // ---------------------------------------------------------------- configuration
-
-struct config {
-    std::string workload = "pipelined";
-    std::string transport = "tcp";
-    std::string mode = "ordered";
-    int interval_ms = 0;
-    long count = 0;  // 0: the workload's default
-    long inflight = 256;
-    long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
-    int clients = 4;
-    int spin_us = 0;     // both sides run ordo::run_spinning (raw-tcp: poll before each read)
-    long resume_ms = 0;  // ordered channels: a resumable session with this window
-    bool json = false;
-    std::string connect;  // client only, to a server started elsewhere
-    std::string serve;    // server only
-};
 
 [[noreturn]] void fail(const std::string& what) {
     throw std::runtime_error(what);
@@ -87,32 +71,6 @@ bool is_raw(const config& c) {
 // The scheme ordo's URLs use for a --transport name.
 std::string scheme_of(const std::string& transport) {
     return transport == "zmq" ? "zmq+tcp" : transport;
-}
-
-// The flags, into `c` (the header comment above lists them).
-void declare_flags(CLI::App& app, config& c) {
-    ordo_cli::use_defaults(app);
-    app.add_option("--workload", c.workload, "oneway, seq, pipelined, hol or fanin");
-    app.add_option("--transport", c.transport, "tcp, unix, inproc, zmq, tls, raw-tcp or raw-zmq");
-    app.add_option("--mode", c.mode, "ordered, pooled or naive (a connection per call)");
-    app.add_option("--interval-ms", c.interval_ms, "batching interval of each connection")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--count", c.count, "messages or calls (0: the workload's default)")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--inflight", c.inflight, "calls in flight at once (at least 1)")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--size", c.size, "payload bytes, at least 8 (0: 16; hol: 1 MiB)")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--clients", c.clients, "fanin: client processes (at least 1)")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--spin-us", c.spin_us, "poll this long before sleeping (ordo::run_spinning)")
-        ->check(ordo_cli::at_least(0));
-    app.add_option("--resume-ms", c.resume_ms, "ordered channels: a resumable session")
-        ->check(ordo_cli::at_least(0));
-    app.add_flag("--json", c.json, "print the results as one JSON line");
-    app.add_option("--connect", c.connect, "client only: a server started elsewhere")
-        ->type_name("URL");
-    app.add_option("--serve", c.serve, "serve on URL (what the client starts)")->type_name("URL");
 }
 
 // Checks the combination of flags and fills in the workload's defaults.
@@ -1158,9 +1116,7 @@ int bench_main(const config& cfg) {
 
 int main(int argc, char** argv) {
     config cfg;
-    CLI::App app{"ordo's workloads and the raw baselines they are measured against.", "ordo-bench"};
-    declare_flags(app, cfg);
-    if (const auto status = ordo_cli::parse(app, argc, argv, 1)) return *status;
+    if (const auto status = parse_command_line(argc, argv, cfg)) return *status;
     try {
         complete(cfg);
         if (!cfg.serve.empty()) return serve_main(cfg);
