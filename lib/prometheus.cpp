@@ -98,21 +98,28 @@ void export_server(families& f, const labels& base, const server_stats& s) {
             f.counter("ordo_server_requests_total", "Requests answered, by method and code",
                       with(ml, "code", code_label(i)), double(m.requests[i]));
         }
+        // The two counters are read one after the other while handlers may run elsewhere.
+        const auto failed = std::min(m.notification_errors, m.notifications);
         f.counter("ordo_server_notifications_total", "Notifications handled, by outcome",
-                  with(ml, "outcome", "ok"), double(m.notifications - m.notification_errors));
+                  with(ml, "outcome", "ok"), double(m.notifications - failed));
         if (m.notification_errors != 0)
             f.counter("ordo_server_notifications_total", "Notifications handled, by outcome",
                       with(ml, "outcome", "error"), double(m.notification_errors));
         auto& h = f.add("ordo_server_request_duration_seconds", MetricType::Histogram,
-                        "Handler latency, from dispatch to the response queued", ml)
+                        "Handler latency, from dispatch to the response queued (requests and "
+                        "notifications)",
+                        ml)
                       .histogram;
         std::uint64_t cumulative = 0;
         for (std::size_t i = 0; i < latency_bounds.size(); ++i) {
             cumulative += m.latency_buckets[i];
             h.bucket.push_back({cumulative, latency_bounds[i]});
         }
-        h.bucket.push_back({m.latency_count, std::numeric_limits<double>::infinity()});
-        h.sample_count = m.latency_count;
+        // Counted from the buckets themselves, so that +Inf is never below the last bound even
+        // when a call lands between reading the buckets and reading the count.
+        cumulative += m.latency_buckets.back();
+        h.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+        h.sample_count = cumulative;
         h.sample_sum = m.latency_sum_seconds;
     }
     for (const auto& b : s.batches) {
@@ -173,14 +180,14 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
                   with(rl, "outcome", "ok"), double(rep.completed));
         f.counter("ordo_router_replica_calls_total", "Calls finished on the replica, by outcome",
                   with(rl, "outcome", "error"), double(rep.errors));
-        auto& s = f.add("ordo_router_replica_latency_seconds", MetricType::Summary,
-                        "Call latency on the replica, from send to response", rl)
-                      .summary;
-        s.sample_count = rep.latency.count;
+        // The router keeps percentiles, not a sum: gauges by quantile, and the calls counted.
         const auto secs = [](std::chrono::microseconds us) { return double(us.count()) / 1e6; };
-        s.quantile = {{0.5, secs(rep.latency.p50)},
-                      {0.9, secs(rep.latency.p90)},
-                      {0.99, secs(rep.latency.p99)}};
+        const std::pair<const char*, std::chrono::microseconds> qs[] = {
+            {"0.5", rep.latency.p50}, {"0.9", rep.latency.p90}, {"0.99", rep.latency.p99}};
+        for (const auto& [q, v] : qs)
+            f.gauge("ordo_router_replica_latency_seconds",
+                    "Call latency on the replica, from send to response, by quantile",
+                    with(rl, "quantile", q), secs(v));
     }
 }
 
@@ -215,10 +222,11 @@ struct prometheus_exporter::impl : prometheus::Collectable {
 
     struct source {
         labels base;
-        std::function<void(families&)> collect;
+        // Adds the figures; false once what it reads is gone (the source is then dropped).
+        std::function<bool(families&)> collect;
     };
     mutable std::mutex m;
-    std::vector<source> sources;
+    mutable std::vector<source> sources;
 
     std::vector<MetricFamily> Collect() const override {
         std::vector<source> now;
@@ -227,7 +235,15 @@ struct prometheus_exporter::impl : prometheus::Collectable {
             now = sources;
         }
         families f;
-        for (const auto& s : now) s.collect(f);
+        std::vector<std::size_t> gone;
+        for (std::size_t i = 0; i < now.size(); ++i)
+            if (!now[i].collect(f)) gone.push_back(i);
+        if (!gone.empty()) {
+            // Sources are only ever appended: the first now.size() are the ones read here.
+            std::lock_guard<std::mutex> lock(m);
+            for (auto i = gone.rbegin(); i != gone.rend(); ++i)
+                sources.erase(sources.begin() + static_cast<std::ptrdiff_t>(*i));
+        }
         return f.take();
     }
 };
@@ -265,8 +281,12 @@ void prometheus_exporter::add(server& s, const std::string& name) {
     std::function<std::optional<server_stats>()> read = s.stats_reader();
     std::lock_guard<std::mutex> lock(impl_->m);
     impl_->sources.push_back({base, [base, read, ex = s.get_executor()](families& f) {
-                                  if (auto st = read_on<server_stats>(ex, read))
-                                      export_server(f, base, *st);
+                                  // Outer: answered in time; inner: the server still there.
+                                  auto st = read_on<std::optional<server_stats>>(ex, [read] {
+                                      return std::optional<std::optional<server_stats>>(read());
+                                  });
+                                  if (st && *st) export_server(f, base, **st);
+                                  return !st || st->has_value();
                               }});
 }
 
@@ -277,6 +297,7 @@ void prometheus_exporter::add(const std::shared_ptr<router>& r, const std::strin
     auto ex = r->get_executor();
     std::lock_guard<std::mutex> lock(impl_->m);
     impl_->sources.push_back({base, [base, w, ex](families& f) {
+                                  if (w.expired()) return false;
                                   auto snap = read_on<router_snapshot>(
                                       ex, [w]() -> std::optional<router_snapshot> {
                                           auto r = w.lock();
@@ -284,6 +305,7 @@ void prometheus_exporter::add(const std::shared_ptr<router>& r, const std::strin
                                           return router_snapshot{r->counters(), r->replicas()};
                                       });
                                   if (snap) export_router(f, base, *snap);
+                                  return true;
                               }});
 }
 

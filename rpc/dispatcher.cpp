@@ -33,7 +33,9 @@ struct dispatcher::run {
     bool serial = false;
     bool cancelled = false;
     bool orphan = false;  // of a session that was lost: its answer is not sent
-    method_counters* counters = nullptr;
+    // Shared: a handler may outlive the table it was registered in (a server destroyed while
+    // a cancelled handler still unwinds).
+    std::shared_ptr<method_counters> counters;
     std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
 };
@@ -138,11 +140,27 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
     }
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
         if (it->m.kind == message_kind::request && it->m.msgid == msgid) {
+            if (const handler_entry* e = h_ ? h_->find(it->m.method) : nullptr)
+                e->counters->request_done(errc::cancelled);
             pop_queued(it);
             c_.queued_messages = queue_.size();
             respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
             return;
         }
+    }
+}
+
+// A notification dropped: told to the host, whose callback (the application's) must not throw;
+// if it does anyway, or the reason cannot be built, dispatching goes on regardless.
+void dispatcher::report_dropped(std::string_view method, errc code,
+                                std::string_view failure) noexcept {
+    try {
+        std::string reason = failure.empty() ? "notification for \"" + std::string(method) +
+                                                   "\" dropped: no such method"
+                                             : "notification handler for \"" + std::string(method) +
+                                                   "\" failed: " + std::string(failure);
+        host_.dropped(method, code, std::move(reason));
+    } catch (...) {
     }
 }
 
@@ -162,9 +180,7 @@ void dispatcher::dispatch(message& m) {
                           "no method \"" + std::string(m.method) + "\"");
         } else {
             ++c_.unknown_notifications;
-            host_.dropped(
-                m.method, errc::method_not_found,
-                "notification for \"" + std::string(m.method) + "\" dropped: no such method");
+            report_dropped(m.method, errc::method_not_found, {});
         }
         return;
     }
@@ -174,6 +190,9 @@ void dispatcher::dispatch(message& m) {
 
 void dispatcher::run_sync(const handler_entry& e, const message& m) {
     const bool req = m.kind == message_kind::request;
+    // Taken before the handler runs: it may register its name again, which replaces `e` (the
+    // counters carry over to the new entry).
+    method_counters& counters = *e.counters;
     const bool timed = h_->time_calls();
     const auto started =
         timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -188,23 +207,21 @@ void dispatcher::run_sync(const handler_entry& e, const message& m) {
         scratch_.clear();
         if (req) {
             encode_error_response(scratch_, m.msgid, code, text);
-            e.counters->request_done(code);
+            counters.request_done(code);
         } else {
             ++c_.notification_errors;
-            host_.dropped(
-                m.method, code,
-                "notification handler for \"" + std::string(m.method) + "\" failed: " + text);
+            report_dropped(m.method, code, text);
         }
     }
     if (req) {
         host_.send_response(scratch_);
         ++c_.requests_served;
-        if (!failed) e.counters->request_done();
+        if (!failed) counters.request_done();
     } else {
         ++c_.notifications_served;
-        e.counters->notification_done(failed);
+        counters.notification_done(failed);
     }
-    if (timed) e.counters->took(std::chrono::steady_clock::now() - started);
+    if (timed) counters.took(std::chrono::steady_clock::now() - started);
 }
 
 void dispatcher::start_async(const handler_entry& e, message& m) {
@@ -213,7 +230,7 @@ void dispatcher::start_async(const handler_entry& e, message& m) {
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
     r.serial = !e.concurrent;
-    r.counters = e.counters.get();
+    r.counters = e.counters;
     if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
     if (r.serial) serial_busy_ = true;
     c_.running_handlers = runs_.size();
@@ -253,32 +270,31 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     const bool serial = it->serial;
     const bool req = it->is_request;
     const bool orphan = it->orphan;
-    method_counters& counters = *it->counters;
+    const auto counters = std::move(it->counters);
     if (it->started != std::chrono::steady_clock::time_point{})
-        counters.took(std::chrono::steady_clock::now() - it->started);
+        counters->took(std::chrono::steady_clock::now() - it->started);
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {
         // Its caller's session is gone: the answer has nobody to go to.
+        counters->request_done(errc::cancelled);
     } else if (req) {
         if (failed) {
             out.clear();
             encode_error_response(out, m.msgid, why.first, why.second);
-            counters.request_done(why.first);
+            counters->request_done(why.first);
         } else {
-            counters.request_done();
+            counters->request_done();
         }
         host_.send_response(out);
         ++c_.requests_served;
     } else {
         if (failed) {
             ++c_.notification_errors;
-            host_.dropped(
-                m.method, why.first,
-                "notification handler for \"" + std::string(m.method) + "\" failed: " + why.second);
+            report_dropped(m.method, why.first, why.second);
         }
         ++c_.notifications_served;
-        counters.notification_done(failed);
+        counters->notification_done(failed);
     }
     if (serial) {
         serial_busy_ = false;

@@ -82,6 +82,7 @@ class dispatcher {
     void on_reserved(const message& m);
     void cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
+    void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     void dispatch(message& m);
     void run_sync(const handler_entry& e, const message& m);
     void start_async(const handler_entry& e, message& m);

@@ -146,9 +146,16 @@ std::vector<method_stats> handlers::stats_by_method() const {
 }
 
 std::vector<batch_handler_stats> handlers::stats_by_batch() const {
+    // A name registered again keeps its earlier batcher (for stop_batches) but reports only the
+    // one that serves it now.
     std::vector<batch_handler_stats> v;
     v.reserve(batchers_.size());
-    for (const auto& b : batchers_) v.push_back({b.name, b.core->stats()});
+    for (auto b = batchers_.rbegin(); b != batchers_.rend(); ++b) {
+        const bool seen = std::any_of(
+            v.begin(), v.end(), [&](const batch_handler_stats& x) { return x.name == b->name; });
+        if (!seen) v.push_back({b->name, b->core->stats()});
+    }
+    std::reverse(v.begin(), v.end());
     return v;
 }
 

@@ -10,7 +10,8 @@
 // Figures are read when Prometheus scrapes, on each server's or router's own executor (the
 // exporter posts there and waits up to a second): nothing is counted twice and the hot path only
 // bumps ordo's own counters. Adding a server turns on its handler latency histogram
-// (handlers::time_calls).
+// (handlers::time_calls). A server or router that is gone is left out from the next scrape on;
+// destroy the exporter before the io_context a server or router it reads runs on.
 //
 // Names, all with the label `server` or `router` when a name was given to add():
 //   ordo_server_requests_total{method,code}       requests answered, code "ok" or an errc word
@@ -26,7 +27,7 @@
 //   ordo_router_replicas_lost_total
 //   ordo_router_replica_live{replica}, ordo_router_replica_in_flight{replica},
 //   ordo_router_replica_queued_calls{replica}, ordo_router_replica_calls_total{replica,outcome},
-//   ordo_router_replica_latency_seconds{replica} (summary: p50, p90, p99)
+//   ordo_router_replica_latency_seconds{replica,quantile} (gauges: 0.5, 0.9, 0.99)
 #pragma once
 
 #include "ordo/config.hpp"

@@ -35,7 +35,8 @@ struct method_stats {
     std::array<std::uint64_t, outcome_count> requests{};
     std::uint64_t notifications = 0;        ///< notifications handled
     std::uint64_t notification_errors = 0;  ///< of which the handler threw
-    /// Handler latency (from dispatch to the response written to the output), kept only while
+    /// Handler latency of requests and notifications (from dispatch to the response queued
+    /// for output; a cancelled or orphaned request counts too), kept only while
     /// handlers::time_calls is on. buckets[i] counts calls at most latency_bounds[i] (not
     /// cumulative); buckets.back() the slower ones.
     std::array<std::uint64_t, latency_bounds.size() + 1> latency_buckets{};

@@ -3,6 +3,7 @@
 #include "ordo/ordo.hpp"
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -250,6 +251,65 @@ TEST(Events, AClientPeerReportsDroppedNotificationsToo) {
             EXPECT_EQ(drops[0].code, errc::method_not_found);
             EXPECT_EQ(drops[0].peer, url);
         }
+        co_await srv.async_stop();
+    });
+}
+
+TEST(Stats, AHandlerThatOutlivesItsServerCountsIntoCountersThatStillExist) {
+    // The server goes without async_stop while a handler is suspended: the handler is cancelled
+    // and finishes later, on the same io_context, after the handler table is gone (ASan would
+    // see its counters freed otherwise).
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        auto srv = std::make_unique<server>(ex);
+        bool started = false;
+        srv->on("wait", [&started]() -> net::awaitable<int> {
+            started = true;
+            net::steady_timer t(co_await net::this_coro::executor, 60s);
+            co_await t.async_wait(use_tuple);
+            co_return 1;
+        });
+        const std::string url = srv->listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        std::optional<std::error_code> outcome;
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                auto [ec, r] = co_await ch.async_call<int>("wait", use_tuple);
+                outcome = ec;
+            },
+            net::detached);
+        EXPECT_TRUE(co_await wait_until([&] { return started; }, 10s));
+        srv.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return outcome.has_value(); }, 30s));
+        EXPECT_TRUE(outcome && *outcome) << "the call should fail when its server goes";
+    });
+}
+
+TEST(Events, ACallbackThatThrowsDoesNotStallTheConnection) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options o;
+        int told = 0;
+        o.on_event = [&](const server_event& e) {
+            if (e.what != server_event::kind::dropped) return;
+            ++told;
+            throw std::runtime_error("a careless callback");
+        };
+        server srv(ex, o);
+        serve_sample_methods(srv);
+        srv.on("slow_note", [](int x) -> net::awaitable<void> {
+            net::steady_timer t(co_await net::this_coro::executor, 1ms);
+            co_await t.async_wait(use_tuple);
+            if (x < 0) throw std::invalid_argument("negative");
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        ch.notify("nobody", 1);
+        ch.notify("note", -1);
+        ch.notify("slow_note", -1);  // a serial handler that fails: the queue must go on
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        EXPECT_EQ(told, 3);
         co_await srv.async_stop();
     });
 }
