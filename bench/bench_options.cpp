@@ -8,23 +8,37 @@ namespace {
 // The flags, into `c` (the header comment above lists them).
 void declare_flags(CLI::App& app, config& c) {
     ordo_cli::use_defaults(app);
-    app.add_option("--workload", c.workload, "oneway, seq, pipelined, hol or fanin");
+    app.add_option("--workload", c.workload,
+                   "oneway, seq, pipelined, hol, fanin, fanin-raw, cpu or beside-slow");
     app.add_option("--transport", c.transport, "tcp, unix, inproc, zmq, tls, raw-tcp or raw-zmq");
     app.add_option("--mode", c.mode, "ordered, pooled or naive (a connection per call)");
     app.add_option("--interval-ms", c.interval_ms, "batching interval of each connection")
         ->check(ordo_cli::at_least(0));
     app.add_option("--count", c.count, "messages or calls (0: the workload's default)")
         ->check(ordo_cli::at_least(0));
-    app.add_option("--inflight", c.inflight, "calls in flight at once (at least 1)")
+    app.add_option("--inflight", c.inflight,
+                   "calls in flight at once (at least 1; fanin, fanin-raw: per client)")
         ->check(ordo_cli::at_least(0));
     app.add_option("--size", c.size, "payload bytes, at least 8 (0: 16; hol: 1 MiB)")
         ->check(ordo_cli::at_least(0));
-    app.add_option("--clients", c.clients, "fanin: client processes (at least 1)")
+    app.add_option("--clients", c.clients,
+                   "fanin: client processes; fanin-raw, cpu: connections (at least 1)")
         ->check(ordo_cli::at_least(0));
     app.add_option("--spin-us", c.spin_us, "poll this long before sleeping (ordo::run_spinning)")
         ->check(ordo_cli::at_least(0));
     app.add_option("--resume-ms", c.resume_ms, "ordered channels: a resumable session")
         ->check(ordo_cli::at_least(0));
+    app.add_option("--work-us", c.work_us, "cpu: CPU microseconds each call spins on the server")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--slow-ms", c.slow_ms, "beside-slow: CPU milliseconds of each slow call")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--server-threads", c.server_threads,
+                   "event loops of the server the client starts (its --threads)")
+        ->check(ordo_cli::at_least(1));
+    app.add_flag("--offload", c.offload,
+                 "beside-slow: the slow handler runs on a worker_pool (passed to the server)");
+    app.add_option("--threads", c.threads, "server only: event loops (server_options::threads)")
+        ->check(ordo_cli::at_least(1));
     app.add_flag("--json", c.json, "print the results as one JSON line");
     app.add_option("--connect", c.connect, "client only: a server started elsewhere")
         ->type_name("URL");

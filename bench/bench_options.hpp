@@ -20,8 +20,13 @@ struct config {
     int spin_us = 0;     // both sides run ordo::run_spinning (raw-tcp: poll before each read)
     long resume_ms = 0;  // ordered channels: a resumable session with this window
     bool json = false;
-    std::string connect;  // client only, to a server started elsewhere
-    std::string serve;    // server only
+    std::string connect;      // client only, to a server started elsewhere
+    std::string serve;        // server only
+    long work_us = 100;       // cpu: CPU each "work" call spins on the server
+    long slow_ms = 50;        // beside-slow: CPU each "slow" call spins on the server
+    long threads = 1;         // server only: its event loops (server_options::threads)
+    long server_threads = 1;  // client: --threads of the server it starts
+    bool offload = false;     // server: "slow" on a worker_pool; client: for the server it starts
 };
 
 /// Reads argv into `c`. Returns the status to exit with when the program should stop (0 after

@@ -1,12 +1,33 @@
 // ordo-bench: one harness for ordo's workloads and for the raw baselines they are measured
 // against (bench/README.md).
 //
-//   ordo-bench [--workload oneway|seq|pipelined|hol|fanin]
+//   ordo-bench [--workload oneway|seq|pipelined|hol|fanin|fanin-raw|cpu|beside-slow]
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
-//              [--resume-ms N]
-//   ordo-bench --serve URL [--transport T] [--interval-ms N]     (what the client starts)
+//              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
+//   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
+//              [--offload]                                        (what the client starts)
+//
+// The server runs --threads event loops (server_options::threads); the client passes its
+// --server-threads (default 1) and --offload to the server it starts. Three workloads are about
+// them (bench/README.md, seventh round):
+// - cpu: --clients ordered connections from this one process, --inflight calls in flight split
+//   evenly over them (at least 1 each; default 256 / 4 = 64), --count calls in all (20000) of
+//   "work", which spins --work-us microseconds of CPU on the server's loop and returns its
+//   argument. It shows what several loops add when the handlers compute.
+// - beside-slow: two ordered connections; one always has a "slow" call in flight (--slow-ms of
+//   CPU, 50; with --offload the server runs it on a worker_pool of one thread, through
+//   handler_options::run_on, else on the loop), the other makes --count (1000) echo calls one
+//   at a time, 1 ms apart, whose latencies are reported. It shows what a slow handler does to
+//   its loop's other connections.
+// - fanin-raw: fanin with a client that costs far less per call than the server, so that the
+//   server is the bottleneck: --clients plain TCP connections (default 4) driven from one
+//   thread with poll(), each keeping --inflight (256) echo requests in flight, pre-encoded
+//   msgpack-rpc written in batches (msgids repeat every --inflight calls); every response is
+//   checked byte for byte (msgid, no error, the payload back) and counted, no latencies are
+//   taken. --count (1,000,000) calls in all. Only --transport tcp and --mode ordered (an ordo
+//   tcp server, started as usual or at --connect tcp://IPV4:PORT).
 //
 // Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
 // fork/exec of this program (on a thread of this process for inproc://, which cannot cross
@@ -40,6 +61,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -77,7 +99,8 @@ std::string scheme_of(const std::string& transport) {
 void complete(config& c) {
     c.inflight = std::max(1L, c.inflight);
     c.clients = std::max(1, c.clients);
-    const std::vector<std::string> workloads{"oneway", "seq", "pipelined", "hol", "fanin"};
+    const std::vector<std::string> workloads{"oneway", "seq",       "pipelined", "hol",
+                                             "fanin",  "fanin-raw", "cpu",       "beside-slow"};
     const std::vector<std::string> transports{"tcp", "unix",    "inproc", "zmq",
                                               "tls", "raw-tcp", "raw-zmq"};
     if (std::find(workloads.begin(), workloads.end(), c.workload) == workloads.end())
@@ -89,7 +112,12 @@ void complete(config& c) {
     if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
     if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
     if (c.count == 0)
-        c.count = c.workload == "oneway" ? 1'000'000 : c.workload == "hol" ? 50 : 100'000;
+        c.count = c.workload == "oneway"        ? 1'000'000
+                  : c.workload == "hol"         ? 50
+                  : c.workload == "cpu"         ? 20'000
+                  : c.workload == "beside-slow" ? 1000
+                  : c.workload == "fanin-raw"   ? 1'000'000
+                                                : 100'000;
     if (c.workload == "oneway" && c.mode != "ordered")
         fail("oneway runs on one ordered channel: --mode ordered");
     if (c.mode == "naive" && c.workload != "pipelined" && c.workload != "seq")
@@ -98,6 +126,20 @@ void complete(config& c) {
         fail("raw baselines run oneway, seq, pipelined and fanin, in mode ordered");
     if (c.workload == "fanin" && c.transport == "inproc")
         fail("fanin runs client processes: inproc:// cannot reach them");
+    if ((c.workload == "cpu" || c.workload == "beside-slow") && (is_raw(c) || c.mode != "ordered"))
+        fail("cpu and beside-slow run on ordo's ordered channels: not raw, --mode ordered");
+    if (c.workload == "fanin-raw" && (c.transport != "tcp" || c.mode != "ordered" || c.resume_ms))
+        fail(
+            "fanin-raw writes msgpack-rpc from plain sockets to ordo's tcp server: "
+            "--transport tcp, --mode ordered, no --resume-ms");
+}
+
+// Keeps the thread busy for `d` (reading the clock until it has passed): real CPU, as a handler
+// that computes, not a sleep.
+void spin_for(std::chrono::microseconds d) {
+    const auto until = clock_type::now() + d;
+    while (clock_type::now() < until) {
+    }
 }
 
 // ---------------------------------------------------------------- payloads and numbers
@@ -190,14 +232,33 @@ struct oneway_state {
     bool in_order = true;
 };
 
-/// Serves echo, the oneway notifications and their verdict until `stop_fd` ends.
+/// Serves echo, the oneway notifications and their verdict, work (cpu) and slow (beside-slow)
+/// until `stop_fd` ends, on cfg.threads loops (this thread is loop 0).
 int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop_fd) {
     net::io_context io(1);
+    // A slow call still running on the pool when the server stops posts its answer back to a
+    // loop: the pool is joined before the server goes (handler_options::run_on).
+    std::optional<ordo::worker_pool> pool;
+    if (cfg.offload) pool.emplace(1);
     ordo::server_options so;
     so.peer.comm.interval = std::chrono::milliseconds(cfg.interval_ms);
+    so.threads = static_cast<std::size_t>(cfg.threads);
     ordo::server srv(io.get_executor(), so);
-    oneway_state st;
+    oneway_state st;  // oneway runs one connection: one loop touches it
     srv.on("echo", [](msgpack::object v) { return v; });
+    srv.on("work", [](std::uint32_t us, msgpack::object v) {
+        spin_for(std::chrono::microseconds(us));
+        return v;
+    });
+    ordo::handler_options slow_on;
+    if (pool) slow_on.run_on = pool->get_executor();
+    srv.on(
+        "slow",
+        [](std::uint32_t ms, std::uint64_t seq) {
+            spin_for(std::chrono::milliseconds(ms));
+            return seq;
+        },
+        slow_on);
     srv.on("n", [&st](msgpack::object p) {
         if (p.type != msgpack::type::STR || p.via.str.size < 8 ||
             seq_of(p.via.str.ptr) != st.received)
@@ -222,6 +283,7 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
         },
         net::detached);
     ordo::run_spinning(io, std::chrono::microseconds(cfg.spin_us));
+    if (pool) pool->join();
     return 0;
 }
 
@@ -339,18 +401,25 @@ int serve_raw_tcp(int ready_fd, int spin_us) {
     std::_Exit(0);  // the connection threads are blocked in read(): end them with the process
 }
 
-int raw_tcp_connect(const std::string& url) {
-    const auto colon = url.rfind(':');
-    if (url.rfind("raw-tcp://", 0) != 0 || colon == std::string::npos)
-        fail("not a raw-tcp URL: " + url);
+// A blocking TCP connection to SCHEME://IPV4:PORT[?params] (raw-tcp; fanin-raw: tcp).
+int tcp_connect(const std::string& url, const std::string& scheme) {
+    const auto sep = url.find("://");
+    const std::string rest = sep == std::string::npos ? "" : url.substr(sep + 3);
+    const std::string host_port = rest.substr(0, rest.find('?'));
+    const auto colon = host_port.rfind(':');
+    if (url.rfind(scheme + "://", 0) != 0 || colon == std::string::npos)
+        fail("not a " + scheme + ":// URL with an IPv4 address: " + url);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(url.substr(colon + 1))));
-    const std::string host = url.substr(10, colon - 10);
-    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) fail("bad raw-tcp host " + host);
+    a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(host_port.substr(colon + 1))));
+    const std::string host = host_port.substr(0, colon);
+    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) fail("bad IPv4 host " + host);
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-        fail("raw-tcp: cannot connect to " + url + ": " + std::strerror(errno));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        fail("cannot connect to " + url + ": " + why);
+    }
     nodelay(fd);
     return fd;
 }
@@ -460,6 +529,221 @@ result raw_tcp_oneway(const config& cfg, int fd) {
     if (verdict != '1') fail("raw-tcp: the server saw the messages out of order");
     res.calls = cfg.count;
     res.msgs_per_write = double(cfg.count) / double(writes);
+    return res;
+}
+
+// ---------------------------------------------------------------- fanin-raw: a cheap client
+
+// fanin-raw's client: --clients plain TCP connections to an ordo tcp server, driven from this
+// one thread with poll(). Each connection keeps --inflight echo requests in flight, taken from
+// a block encoded once: `inflight` requests [0, msgid, "echo", [payload]] with msgids
+// 0..inflight-1 (always as uint32, so every request has the same size), written twice in a
+// row so that any run of up to `inflight` consecutive requests is one contiguous write. A
+// msgid comes back before it is sent again: request k goes out once response k - inflight is
+// in. ordo answers echo (a handler that does not suspend) in order, so response k must be
+// [1, k % inflight, nil, the request's payload] byte for byte; anything else (an error, another
+// message, a closed connection, 10 s without progress) fails the run. No latencies are taken.
+
+/// A connection of fanin-raw's client; counts are of requests since it was opened.
+struct raw_rpc_conn {
+    int fd = -1;
+    long sent = 0;              // requests released (their bytes written or pending)
+    long received = 0;          // responses checked
+    std::uint64_t written = 0;  // bytes of the request stream written
+    std::vector<char> in;       // unparsed bytes of responses
+    std::size_t have = 0;
+    bool want_out = false;  // the socket took part of a write: wait for POLLOUT
+};
+
+/// The requests of one window, encoded once (see above).
+struct raw_rpc_block {
+    std::string bytes;          // 2 * window requests
+    std::size_t request = 0;    // bytes of one request
+    std::size_t result_at = 0;  // where a request's str (header and payload) starts in it
+    long window = 0;
+};
+
+void put_str_header(std::string& out, std::size_t n) {
+    if (n < 32) {
+        out += char(0xa0 | n);
+    } else if (n < 256) {
+        out += '\xd9';
+        out += char(n);
+    } else if (n < 65536) {
+        out += '\xda';
+        out += char(n >> 8);
+        out += char(n);
+    } else {
+        out += '\xdb';
+        for (int s = 24; s >= 0; s -= 8) out += char(n >> s);
+    }
+}
+
+raw_rpc_block encode_requests(std::size_t size, long window) {
+    raw_rpc_block b;
+    b.window = window;
+    const std::string head("\x94\x00\xce", 3);                 // [0, msgid (uint32) ...
+    std::string tail = '\xa4' + std::string("echo") + '\x91';  // ..., "echo", [payload]]
+    b.result_at = head.size() + 4 + tail.size();               // the str, which echo returns
+    put_str_header(tail, size);
+    b.request = head.size() + 4 + tail.size() + size;
+    if (double(b.request) * double(window) > double(128 << 20))
+        fail("fanin-raw: --inflight x --size is over 128 MiB of requests per window");
+    b.bytes.reserve(2 * b.request * static_cast<std::size_t>(window));
+    for (int copy = 0; copy < 2; ++copy) {
+        for (long id = 0; id < window; ++id) {
+            b.bytes += head;
+            for (int s = 24; s >= 0; s -= 8) b.bytes += char(std::uint32_t(id) >> s);
+            b.bytes += tail;
+            b.bytes += payload(size, static_cast<std::uint64_t>(id));
+        }
+    }
+    return b;
+}
+
+// The msgpack object at p (up to n bytes) as text, for an error message.
+std::string describe_msgpack(const char* p, std::size_t n) {
+    try {
+        std::size_t off = 0;
+        const auto h = msgpack::unpack(p, n, off);
+        std::ostringstream s;
+        s << h.get();
+        std::string t = s.str();
+        return t.size() > 300 ? t.substr(0, 300) + "..." : t;
+    } catch (const std::exception&) {
+        return "undecodable msgpack (" + std::to_string(n) + " bytes)";
+    }
+}
+
+// Checks the response at p[0, n) against request `k` of `b`; returns its size, or 0 if it is
+// not complete yet. A wrong one fails the run.
+std::size_t take_response(const raw_rpc_block& b, const char* p, std::size_t n, long k) {
+    auto u = [p](std::size_t i) { return std::uint8_t(p[i]); };
+    auto wrong = [&](const char* why) {
+        fail("fanin-raw: response " + std::to_string(k) + " " + why + ": " +
+             describe_msgpack(p, n));
+    };
+    if (n < 3) return 0;
+    if (u(0) != 0x94 || u(1) != 0x01) wrong("is not a response");
+    const std::uint8_t t = u(2);
+    const std::size_t id_bytes = t < 0x80 ? 0 : t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : 9;
+    if (id_bytes == 9) wrong("has a msgid that is not a uint32");
+    if (n < 3 + id_bytes + 1) return 0;
+    std::uint64_t id = t < 0x80 ? t : 0;
+    for (std::size_t i = 0; i < id_bytes; ++i) id = (id << 8) | u(3 + i);
+    std::size_t at = 3 + id_bytes;
+    if (id != static_cast<std::uint64_t>(k % b.window)) wrong("has the wrong msgid");
+    if (u(at) != 0xc0) {
+        // An error: wait for the whole message, to show it.
+        try {
+            std::size_t off = 0;
+            (void)msgpack::unpack(p, n, off);
+        } catch (const msgpack::insufficient_bytes&) {
+            return 0;
+        } catch (const std::exception&) {
+        }
+        wrong("is an error");
+    }
+    ++at;
+    // The result must be the request's str, header and payload, byte for byte.
+    const char* req = b.bytes.data() + static_cast<std::size_t>(k % b.window) * b.request;
+    const std::size_t result_bytes = b.request - b.result_at;
+    if (n < at + result_bytes) return 0;
+    if (std::memcmp(p + at, req + b.result_at, result_bytes) != 0) wrong("has the wrong result");
+    return at + result_bytes;
+}
+
+// Releases requests of `c` up to `target` (at most a window ahead of its responses) and writes
+// what is pending, as far as the socket takes it. Counts the writes in `writes`.
+void raw_rpc_top_up(const raw_rpc_block& b, raw_rpc_conn& c, long target, long& writes) {
+    c.sent = std::max(c.sent, std::min(target, c.received + b.window));
+    const std::uint64_t end = static_cast<std::uint64_t>(c.sent) * b.request;
+    if (c.written == end) {
+        c.want_out = false;
+        return;
+    }
+    // Pending bytes are at most one window: contiguous in the doubled block.
+    const std::size_t at = c.written % (b.request * static_cast<std::size_t>(b.window));
+    const ssize_t w = ::send(c.fd, b.bytes.data() + at, end - c.written, MSG_NOSIGNAL);
+    if (w < 0 && errno != EAGAIN && errno != EINTR)
+        fail(std::string("fanin-raw: write failed: ") + std::strerror(errno));
+    if (w > 0) {
+        c.written += static_cast<std::uint64_t>(w);
+        ++writes;
+    }
+    c.want_out = c.written < end;
+}
+
+// Reads what `c` has and checks every whole response in it.
+void raw_rpc_drain(const raw_rpc_block& b, raw_rpc_conn& c) {
+    if (c.have == c.in.size()) c.in.resize(c.in.size() * 2);
+    const ssize_t r = ::read(c.fd, c.in.data() + c.have, c.in.size() - c.have);
+    if (r == 0) fail("fanin-raw: the server closed a connection");
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        fail(std::string("fanin-raw: read failed: ") + std::strerror(errno));
+    }
+    c.have += static_cast<std::size_t>(r);
+    std::size_t pos = 0;
+    while (pos < c.have) {
+        if (c.received == c.sent) fail("fanin-raw: a message that answers no request");
+        const std::size_t n = take_response(b, c.in.data() + pos, c.have - pos, c.received);
+        if (n == 0) break;
+        pos += n;
+        ++c.received;
+    }
+    std::memmove(c.in.data(), c.in.data() + pos, c.have - pos);
+    c.have -= pos;
+}
+
+// Runs every connection until it has `target` responses; fails after 10 s without progress.
+void raw_rpc_pump(const raw_rpc_block& b, std::vector<raw_rpc_conn>& conns, long target,
+                  long& writes) {
+    std::vector<pollfd> pfs(conns.size());
+    for (;;) {
+        std::size_t busy = 0;
+        for (std::size_t i = 0; i < conns.size(); ++i) {
+            auto& c = conns[i];
+            if (!c.want_out) raw_rpc_top_up(b, c, target, writes);
+            if (c.received < target) ++busy;
+            pfs[i] = {c.fd, static_cast<short>(POLLIN | (c.want_out ? POLLOUT : 0)), 0};
+        }
+        if (busy == 0) return;
+        if (::poll(pfs.data(), pfs.size(), 10'000) <= 0) fail("fanin-raw: no progress for 10 s");
+        for (std::size_t i = 0; i < conns.size(); ++i) {
+            if (pfs[i].revents & POLLOUT) raw_rpc_top_up(b, conns[i], target, writes);
+            if (pfs[i].revents & (POLLIN | POLLHUP | POLLERR)) raw_rpc_drain(b, conns[i]);
+        }
+    }
+}
+
+// fanin-raw: --clients connections from this thread, --count calls split evenly over them
+// (after a window each to warm them), as the comment above says.
+result run_fanin_raw(const config& cfg, const std::string& url) {
+    const long per = std::max(1L, cfg.count / cfg.clients);
+    const raw_rpc_block b = encode_requests(static_cast<std::size_t>(cfg.size), cfg.inflight);
+    std::vector<raw_rpc_conn> conns(static_cast<std::size_t>(cfg.clients));
+    result res;
+    try {
+        for (auto& c : conns) {
+            c.fd = tcp_connect(url, "tcp");
+            ::fcntl(c.fd, F_SETFL, ::fcntl(c.fd, F_GETFL) | O_NONBLOCK);
+            c.in.resize(std::max<std::size_t>(1 << 16, 2 * b.request + 64));
+        }
+        long writes = 0;
+        raw_rpc_pump(b, conns, cfg.inflight, writes);  // warm
+        writes = 0;
+        const auto start = clock_type::now();
+        raw_rpc_pump(b, conns, cfg.inflight + per, writes);
+        res.seconds = seconds_since(start);
+        res.calls = per * cfg.clients;
+        res.msgs_per_write = writes ? double(res.calls) / double(writes) : 0;
+    } catch (...) {
+        for (auto& c : conns)
+            if (c.fd >= 0) ::close(c.fd);
+        throw;
+    }
+    for (auto& c : conns) ::close(c.fd);
     return res;
 }
 
@@ -655,31 +939,41 @@ net::awaitable<void> wait_until(std::function<bool()> done) {
     }
 }
 
-// Up to `inflight` calls outstanding, each issued from the completion of an earlier one.
-net::awaitable<result> ordo_pipelined(const config& cfg, ordo::channel ch, long count,
-                                      long inflight, long first_seq) {
+// Up to `inflight` calls outstanding on each channel of `chs` (`count` in all), each issued from
+// the completion of an earlier one on the same channel. echo, or with `work_us` work (cpu), which
+// spins that long on the server and fails after a minute.
+net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::channel> chs, long count,
+                                      long inflight, long first_seq,
+                                      std::optional<std::uint32_t> work_us = {}) {
     result res;
     res.lat_us.reserve(static_cast<std::size_t>(count));
     std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
     long next = 0, done = 0;
     std::string error;
-    std::function<void()> issue = [&] {
+    std::function<void(const ordo::channel&)> issue = [&](const ordo::channel& ch) {
         const long i = first_seq + next++;
         stamp(p, static_cast<std::uint64_t>(i));
         const auto t0 = clock_type::now();
-        ch.async_call<std::string>("echo", p, [&, i, t0](std::error_code ec, std::string r) {
+        auto on_reply = [&, i, t0, c = &ch](std::error_code ec, std::string r) {
             res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
             try {
-                check_echo(ec, r, p.size(), i, "pipelined");
+                check_echo(ec, r, p.size(), i, work_us ? "work" : "pipelined");
             } catch (const std::exception& e) {
                 if (error.empty()) error = e.what();
             }
             ++done;
-            if (next < count) issue();
-        });
+            if (next < count) issue(*c);
+        };
+        if (work_us)
+            ch.async_call<std::string>("work", *work_us, p, ordo::timeout(std::chrono::minutes(1)),
+                                       std::move(on_reply));
+        else
+            ch.async_call<std::string>("echo", p, std::move(on_reply));
     };
     const auto start = clock_type::now();
-    for (long k = 0; k < std::min(inflight, count); ++k) issue();
+    for (long k = 0; k < inflight; ++k)
+        for (const auto& ch : chs)
+            if (next < count) issue(ch);
     co_await wait_until([&] { return done == count; });
     res.seconds = seconds_since(start);
     res.calls = count;
@@ -688,18 +982,27 @@ net::awaitable<result> ordo_pipelined(const config& cfg, ordo::channel ch, long 
 }
 
 // `count` echo calls of `size` bytes, one at a time (a coroutine awaiting each), each timed and
-// checked; `what` names them in an error. The seq workload, and hol's small calls.
-net::awaitable<result> ordo_seq(ordo::channel ch, std::size_t size, long count, const char* what) {
+// checked; `what` names them in an error. With `pause`, it waits that long between calls (not
+// timed); with `limit`, a call that takes longer fails. The seq workload, and the small calls of
+// hol and beside-slow.
+net::awaitable<result> ordo_seq(ordo::channel ch, std::size_t size, long count, const char* what,
+                                std::chrono::milliseconds pause = {},
+                                std::chrono::milliseconds limit = {}) {
     result res;
     res.lat_us.reserve(static_cast<std::size_t>(count));
     std::string p = payload(size, 0);
+    net::steady_timer t(co_await net::this_coro::executor);
     const auto start = clock_type::now();
     for (long i = 0; i < count; ++i) {
         stamp(p, static_cast<std::uint64_t>(i));
         const auto t0 = clock_type::now();
-        std::string r = co_await ch.async_call<std::string>("echo", p);
+        std::string r = co_await ch.async_call<std::string>("echo", p, ordo::timeout(limit));
         res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
         check_echo({}, r, p.size(), i, what);
+        if (pause.count() > 0) {
+            t.expires_after(pause);
+            co_await t.async_wait(ordo::use_tuple);
+        }
     }
     res.seconds = seconds_since(start);
     res.calls = count;
@@ -771,6 +1074,39 @@ net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
     co_return res;
 }
 
+// Small calls, one at a time with a millisecond between them, on one connection while another
+// keeps one slow call (CPU for --slow-ms on the server) in flight at all times.
+net::awaitable<result> ordo_beside_slow(const config& cfg, ordo::channel slow_ch,
+                                        ordo::channel ch) {
+    bool stop = false;
+    int slow_running = 0;
+    std::uint64_t slow_done = 0;
+    std::string error;
+    const auto slow_limit = std::chrono::milliseconds(cfg.slow_ms) + std::chrono::seconds(10);
+    std::function<void()> issue_slow = [&] {
+        ++slow_running;
+        const std::uint64_t seq = slow_done;
+        slow_ch.async_call<std::uint64_t>(
+            "slow", static_cast<std::uint32_t>(cfg.slow_ms), seq, ordo::timeout(slow_limit),
+            [&, seq](std::error_code ec, std::uint64_t r) {
+                --slow_running;
+                ++slow_done;
+                if ((ec || r != seq) && error.empty())
+                    error = "slow call " + std::to_string(seq) +
+                            (ec ? " failed: " + ec.message() : ": wrong reply");
+                if (!stop && error.empty()) issue_slow();
+            });
+    };
+    issue_slow();
+    result res = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), cfg.count, "small",
+                                   std::chrono::milliseconds(1), slow_limit);
+    stop = true;
+    co_await wait_until([&] { return slow_running == 0; });
+    if (!error.empty()) fail(error);
+    if (slow_done == 0) fail("beside-slow: no slow call completed");
+    co_return res;
+}
+
 net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
     auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl());
     std::string pl = payload(static_cast<std::size_t>(cfg.size), 0);
@@ -802,7 +1138,8 @@ net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string&
     // payloads are not needed for that.)
     config warm = cfg;
     if (cfg.workload == "hol") warm.size = 16;
-    co_await ordo_pipelined(warm, ch, std::min(4 * inflight, 4096L), inflight, 0);
+    co_await ordo_pipelined(warm, std::vector<ordo::channel>(1, ch), std::min(4 * inflight, 4096L),
+                            inflight, 0);
     co_return ch;
 }
 
@@ -811,6 +1148,26 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
         const std::string plain =
             with_params(url, "interval_ms=" + std::to_string(cfg.interval_ms));
         co_return co_await ordo_naive(cfg, plain, count, cfg.workload == "seq" ? 1 : inflight);
+    }
+    if (cfg.workload == "cpu" || cfg.workload == "beside-slow") {
+        // Connections of their own (ordered), so that the server places them on its loops.
+        const int n = cfg.workload == "cpu" ? cfg.clients : 2;
+        std::vector<ordo::channel> chs;
+        for (int k = 0; k < n; ++k) chs.push_back(co_await ordo_channel(cfg, url, 1));
+        // (Not a conditional expression of two co_awaits: GCC 12 garbles its result.)
+        result r;
+        if (cfg.workload == "cpu")
+            r = co_await ordo_pipelined(cfg, chs, count, std::max(1L, inflight / n), 0,
+                                        static_cast<std::uint32_t>(cfg.work_us));
+        else
+            r = co_await ordo_beside_slow(cfg, chs[0], chs[1]);
+        for (auto& ch : chs) {
+            auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl());
+            if (r.msgs_per_write == 0) r.msgs_per_write = p->comm().messages_per_write();
+            r.peak_buffer_bytes = std::max(r.peak_buffer_bytes, p->comm().peak_buffered_bytes);
+            co_await p->async_close();
+        }
+        co_return r;
     }
     const long connections = cfg.workload == "seq" ? 1 : cfg.workload == "hol" ? 2 : inflight;
     ordo::channel ch = co_await ordo_channel(cfg, url, connections);
@@ -822,7 +1179,7 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
     else if (cfg.workload == "hol")
         r = co_await ordo_hol(cfg, ch);
     else
-        r = co_await ordo_pipelined(cfg, ch, count, inflight, 0);
+        r = co_await ordo_pipelined(cfg, std::vector<ordo::channel>(1, ch), count, inflight, 0);
     if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
         if (r.msgs_per_write == 0) r.msgs_per_write = p->comm().messages_per_write();
         r.peak_buffer_bytes = p->comm().peak_buffered_bytes;
@@ -835,7 +1192,7 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
 
 result run_client(const config& cfg, const std::string& url, long count, long inflight) {
     if (cfg.transport == "raw-tcp") {
-        const int fd = raw_tcp_connect(url);
+        const int fd = tcp_connect(url, "raw-tcp");
         result r = cfg.workload == "oneway"
                        ? raw_tcp_oneway(cfg, fd)
                        : raw_tcp_calls(cfg, fd, count, cfg.workload == "seq" ? 1 : inflight);
@@ -909,10 +1266,12 @@ server_handle start_server(const config& cfg) {
     int ready[2], stop[2];
     if (::pipe2(ready, O_CLOEXEC) != 0 || ::pipe2(stop, O_CLOEXEC) != 0) fail("pipe failed");
     if (cfg.transport == "inproc") {
-        s.thread =
-            std::thread([cfg, listen, ready_fd = ready[1], stop_fd = stop[0], cpu = s.thread_cpu] {
+        config served = cfg;
+        served.threads = cfg.server_threads;
+        s.thread = std::thread(
+            [served, listen, ready_fd = ready[1], stop_fd = stop[0], cpu = s.thread_cpu] {
                 try {
-                    serve_ordo(cfg, listen, ready_fd, stop_fd);
+                    serve_ordo(served, listen, ready_fd, stop_fd);
                 } catch (const std::exception& e) {
                     std::cerr << "ordo-bench server: " << e.what() << "\n";
                 }
@@ -922,16 +1281,27 @@ server_handle start_server(const config& cfg) {
     } else {
         const std::string interval = std::to_string(cfg.interval_ms);
         const std::string spin = std::to_string(cfg.spin_us);
+        const std::string threads = std::to_string(cfg.server_threads);
         s.pid = ::fork();
         if (s.pid < 0) fail("fork failed");
         if (s.pid == 0) {
             ::prctl(PR_SET_PDEATHSIG, SIGKILL);
             ::dup2(stop[0], 0);
             ::dup2(ready[1], 1);
-            const char* args[] = {
-                "ordo-bench",          "--serve",       listen.c_str(),   "--transport",
-                cfg.transport.c_str(), "--interval-ms", interval.c_str(), "--spin-us",
-                spin.c_str(),          nullptr};
+            // Without --offload, its place ends the list.
+            const char* args[] = {"ordo-bench",
+                                  "--serve",
+                                  listen.c_str(),
+                                  "--transport",
+                                  cfg.transport.c_str(),
+                                  "--interval-ms",
+                                  interval.c_str(),
+                                  "--spin-us",
+                                  spin.c_str(),
+                                  "--threads",
+                                  threads.c_str(),
+                                  cfg.offload ? "--offload" : nullptr,
+                                  nullptr};
             ::execv("/proc/self/exe", const_cast<char* const*>(args));
             std::_Exit(127);
         }
@@ -1054,30 +1424,42 @@ std::string cdf(const std::vector<float>& sorted) {
 void report(const config& cfg, result& r, double client_cpu, std::optional<double> server_cpu) {
     std::sort(r.lat_us.begin(), r.lat_us.end());
     const double rate = r.seconds > 0 ? double(r.calls) / r.seconds : 0;
-    char server[32] = "null";
+    char server[32] = "null", per_call[32] = "null";
     if (server_cpu) std::snprintf(server, sizeof server, "%.3f", *server_cpu);
+    // The server's CPU over its whole life (warm-up calls included) per measured call.
+    if (server_cpu && r.calls > 0)
+        std::snprintf(per_call, sizeof per_call, "%.2f", *server_cpu * 1e6 / double(r.calls));
+    const double max_us = r.lat_us.empty() ? 0 : r.lat_us.back();
+    const bool one_at_a_time =
+        cfg.workload == "seq" || cfg.workload == "hol" || cfg.workload == "beside-slow";
     if (cfg.json) {
         std::printf(
             "{\"workload\":\"%s\",\"transport\":\"%s\",\"mode\":\"%s\",\"interval_ms\":%d,"
             "\"count\":%ld,\"inflight\":%ld,\"size\":%ld,\"clients\":%d,\"seconds\":%.4f,"
             "\"rate\":%.0f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
             "\"msgs_per_write\":%.1f,\"peak_buffer_bytes\":%llu,\"client_cpu_s\":%.3f,"
-            "\"server_cpu_s\":%s,\"spin_us\":%d,\"cdf_us\":%s}\n",
+            "\"server_cpu_s\":%s,\"server_cpu_us_per_call\":%s,\"spin_us\":%d,"
+            "\"max_us\":%.2f,\"server_threads\":%ld,\"work_us\":%ld,\"slow_ms\":%ld,"
+            "\"offload\":%s,\"cdf_us\":%s}\n",
             cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, r.calls,
-            cfg.workload == "seq" || cfg.workload == "hol" ? 1 : cfg.inflight, cfg.size,
-            cfg.workload == "fanin" ? cfg.clients : 1, r.seconds, rate, percentile(r.lat_us, 0.5),
-            percentile(r.lat_us, 0.9), percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999),
-            r.msgs_per_write, static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu,
-            server, cfg.spin_us, cdf(r.lat_us).c_str());
+            one_at_a_time ? 1 : cfg.inflight, cfg.size,
+            cfg.workload.rfind("fanin", 0) == 0 || cfg.workload == "cpu" ? cfg.clients : 1,
+            r.seconds, rate, percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.9),
+            percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999), r.msgs_per_write,
+            static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server, per_call,
+            cfg.spin_us, max_us, cfg.server_threads, cfg.work_us, cfg.slow_ms,
+            cfg.offload ? "true" : "false", cdf(r.lat_us).c_str());
     } else {
         std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s",
                     cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
                     cfg.size, r.calls, r.seconds, rate);
         if (!r.lat_us.empty())
-            std::printf("; p50 %.1f us, p99 %.1f us, p99.9 %.1f us", percentile(r.lat_us, 0.5),
-                        percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999));
+            std::printf("; p50 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us",
+                        percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.99),
+                        percentile(r.lat_us, 0.999), max_us);
         if (r.msgs_per_write > 0) std::printf("; %.1f msgs/write", r.msgs_per_write);
-        std::printf("; cpu client %.2f s, server %s s\n", client_cpu, server);
+        std::printf("; cpu client %.2f s, server %s s (%s us/call)\n", client_cpu, server,
+                    per_call);
     }
     std::fflush(stdout);
 }
@@ -1095,6 +1477,8 @@ int bench_main(const config& cfg) {
     try {
         if (cfg.workload == "fanin")
             r = run_fanin(cfg, url, clients_cpu);
+        else if (cfg.workload == "fanin-raw")
+            r = run_fanin_raw(cfg, url);
         else
             r = run_client(cfg, url, cfg.count, cfg.inflight);
     } catch (...) {

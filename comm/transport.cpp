@@ -265,7 +265,7 @@ class tcp_listener final : public listener {
     }
 
     net::awaitable<std::unique_ptr<transport>> async_accept() override {
-        auto [ec, s] = co_await acceptor_.async_accept(use_tuple);
+        auto [ec, s] = co_await acceptor_.async_accept(place(acceptor_.get_executor()), use_tuple);
         if (ec) fail("accept failed on", local_, ec);
         s.set_option(tcp::no_delay(true), ec);
         auto remote = tcp_url(s.remote_endpoint(ec));
@@ -426,6 +426,10 @@ class tls_listener final : public listener {
     }
     ~tls_listener() override { close(); }
 
+    void set_placement(std::function<net::any_io_executor()> choose) override {
+        st_->choose = std::move(choose);
+    }
+
     net::awaitable<std::unique_ptr<transport>> async_accept() override {
         auto s = st_;
         while (s->ready.empty() && s->open) co_await s->wake.async_wait(use_tuple);
@@ -441,6 +445,7 @@ class tls_listener final : public listener {
         st_->open = false;
         std::error_code ignored;
         st_->acceptor.close(ignored);
+        st_->ready.clear();  // handshakes done, never taken: closed now, on a live loop
         st_->wake.cancel();
     }
 
@@ -463,15 +468,18 @@ class tls_listener final : public listener {
         std::size_t handshaking = 0;
         bool open = true;
         std::string local;
+        std::function<net::any_io_executor()> choose;  // set_placement
     };
 
     static net::awaitable<void> accept_loop(std::shared_ptr<state> s) {
-        net::steady_timer backoff(s->acceptor.get_executor());
+        const net::any_io_executor home = s->acceptor.get_executor();
+        net::steady_timer backoff(home);
         while (s->open) {
             while (s->open && s->handshaking + s->ready.size() >= max_pending)
                 co_await s->wake.async_wait(use_tuple);
             if (!s->open) break;
-            auto [ec, sock] = co_await s->acceptor.async_accept(use_tuple);
+            const net::any_io_executor ex = s->choose ? s->choose() : home;
+            auto [ec, sock] = co_await s->acceptor.async_accept(ex, use_tuple);
             if (!s->open) break;
             if (ec) {
                 backoff.expires_after(std::chrono::milliseconds(100));
@@ -480,29 +488,35 @@ class tls_listener final : public listener {
             }
             sock.set_option(tcp::no_delay(true), ec);
             ++s->handshaking;
-            net::co_spawn(s->acceptor.get_executor(), shake(s, std::move(sock)),
-                          detail::rethrow_escaped{});
+            net::co_spawn(ex, shake(s, home, std::move(sock)), detail::rethrow_escaped{});
         }
     }
 
-    static net::awaitable<void> shake(std::shared_ptr<state> s, tcp::socket sock) {
+    // Runs on the connection's executor; the listener's state is touched back on `home`.
+    static net::awaitable<void> shake(std::shared_ptr<state> s, net::any_io_executor home,
+                                      tcp::socket sock) {
         std::error_code ec;
         std::string remote = tcp_url(sock.remote_endpoint(ec), "tls");
         auto ts = std::make_shared<tls_stream>(std::move(sock), s->ctx);
-        const std::string why =
-            co_await handshake(ts, ssl::stream_base::server, s->o.handshake_timeout);
-        --s->handshaking;
-        if (!why.empty() || !s->open) {
+        std::string why = co_await handshake(ts, ssl::stream_base::server, s->o.handshake_timeout);
+        if (!why.empty()) {
             std::error_code ignored;
             ts->stream.next_layer().close(ignored);
-            if (!why.empty() && s->on_refused)
-                s->on_refused("ordo: TLS handshake with " + remote + " on " + s->local +
-                              " failed: " + why);
-            s->wake.cancel();
-            co_return;
         }
-        s->ready.push_back(tls_transport(std::move(ts), std::move(remote)));
-        s->wake.cancel();
+        auto t = why.empty() ? tls_transport(std::move(ts), remote) : nullptr;
+        net::dispatch(home, [s, t = std::move(t), why = std::move(why),
+                             remote = std::move(remote)]() mutable {
+            --s->handshaking;
+            s->wake.cancel();
+            if (!why.empty()) {
+                if (s->on_refused)
+                    s->on_refused("ordo: TLS handshake with " + remote + " on " + s->local +
+                                  " failed: " + why);
+                return;
+            }
+            // Closed meanwhile: the transport is dropped (and closed) here.
+            if (s->open) s->ready.push_back(std::move(t));
+        });
     }
 
     std::shared_ptr<state> st_;
@@ -524,7 +538,7 @@ class unix_listener final : public listener {
     ~unix_listener() override { close(); }
 
     net::awaitable<std::unique_ptr<transport>> async_accept() override {
-        auto [ec, s] = co_await acceptor_.async_accept(use_tuple);
+        auto [ec, s] = co_await acceptor_.async_accept(place(acceptor_.get_executor()), use_tuple);
         if (ec) fail("accept failed on", local_, ec);
         co_return std::make_unique<stream_transport<unix_stream::socket>>(std::move(s), local_);
     }

@@ -10,12 +10,16 @@
 #include "counter.hpp"
 
 /// Registers counter (examples/counter.hpp), echo(any) and square_batch(int) on `srv`. `total`
-/// is the process-wide sum that add() changes; it must outlive the server.
-inline void serve_counter(ordo::server& srv, long& total) {
+/// is the process-wide sum that add() changes; it must outlive the server. `shared` is how add()
+/// and total() run: on a server with several loops, give them a strand (run_on) so that calls
+/// from every loop take turns at `total`.
+inline void serve_counter(ordo::server& srv, long& total, ordo::handler_options shared = {}) {
     namespace net = ordo::net;
     srv.on(counter{}.inc, [](int x) { return x + 1; });
-    srv.on(counter{}.add, [&total](int x) { return total += x; });
-    srv.on(counter{}.total, [&total] { return total; });
+    srv.on(
+        counter{}.add, [&total](int x) { return total += x; }, shared);
+    srv.on(
+        counter{}.total, [&total] { return total; }, shared);
     srv.on(counter{}.sleep_ms, [](int ms) -> net::awaitable<int> {
         net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
         co_await t.async_wait(net::use_awaitable);

@@ -1,4 +1,4 @@
-// ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L]
+// ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L] [--threads N]
 //                 [--cert F --key F [--ca F]] [--metrics HOST:PORT] [--verbose]
 // Serves counter (examples/counter.hpp) and echo(any) on every URL, of any scheme: tcp://,
 // unix://, tls://, zmq+tcp://, zmq+ipc:// (and inproc://, reachable from this process only).
@@ -10,7 +10,8 @@
 // line each; --verbose adds every connection opened and closed. --metrics serves Prometheus
 // metrics (ordo/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help lists the
 // flags; a usage error (an unknown flag, a value that is not a number) prints CLI11's message
-// naming the flag and exits 2.
+// naming the flag and exits 2. --threads N serves connections on N event loops (the main thread
+// and N - 1 more); add() and total() then take turns on a strand.
 #include <asio/signal_set.hpp>
 
 #include <iostream>
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
     long liveness_timeout_ms = -1;  // -1: the library's default
     std::string metrics;
     bool verbose = false;
+    std::size_t threads = 1;
     CLI::App app{"Serves counter and echo(any) on every URL until SIGINT or SIGTERM.",
                  "ordo-inc-server"};
     ordo_cli::use_defaults(app);
@@ -58,6 +60,10 @@ int main(int argc, char** argv) {
     app.add_option("--metrics", metrics,
                    "serve Prometheus metrics on http://HOST:PORT/metrics (port 0: any free one)")
         ->type_name("HOST:PORT");
+    app.add_option("--threads", threads,
+                   "event loops serving connections (the main thread and N - 1 more)")
+        ->check(ordo_cli::at_least(1))
+        ->type_name("N");
     app.add_flag("--verbose", verbose, "also print every connection opened and closed");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
     if (liveness_timeout_ms >= 0)
@@ -76,10 +82,13 @@ int main(int argc, char** argv) {
                                e.code == ordo::errc::shutting_down || !e.code));
         if (verbose || !routine) std::cerr << ordo::to_string(e) << std::endl;
     };
+    options.threads = threads;
     net::io_context io;
     ordo::server srv(io.get_executor(), options);
     long total = 0;  // process-wide, shared by every peer
-    serve_counter(srv, total);
+    ordo::handler_options shared;
+    if (threads > 1) shared.run_on = net::make_strand(io);
+    serve_counter(srv, total, shared);
 
 #ifdef ORDO_HAS_PROMETHEUS
     std::unique_ptr<ordo::prometheus_exporter> exporter;  // stops serving before srv goes

@@ -1,5 +1,10 @@
 #include "ordo/run.hpp"
 
+#include <asio/thread_pool.hpp>
+
+#include <algorithm>
+#include <thread>
+
 namespace ordo {
 
 std::size_t run_spinning(net::io_context& io, std::chrono::microseconds spin) {
@@ -20,6 +25,33 @@ std::size_t run_spinning(net::io_context& io, std::chrono::microseconds spin) {
         }
     }
     return handlers;
+}
+
+struct worker_pool::impl {
+    explicit impl(std::size_t n) : pool(n) {}
+    net::thread_pool pool;
+};
+
+worker_pool::worker_pool(std::size_t threads)
+    : threads_(threads > 0 ? threads
+                           : std::max<std::size_t>(1, std::thread::hardware_concurrency())) {
+    impl_ = std::make_unique<impl>(threads_);
+}
+
+worker_pool::~worker_pool() {
+    join();
+}
+
+net::any_io_executor worker_pool::get_executor() const {
+    return impl_->pool.get_executor();
+}
+
+net::any_io_executor worker_pool::make_strand() const {
+    return net::make_strand(impl_->pool.get_executor());
+}
+
+void worker_pool::join() {
+    impl_->pool.join();
 }
 
 }  // namespace ordo

@@ -9,39 +9,83 @@ namespace ordo::detail {
 
 using clock = std::chrono::steady_clock;
 
-net::awaitable<void> batcher_core::submit(std::shared_ptr<batch_element> e, buffer& out) {
-    auto self = shared_from_this();
-    if (!wait_timer_) {
-        ex_ = co_await net::this_coro::executor;
+net::any_io_executor batcher_core::home(const net::any_io_executor& caller) {
+    std::lock_guard lock(mutex_);
+    if (!ex_) {
+        ex_ = o_.run_on ? net::any_io_executor(net::make_strand(o_.run_on)) : caller;
         wait_timer_ = std::make_unique<net::steady_timer>(ex_);
     }
-    if (stopped_) throw_error(errc::shutting_down, "batch handler " + name_ + " is stopping");
-    if (queue_.size() >= o_.max_queued)
-        throw_error(errc::overloaded, std::to_string(queue_.size()) +
-                                          " calls already wait for batch handler " + name_);
-    e->arrived = clock::now();
-    queue_.push_back(e);
+    return ex_;
+}
+
+// Runs `f` on the home executor: inline when already there, else posted. Before any call came,
+// there is no home and nothing to touch but what f sets itself: it runs inline.
+template <class F>
+void batcher_core::at_home(F f) {
+    net::any_io_executor ex;
+    {
+        std::lock_guard lock(mutex_);
+        ex = ex_;
+    }
+    if (!ex) return f();
+    net::dispatch(ex, [self = shared_from_this(), f = std::move(f)]() mutable { f(); });
+}
+
+// The element's outcome is set: wake its caller on the caller's executor.
+void batcher_core::finish(const std::shared_ptr<batch_element>& e) {
+    net::dispatch(e->done_event.get_executor(), [e] {
+        e->done = true;
+        e->done_event.cancel();
+    });
+}
+
+net::awaitable<void> batcher_core::submit(std::shared_ptr<batch_element> e, buffer& out) {
+    auto self = shared_from_this();
+    const auto ex = home(co_await net::this_coro::executor);
     ++waiters_;
-    stats_.queued = queue_.size();
-    maybe_run();
+    net::dispatch(ex, [self, e] { self->enqueue(e); });
     while (!e->done) {
         co_await e->done_event.async_wait(use_tuple);
         if (e->done) break;
         auto cs = co_await net::this_coro::cancellation_state;
         if (cs.cancelled() == net::cancellation_type::none) continue;
-        // Cancelled (ordo.cancel, a deadline, or the peer died): leave a batch not yet started.
-        waiter_left();
-        auto it = std::find(queue_.begin(), queue_.end(), e);
-        if (it != queue_.end()) {
-            queue_.erase(it);
-            stats_.queued = queue_.size();
-            maybe_run();
-        }
+        // Cancelled (ordo.cancel, a deadline, or the peer died): leave a batch not yet started
+        // (a batch that has started goes on; its result for this call is dropped).
+        net::dispatch(ex, [self, e] { self->withdraw(e); });
         throw_error(errc::cancelled, "call cancelled while waiting for batch handler " + name_);
     }
-    waiter_left();
+    --waiters_;
     if (e->error != errc{}) throw_error(e->error, e->error_text);
     out.write(e->result.data(), e->result.size());
+}
+
+// On home.
+void batcher_core::enqueue(const std::shared_ptr<batch_element>& e) {
+    if (stopped_) {
+        e->error = errc::shutting_down;
+        e->error_text = "batch handler " + name_ + " is stopping";
+        return finish(e);
+    }
+    if (queue_.size() >= o_.max_queued) {
+        e->error = errc::overloaded;
+        e->error_text =
+            std::to_string(queue_.size()) + " calls already wait for batch handler " + name_;
+        return finish(e);
+    }
+    e->arrived = clock::now();
+    queue_.push_back(e);
+    stats_.queued = queue_.size();
+    maybe_run();
+}
+
+// On home: the caller of `e` left.
+void batcher_core::withdraw(const std::shared_ptr<batch_element>& e) {
+    --waiters_;
+    auto it = std::find(queue_.begin(), queue_.end(), e);
+    if (it == queue_.end()) return;
+    queue_.erase(it);
+    stats_.queued = queue_.size();
+    maybe_run();
 }
 
 void batcher_core::maybe_run() {
@@ -59,7 +103,18 @@ void batcher_core::maybe_run() {
         net::co_spawn(ex_, run(std::move(b)), detail::rethrow_escaped{});
     }
     stats_.queued = queue_.size();
+    publish();
     arm_wait();
+}
+
+void batcher_core::publish() {
+    std::lock_guard lock(mutex_);
+    published_ = stats_;
+}
+
+batch_stats batcher_core::stats() const {
+    std::lock_guard lock(mutex_);
+    return published_;
 }
 
 void batcher_core::arm_wait() {
@@ -75,8 +130,8 @@ void batcher_core::arm_wait() {
     });
 }
 
-net::awaitable<void> batcher_core::run(batch b) {
-    auto self = shared_from_this();
+// The user's function, with its failures turned into the calls' errors.
+net::awaitable<void> batcher_core::run_here(batch& b) {
     try {
         co_await run_batch(b);
     } catch (const std::exception& e) {
@@ -85,10 +140,20 @@ net::awaitable<void> batcher_core::run(batch b) {
         // Not a std::exception: its callers still get an answer, and the batch slot is freed.
         fail_all(b, errc::remote_error, "batch handler " + name_ + " failed: unknown exception");
     }
-    for (auto& e : b) {
-        e->done = true;
-        e->done_event.cancel();
+}
+
+net::awaitable<void> batcher_core::run(batch b) {
+    auto self = shared_from_this();
+    if (o_.run_on) {
+        // On the worker executor; back here (the strand) when it is done. Cancellation is not
+        // passed over: Asio 1.22 would signal it from this thread into the other one.
+        co_await net::co_spawn(
+            o_.run_on, run_here(b),
+            net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable));
+    } else {
+        co_await run_here(b);
     }
+    for (auto& e : b) finish(e);
     ++stats_.batches;
     stats_.calls += b.size();
     ++stats_.size_histogram[b.size()];
@@ -105,17 +170,13 @@ void batcher_core::fail_all(batch& b, errc code, const std::string& text) {
     }
 }
 
-void batcher_core::waiter_left() {
-    if (--waiters_ == 0 && idle_event_) idle_event_->cancel();
-}
-
 net::awaitable<void> batcher_core::async_wait_idle() {
     auto self = shared_from_this();
-    while (waiters_ > 0) {
-        if (!idle_event_)
-            idle_event_ = std::make_unique<net::steady_timer>(co_await net::this_coro::executor,
-                                                              clock::time_point::max());
-        co_await idle_event_->async_wait(use_tuple);
+    // Polled: the count is kept on other executors, and this wait must stay cancellable here.
+    net::steady_timer tick(co_await net::this_coro::executor);
+    while (waiters_.load() > 0) {
+        tick.expires_after(std::chrono::milliseconds(5));
+        co_await tick.async_wait(use_tuple);
         auto cs = co_await net::this_coro::cancellation_state;
         if (cs.cancelled() != net::cancellation_type::none) co_return;
     }
@@ -123,26 +184,32 @@ net::awaitable<void> batcher_core::async_wait_idle() {
 
 void batcher_core::stop() {
     stopped_ = true;
-    auto queued = std::move(queue_);
-    queue_.clear();
-    stats_.queued = 0;
-    for (auto& e : queued) {
-        e->error = errc::shutting_down;
-        e->error_text = "server stopping: batch handler " + name_ + " did not run this call";
-        e->done = true;
-        e->done_event.cancel();
-    }
-    if (wait_timer_) wait_timer_->cancel();
+    at_home([this] {
+        auto queued = std::move(queue_);
+        queue_.clear();
+        stats_.queued = 0;
+        for (auto& e : queued) {
+            e->error = errc::shutting_down;
+            e->error_text = "server stopping: batch handler " + name_ + " did not run this call";
+            finish(e);
+        }
+        if (wait_timer_) wait_timer_->cancel();
+        publish();
+    });
 }
 
 void batcher_core::set_max_batch_size(std::size_t n) {
-    o_.max_batch_size = std::max<std::size_t>(1, n);
-    maybe_run();
+    at_home([this, n] {
+        o_.max_batch_size = std::max<std::size_t>(1, n);
+        maybe_run();
+    });
 }
 
 void batcher_core::set_max_wait(std::chrono::milliseconds w) {
-    o_.max_wait = w;
-    maybe_run();
+    at_home([this, w] {
+        o_.max_wait = w;
+        maybe_run();
+    });
 }
 
 }  // namespace ordo::detail

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
@@ -114,10 +115,17 @@ void dispatcher::on_reserved(const message& m) {
         });
         host_.send_response(b);
     } else if (m.method == "ordo.stats" && req && h_ && h_->introspection()) {
-        buffer b(small_buffer);
-        write_response_head(b, m.msgid);
-        pack_stats(b, *h_);
-        host_.send_response(b);
+        if (!h_->stats_source()) {
+            buffer b(small_buffer);
+            write_response_head(b, m.msgid);
+            pack_stats(b, *h_, nullptr);
+            host_.send_response(b);
+        } else {
+            // A server's figures are gathered (from each of its loops) without blocking this
+            // one; the answer follows when they are in.
+            net::co_spawn(ex_, answer_stats(this, host_.keep_alive(), m.msgid),
+                          detail::rethrow_escaped{});
+        }
     } else if (m.method == "ordo.closing") {
         // [code, reason]: the remote side closes the connection next, and says why.
         const auto& a = m.params.via.array;
@@ -246,6 +254,25 @@ void dispatcher::start_async(const handler_entry& e, message& m) {
                   run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
                               std::move(out), std::move(body)),
                   net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+}
+
+net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
+                                              std::uint32_t msgid) {
+    buffer b(small_buffer);
+    write_response_head(b, msgid);
+    try {
+        const server_stats server = co_await d->h_->stats_source()();
+        // The connection (and with it the server's handler table) may have ended meanwhile.
+        if (d->stopped_) co_return;
+        pack_stats(b, *d->h_, &server);
+    } catch (...) {
+        const auto why = describe_current_exception();
+        b.clear();
+        encode_error_response(b, msgid, why.first, why.second);
+    }
+    // `keep` holds the connection, and so `d`, until here; once it has ended nothing is sent.
+    if (!d->stopped_) d->host_.send_response(b);
+    keep.reset();
 }
 
 net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void> keep,

@@ -86,6 +86,8 @@ class dispatcher {
     void dispatch(message& m);
     void run_sync(const handler_entry& e, const message& m);
     void start_async(const handler_entry& e, message& m);
+    static net::awaitable<void> answer_stats(dispatcher* d, std::shared_ptr<void> keep,
+                                             std::uint32_t msgid);
     static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
                                             std::list<run>::iterator it, message m,
                                             std::unique_ptr<buffer> out, net::awaitable<void> body);

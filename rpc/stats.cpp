@@ -95,15 +95,14 @@ void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
 
 }  // namespace
 
-void pack_stats(buffer& out, const handlers& h) {
+void pack_stats(buffer& out, const handlers& h, const server_stats* server) {
     msgpack::packer<buffer> p(out);
     const auto methods = h.stats_by_method();
     const auto batches = h.stats_by_batch();
-    const bool server = static_cast<bool>(h.stats_source());
     p.pack_map(server ? 5 : 4);
     if (server) {
         p.pack("server");
-        pack_server(p, h.stats_source()());
+        pack_server(p, *server);
     }
     pack_kv(p, "unknown_requests", h.unknown_requests());
     pack_kv(p, "unknown_notifications", h.unknown_notifications());

@@ -5,11 +5,13 @@
 
 namespace ordo {
 class handlers;
+struct server_stats;
 namespace detail {
 
 /// Packs the result of ordo.stats: {"server": {...} (when the handlers belong to a server),
 /// "unknown_requests": n, "unknown_notifications": n, "methods": {...}, "batches": {...}}.
-void pack_stats(buffer& out, const handlers& h);
+/// `server`: the server's figures, or null.
+void pack_stats(buffer& out, const handlers& h, const server_stats* server);
 
 }  // namespace detail
 }  // namespace ordo

@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "ordo/error.hpp"
+#include "ordo/net.hpp"
 
 namespace ordo {
 
@@ -31,6 +32,11 @@ struct batch_options {
     std::size_t max_concurrent_batches = 1;
     /// Calls waiting for a batch; one more fails at once with errc::overloaded.
     std::size_t max_queued = 65'536;
+    /// Where batches run (e.g. an ordo::worker_pool's executor), so that a long batch does not
+    /// stall the I/O of the connections on a loop. Empty: on the loop of the batch's first
+    /// caller. Calls from every loop are gathered either way; each caller gets its result back
+    /// on its own loop. With max_concurrent_batches > 1 on a pool, batches run in parallel.
+    net::any_io_executor run_on{};
 };
 
 /// The failure of one element of a batch: only that call fails, with this code and message.

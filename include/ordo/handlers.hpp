@@ -36,6 +36,19 @@ struct handler_options {
     /// peer is dispatched. true: started in order, but the next message is dispatched while it is
     /// suspended.
     bool concurrent = false;
+    /// Where the handler's body runs. Empty (default): on the connection's loop. A strand
+    /// (net::make_strand(ex)): every call of the handler, from every connection and loop, runs
+    /// one at a time there, for state they share. An ordo::worker_pool's executor: the body runs
+    /// off the loop, so that a long computation does not stall the loop's other connections.
+    /// Arguments are converted on the loop; the result is packed and sent from it. A serial
+    /// handler stays serial (the connection's next message waits for it). On run_on the body must
+    /// not use the `ordo::peer&` it may take (post to its get_executor() instead), and
+    /// cancellation (ordo.cancel, a deadline, the connection ending) does not reach it: it runs
+    /// to its end and its answer is dropped if nobody waits for it. Its answer is posted back
+    /// to the connection's loop: after async_stop(), join the worker_pool (worker_pool::join())
+    /// before the server and its io_context are destroyed (a server with threads > 1 also waits
+    /// up to 10 s for such bodies before its own loops go).
+    net::any_io_executor run_on{};
 };
 
 namespace detail {
@@ -48,7 +61,12 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     handler_entry e;
     e.signature = signature_of<values_t>::get();
     e.concurrent = o.concurrent;
-    if constexpr (is_awaitable<typename traits::result>::value) {
+    if (o.run_on) {
+        e.async = [f, method, sig = e.signature, ex = o.run_on](peer& p, msgpack::object params,
+                                                                buffer& out) {
+            return run_handler_on(f, ex, method, sig, p, params, out);
+        };
+    } else if constexpr (is_awaitable<typename traits::result>::value) {
         e.async = [f, method, sig = e.signature](peer& p, msgpack::object params, buffer& out) {
             return run_async_handler(f, method, sig, p, params, out);
         };
@@ -76,7 +94,7 @@ class batch_handle {
     explicit batch_handle(std::shared_ptr<detail::batcher_core> core) : core_(std::move(core)) {}
     void set_max_batch_size(std::size_t n) { core_->set_max_batch_size(n); }
     void set_max_wait(std::chrono::milliseconds w) { core_->set_max_wait(w); }
-    const batch_stats& stats() const noexcept { return core_->stats(); }
+    batch_stats stats() const { return core_->stats(); }
 
   private:
     std::shared_ptr<detail::batcher_core> core_;
@@ -91,6 +109,9 @@ class handlers {
     /// the same ordered stream). Arguments are converted with msgpack-c: a mismatch answers
     /// errc::bad_arguments naming the method and the expected signature; an exception answers
     /// an error with its message (errc::remote_error, or the ordo::errc of a system_error).
+    /// On a server with several loops (server_options::threads) the same handler may run on
+    /// several threads at once: guard what it shares, or give it a strand (handler_options::
+    /// run_on). Register handlers before the server listens; the table is read, not locked.
     template <class F>
     handlers& on(std::string name, F f, handler_options o = {}) {
         auto e = detail::make_handler_entry(name, std::move(f), o);
@@ -139,6 +160,12 @@ class handlers {
         batchers_.push_back({name, core});
         add(std::move(name), std::move(e));
         return batch_handle(core);
+    }
+
+    /// Gives every batch handler without a home executor `ex` as its home (a server over
+    /// several loops calls it before it listens).
+    void home_batches(const net::any_io_executor& ex) const {
+        for (const auto& b : batchers_) b.core->set_home(ex);
     }
 
     /// Fails the calls queued in every batch handler with errc::shutting_down (server stop).
@@ -194,10 +221,11 @@ class handlers {
     }
 
     /// What ordo.stats answers beyond the methods' counters: a server sets it to its own
-    /// figures (server_stats without methods and batches). Called on the executor of the
-    /// connection that asks.
-    void stats_source(std::function<server_stats()> f) { stats_source_ = std::move(f); }
-    const std::function<server_stats()>& stats_source() const noexcept { return stats_source_; }
+    /// figures (server_stats without methods and batches). Started on the executor of the
+    /// connection that asks; a server over several loops gathers from each of them.
+    using stats_fn = std::function<net::awaitable<server_stats>()>;
+    void stats_source(stats_fn f) { stats_source_ = std::move(f); }
+    const stats_fn& stats_source() const noexcept { return stats_source_; }
 
   private:
     void add(std::string name, detail::handler_entry e);
@@ -211,7 +239,7 @@ class handlers {
         std::shared_ptr<detail::batcher_core> core;
     };
     std::vector<named_batcher> batchers_;
-    std::function<server_stats()> stats_source_;
+    stats_fn stats_source_;
 };
 
 }  // namespace ordo

@@ -1,10 +1,12 @@
-// ordo::run_spinning: an io_context loop for threads where latency matters more than a core.
+// ordo::run_spinning: an io_context loop for threads where latency matters more than a core;
+// ordo::worker_pool: threads for handler bodies that should not run on an event loop.
 #pragma once
 
 #include "ordo/config.hpp"
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 
 #include "ordo/net.hpp"
 
@@ -17,5 +19,31 @@ namespace ordo {
 /// have a core of their own, with a spin of about one round trip (tens of microseconds).
 /// spin = 0 is io.run(). Returns the number of handlers run.
 std::size_t run_spinning(net::io_context& io, std::chrono::microseconds spin);
+
+/// Threads for work that should not run on an event loop: handler_options::run_on and
+/// batch_options::run_on take its executor (or a strand on it, make_strand()). A handler
+/// offloaded there still answers on its connection's loop, in order.
+class worker_pool {
+  public:
+    /// `threads` 0: one per core the machine has.
+    explicit worker_pool(std::size_t threads = 0);
+    /// Waits for the work given to it (running and queued), then joins its threads.
+    ~worker_pool();
+    worker_pool(const worker_pool&) = delete;
+    worker_pool& operator=(const worker_pool&) = delete;
+
+    /// Runs work on any of its threads, several at once.
+    net::any_io_executor get_executor() const;
+    /// A strand on the pool: work given to it runs one piece at a time, in order.
+    net::any_io_executor make_strand() const;
+    std::size_t size() const noexcept { return threads_; }
+    /// Waits for the work given to it, then joins its threads; later work is not run.
+    void join();
+
+  private:
+    struct impl;
+    std::unique_ptr<impl> impl_;
+    std::size_t threads_;
+};
 
 }  // namespace ordo

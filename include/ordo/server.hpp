@@ -37,14 +37,26 @@ struct server_event {
 
 struct server_options {
     peer_options peer;  ///< for every accepted connection
+    /// Event loops serving connections. 1: all on the executor given at construction. N > 1:
+    /// that executor is loop 0 and the server runs N - 1 more loops, each on a thread of its
+    /// own (stopped and joined when the server is destroyed). Each accepted tcp://, unix:// or
+    /// tls:// connection is placed on the loop with the fewest connections and stays there: its
+    /// peer, its handlers' coroutines and timers run on that loop only, so an ordered connection
+    /// never spreads over threads (inproc:// and zmq+ connections stay on loop 0). The same
+    /// handler may then run on several threads at once: state it shares across connections
+    /// needs a lock or handler_options::run_on (a strand). Listeners, max_connections and the
+    /// memory budget stay server-wide; on_event still runs on the server's executor.
+    /// Resumable sessions need one loop: with N > 1, callers asking for one are served as
+    /// plain connections (as with resume_window 0).
+    std::size_t threads = 1;
     /// Connections served at once. One accepted beyond it gets an ordo.closing notification
     /// saying why and is closed at once, instead of waiting in the kernel's backlog.
     std::size_t max_connections = 10'000;
     /// The one place a server reports what it drops or refuses: told of connections opened,
     /// closed (with the reason: end of stream, protocol error, message_timeout, dead peer...),
     /// refused, of accept failures, of the memory budget running out and of notifications
-    /// dropped. Silent when unset. Runs on the server's executor (`dropped`: on the connection's);
-    /// must not throw. ordo::to_string(event) (below) gives each as one line.
+    /// dropped. Silent when unset. Runs on the server's executor (whichever loop the connection
+    /// is on); must not throw. ordo::to_string(event) (below) gives each as one line.
     std::function<void(const server_event&)> on_event;
     /// A connection with no bytes either way for this long, and nothing pending (no calls
     /// waiting, no handlers running, nothing queued), is told why (ordo.closing) and closed.
@@ -123,7 +135,9 @@ class server {
     /// Bytes charged to the memory budget now (0 without one).
     std::size_t memory_used() const noexcept;
     /// Everything the server counts (also answered to the reserved method ordo.stats). Call on
-    /// the server's executor.
+    /// the server's executor. With threads > 1 it asks each other loop for its connections'
+    /// figures and waits for them (up to 1 s; a loop that does not answer in time is left out):
+    /// do not call it from a handler.
     server_stats stats() const;
     /// stats() as a function that may outlive the server (it then returns nothing); call it on
     /// the server's executor. The Prometheus exporter reads servers through it.
@@ -132,10 +146,12 @@ class server {
     ordo::handlers& handlers() noexcept { return handlers_; }
 
     struct state;
+    struct loops;
 
   private:
     ordo::handlers handlers_;
     std::shared_ptr<state> s_;
+    std::unique_ptr<loops> loops_;  // threads > 1: the loops the server runs itself
 };
 
 }  // namespace ordo

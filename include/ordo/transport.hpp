@@ -118,10 +118,25 @@ class listener {
     virtual void close() noexcept = 0;
     /// The bound address as a URL; for tcp with port 0 it holds the port the system chose.
     const std::string& local_address() const noexcept { return local_; }
+    /// Where later connections live (a server over several event loops sets it): called once
+    /// per connection, on the listener's executor, before it is accepted; the transport handed
+    /// out belongs to the executor returned (its get_executor()). tcp://, unix:// and tls://
+    /// follow it (a TLS handshake runs on the chosen executor); inproc:// and zmq+ connections
+    /// stay on the listener's executor.
+    virtual void set_placement(std::function<net::any_io_executor()> choose) {
+        choose_ = std::move(choose);
+    }
 
   protected:
     listener() = default;
+    /// The executor for the next connection: the placement's choice, else `own`.
+    net::any_io_executor place(const net::any_io_executor& own) const {
+        return choose_ ? choose_() : own;
+    }
     std::string local_;
+
+  private:
+    std::function<net::any_io_executor()> choose_;
 };
 
 /// Connects to `url` with the coroutine's executor. TCP connections get TCP_NODELAY; tls://

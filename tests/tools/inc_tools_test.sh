@@ -33,6 +33,25 @@ for sig in TERM INT; do
     pid=
 done
 
+# --threads 2: connections spread over two loops; add() runs on a strand and stays in order with
+# the calls of its connection (total() grew by exactly the adds), while other clients call.
+"$server" --listen tcp://127.0.0.1:0 --threads 2 >"$dir/out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
+url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out")
+[ -n "$url" ] || fail "--threads 2: no listening line: $(cat "$dir/out")"
+"$client" --connect "$url" --calls 5000 --inflight 16 >"$dir/side" 2>&1 &
+side=$!
+out=$("$client" --connect "$url" --calls 2000 --inflight 16 --adds 500) || fail "threads adds: $out"
+[[ "$out" =~ ^ok\ 2000\ calls\ .*\;\ total\ grew\ by\ 500$ ]] || fail "bad --threads adds line: $out"
+wait "$side" || fail "--threads 2: side client: $(cat "$dir/side")"
+err=$("$server" --threads 0 2>&1); rc=$?
+[ $rc = 2 ] && [[ "$err" == *--threads* ]] || fail "--threads 0: rc=$rc $err"
+kill -TERM "$pid"
+wait "$pid"; rc=$?
+[ $rc = 0 ] || fail "--threads 2 server exited $rc after SIGTERM"
+pid=
+
 # --adds: add(1) notifications among the calls, and total() grew by exactly that many (over a
 # resumable session too); refused where notifications are not ordered with calls; and the
 # error when another client adds meanwhile.

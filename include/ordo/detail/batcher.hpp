@@ -1,8 +1,10 @@
 // The batch handler machinery: batcher_core (queueing, timing, stats) and the typed batcher.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -41,7 +43,9 @@ struct typed_element final : batch_element {
 };
 
 /// Queueing, timing, cancellation and statistics of one batch handler; the typed part runs
-/// the user's function (run_batch).
+/// the user's function (run_batch). Its state lives on one executor (home: a strand on
+/// batch_options::run_on, else the first caller's); callers on other executors talk to it by
+/// posting, and get their outcome posted back to theirs.
 class batcher_core : public std::enable_shared_from_this<batcher_core> {
   public:
     batcher_core(std::string name, batch_options o) : name_(std::move(name)), o_(o) {}
@@ -51,14 +55,18 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     /// with the element's (or the whole batch's) error. Cancelling the awaiting coroutine
     /// removes the call if its batch has not started, or discards its result.
     net::awaitable<void> submit(std::shared_ptr<batch_element> e, buffer& out);
-    /// Fails every queued call with errc::shutting_down, and later ones at once.
+    /// Fails every queued call with errc::shutting_down, and later ones at once. Any thread.
     void stop();
+    /// Fixes the home executor before any call (a server over several loops gives its own),
+    /// unless batch_options::run_on or an earlier call already chose one.
+    void set_home(const net::any_io_executor& ex) { home(ex); }
     void set_max_batch_size(std::size_t n);
     void set_max_wait(std::chrono::milliseconds w);
-    const batch_stats& stats() const noexcept { return stats_; }
+    /// A copy, readable from any thread.
+    batch_stats stats() const;
     /// Calls whose coroutine has not yet taken its outcome.
-    std::size_t waiters() const noexcept { return waiters_; }
-    /// Completes when waiters() is 0 (at once if it is); cancellable.
+    std::size_t waiters() const noexcept { return waiters_.load(); }
+    /// Completes when waiters() is 0 (at once if it is); cancellable. Any executor.
     net::awaitable<void> async_wait_idle();
     const std::string& name() const noexcept { return name_; }
 
@@ -69,21 +77,29 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     void fail_all(batch& b, errc code, const std::string& text);
 
   private:
+    net::any_io_executor home(const net::any_io_executor& caller);
+    template <class F>
+    void at_home(F f);
+    void enqueue(const std::shared_ptr<batch_element>& e);
+    void withdraw(const std::shared_ptr<batch_element>& e);
+    static void finish(const std::shared_ptr<batch_element>& e);
     void maybe_run();
     void arm_wait();
     net::awaitable<void> run(batch b);
-    void waiter_left();
+    net::awaitable<void> run_here(batch& b);
+    void publish();
 
     std::string name_;
     batch_options o_;
     std::vector<std::shared_ptr<batch_element>> queue_;
     std::unique_ptr<net::steady_timer> wait_timer_;
-    std::unique_ptr<net::steady_timer> idle_event_;  // cancelled when waiters_ drops to 0
+    mutable std::mutex mutex_;  // guards ex_ (set once) and published_
     net::any_io_executor ex_;
     std::size_t running_ = 0;
-    std::size_t waiters_ = 0;
-    bool stopped_ = false;
-    batch_stats stats_;
+    std::atomic<std::size_t> waiters_{0};
+    std::atomic<bool> stopped_{false};
+    batch_stats stats_;      // on home
+    batch_stats published_;  // a copy for stats(), under mutex_
 };
 
 template <class V>

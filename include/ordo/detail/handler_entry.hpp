@@ -59,5 +59,46 @@ net::awaitable<void> run_async_handler(F f, std::string method, std::string sign
     }
 }
 
+template <class R>
+struct body_result {
+    using type = R;
+};
+template <class T, class E>
+struct body_result<net::awaitable<T, E>> {
+    using type = T;
+};
+
+/// The body of `f` on `ex` (handler_options::run_on): arguments converted here, the result
+/// packed here once the body is done there. Cancellation is not passed over to `ex` (Asio 1.22
+/// would signal it from this thread into the other).
+template <class F>
+net::awaitable<void> run_handler_on(F f, net::any_io_executor ex, std::string method,
+                                    std::string signature, peer& p, msgpack::object params,
+                                    buffer& out) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    using values_t = typename shape::values;
+    auto values = convert_params<values_t>(params, method, signature,
+                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    using raw = typename fn_traits<F>::result;
+    constexpr bool coro = is_awaitable<raw>::value;
+    using T = typename body_result<raw>::type;
+    auto token = net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable);
+    // The function object is kept by co_spawn until the coroutine ends, and with it the
+    // arguments it holds.
+    auto body = [f = std::move(f), values = std::move(values), &p]() mutable -> net::awaitable<T> {
+        if constexpr (coro)
+            co_return co_await invoke_handler(f, p, values);
+        else
+            co_return invoke_handler(f, p, values);
+    };
+    if constexpr (std::is_void_v<T>) {
+        co_await net::co_spawn(ex, std::move(body), token);
+        pack_nil(out);
+    } else {
+        T r = co_await net::co_spawn(ex, std::move(body), token);
+        pack_result(out, r);
+    }
+}
+
 }  // namespace detail
 }  // namespace ordo

@@ -1,0 +1,527 @@
+// Servers over several event loops (server_options::threads), handlers that run elsewhere
+// (handler_options::run_on, batch_options::run_on, ordo::worker_pool), and clients called from
+// many threads. Also run under ThreadSanitizer by .ci/run.
+#include "ordo/ordo.hpp"
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support/run_test.hpp"
+#include "support/streams.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::wait_until;
+
+// An io_context run by a thread of its own, for the server's home loop or for clients.
+struct running_loop {
+    net::io_context io;
+    net::executor_work_guard<net::io_context::executor_type> guard = net::make_work_guard(io);
+    std::thread t{[this] { io.run(); }};
+    ~running_loop() {
+        guard.reset();
+        io.stop();
+        t.join();
+    }
+    // Runs `f` there and waits for its result.
+    template <class F>
+    auto run(F f) {
+        return net::co_spawn(io, std::move(f), net::use_future).get();
+    }
+};
+
+// The ids of the threads a handler ran on, gathered from several threads.
+struct thread_set {
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    void note() {
+        std::lock_guard l(m);
+        ids.insert(std::this_thread::get_id());
+    }
+    std::size_t size() {
+        std::lock_guard l(m);
+        return ids.size();
+    }
+    bool has(std::thread::id id) {
+        std::lock_guard l(m);
+        return ids.count(id) > 0;
+    }
+};
+
+// A server with `threads` loops; its home loop runs on its own thread. Handlers are registered
+// by `setup` before it listens.
+struct threaded_server {
+    running_loop home;
+    std::unique_ptr<server> srv;
+    std::string url;
+    threaded_server(std::size_t threads, std::function<void(server&)> setup, server_options o = {},
+                    std::string listen = "tcp://127.0.0.1:0") {
+        o.threads = threads;
+        net::dispatch(home.io, net::use_future).get();
+        net::post(home.io, [&] {
+            srv = std::make_unique<server>(home.io.get_executor(), o);
+            setup(*srv);
+            url = srv->listen(listen);
+        });
+        net::post(home.io, net::use_future).get();
+    }
+    ~threaded_server() {
+        if (srv) stop();
+    }
+    void stop() {
+        home.run([this]() -> net::awaitable<void> { co_await srv->async_stop(); });
+        net::post(home.io, [this] { srv.reset(); });
+        net::post(home.io, net::use_future).get();
+    }
+    template <class R>
+    R on_home(std::function<R()> f) {
+        std::promise<R> p;
+        net::post(home.io, [&] { p.set_value(f()); });
+        return p.get_future().get();
+    }
+};
+
+TEST(Loops, ConnectionsAreSpreadOverTheLoopsAndEachStaysOnOne) {
+    thread_set ran_on;
+    // Per connection (its first argument), the threads its handler ran on.
+    std::mutex m;
+    std::map<int, std::set<std::thread::id>> per_connection;
+    threaded_server s(2, [&](server& srv) {
+        srv.on("where", [&](int conn, int i) {
+            ran_on.note();
+            std::lock_guard l(m);
+            per_connection[conn].insert(std::this_thread::get_id());
+            return i;
+        });
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        std::vector<channel> chans;
+        for (int c = 0; c < 8; ++c) chans.push_back(co_await async_connect(s.url));
+        // Each connection's calls are ordered: pipelined, their answers come back in order.
+        for (int round = 0; round < 50; ++round)
+            for (int c = 0; c < 8; ++c)
+                EXPECT_EQ(co_await chans[c].async_call<int>("where", c, round), round);
+        EXPECT_EQ(s.on_home<std::size_t>([&] { return s.srv->peer_count(); }), 8u);
+    });
+    EXPECT_EQ(ran_on.size(), 2u);  // both loops served connections
+    EXPECT_EQ(per_connection.size(), 8u);
+    for (const auto& [conn, ids] : per_connection)
+        EXPECT_EQ(ids.size(), 1u) << "connection " << conn;
+}
+
+// TLS handshakes run on the loop each connection is placed on; a failed one is reported once.
+TEST(Loops, TlsConnectionsAreSpreadOverTheLoopsToo) {
+    const auto& files = test::shared_tls_files();
+    thread_set ran_on;
+    std::atomic<int> refused{0};
+    server_options o;
+    o.peer.transport.on_refused = [&](const std::string&) { ++refused; };
+    threaded_server s(
+        2,
+        [&](server& srv) {
+            srv.on("inc", [&](int x) {
+                ran_on.note();
+                return x + 1;
+            });
+        },
+        o, "tls://127.0.0.1:0?cert=" + files.server_cert + "&key=" + files.server_key);
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        std::vector<channel> chans;
+        const std::string url = s.url + "?ca=" + files.ca;
+        for (int c = 0; c < 6; ++c) chans.push_back(co_await async_connect(url));
+        for (auto& ch : chans) EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        const std::string untrusted = s.url + "?ca=" + files.other_ca;
+        auto ex = co_await net::this_coro::executor;
+        auto [ec, bad] = co_await net::co_spawn(ex, async_connect(untrusted),
+                                                net::experimental::as_tuple(net::use_awaitable));
+        EXPECT_TRUE(ec);
+        EXPECT_TRUE(co_await wait_until([&] { return refused.load() == 1; }));
+    });
+    EXPECT_EQ(ran_on.size(), 2u);
+}
+
+TEST(Loops, StatsAndOrdoStatsCountEveryLoopsConnections) {
+    threaded_server s(2, [](server& srv) { srv.on("inc", [](int x) { return x + 1; }); });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        std::vector<channel> chans;
+        for (int c = 0; c < 6; ++c) chans.push_back(co_await async_connect(s.url));
+        for (auto& ch : chans) EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        // ordo.stats from connections on both loops at once: each gathers every loop.
+        std::vector<value> answers;
+        for (auto& ch : chans) answers.push_back(co_await ch.async_call<value>("ordo.stats"));
+        for (auto& v : answers) {
+            const auto& root = v.get();
+            std::uint64_t connections = 0, received = 0;
+            for (std::uint32_t i = 0; i < root.via.map.size; ++i) {
+                const auto& kv = root.via.map.ptr[i];
+                if (kv.key.as<std::string>() != "server") continue;
+                for (std::uint32_t j = 0; j < kv.val.via.map.size; ++j) {
+                    const auto& f = kv.val.via.map.ptr[j];
+                    if (f.key.as<std::string>() == "connections")
+                        connections = f.val.as<std::uint64_t>();
+                    if (f.key.as<std::string>() == "bytes_received")
+                        received = f.val.as<std::uint64_t>();
+                }
+            }
+            EXPECT_EQ(connections, 6u);
+            EXPECT_GT(received, 6u * 8);  // every connection's call, from both loops
+        }
+        const auto st = s.on_home<server_stats>([&] { return s.srv->stats(); });
+        EXPECT_EQ(st.connections, 6u);
+        EXPECT_GE(st.methods.size(), 1u);
+        EXPECT_GT(st.bytes_received, 6u * 8 * 2);
+    });
+}
+
+TEST(Loops, StopWhileHandlersRunOnEveryLoopEnds) {
+    std::atomic<int> started{0};
+    threaded_server s(3, [&](server& srv) {
+        srv.on("sleep", [&](int ms) -> net::awaitable<int> {
+            ++started;
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(use_tuple);
+            co_return ms;
+        });
+    });
+    running_loop clients;
+    std::vector<std::future<std::error_code>> calls;
+    std::vector<channel> chans = clients.run([&]() -> net::awaitable<std::vector<channel>> {
+        std::vector<channel> v;
+        for (int c = 0; c < 6; ++c) v.push_back(co_await async_connect(s.url));
+        co_return v;
+    });
+    for (auto& ch : chans)
+        calls.push_back(net::co_spawn(
+            clients.io,
+            [ch]() -> net::awaitable<std::error_code> {
+                auto [ec, v] = co_await ch.async_call<int>(
+                    "sleep", 30'000, net::experimental::as_tuple(net::use_awaitable));
+                co_return ec;
+            },
+            net::use_future));
+    EXPECT_TRUE(clients.run([&]() -> net::awaitable<bool> {
+        co_return co_await wait_until([&] { return started.load() == 6; });
+    }));
+    const auto t0 = std::chrono::steady_clock::now();
+    s.stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+    for (auto& c : calls) {
+        ASSERT_EQ(c.wait_for(30s), std::future_status::ready);
+        EXPECT_TRUE(c.get());  // the call failed: the server closed its connection
+    }
+    clients.run([&]() -> net::awaitable<void> {
+        chans.clear();
+        co_return;
+    });
+}
+
+TEST(Loops, ACallerAskingForASessionIsServedPlainOnSeveralLoops) {
+    threaded_server s(2, [](server& srv) { srv.on("inc", [](int x) { return x + 1; }); });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        peer_options po;
+        po.resume = 5s;
+        auto ch = co_await async_connect(s.url, po);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 41), 42);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+    });
+    EXPECT_EQ(s.on_home<std::size_t>([&] { return s.srv->detached_sessions(); }), 0u);
+}
+
+TEST(RunOn, AStrandSerializesAHandlerAcrossLoops) {
+    worker_pool pool(2);
+    const auto strand = pool.make_strand();
+    long total = 0;  // no lock: every call runs on the strand
+    std::atomic<int> inside{0}, overlaps{0};
+    handler_options ho;
+    ho.run_on = strand;
+    ho.concurrent = true;
+    threaded_server s(2, [&](server& srv) {
+        srv.on(
+            "add",
+            [&](int x) {
+                if (++inside > 1) ++overlaps;
+                total += x;
+                std::this_thread::sleep_for(100us);
+                --inside;
+                return total;
+            },
+            ho);
+        srv.on(
+            "total", [&] { return total; }, ho);
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        std::vector<channel> chans;
+        for (int c = 0; c < 4; ++c) chans.push_back(co_await async_connect(s.url));
+        std::vector<std::future<void>> done;
+        auto ex = co_await net::this_coro::executor;
+        for (auto& ch : chans)
+            done.push_back(net::co_spawn(
+                ex,
+                [ch]() -> net::awaitable<void> {
+                    for (int i = 0; i < 100; ++i) {
+                        auto [ec, v] = co_await ch.async_call<long>(
+                            "add", 1, net::experimental::as_tuple(net::use_awaitable));
+                        EXPECT_FALSE(ec) << ec.message();
+                        if (ec) co_return;
+                    }
+                },
+                net::use_future));
+        EXPECT_TRUE(co_await wait_until([&] {
+            for (auto& d : done)
+                if (d.wait_for(0s) != std::future_status::ready) return false;
+            return true;
+        }));
+        EXPECT_EQ(co_await chans[0].async_call<long>("total"), 400);
+    });
+    EXPECT_EQ(overlaps.load(), 0);
+}
+
+// A body on a worker pool leaves the loop free: a trivial call on another connection of the
+// same (single) loop is answered while the long one runs. The long handler waits for that
+// answer, so without the offload this test would fail (the wait gives up after 20 s).
+TEST(RunOn, AnOffloadedHandlerLeavesTheLoopFreeAndKeepsItsConnectionSerial) {
+    worker_pool pool(2);
+    std::promise<void> trivial_answered;
+    auto answered = trivial_answered.get_future().share();
+    std::atomic<bool> long_saw_answer{false};
+    thread_set long_ran_on;
+    handler_options off;
+    off.run_on = pool.get_executor();
+    threaded_server s(1, [&](server& srv) {
+        srv.on(
+            "long",
+            [&](int x) {
+                long_ran_on.note();
+                long_saw_answer = answered.wait_for(20s) == std::future_status::ready;
+                return x;
+            },
+            off);
+        srv.on("trivial", [](int x) { return x; });
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto a = co_await async_connect(s.url);
+        auto b = co_await async_connect(s.url);
+        // On `a`: the long call, then a trivial one that must wait for it (serial).
+        auto ex = co_await net::this_coro::executor;
+        std::vector<int> order;
+        auto first = net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                EXPECT_EQ(co_await a.async_call<int>("long", 1), 1);
+                order.push_back(1);
+            },
+            net::use_future);
+        auto second = net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                EXPECT_EQ(co_await a.async_call<int>("trivial", 2), 2);
+                order.push_back(2);
+            },
+            net::use_future);
+        // On `b`: answered while the long call runs.
+        EXPECT_EQ(co_await b.async_call<int>("trivial", 3, timeout(15s)), 3);
+        trivial_answered.set_value();
+        EXPECT_TRUE(co_await wait_until([&] { return order.size() == 2; }));
+        EXPECT_EQ(order, (std::vector<int>{1, 2}));
+        first.get();
+        second.get();
+    });
+    EXPECT_TRUE(long_saw_answer.load());
+    EXPECT_FALSE(long_ran_on.has(s.home.t.get_id()));
+}
+
+// "block" on a worker pool: counts its calls and holds each until `release` is set (20 s at
+// most), so that a test can act while offloaded bodies run.
+struct blocking_handler {
+    explicit blocking_handler(worker_pool& pool) { off.run_on = pool.get_executor(); }
+    void serve(server& srv) {
+        srv.on(
+            "block",
+            [this](int x) {
+                ++started;
+                released.wait_for(20s);
+                ++finished;
+                return x;
+            },
+            off);
+    }
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::atomic<int> started{0}, finished{0};
+    handler_options off;
+};
+
+TEST(RunOn, APeerThatDiesWhileItsOffloadedHandlerRunsLeavesTheServerHealthy) {
+    worker_pool pool(1);
+    blocking_handler b(pool);
+    threaded_server s(2, [&](server& srv) {
+        b.serve(srv);
+        srv.on("inc", [](int x) { return x + 1; });
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        {
+            auto ch = co_await async_connect(s.url);
+            ch.impl()->notify_raw("block", std::string_view("\x91\x01", 2));
+            EXPECT_TRUE(co_await wait_until([&] { return b.started.load() == 1; }));
+            auto p = std::dynamic_pointer_cast<peer>(ch.impl());
+            ORDO_CO_ASSERT_TRUE(p != nullptr);
+            p->abort();
+        }
+        EXPECT_TRUE(co_await wait_until(
+            [&] { return s.on_home<std::size_t>([&] { return s.srv->peer_count(); }) == 0; }));
+        b.release.set_value();
+        EXPECT_TRUE(co_await wait_until([&] { return b.finished.load() == 1; }));
+        auto ch = co_await async_connect(s.url);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+    });
+}
+
+// The server goes while offloaded bodies still run: their answers are posted back to loops
+// that must still exist then (ASan would see the use after free), so it waits for them.
+TEST(RunOn, AServerDestroyedWhileOffloadedBodiesRunWaitsForThem) {
+    worker_pool pool(2);
+    blocking_handler b(pool);
+    auto s = std::make_unique<threaded_server>(2, [&](server& srv) { b.serve(srv); });
+    running_loop clients;
+    std::vector<channel> chans = clients.run([&]() -> net::awaitable<std::vector<channel>> {
+        std::vector<channel> v;
+        for (int c = 0; c < 2; ++c) v.push_back(co_await async_connect(s->url));
+        for (auto& ch : v) ch.impl()->notify_raw("block", std::string_view("\x91\x01", 2));
+        EXPECT_TRUE(co_await wait_until([&] { return b.started.load() == 2; }));
+        co_return v;
+    });
+    std::thread releaser([&] {
+        std::this_thread::sleep_for(300ms);
+        b.release.set_value();
+    });
+    s->stop();  // async_stop, then the server is destroyed: it waits for the body of the
+                // connection on its own loop (the other is on the application's, loop 0)
+    EXPECT_GE(b.finished.load(), 1);
+    releaser.join();
+    pool.join();  // before the application's loop goes, as handler_options::run_on asks
+    EXPECT_EQ(b.finished.load(), 2);
+    s.reset();
+    clients.run([&]() -> net::awaitable<void> {
+        chans.clear();
+        co_return;
+    });
+}
+
+TEST(RunOn, BatchesRunOnTheWorkerPoolAndGatherCallsFromEveryLoop) {
+    worker_pool pool(2);
+    thread_set batch_ran_on, loops_seen;
+    std::atomic<std::size_t> largest{0};
+    threaded_server s(2, [&](server& srv) {
+        batch_options bo;
+        bo.max_batch_size = 16;
+        bo.max_wait = 20ms;
+        bo.run_on = pool.get_executor();
+        srv.on_batch("square", bo, [&](std::vector<int> xs) {
+            batch_ran_on.note();
+            std::size_t seen = largest.load();
+            while (xs.size() > seen && !largest.compare_exchange_weak(seen, xs.size())) {
+            }
+            for (auto& x : xs) x *= x;
+            return xs;
+        });
+        srv.on("where", [&] { loops_seen.note(); });
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        std::vector<channel> chans;
+        for (int c = 0; c < 4; ++c) chans.push_back(co_await async_connect(s.url));
+        for (auto& ch : chans) co_await ch.async_call<void>("where");
+        auto ex = co_await net::this_coro::executor;
+        std::vector<std::future<void>> done;
+        for (int c = 0; c < 4; ++c)
+            done.push_back(net::co_spawn(
+                ex,
+                [ch = chans[c], c]() -> net::awaitable<void> {
+                    for (int i = 0; i < 25; ++i) {
+                        const int x = c * 100 + i;
+                        EXPECT_EQ(co_await ch.async_call<int>("square", x), x * x);
+                    }
+                },
+                net::use_future));
+        EXPECT_TRUE(co_await wait_until([&] {
+            for (auto& d : done)
+                if (d.wait_for(0s) != std::future_status::ready) return false;
+            return true;
+        }));
+    });
+    EXPECT_EQ(loops_seen.size(), 2u);
+    EXPECT_GE(batch_ran_on.size(), 1u);
+    EXPECT_FALSE(batch_ran_on.has(s.home.t.get_id()));
+    EXPECT_GT(largest.load(), 1u);  // calls from several connections shared a batch
+    const auto st = s.on_home<server_stats>([&] { return s.srv->stats(); });
+    ASSERT_EQ(st.batches.size(), 1u);
+    EXPECT_EQ(st.batches[0].stats.calls, 100u);
+}
+
+// Clients used from a multi-threaded program: calls started on plain threads and on coroutines
+// of another io_context; each completes on its caller's executor.
+TEST(Clients, PoolsAndRoutersTakeCallsFromManyThreads) {
+    threaded_server s(2, [](server& srv) { srv.on("inc", [](int x) { return x + 1; }); });
+    running_loop owner, callers;
+    auto owner_strand = net::make_strand(owner.io);
+    std::shared_ptr<pool> pl;
+    std::shared_ptr<router> rt;
+    net::dispatch(owner_strand, [&] {
+        pl = make_pool(owner_strand, s.url);
+        rt = make_router(owner_strand);
+        rt->add_replica(s.url);
+        rt->add_replica(s.url);
+    });
+    net::post(owner_strand, net::use_future).get();
+    for (const channel& ch : {channel(pl), channel(rt)}) {
+        std::atomic<int> ok{0}, wrong_executor{0};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < 4; ++t)
+            threads.emplace_back([&, t] {
+                for (int i = 0; i < 50; ++i) {
+                    const int x = t * 1000 + i;
+                    if (ch.async_call<int>("inc", x, net::use_future).get() == x + 1) ++ok;
+                }
+            });
+        std::vector<std::future<void>> coros;
+        for (int k = 0; k < 4; ++k)
+            coros.push_back(net::co_spawn(
+                callers.io,
+                [&, k]() -> net::awaitable<void> {
+                    for (int i = 0; i < 50; ++i) {
+                        const int x = 100'000 + k * 1000 + i;
+                        if (co_await ch.async_call<int>("inc", x) == x + 1) ++ok;
+                        if (!callers.io.get_executor().running_in_this_thread()) ++wrong_executor;
+                    }
+                },
+                net::use_future));
+        for (auto& t : threads) t.join();
+        for (auto& c : coros) ASSERT_EQ(c.wait_for(60s), std::future_status::ready);
+        EXPECT_EQ(ok.load(), 8 * 50);
+        EXPECT_EQ(wrong_executor.load(), 0);
+    }
+    net::dispatch(owner_strand, [&] {
+        pl.reset();
+        rt.reset();
+    });
+    net::post(owner_strand, net::use_future).get();
+}
+
+}  // namespace
+}  // namespace ordo
