@@ -11,4 +11,5 @@ struct counter : ordo::interface {
     ordo::method<long()> total{"total"};           // the server's total
     ordo::method<int(int)> sleep_ms{"sleep_ms"};   // suspends that long, returns its argument
     ordo::method<void(std::string)> fail{"fail"};  // answers an error with that message
+    ordo::method<ordo::stream<int>(int)> count_to{"count_to"};  // streams 0 .. n-1
 };

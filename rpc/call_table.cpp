@@ -1,6 +1,7 @@
 #include "rpc/call_table.hpp"
 
 #include "ordo/peer.hpp"
+#include "ordo/stream.hpp"
 #include "rpc/detail/wire_errors.hpp"
 
 namespace ordo::detail {
@@ -95,6 +96,26 @@ void call_table::on_response(message& m) {
     e.call->complete_inline(ec, std::move(out));
     count();
     ++c_.calls_completed;
+}
+
+void call_table::on_item(const message& m) {
+    const auto& a = m.params.via.array;
+    if (a.size != 2 || a.ptr[0].type != msgpack::type::POSITIVE_INTEGER ||
+        a.ptr[0].via.u64 > 0xffffffffu)
+        throw_error(errc::protocol_error,
+                    "ordo: protocol error: ordo.item takes [msgid, item]");
+    const auto msgid = static_cast<std::uint32_t>(a.ptr[0].via.u64);
+    entry* e = pending_.find(msgid);
+    if (!e) {
+        if (abandoned_.count(msgid) != 0) return;  // the stream was cancelled: items still come
+        throw_error(errc::protocol_error, "ordo: protocol error: stream item for msgid " +
+                                              std::to_string(msgid) +
+                                              ", which no stream is waiting for");
+    }
+    if (!e->call || !e->call->stream)
+        throw_error(errc::protocol_error, "ordo: protocol error: stream item for msgid " +
+                                              std::to_string(msgid) + ", which is not a stream");
+    e->call->stream->on_item(a.ptr[1]);
 }
 
 void call_table::fail_all(std::error_code ec, const std::string& why) {

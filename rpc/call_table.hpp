@@ -62,6 +62,9 @@ class call_table {
     /// keeps the connection alive across it). A response to a withdrawn call is dropped; one to
     /// an id no call used throws errc::protocol_error.
     void on_response(message& m);
+    /// An item of a streaming call ([msgid, item]), passed to its stream. An item for a withdrawn
+    /// call is dropped; one for an id no stream used throws errc::protocol_error.
+    void on_item(const message& m);
     /// Completes `call` with an error, counting it as completed (a call that never got in).
     void fail(pending_call& call, std::error_code ec, std::string detail);
     /// Fails every pending call with `ec` and `why` and forgets the abandoned ids.

@@ -2,12 +2,14 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/handlers.hpp"
 #include "ordo/peer.hpp"
+#include "ordo/stream.hpp"
 #include "rpc/detail/wire_errors.hpp"
 #include "rpc/stats.hpp"
 
@@ -39,6 +41,122 @@ struct dispatcher::run {
     std::shared_ptr<method_counters> counters;
     std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
+    stream_run* stream = nullptr;  // a streaming handler's output, while its body runs
+};
+
+namespace {
+// A caller's window is capped here: credit beyond it would only let the output buffer grow.
+constexpr std::uint32_t max_stream_window = 65536;
+// A streaming handler called by a caller that does not stream (any msgpack-rpc client) answers
+// its items collected into one array, of at most this many bytes (docs/protocol.md, "Streams").
+constexpr std::size_t max_collected_bytes = std::size_t{16} << 20;
+constexpr std::size_t collect_charge_step = std::size_t{64} << 10;
+}  // namespace
+
+// One streaming handler's output (ordo::writer writes here). A caller that streams (ordo.stream)
+// gets each item at once as ordo.item [msgid, item] while it has credit; any other caller gets
+// the items collected into the final response, an array.
+class dispatcher::stream_run final : public stream_out {
+  public:
+    stream_run(dispatcher& d, std::uint32_t msgid, std::uint32_t window, stream_run** back)
+        : d_(d), msgid_(msgid), streaming_(window > 0), credit_(window), back_(back), wake_(d.ex_) {
+        if (streaming_) d_.streams_.emplace(msgid, this);
+    }
+    ~stream_run() override {
+        if (streaming_) d_.streams_.erase(msgid_);
+        if (charged_ && d_.budget_) d_.budget_->release(charged_);
+        *back_ = nullptr;
+    }
+
+    bool has_credit() const noexcept override { return !streaming_ || credit_ > 0; }
+
+    net::awaitable<void> wait_credit() override {
+        while (credit_ == 0) {
+            if (cancelled) throw_cancelled();
+            wake_.expires_at(net::steady_timer::time_point::max());
+            waiting_ = true;
+            // Ends with operation_aborted both when credit comes (grant) and when the handler
+            // is cancelled (the coroutine's cancellation reaches the wait).
+            co_await wake_.async_wait(use_tuple);
+            waiting_ = false;
+        }
+        if (cancelled) throw_cancelled();
+    }
+
+    buffer& begin_item() override {
+        if (cancelled) throw_cancelled();
+        if (!streaming_) return collected_;
+        item_.clear();
+        detail::write_notification_head(item_, "ordo.item");
+        msgpack::packer<buffer> p(item_);
+        p.pack_array(2);
+        p.pack(msgid_);
+        return item_;
+    }
+
+    void end_item() override {
+        ++written_;
+        if (streaming_) {
+            --credit_;
+            d_.host_.send_response(item_);
+            return;
+        }
+        if (collected_.size() > max_collected_bytes)
+            throw_error(errc::overloaded,
+                        "stream of " + std::to_string(written_) + " items (" +
+                            std::to_string(collected_.size()) +
+                            " bytes) is too long to answer as one response (at most " +
+                            std::to_string(max_collected_bytes) +
+                            " bytes): call it as a stream (ordo.stream)");
+        while (collected_.size() > charged_) {
+            if (d_.budget_) {
+                if (d_.budget_->over(collect_charge_step))
+                    throw_error(errc::overloaded,
+                                "the server's memory budget is used up: the stream's items "
+                                "cannot be collected into one response");
+                d_.budget_->charge(collect_charge_step);
+            }
+            charged_ += collect_charge_step;
+        }
+    }
+
+    std::uint64_t written() const noexcept override { return written_; }
+
+    void grant(std::uint64_t n) {
+        credit_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+            std::uint64_t{credit_} + n, std::uint64_t{max_stream_window} * 2));
+        if (waiting_ && credit_ > 0) wake_.cancel();
+    }
+
+    // The final response's result: the number of items sent, or the items collected.
+    void finish(buffer& out) const {
+        msgpack::packer<buffer> p(out);
+        if (streaming_) {
+            p.pack(written_);
+        } else {
+            p.pack_array(static_cast<std::uint32_t>(written_));
+            out.write(collected_.data(), collected_.size());
+        }
+    }
+
+    bool cancelled = false;
+
+  private:
+    [[noreturn]] static void throw_cancelled() {
+        throw_error(errc::cancelled, "the stream was cancelled");
+    }
+
+    dispatcher& d_;
+    std::uint32_t msgid_;
+    bool streaming_;
+    std::uint32_t credit_;
+    stream_run** back_;
+    net::steady_timer wake_;
+    bool waiting_ = false;
+    std::uint64_t written_ = 0;
+    buffer item_{small_buffer};
+    buffer collected_{small_buffer};
+    std::size_t charged_ = 0;
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
@@ -58,9 +176,15 @@ dispatcher::~dispatcher() {
         for (const auto& q : queue_) budget_->release(q.held);
 }
 
+namespace {
+bool is_stream_request(const message& m) {
+    return m.kind == message_kind::request && m.method == "ordo.stream";
+}
+}  // namespace
+
 void dispatcher::on_message(message& m, std::size_t bytes) {
     if (stopped_) return;
-    if (m.method.starts_with("ordo.")) return on_reserved(m);
+    if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
@@ -98,6 +222,14 @@ void dispatcher::on_reserved(const message& m) {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
             cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+    } else if (m.method == "ordo.credit") {
+        // [msgid, n]: the caller of a stream read n more items.
+        const auto& a = m.params.via.array;
+        if (a.size == 2 && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
+            a.ptr[1].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 <= 0xffffffffu) {
+            auto it = streams_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
+            if (it != streams_.end()) it->second->grant(a.ptr[1].via.u64);
+        }
     } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
         // {name: "(parameter types)"} for every method served, in name order.
         buffer b(small_buffer);
@@ -141,6 +273,7 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
     for (auto& r : runs_) {
         if (r.is_request && r.msgid == msgid && !r.cancelled) {
             r.cancelled = true;
+            if (r.stream) r.stream->cancelled = true;
             ++c_.handlers_cancelled;
             r.signal.emit(net::cancellation_type::terminal);
             return;
@@ -180,6 +313,9 @@ void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string
 
 void dispatcher::dispatch(message& m) {
     const bool req = m.kind == message_kind::request;
+    std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
+    if (req && m.method.size() == 11 && m.method == "ordo.stream" && !unwrap_stream(m, window))
+        return;
     const handler_entry* e = h_ ? h_->find(m.method) : nullptr;
     if (!e) {
         if (h_) h_->count_unknown(req);
@@ -192,8 +328,49 @@ void dispatcher::dispatch(message& m) {
         }
         return;
     }
+    if (e->stream) {
+        if (req) return start_async(*e, m, window);
+        ++c_.notification_errors;
+        e->counters->notification_done(true);
+        report_dropped(m.method, errc::bad_arguments,
+                       "it streams its results: call it, do not notify it");
+        return;
+    }
+    if (window) {
+        e->counters->request_done(errc::bad_arguments);
+        respond_error(m.msgid, errc::bad_arguments,
+                      "method \"" + std::string(m.method) +
+                          "\" does not stream: call it as a plain call");
+        return;
+    }
     if (e->sync) return run_sync(*e, m);
-    start_async(*e, m);
+    start_async(*e, m, 0);
+}
+
+// [method, params, window]: the call inside, which the caller reads as a stream.
+bool dispatcher::unwrap_stream(message& m, std::uint32_t& window) {
+    own(m);  // the views set here point into the message's own zone, which moves with it
+    const auto& a = m.params.via.array;
+    if (a.size != 3 ||
+        (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
+        a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER) {
+        respond_error(m.msgid, errc::bad_arguments,
+                      "ordo.stream takes [method, params, window]");
+        return false;
+    }
+    if (streams_.count(m.msgid) != 0) {
+        respond_error(m.msgid, errc::bad_arguments,
+                      "msgid " + std::to_string(m.msgid) + " already streams");
+        return false;
+    }
+    const auto& name = a.ptr[0];
+    m.method = std::string_view(name.type == msgpack::type::STR ? name.via.str.ptr : name.via.bin.ptr,
+                                name.type == msgpack::type::STR ? name.via.str.size : name.via.bin.size);
+    const msgpack::object inner = a.ptr[1];
+    window = static_cast<std::uint32_t>(
+        std::clamp<std::uint64_t>(a.ptr[2].via.u64, 1, max_stream_window));
+    m.params = inner;
+    return true;
 }
 
 void dispatcher::run_sync(const handler_entry& e, const message& m) {
@@ -232,7 +409,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m) {
     if (timed) counters.took(std::chrono::steady_clock::now() - started);
 }
 
-void dispatcher::start_async(const handler_entry& e, message& m) {
+void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window) {
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     r.msgid = m.msgid;
@@ -247,13 +424,27 @@ void dispatcher::start_async(const handler_entry& e, message& m) {
     if (r.is_request) write_response_head(*out, m.msgid);
     // Creating the coroutine copies the handler into its frame: re-registering the name while
     // it runs is harmless.
-    auto body = e.async(self_, m.params, *out);
+    net::awaitable<void> body;
+    if (e.stream) {
+        auto s = std::make_unique<stream_run>(*this, m.msgid, window, &r.stream);
+        r.stream = s.get();
+        auto inner = e.stream(self_, m.params, *r.stream);
+        body = stream_body(std::move(s), std::move(inner), *out);
+    } else {
+        body = e.async(self_, m.params, *out);
+    }
     // run_handler catches what the body throws, and finish_handler throws nothing (a response
     // that cannot be sent ends the connection instead): no exception reaches the completion.
     net::co_spawn(ex_,
                   run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
                               std::move(out), std::move(body)),
                   net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+}
+
+net::awaitable<void> dispatcher::stream_body(std::unique_ptr<stream_run> s,
+                                             net::awaitable<void> body, buffer& out) {
+    co_await std::move(body);
+    s->finish(out);
 }
 
 net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
@@ -367,6 +558,7 @@ void dispatcher::drop_all() {
     for (auto& r : runs_) {
         if (r.cancelled) continue;
         r.cancelled = true;
+        if (r.stream) r.stream->cancelled = true;
         ++c_.handlers_cancelled;
         r.signal.emit(net::cancellation_type::terminal);
     }

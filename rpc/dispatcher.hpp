@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "ordo/codec.hpp"
 #include "ordo/net.hpp"
@@ -76,8 +77,12 @@ class dispatcher {
     std::size_t queued() const noexcept { return queue_.size(); }
     std::size_t queued_bytes() const noexcept { return queued_bytes_; }
 
+    /// Streaming handlers running for callers that stream (ordo.stream), by msgid.
+    std::size_t streams() const noexcept { return streams_.size(); }
+
   private:
     struct run;
+    class stream_run;
 
     void on_reserved(const message& m);
     void cancel_handler(std::uint32_t msgid);
@@ -85,7 +90,11 @@ class dispatcher {
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     void dispatch(message& m);
     void run_sync(const handler_entry& e, const message& m);
-    void start_async(const handler_entry& e, message& m);
+    void start_async(const handler_entry& e, message& m, std::uint32_t window);
+    bool unwrap_stream(message& m, std::uint32_t& window);
+    void start_stream(const handler_entry& e, message& m, std::uint32_t window);
+    static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
+                                            net::awaitable<void> body, buffer& out);
     static net::awaitable<void> answer_stats(dispatcher* d, std::shared_ptr<void> keep,
                                              std::uint32_t msgid);
     static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
@@ -115,6 +124,7 @@ class dispatcher {
     std::list<queued_message> queue_;
     std::size_t queued_bytes_ = 0;
     std::list<run> runs_;
+    std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
     bool serial_busy_ = false;
     bool paused_ = false;

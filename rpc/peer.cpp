@@ -6,6 +6,7 @@
 #include "ordo/peer.hpp"
 
 #include "ordo/detail/message_heads.hpp"
+#include "ordo/stream.hpp"
 #include "rpc/call_table.hpp"
 #include "rpc/dispatcher.hpp"
 #include "rpc/liveness.hpp"
@@ -60,6 +61,8 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_zone: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_zone);
+        if (m.kind == message_kind::notification && m.method == "ordo.item")
+            return calls.on_item(m);  // an item of one of this side's streams
         if (m.kind != message_kind::response) return disp.on_message(m, bytes.size());
         auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
         calls.on_response(m);
@@ -94,6 +97,35 @@ struct peer::state final : detail::call_table_host,
                 {resumed ? session_event::kind::resumed : session_event::kind::opened, {}, {}});
     }
     std::uint32_t next_msgid() override { return calls.next_id(); }
+
+    // A streaming call: [0, msgid, "ordo.stream", [method, params, window]] (docs/protocol.md,
+    // "Streams"); its items come back as ordo.item, and credit goes out as ordo.credit.
+    void send_stream_request(std::uint32_t id, detail::pending_call& call) {
+        buffer b(small_buffer + call.params.size());
+        detail::write_request_head(b, id, "ordo.stream");
+        msgpack::packer<buffer> p(b);
+        p.pack_array(3);
+        p.pack(call.method);
+        b.write(call.params.data(), call.params.size());
+        p.pack(call.stream->window());
+        sess->send(std::string_view(b.data(), b.size()));
+        call.stream->attach([w = self.weak_from_this(), ex = ex, id](std::uint32_t n) {
+            net::post(ex, [w, id, n] {
+                if (auto p = w.lock()) p->s_->send_credit(id, n);
+            });
+        });
+    }
+
+    void send_credit(std::uint32_t msgid, std::uint32_t n) {
+        if (!sess->is_open() || !calls.contains(msgid)) return;
+        try {
+            buffer b(small_buffer);
+            encode_notification(b, "ordo.credit", msgid, n);
+            sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error&) {
+            // The connection is ending or full: the stream ends with it.
+        }
+    }
 
     void send_cancel(std::uint32_t msgid) override {
         if (!sess->is_open()) return;
@@ -166,8 +198,12 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
         return s.calls.fail(*call, s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
     try {
-        s.sess->send(detail::request_head(id, call->method),
-                     std::string_view(call->params.data(), call->params.size()));
+        if (call->stream) {
+            s.send_stream_request(id, *call);
+        } else {
+            s.sess->send(detail::request_head(id, call->method),
+                         std::string_view(call->params.data(), call->params.size()));
+        }
     } catch (const std::system_error& e) {
         return s.calls.fail(*call, e.code(), e.what());
     }

@@ -256,7 +256,8 @@ struct router::state {
 
     void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry) {
-        if (!retry && o.shadow_fraction > 0) {
+        // A stream is neither shadowed nor tried again: its items may have reached the caller.
+        if (!retry && o.shadow_fraction > 0 && !call->stream) {
             shadow_credit += o.shadow_fraction;
             if (shadow_credit >= 1) {
                 shadow_credit -= 1;
@@ -264,7 +265,7 @@ struct router::state {
             }
         }
         auto rc = std::make_unique<routed_call>(self.weak_from_this(), r);
-        if (!retry && o.idempotent_methods.count(call->method))
+        if (!retry && !call->stream && o.idempotent_methods.count(call->method))
             rc->saved_params = call->params.copy();
         detail::move_call_fields(*call, *rc, timeout);
         if (timeout.count() > 0) rc->deadline = clock_type::now() + timeout;

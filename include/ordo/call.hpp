@@ -5,6 +5,7 @@
 #include "ordo/config.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <typeinfo>
 #include <utility>
@@ -22,6 +23,9 @@ struct call_options {
     /// Affinity key, read by routers (ordo::router): calls with one key go to one replica, in
     /// the order made, while its replica lives. Ordered peers and pools ignore it.
     std::string key;
+    /// Streaming calls (ordo::stream): items the server may send ahead of the reader; more are
+    /// granted as the reader takes them. 0: default_stream_window (256).
+    std::uint32_t window = 0;
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.

@@ -18,6 +18,7 @@
 #include "ordo/detail/call_traits.hpp"
 #include "ordo/detail/params_buffer.hpp"
 #include "ordo/net.hpp"
+#include "ordo/stream.hpp"
 
 namespace ordo {
 
@@ -69,6 +70,26 @@ class channel {
         }
     }
 
+    /// Calls a streaming method: `auto s = co_await ch.async_stream<int>("count_to", 5);`,
+    /// optionally with call_options last (timeout of the whole stream, window of credit). The
+    /// items are read with `co_await s.next()` (ordo/stream.hpp).
+    template <class T = value, class... Args>
+    auto async_stream(std::string_view method, const Args&... args) const {
+        if constexpr (sizeof...(Args) > 0) {
+            if constexpr (detail::is_call_options_v<last_t<std::decay_t<Args>...>>) {
+                auto all = std::forward_as_tuple(args...);
+                return stream_with<T>(method, all,
+                                      std::make_index_sequence<sizeof...(Args) - 1>());
+            } else {
+                return detail::open_stream<T>(impl_, std::string(method),
+                                              detail::pack_params(args...), call_options{});
+            }
+        } else {
+            return detail::open_stream<T>(impl_, std::string(method), detail::pack_params(),
+                                          call_options{});
+        }
+    }
+
     /// Sends a one-way message. On an ordered channel it is delivered in order with the calls.
     /// Throws std::system_error when it cannot be taken (errc::overloaded, or the close reason).
     template <class... Args>
@@ -87,6 +108,13 @@ class channel {
     using nth_t = std::tuple_element_t<I, std::tuple<Ts...>>;
     template <class... Ts>
     using last_t = nth_t<sizeof...(Ts) - 1, Ts...>;
+
+    template <class T, class Tuple, std::size_t... I>
+    auto stream_with(std::string_view method, Tuple& all, std::index_sequence<I...>) const {
+        return detail::open_stream<T>(impl_, std::string(method),
+                                      detail::pack_params(std::get<I>(all)...),
+                                      std::get<sizeof...(I)>(all));
+    }
 
     template <class R, class Token, class Tuple, std::size_t... I>
     auto call_with(std::string_view method, call_options o, Token&& token, Tuple& all,

@@ -26,6 +26,7 @@
 #include "ordo/interface.hpp"
 #include "ordo/net.hpp"
 #include "ordo/stats.hpp"
+#include "ordo/stream.hpp"
 
 namespace ordo {
 
@@ -54,6 +55,17 @@ struct handler_options {
 namespace detail {
 
 template <class F>
+net::awaitable<void> run_stream_handler(F f, std::string method, std::string signature, peer& p,
+                                        msgpack::object params, stream_out& out) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    using values_t = typename shape::values;
+    auto values = convert_params<values_t>(params, method, signature,
+                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    writer<typename shape::item> w(out);
+    co_await invoke_stream_handler(f, p, w, values);
+}
+
+template <class F>
 handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     using traits = fn_traits<F>;
     using shape = handler_shape<typename traits::args>;
@@ -61,7 +73,20 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     handler_entry e;
     e.signature = signature_of<values_t>::get();
     e.concurrent = o.concurrent;
-    if (o.run_on) {
+    if constexpr (shape::streams) {
+        static_assert(std::is_same_v<typename traits::result, net::awaitable<void>>,
+                      "a streaming handler (one taking ordo::writer<T>&) is a coroutine "
+                      "returning net::awaitable<void>");
+        if (o.run_on)
+            throw_error(errc::bad_arguments,
+                        "ordo: handler_options::run_on is not supported for the streaming "
+                        "handler " + method);
+        e.signature += " [stream]";
+        e.stream = [f, method, sig = e.signature](peer& p, msgpack::object params,
+                                                  stream_out& out) {
+            return run_stream_handler(f, method, sig, p, params, out);
+        };
+    } else if (o.run_on) {
         e.async = [f, method, sig = e.signature, ex = o.run_on](peer& p, msgpack::object params,
                                                                 buffer& out) {
             return run_handler_on(f, ex, method, sig, p, params, out);
@@ -128,7 +153,16 @@ class handlers {
         static_assert(std::is_same_v<typename shape::values, std::tuple<std::decay_t<A>...>>,
                       "handler arguments do not match the interface method's");
         using ret = typename traits::result;
-        if constexpr (detail::is_awaitable<ret>::value)
+        if constexpr (detail::is_stream<R>::value)
+            static_assert(shape::streams && std::is_same_v<typename detail::is_stream<R>::item,
+                                                           typename shape::item>,
+                          "a method returning ordo::stream<T> takes a handler whose first "
+                          "argument (after an optional peer&) is ordo::writer<T>&");
+        else if constexpr (shape::streams)
+            static_assert(detail::is_stream<R>::value,
+                          "a handler taking ordo::writer<T>& serves a method returning "
+                          "ordo::stream<T>");
+        else if constexpr (detail::is_awaitable<ret>::value)
             static_assert(
                 std::is_convertible_v<typename detail::is_awaitable<ret>::value_type, R> ||
                     std::is_void_v<R>,

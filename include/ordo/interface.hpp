@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "ordo/channel.hpp"
+#include "ordo/stream.hpp"
 
 namespace ordo {
 
@@ -75,6 +76,40 @@ class method<R(Args...)> {
     void notify(const Args&... args) const {
         auto params = detail::pack_params(args...);
         bound()->notify_raw(name_, std::string_view(params.data(), params.size()));
+    }
+
+  private:
+    const std::shared_ptr<channel_impl>& bound() const {
+        if (!channel_)
+            throw_error(errc::bad_address,
+                        "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
+        return channel_.impl();
+    }
+
+    std::string name_;
+    channel channel_;
+};
+
+/// A streaming method: `auto s = co_await c.count_to(5); while (auto v = co_await s.next())`.
+/// The call is sent when the stream is returned; the items follow as the handler writes them.
+template <class T, class... Args>
+class method<stream<T>(Args...)> {
+  public:
+    using result_type = stream<T>;
+
+    explicit method(std::string name)
+        : name_(std::move(name)),
+          channel_(detail::binding_channel ? *detail::binding_channel : channel{}) {}
+
+    const std::string& name() const noexcept { return name_; }
+
+    /// Starts the call; call_options::timeout bounds the whole stream, window its credit.
+    net::awaitable<stream<T>> operator()(const Args&... args) const {
+        return detail::open_stream<T>(bound(), name_, detail::pack_params(args...),
+                                      call_options{});
+    }
+    net::awaitable<stream<T>> operator()(const Args&... args, call_options o) const {
+        return detail::open_stream<T>(bound(), name_, detail::pack_params(args...), std::move(o));
     }
 
   private:

@@ -24,6 +24,7 @@ inline void move_call_fields(pending_call& from, pending_call& to, std::chrono::
     to.options = std::move(from.options);
     to.options.timeout = timeout;
     to.slot = from.slot;
+    to.stream = std::move(from.stream);
 }
 
 /// Completes `call` with `ec` and `detail` (no result).

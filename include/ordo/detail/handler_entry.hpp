@@ -20,6 +20,7 @@ class peer;
 namespace detail {
 
 class method_counters;
+class stream_out;
 
 /// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
 /// result into `out` or throws (std::system_error with an ordo::errc keeps its code; anything
@@ -30,6 +31,9 @@ struct handler_entry {
     std::function<void(peer&, const msgpack::object& params, buffer& out)> sync;
     /// `params` is a view: the caller keeps its memory alive until the coroutine ends.
     std::function<net::awaitable<void>(peer&, msgpack::object params, buffer& out)> async;
+    /// A streaming handler: writes its items to `out` (ordo::writer); the final response is
+    /// the dispatcher's.
+    std::function<net::awaitable<void>(peer&, msgpack::object params, stream_out& out)> stream;
     /// Its counters (ordo.stats), set by handlers when registered; kept across re-registration.
     std::shared_ptr<method_counters> counters;
 };

@@ -19,6 +19,8 @@
 namespace ordo {
 
 class peer;
+template <class T>
+class writer;
 
 namespace detail {
 
@@ -61,11 +63,28 @@ struct handler_shape;
 template <class... A>
 struct handler_shape<std::tuple<A...>> {
     static constexpr bool takes_peer = false;
+    static constexpr bool streams = false;
     using values = std::tuple<std::decay_t<A>...>;
 };
 template <class... A>
 struct handler_shape<std::tuple<peer&, A...>> {
     static constexpr bool takes_peer = true;
+    static constexpr bool streams = false;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+// Streaming handlers: an ordo::writer<T>& (after the optional peer&) takes their items.
+template <class T, class... A>
+struct handler_shape<std::tuple<writer<T>&, A...>> {
+    static constexpr bool takes_peer = false;
+    static constexpr bool streams = true;
+    using item = T;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+template <class T, class... A>
+struct handler_shape<std::tuple<peer&, writer<T>&, A...>> {
+    static constexpr bool takes_peer = true;
+    static constexpr bool streams = true;
+    using item = T;
     using values = std::tuple<std::decay_t<A>...>;
 };
 
@@ -90,6 +109,17 @@ Values convert_params(const msgpack::object& params, std::string_view method,
                                 std::to_string(sizeof...(I)));
     return Values{
         convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
+}
+
+template <class F, class W>
+decltype(auto) invoke_stream_handler(F& f, peer& p, W& w, auto& values) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    if constexpr (shape::takes_peer)
+        return std::apply([&](auto&... v) -> decltype(auto) { return f(p, w, std::move(v)...); },
+                          values);
+    else
+        return std::apply([&](auto&... v) -> decltype(auto) { return f(w, std::move(v)...); },
+                          values);
 }
 
 template <class F>

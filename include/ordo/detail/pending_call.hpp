@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <system_error>
 
@@ -10,6 +11,8 @@
 #include "ordo/net.hpp"
 
 namespace ordo::detail {
+
+class stream_core;
 
 /// One call in flight, type-erased. A channel completes it exactly once, on the channel's
 /// executor, with complete() or complete_inline().
@@ -37,6 +40,8 @@ class pending_call {
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
     /// 0 for a call as made; 1 when a router sends it again after its replica died.
     std::uint8_t attempt = 0;
+    /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
+    std::shared_ptr<stream_core> stream;
 };
 
 }  // namespace ordo::detail

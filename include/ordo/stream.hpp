@@ -1,0 +1,316 @@
+// Streaming calls (DESIGN.md section 13; on the wire: docs/protocol.md, "Streams").
+//
+//   struct counter : ordo::interface {
+//       ordo::method<ordo::stream<int>(int)> count_to{"count_to"};
+//   };
+//   // caller
+//   auto s = co_await c.count_to(5);
+//   while (auto v = co_await s.next()) use(*v);        // 0 1 2 3 4, then the end
+//   // server
+//   srv.on(counter{}.count_to, [](ordo::writer<int>& out, int n) -> net::awaitable<void> {
+//       for (int i = 0; i < n; ++i) co_await out.write(i);  // suspends while the caller's
+//   });                                                    // credit is used up
+//
+// The caller grants credit (call_options::window items, 256 by default) and grants more as it
+// reads, so a reader that stops keeps both sides' memory within the window. Dropping the stream
+// or cancel() sends ordo.cancel: the handler is cancelled at its next suspension.
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/post.hpp>
+
+#include "ordo/call.hpp"
+#include "ordo/channel_impl.hpp"
+#include "ordo/codec.hpp"
+#include "ordo/detail/pending_call.hpp"
+#include "ordo/error.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+/// Items a streaming call lets the server send ahead of the reader when call_options::window
+/// is 0.
+inline constexpr std::uint32_t default_stream_window = 256;
+
+namespace detail {
+
+/// The server's side of one stream, as a handler's writer sees it (rpc/dispatcher.cpp). Belongs
+/// to the connection's executor.
+class stream_out {
+  public:
+    virtual ~stream_out() = default;
+    /// Whether an item may be sent now (a caller that does not stream always may: its items
+    /// are collected into one response).
+    virtual bool has_credit() const noexcept = 0;
+    /// Completes when credit has come. Throws std::system_error(errc::cancelled) when the
+    /// handler is cancelled meanwhile.
+    virtual net::awaitable<void> wait_credit() = 0;
+    /// The buffer to pack one item into; end_item() sends it (or collects it). end_item throws
+    /// when the stream has been cancelled, or when a collection outgrows its limit.
+    virtual buffer& begin_item() = 0;
+    virtual void end_item() = 0;
+    /// Items written so far.
+    virtual std::uint64_t written() const noexcept = 0;
+};
+
+/// The caller's side of one stream, untyped (rpc/stream.cpp). Items arrive on the channel's
+/// executor; the reader may be on another thread: what both touch is under a mutex.
+class stream_core : public std::enable_shared_from_this<stream_core> {
+  public:
+    stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
+                std::uint32_t window);
+    virtual ~stream_core();
+    stream_core(const stream_core&) = delete;
+    stream_core& operator=(const stream_core&) = delete;
+
+    // ---- the connection's side (the channel's executor) ----
+    /// One item, borrowed (valid during the call only).
+    virtual void on_item(const msgpack::object& item) = 0;
+    /// The connection that sent the call: how to grant more credit (called from any thread).
+    void attach(std::function<void(std::uint32_t)> grant);
+    /// The call completed: the stream ends after the items received, with `ec` if set.
+    void end(std::error_code ec, call_outcome& out);
+    std::uint32_t window() const noexcept { return window_; }
+    net::cancellation_slot slot() { return signal_.slot(); }
+
+    // ---- the reader's side ----
+    /// Asks the remote side to stop (ordo.cancel); the reader gets what had arrived, then
+    /// errc::cancelled. Does nothing once the stream has ended.
+    void cancel();
+    std::uint64_t received() const;
+    const std::string& method() const noexcept { return method_; }
+
+  protected:
+    struct waiter {
+        virtual ~waiter() = default;
+        virtual void wake() = 0;
+    };
+    template <class H>
+    struct waiter_of final : waiter {
+        explicit waiter_of(H h) : h_(std::move(h)) {}
+        void wake() override {
+            auto ex = net::get_associated_executor(h_);
+            net::post(ex, std::move(h_));
+        }
+        H h_;
+    };
+
+    /// With mu_ held: one item was taken by the reader. Returns the credit to grant (0: none
+    /// yet), to be passed to grant() once mu_ is released.
+    std::uint32_t took_one();
+    void grant(std::uint32_t n);
+    /// With mu_ held: the stream has ended; throws its error, if any.
+    void throw_if_failed() const;
+    /// An item that does not convert: the stream fails with errc::bad_result (and is cancelled).
+    void bad_item(const std::exception& e, const msgpack::object& item);
+    /// With mu_ held by the caller of push: takes the waiting reader out, to wake unlocked.
+    std::unique_ptr<waiter> take_waiter() { return std::move(waiter_); }
+
+    mutable std::mutex mu_;
+    bool ended_ = false;
+    std::error_code ec_;
+    std::string detail_;
+    std::unique_ptr<waiter> waiter_;
+    std::uint64_t received_ = 0;
+
+    /// With mu_ held: whether the reader has something to take.
+    virtual bool ready_locked() const noexcept = 0;
+
+    /// Completes when an item has arrived or the stream has ended (at once if so already).
+    auto wait_more() {
+        return net::async_initiate<const net::use_awaitable_t<>&, void()>(
+            [this](auto handler) {
+                std::unique_lock lk(mu_);
+                if (ready_locked()) {
+                    lk.unlock();
+                    auto ex = net::get_associated_executor(handler);
+                    net::post(ex, std::move(handler));
+                    return;
+                }
+                waiter_ = std::make_unique<waiter_of<decltype(handler)>>(std::move(handler));
+            },
+            net::use_awaitable);
+    }
+
+  private:
+    std::string method_;
+    std::string remote_;
+    net::any_io_executor channel_ex_;
+    std::uint32_t window_;
+    std::uint32_t unreported_ = 0;  // items read since the last grant
+    std::function<void(std::uint32_t)> grant_;
+    net::cancellation_signal signal_;
+    bool cancel_sent_ = false;
+};
+
+template <class T>
+class stream_state final : public stream_core {
+  public:
+    using stream_core::stream_core;
+
+    void on_item(const msgpack::object& item) override {
+        std::optional<T> v;
+        try {
+            if constexpr (std::is_same_v<T, msgpack::object_handle>)
+                v.emplace(msgpack::clone(item));  // ordo::value: the raw item, kept
+            else
+                v.emplace(item.as<T>());
+        } catch (const std::exception& e) {
+            return bad_item(e, item);
+        }
+        std::unique_ptr<waiter> w;
+        {
+            std::lock_guard lk(mu_);
+            if (ended_) return;
+            items_.push_back(std::move(*v));
+            ++received_;
+            w = take_waiter();
+        }
+        if (w) w->wake();
+    }
+
+    /// The next item; std::nullopt at the end; throws ordo::rpc_error when the stream failed
+    /// (after every item received before the failure has been returned).
+    net::awaitable<std::optional<T>> next() {
+        std::optional<T> v;
+        while (!take(v)) co_await wait_more();
+        co_return v;
+    }
+
+  private:
+    bool ready_locked() const noexcept override { return !items_.empty() || ended_; }
+
+    // True when `v` holds the next item, or the stream ended well (v empty); throws when it
+    // failed; false when the reader must wait.
+    bool take(std::optional<T>& v) {
+        std::uint32_t credit = 0;
+        {
+            std::lock_guard lk(mu_);
+            if (items_.empty()) {
+                if (!ended_) return false;
+                throw_if_failed();
+                return true;
+            }
+            v.emplace(std::move(items_.front()));
+            items_.pop_front();
+            credit = took_one();
+        }
+        if (credit) grant(credit);
+        return true;
+    }
+
+    std::deque<T> items_;
+};
+
+/// The pending call of a stream: its completion ends the stream.
+class stream_call final : public pending_call {
+  public:
+    explicit stream_call(std::shared_ptr<stream_core> s) : s_(std::move(s)) {}
+    void complete(std::error_code ec, call_outcome out) override { s_->end(ec, out); }
+
+  private:
+    std::shared_ptr<stream_core> s_;
+};
+
+/// Sends the streaming call (from any thread: dispatched to the channel's executor).
+void start_stream(const std::shared_ptr<channel_impl>& ch, std::shared_ptr<stream_core> s,
+                  params_buffer params, call_options o);
+
+}  // namespace detail
+
+/// The caller's end of a streaming call: `while (auto v = co_await s.next()) ...`. Move-only.
+/// Dropping it before the end cancels the call (ordo.cancel). next() may be awaited from any
+/// executor, by one reader at a time.
+template <class T>
+class stream {
+  public:
+    using value_type = T;
+
+    stream() = default;
+    explicit stream(std::shared_ptr<detail::stream_state<T>> s) : s_(std::move(s)) {}
+    stream(stream&&) noexcept = default;
+    stream& operator=(stream&& o) noexcept {
+        if (this != &o) {
+            if (s_) s_->cancel();
+            s_ = std::move(o.s_);
+        }
+        return *this;
+    }
+    ~stream() {
+        if (s_) s_->cancel();
+    }
+
+    /// The next item in order; std::nullopt once the handler has returned; throws
+    /// ordo::rpc_error (handler threw, peer lost, deadline, cancelled) once the items that
+    /// arrived before the failure have been returned.
+    net::awaitable<std::optional<T>> next() { return s_->next(); }
+    /// Stops the stream (ordo.cancel to the remote handler); next() then yields what had
+    /// arrived and throws errc::cancelled.
+    void cancel() {
+        if (s_) s_->cancel();
+    }
+    /// Items received so far (read or not).
+    std::uint64_t received() const { return s_ ? s_->received() : 0; }
+    explicit operator bool() const noexcept { return s_ != nullptr; }
+
+  private:
+    std::shared_ptr<detail::stream_state<T>> s_;
+};
+
+/// A streaming handler's output: `co_await out.write(v)` sends one item, suspending while the
+/// caller's credit is used up. Throws std::system_error(errc::cancelled) once the call has been
+/// cancelled.
+template <class T>
+class writer {
+  public:
+    explicit writer(detail::stream_out& o) : o_(&o) {}
+
+    net::awaitable<void> write(T v) {
+        if (!o_->has_credit()) co_await o_->wait_credit();
+        msgpack::pack(o_->begin_item(), v);
+        o_->end_item();
+    }
+    /// Items written so far.
+    std::uint64_t written() const noexcept { return o_->written(); }
+
+  private:
+    detail::stream_out* o_;
+};
+
+namespace detail {
+
+template <class T>
+net::awaitable<stream<T>> open_stream(std::shared_ptr<channel_impl> ch, std::string method,
+                                      params_buffer params, call_options o) {
+    const std::uint32_t window = o.window ? o.window : default_stream_window;
+    auto s = std::make_shared<stream_state<T>>(std::move(method), ch->remote_address(),
+                                               ch->get_executor(), window);
+    start_stream(ch, s, std::move(params), std::move(o));
+    co_return stream<T>(std::move(s));
+}
+
+template <class R>
+struct is_stream : std::false_type {};
+template <class T>
+struct is_stream<stream<T>> : std::true_type {
+    using item = T;
+};
+
+}  // namespace detail
+}  // namespace ordo

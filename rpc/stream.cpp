@@ -1,0 +1,123 @@
+// The caller's side of streaming calls (include/ordo/stream.hpp): what the reader and the
+// connection share, and how the call is started.
+#include "ordo/stream.hpp"
+
+#include <limits>
+
+#include "ordo/detail/async_call.hpp"
+#include "ordo/error.hpp"
+
+namespace ordo::detail {
+
+stream_core::stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
+                         std::uint32_t window)
+    : method_(std::move(method)),
+      remote_(std::move(remote)),
+      channel_ex_(std::move(channel_ex)),
+      window_(window ? window : 1) {}
+
+stream_core::~stream_core() = default;
+
+void stream_core::attach(std::function<void(std::uint32_t)> grant) {
+    std::lock_guard lk(mu_);
+    grant_ = std::move(grant);
+}
+
+void stream_core::end(std::error_code ec, call_outcome& out) {
+    std::unique_ptr<waiter> w;
+    {
+        std::lock_guard lk(mu_);
+        if (ended_) return;
+        ended_ = true;
+        if (ec) {
+            ec_ = ec;
+            detail_ = std::move(out.detail);
+        } else if (out.result.type == msgpack::type::POSITIVE_INTEGER &&
+                   out.result.via.u64 != received_) {
+            // The final response counts the items sent: a mismatch is a broken peer.
+            ec_ = make_error_code(errc::protocol_error);
+            detail_ = "the stream ended after " + std::to_string(received_) +
+                      " items, but the server counted " + std::to_string(out.result.via.u64);
+        }
+        grant_ = nullptr;
+        w = take_waiter();
+    }
+    if (w) w->wake();
+}
+
+void stream_core::bad_item(const std::exception& e, const msgpack::object& item) {
+    std::unique_ptr<waiter> w;
+    {
+        std::lock_guard lk(mu_);
+        if (ended_) return;
+        ended_ = true;
+        ec_ = make_error_code(errc::bad_result);
+        detail_ = "item " + std::to_string(received_ + 1) + " does not convert: " + e.what();
+        (void)item;
+        w = take_waiter();
+    }
+    if (w) w->wake();
+    // The items that follow have nowhere to go: stop the handler.
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+std::uint32_t stream_core::took_one() {
+    // Credit goes back in steps of half the window: one ordo.credit per window/2 items read.
+    const std::uint32_t step = window_ / 2 ? window_ / 2 : 1;
+    if (++unreported_ < step || ended_) return 0;
+    const std::uint32_t n = unreported_;
+    unreported_ = 0;
+    return n;
+}
+
+void stream_core::grant(std::uint32_t n) {
+    std::function<void(std::uint32_t)> g;
+    {
+        std::lock_guard lk(mu_);
+        if (ended_ || !grant_) return;
+        g = grant_;
+    }
+    g(n);
+}
+
+void stream_core::throw_if_failed() const {
+    if (ec_) throw rpc_error(ec_, method_, remote_, detail_);
+}
+
+void stream_core::cancel() {
+    {
+        std::lock_guard lk(mu_);
+        if (ended_ || cancel_sent_) return;
+        cancel_sent_ = true;
+    }
+    // The call's watch (rpc/detail/call_watch.hpp) is installed in and cleared from this slot
+    // on the channel's executor: emit it there too.
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+std::uint64_t stream_core::received() const {
+    std::lock_guard lk(mu_);
+    return received_;
+}
+
+void start_stream(const std::shared_ptr<channel_impl>& ch, std::shared_ptr<stream_core> s,
+                  params_buffer params, call_options o) {
+    auto call = std::make_unique<stream_call>(s);
+    call->method = s->method();
+    call->params = std::move(params);
+    call->options = std::move(o);
+    call->slot = s->slot();
+    call->stream = std::move(s);
+    auto ex = ch->get_executor();
+    if (running_in(ex))
+        ch->start_call(std::move(call));
+    else
+        net::dispatch(ex,
+                      [ch, call = std::move(call)]() mutable { ch->start_call(std::move(call)); });
+}
+
+}  // namespace ordo::detail
