@@ -12,4 +12,6 @@ struct counter : ordo::interface {
     ordo::method<int(int)> sleep_ms{"sleep_ms"};   // suspends that long, returns its argument
     ordo::method<void(std::string)> fail{"fail"};  // answers an error with that message
     ordo::method<ordo::stream<int>(int)> count_to{"count_to"};  // streams 0 .. n-1
+    // The same, from a streaming batch handler: callers are batched, each gets 0 .. n-1.
+    ordo::method<ordo::stream<int>(int)> count_batch{"count_batch"};
 };

@@ -38,4 +38,22 @@ inline void serve_counter(ordo::server& srv, long& total, ordo::handler_options 
                      for (auto& x : xs) x *= x;
                      return xs;
                  });
+    // Streams of callers batched together: step k gives every caller still open its item k,
+    // or the end of its stream once it has n items.
+    srv.on_batch_stream(
+        counter{}.count_batch.name(),
+        {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
+        [](ordo::batch_writer<int>& out, std::vector<int> ns) -> net::awaitable<void> {
+            for (int k = 0; !out.open().empty(); ++k) {
+                std::vector<ordo::stream_step<int>> step;
+                step.reserve(out.open().size());
+                for (std::size_t i : out.open()) {
+                    if (k < ns[i])
+                        step.emplace_back(k);
+                    else
+                        step.emplace_back(ordo::stream_end{});
+                }
+                co_await out.step(std::move(step));
+            }
+        });
 }

@@ -39,6 +39,166 @@ void batcher_core::finish(const std::shared_ptr<batch_element>& e) {
     });
 }
 
+void stream_room::bump() {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        ++bumps_;
+        w = std::move(waiter_);
+    }
+    if (w) w->wake();
+}
+
+namespace {
+// Wakes a caller of a streaming batch on its own loop.
+void wake_caller(const std::shared_ptr<stream_element>& e) {
+    net::dispatch(e->done_event.get_executor(), [e] { e->done_event.cancel(); });
+}
+}  // namespace
+
+stream_batch::stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers)
+    : name_(std::move(name)), callers_(std::move(callers)) {
+    open_.reserve(callers_.size());
+    for (std::size_t i = 0; i < callers_.size(); ++i) {
+        std::lock_guard lk(callers_[i]->mu);
+        callers_[i]->room = room_;
+        if (!callers_[i]->gone) open_.push_back(i);
+    }
+}
+
+stream_batch::~stream_batch() {
+    for (auto& c : callers_) {
+        std::lock_guard lk(c->mu);
+        c->room.reset();
+    }
+}
+
+void stream_batch::check_size(std::size_t n) const {
+    if (n != open_.size())
+        throw_error(errc::remote_error, "batch handler " + name_ + " gave a step of " +
+                                            std::to_string(n) + " entries for " +
+                                            std::to_string(open_.size()) + " open callers");
+}
+
+void stream_batch::item(std::size_t k, buffer packed) {
+    auto& e = at(k);
+    std::lock_guard lk(e.mu);
+    if (!e.gone && !e.ended) e.items.push_back(std::move(packed));
+}
+
+void stream_batch::end(std::size_t k) {
+    auto& e = at(k);
+    std::lock_guard lk(e.mu);
+    e.ended = true;
+}
+
+void stream_batch::fail(std::size_t k, errc code, std::string text) {
+    auto& e = at(k);
+    std::lock_guard lk(e.mu);
+    if (e.ended) return;
+    e.error = code;
+    e.error_text = std::move(text);
+    e.ended = true;
+}
+
+void stream_batch::commit() {
+    std::vector<std::size_t> still;
+    still.reserve(open_.size());
+    for (std::size_t i : open_) {
+        auto& e = callers_[i];
+        bool keep;
+        {
+            std::lock_guard lk(e->mu);
+            keep = !e->ended && !e->gone;
+        }
+        wake_caller(e);
+        if (keep) still.push_back(i);
+    }
+    open_ = std::move(still);
+}
+
+net::awaitable<void> stream_batch::wait_room() {
+    for (;;) {
+        const std::uint64_t seen = room_->seen();
+        bool full = false;
+        for (std::size_t i : open_) {
+            auto& e = *callers_[i];
+            std::lock_guard lk(e.mu);
+            if (!e.gone && e.items.size() >= max_buffered) full = true;
+        }
+        if (!full) co_return;
+        co_await room_->wait(seen);
+    }
+}
+
+void stream_batch::fail_open(errc code, const std::string& text) {
+    for (std::size_t k = 0; k < open_.size(); ++k) fail(k, code, text);
+    commit();
+}
+
+net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element> e,
+                                                 stream_out& out) {
+    auto self = shared_from_this();
+    const auto ex = home(co_await net::this_coro::executor);
+    ++waiters_;
+    net::dispatch(ex, [self, e] { self->enqueue(e); });
+    std::deque<buffer> got;
+    std::exception_ptr left;
+    try {
+        for (;;) {
+            bool ended = false;
+            std::shared_ptr<stream_room> room;
+            {
+                std::lock_guard lk(e->mu);
+                got.swap(e->items);
+                ended = e->ended;
+                room = e->room;
+            }
+            if (!got.empty()) {
+                if (room) room->bump();  // the batch may wait for this caller's room
+                for (auto& b : got) {
+                    if (!out.has_credit()) co_await out.wait_credit();
+                    buffer& o = out.begin_item();
+                    o.write(b.data(), b.size());
+                    out.end_item();
+                }
+                got.clear();
+                continue;
+            }
+            if (ended || e->done) break;
+            co_await e->done_event.async_wait(use_tuple);
+            auto cs = co_await net::this_coro::cancellation_state;
+            if (cs.cancelled() != net::cancellation_type::none)
+                throw_error(errc::cancelled,
+                            "stream cancelled while batch handler " + name_ + " was producing it");
+        }
+    } catch (...) {
+        left = std::current_exception();
+    }
+    if (left) {
+        // Cancelled, or the connection ended: leave the queue, or the running batch.
+        std::shared_ptr<stream_room> room;
+        {
+            std::lock_guard lk(e->mu);
+            e->gone = true;
+            e->items.clear();
+            room = e->room;
+        }
+        if (room) room->bump();
+        net::dispatch(ex, [self, e] { self->withdraw(e); });
+        std::rethrow_exception(left);
+    }
+    --waiters_;
+    errc code{};
+    std::string text;
+    {
+        std::lock_guard lk(e->mu);
+        code = e->error;
+        text = e->error_text;
+    }
+    if (code != errc{}) throw_error(code, text);
+}
+
 net::awaitable<void> batcher_core::submit(std::shared_ptr<batch_element> e, buffer& out) {
     auto self = shared_from_this();
     const auto ex = home(co_await net::this_coro::executor);

@@ -338,9 +338,9 @@ void dispatcher::dispatch(message& m) {
     }
     if (window) {
         e->counters->request_done(errc::bad_arguments);
-        respond_error(m.msgid, errc::bad_arguments,
-                      "method \"" + std::string(m.method) +
-                          "\" does not stream: call it as a plain call");
+        respond_error(
+            m.msgid, errc::bad_arguments,
+            "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
     if (e->sync) return run_sync(*e, m);
@@ -354,8 +354,7 @@ bool dispatcher::unwrap_stream(message& m, std::uint32_t& window) {
     if (a.size != 3 ||
         (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
         a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER) {
-        respond_error(m.msgid, errc::bad_arguments,
-                      "ordo.stream takes [method, params, window]");
+        respond_error(m.msgid, errc::bad_arguments, "ordo.stream takes [method, params, window]");
         return false;
     }
     if (streams_.count(m.msgid) != 0) {
@@ -364,8 +363,9 @@ bool dispatcher::unwrap_stream(message& m, std::uint32_t& window) {
         return false;
     }
     const auto& name = a.ptr[0];
-    m.method = std::string_view(name.type == msgpack::type::STR ? name.via.str.ptr : name.via.bin.ptr,
-                                name.type == msgpack::type::STR ? name.via.str.size : name.via.bin.size);
+    m.method =
+        std::string_view(name.type == msgpack::type::STR ? name.via.str.ptr : name.via.bin.ptr,
+                         name.type == msgpack::type::STR ? name.via.str.size : name.via.bin.size);
     const msgpack::object inner = a.ptr[1];
     window = static_cast<std::uint32_t>(
         std::clamp<std::uint64_t>(a.ptr[2].via.u64, 1, max_stream_window));

@@ -24,7 +24,7 @@ void stream_core::attach(std::function<void(std::uint32_t)> grant) {
 }
 
 void stream_core::end(std::error_code ec, call_outcome& out) {
-    std::unique_ptr<waiter> w;
+    std::unique_ptr<parked> w;
     {
         std::lock_guard lk(mu_);
         if (ended_) return;
@@ -46,7 +46,7 @@ void stream_core::end(std::error_code ec, call_outcome& out) {
 }
 
 void stream_core::bad_item(const std::exception& e, const msgpack::object& item) {
-    std::unique_ptr<waiter> w;
+    std::unique_ptr<parked> w;
     {
         std::lock_guard lk(mu_);
         if (ended_) return;

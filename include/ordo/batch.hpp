@@ -14,8 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "ordo/error.hpp"
 #include "ordo/net.hpp"
@@ -48,6 +50,37 @@ struct element_error {
 /// One element of a batch handler's result: a value, or an error for that call alone.
 template <class T>
 using element = std::variant<T, element_error>;
+
+/// A streaming batch handler's "this caller's stream ends here" (on_batch_stream).
+struct stream_end {};
+
+/// What a streaming batch handler gives one open caller in one step: an item, the end of that
+/// caller's stream, or an error that ends it.
+template <class T>
+using stream_step = std::variant<T, stream_end, element_error>;
+
+namespace detail {
+class stream_batch;
+}  // namespace detail
+
+/// A streaming batch handler's output (ordo::handlers::on_batch_stream). Each step gives one
+/// entry per caller still open, in open()'s order; callers that ended, failed or cancelled
+/// are left out of later steps. The batch is over when open() is empty (or the handler returns:
+/// callers still open then end normally).
+template <class T>
+class batch_writer {
+  public:
+    explicit batch_writer(detail::stream_batch& b) : b_(&b) {}
+    /// The callers still open: indices into the batch's inputs, in order.
+    const std::vector<std::size_t>& open() const;
+    /// One step. Suspends while some open caller still holds too many items it has not sent
+    /// (a reader out of credit), so that memory stays bounded. Throws std::system_error when
+    /// `s` does not have one entry per open caller.
+    net::awaitable<void> step(std::vector<stream_step<T>> s);
+
+  private:
+    detail::stream_batch* b_;
+};
 
 struct batch_stats {
     std::uint64_t batches = 0;

@@ -80,7 +80,8 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
         if (o.run_on)
             throw_error(errc::bad_arguments,
                         "ordo: handler_options::run_on is not supported for the streaming "
-                        "handler " + method);
+                        "handler " +
+                            method);
         e.signature += " [stream]";
         e.stream = [f, method, sig = e.signature](peer& p, msgpack::object params,
                                                   stream_out& out) {
@@ -154,10 +155,11 @@ class handlers {
                       "handler arguments do not match the interface method's");
         using ret = typename traits::result;
         if constexpr (detail::is_stream<R>::value)
-            static_assert(shape::streams && std::is_same_v<typename detail::is_stream<R>::item,
-                                                           typename shape::item>,
-                          "a method returning ordo::stream<T> takes a handler whose first "
-                          "argument (after an optional peer&) is ordo::writer<T>&");
+            static_assert(
+                shape::streams &&
+                    std::is_same_v<typename detail::is_stream<R>::item, typename shape::item>,
+                "a method returning ordo::stream<T> takes a handler whose first "
+                "argument (after an optional peer&) is ordo::writer<T>&");
         else if constexpr (shape::streams)
             static_assert(detail::is_stream<R>::value,
                           "a handler taking ordo::writer<T>& serves a method returning "
@@ -190,6 +192,34 @@ class handlers {
         e.concurrent = true;
         e.async = [core, name](peer&, msgpack::object params, buffer& out) {
             return detail::submit_batch<Arg>(core, name, params, out);
+        };
+        batchers_.push_back({name, core});
+        add(std::move(name), std::move(e));
+        return batch_handle(core);
+    }
+
+    /// Registers a streaming batch handler for `name` (Ray Serve's generator batching): callers
+    /// call it as a stream, one argument each (or several, taken as a tuple); batches form as
+    /// for on_batch. `f(ordo::batch_writer<T>& out, std::vector<Arg> args)` is a coroutine
+    /// (net::awaitable<void>) that gives, step by step, one stream_step<T> per caller still open
+    /// (out.open(): indices into args): an item, stream_end, or an element_error ending that
+    /// caller alone. Callers that ended, failed or cancelled are left out of later steps; new
+    /// calls never join a running batch; callers still open when f returns end normally, and if
+    /// f throws they fail with its message. A step waits while a caller holds 16 items its
+    /// reader has no credit for. A caller that does not stream gets its items as one array.
+    template <class F>
+    batch_handle on_batch_stream(std::string name, batch_options o, F f) {
+        using sig = detail::batch_stream_sig<F>;
+        using Arg = typename sig::arg;
+        using T = typename sig::item;
+        static_assert(std::is_same_v<typename sig::result, net::awaitable<void>>,
+                      "a streaming batch handler is a coroutine returning net::awaitable<void>");
+        auto core = std::make_shared<detail::stream_batcher<Arg, T, F>>(name, o, std::move(f));
+        detail::handler_entry e;
+        e.signature = "(" + detail::type_name(typeid(Arg)) + ") [batch stream]";
+        e.concurrent = true;
+        e.stream = [core, name](peer&, msgpack::object params, detail::stream_out& out) {
+            return detail::submit_batch_stream<Arg>(core, name, params, out);
         };
         batchers_.push_back({name, core});
         add(std::move(name), std::move(e));

@@ -116,6 +116,11 @@ class server {
     batch_handle on_batch(std::string name, batch_options o, F f) {
         return handlers_.on_batch(std::move(name), o, std::move(f));
     }
+    /// Registers a streaming batch handler (see ordo::handlers::on_batch_stream).
+    template <class F>
+    batch_handle on_batch_stream(std::string name, batch_options o, F f) {
+        return handlers_.on_batch_stream(std::move(name), o, std::move(f));
+    }
 
     /// Binds `url` and starts accepting. Returns the bound address (with the real port for
     /// tcp port 0). Throws std::system_error naming the address on failure.

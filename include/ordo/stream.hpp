@@ -50,6 +50,40 @@ inline constexpr std::uint32_t default_stream_window = 256;
 
 namespace detail {
 
+/// One suspended coroutine (its completion handler), parked until another thread wakes it:
+/// wake() posts it to its own executor.
+class parked {
+  public:
+    virtual ~parked() = default;
+    virtual void wake() = 0;
+};
+
+template <class H>
+class parked_handler final : public parked {
+  public:
+    // While parked, the handler counts as work of its executor (as an Asio operation in
+    // progress would): its io_context does not run out of work and stop meanwhile.
+    explicit parked_handler(H h)
+        : h_(std::move(h)),
+          work_(net::prefer(net::get_associated_executor(h_),
+                            net::execution::outstanding_work.tracked)) {}
+    void wake() override {
+        auto ex = net::get_associated_executor(h_);
+        // The work goes with the handler, and ends on its own thread: once posted, the handler
+        // may run, and its io_context end, before this function returns.
+        net::post(ex, [h = std::move(h_), w = std::move(work_)]() mutable { std::move(h)(); });
+    }
+
+  private:
+    H h_;
+    net::any_io_executor work_;
+};
+
+template <class H>
+std::unique_ptr<parked> park(H h) {
+    return std::make_unique<parked_handler<H>>(std::move(h));
+}
+
 /// The server's side of one stream, as a handler's writer sees it (rpc/dispatcher.cpp). Belongs
 /// to the connection's executor.
 class stream_out {
@@ -97,20 +131,6 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     const std::string& method() const noexcept { return method_; }
 
   protected:
-    struct waiter {
-        virtual ~waiter() = default;
-        virtual void wake() = 0;
-    };
-    template <class H>
-    struct waiter_of final : waiter {
-        explicit waiter_of(H h) : h_(std::move(h)) {}
-        void wake() override {
-            auto ex = net::get_associated_executor(h_);
-            net::post(ex, std::move(h_));
-        }
-        H h_;
-    };
-
     /// With mu_ held: one item was taken by the reader. Returns the credit to grant (0: none
     /// yet), to be passed to grant() once mu_ is released.
     std::uint32_t took_one();
@@ -120,13 +140,13 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// An item that does not convert: the stream fails with errc::bad_result (and is cancelled).
     void bad_item(const std::exception& e, const msgpack::object& item);
     /// With mu_ held by the caller of push: takes the waiting reader out, to wake unlocked.
-    std::unique_ptr<waiter> take_waiter() { return std::move(waiter_); }
+    std::unique_ptr<parked> take_waiter() { return std::move(waiter_); }
 
     mutable std::mutex mu_;
     bool ended_ = false;
     std::error_code ec_;
     std::string detail_;
-    std::unique_ptr<waiter> waiter_;
+    std::unique_ptr<parked> waiter_;
     std::uint64_t received_ = 0;
 
     /// With mu_ held: whether the reader has something to take.
@@ -139,11 +159,10 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
                 std::unique_lock lk(mu_);
                 if (ready_locked()) {
                     lk.unlock();
-                    auto ex = net::get_associated_executor(handler);
-                    net::post(ex, std::move(handler));
+                    parked_handler<decltype(handler)>(std::move(handler)).wake();
                     return;
                 }
-                waiter_ = std::make_unique<waiter_of<decltype(handler)>>(std::move(handler));
+                waiter_ = park(std::move(handler));
             },
             net::use_awaitable);
     }
@@ -174,7 +193,7 @@ class stream_state final : public stream_core {
         } catch (const std::exception& e) {
             return bad_item(e, item);
         }
-        std::unique_ptr<waiter> w;
+        std::unique_ptr<parked> w;
         {
             std::lock_guard lk(mu_);
             if (ended_) return;

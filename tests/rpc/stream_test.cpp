@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -436,6 +437,248 @@ TEST(Stream, SurvivesCutConnectionsOnAResumableSession) {
         EXPECT_GE(peer_of(ch)->counters().resumes, 1u);
         co_await srv.async_stop();
     });
+}
+
+// ---- streaming batch handlers ----
+
+// What a streaming batch handler saw: per batch, the open callers' arguments at each step.
+struct batch_log {
+    std::vector<std::vector<std::vector<int>>> batches;  // batch -> step -> open callers' n
+    bool running = false;
+};
+
+// count(n) in batches: step k gives item k, or the end at n; a caller with n == 13 gets an
+// element_error at step 2; n < 0 makes the whole handler throw at step 1.
+void serve_batch_count(server& srv, batch_log& log, batch_options o) {
+    srv.on_batch_stream(
+        "count", o, [&log](batch_writer<int>& out, std::vector<int> ns) -> net::awaitable<void> {
+            log.batches.emplace_back();
+            log.running = true;
+            for (int k = 0; !out.open().empty(); ++k) {
+                std::vector<int> seen;
+                std::vector<stream_step<int>> step;
+                for (std::size_t i : out.open()) {
+                    seen.push_back(ns[i]);
+                    if (ns[i] < 0 && k == 1) throw std::runtime_error("negative count");
+                    if (ns[i] == 13 && k == 2)
+                        step.emplace_back(element_error{errc::remote_error, "13 is unlucky"});
+                    else if (k < ns[i] || ns[i] < 0)
+                        step.emplace_back(k);
+                    else
+                        step.emplace_back(stream_end{});
+                }
+                log.batches.back().push_back(seen);
+                co_await out.step(std::move(step));
+                co_await sleep_for(1ms);
+            }
+            log.running = false;
+        });
+}
+
+// Callers that end at different steps, one that fails alone, one that cancels: each gets its
+// own items; ended and cancelled callers leave the later steps; a later call does not join.
+TEST(BatchStream, CallersEndAtTheirOwnStepsAndACancelStopsOnlyItsOwn) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        batch_log log;
+        serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 100ms});
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        const std::vector<int> counts = {1, 3, 5, 13, 100};
+        std::vector<stream<int>> open;
+        for (int n : counts) open.push_back(co_await ch.async_stream<int>("count", n));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.running; }));
+        // A call made while the batch runs waits for a batch of its own.
+        auto late = co_await ch.async_stream<int>("count", 2);
+        // The caller of 100 reads three items, then cancels.
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(*co_await open[4].next(), i);
+        open[4].cancel();
+        for (std::size_t c = 0; c < 3; ++c)
+            EXPECT_EQ(co_await read_all(open[c]), iota(counts[c])) << "caller " << c;
+        std::string what;
+        std::vector<int> got;
+        try {
+            while (auto v = co_await open[3].next()) got.push_back(*v);
+        } catch (const rpc_error& e) {
+            what = e.what();
+        }
+        EXPECT_EQ(got, iota(2));
+        EXPECT_NE(what.find("13 is unlucky"), std::string::npos) << what;
+        std::error_code ec;
+        try {
+            while (co_await open[4].next()) {
+            }
+        } catch (const rpc_error& e) {
+            ec = e.code();
+        }
+        EXPECT_EQ(ec, errc::cancelled);
+        EXPECT_EQ(co_await read_all(late), iota(2));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !log.running; }));
+        ORDO_CO_ASSERT_EQ(log.batches.size(), 2u);
+        const auto& steps = log.batches[0];
+        ORDO_CO_ASSERT_GE(steps.size(), 6u);
+        EXPECT_EQ(steps[0], (std::vector<int>{1, 3, 5, 13, 100}));
+        EXPECT_EQ(steps[1], (std::vector<int>{1, 3, 5, 13, 100}));  // 1 gets its end here
+        EXPECT_EQ(steps[2], (std::vector<int>{3, 5, 13, 100}));     // 13 fails here
+        EXPECT_EQ(steps[3].size() >= 2 && steps[3][0] == 3 && steps[3][1] == 5, true);
+        // 5 ends at step 5; after it only the cancelled caller can be left, and it leaves the
+        // batch long before its 100 items.
+        for (std::size_t k = 6; k < steps.size(); ++k)
+            EXPECT_EQ(steps[k], (std::vector<int>{100})) << "step " << k;
+        EXPECT_LT(steps.size(), 100u);
+        EXPECT_EQ(log.batches[1], (std::vector<std::vector<int>>{{2}, {2}, {2}}));
+        co_await srv.async_stop();
+    });
+}
+
+TEST(BatchStream, AHandlerThatThrowsFailsTheCallersStillOpen) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        batch_log log;
+        serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 50ms});
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto none = co_await ch.async_stream<int>("count", 0);  // ends at step 0
+        auto bad = co_await ch.async_stream<int>("count", -1);  // throws at step 1
+        auto two = co_await ch.async_stream<int>("count", 2);   // open at the throw
+        EXPECT_EQ(co_await read_all(none), iota(0));
+        for (auto* s : {&bad, &two}) {
+            std::string what;
+            std::vector<int> got;
+            try {
+                while (auto v = co_await s->next()) got.push_back(*v);
+            } catch (const rpc_error& e) {
+                what = e.what();
+            }
+            EXPECT_EQ(got, iota(1));
+            EXPECT_NE(what.find("negative count"), std::string::npos) << what;
+        }
+        co_await srv.async_stop();
+    });
+}
+
+// A caller that stops reading holds the batch after its window and 16 buffered items; the
+// other callers wait too (memory stays bounded), and everything completes once it reads:
+// a batch moves at the pace of its slowest reader.
+TEST(BatchStream, AStalledReaderBoundsTheBatch) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        batch_log log;
+        serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 50ms});
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        call_options o;
+        o.window = 4;
+        auto stalled = co_await ch.async_stream<int>("count", 1000, o);
+        auto other = co_await ch.async_stream<int>("count", 1000, o);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.running; }));
+        std::vector<int> got_other;
+        // Reads `other` while it can (it stops getting items once the batch waits).
+        for (int i = 0; i < 20; ++i) got_other.push_back(*co_await other.next());
+        co_await sleep_for(1000ms);
+        const std::size_t steps = log.batches[0].size();
+        EXPECT_LE(steps, 4u + detail::stream_batch::max_buffered + 2);
+        EXPECT_LE(stalled.received(), 4u);
+        co_await sleep_for(300ms);
+        EXPECT_EQ(log.batches[0].size(), steps);
+        // The batch moves at the pace of its slowest reader: read both at once.
+        bool other_done = false;
+        net::co_spawn(
+            co_await net::this_coro::executor,
+            [&]() -> net::awaitable<void> {
+                while (auto v = co_await other.next()) got_other.push_back(*v);
+                other_done = true;
+            },
+            net::detached);
+        EXPECT_EQ(co_await read_all(stalled), iota(1000));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return other_done; }));
+        EXPECT_EQ(got_other, iota(1000));
+        co_await srv.async_stop();
+    });
+}
+
+// A plain msgpack-rpc call to a streaming batch method gets its items as one array.
+TEST(BatchStream, APlainCallerGetsAnArray) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        batch_log log;
+        serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 5ms});
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        EXPECT_EQ(co_await ch.async_call<std::vector<int>>("count", 4), iota(4));
+        co_await srv.async_stop();
+    });
+}
+
+// An io_context run by a thread of its own.
+struct running_loop {
+    net::io_context io;
+    net::executor_work_guard<net::io_context::executor_type> guard = net::make_work_guard(io);
+    std::thread t{[this] { io.run(); }};
+    ~running_loop() {
+        guard.reset();
+        io.stop();
+        t.join();
+    }
+};
+
+// Threads (also run under ThreadSanitizer by .ci/run): the server on two loops of its own with
+// its streaming batches on a worker pool, the caller's connection on a third thread, and the
+// readers on the test's thread.
+TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
+    running_loop server_loop, client_loop;
+    worker_pool workers(2);
+    std::unique_ptr<server> srv;
+    batch_log log;
+    std::string url;
+    net::post(server_loop.io, [&] {
+        server_options so;
+        so.threads = 2;
+        srv = std::make_unique<server>(server_loop.io.get_executor(), so);
+        serve_batch_count(*srv, log,
+                          {.max_batch_size = 6, .max_wait = 2s, .run_on = workers.get_executor()});
+        // Concurrent: read in step, two serial streams of one connection would wait for each
+        // other (the second starts when the first has ended).
+        srv->on("count_to",
+                [](writer<int>& out, int n) -> net::awaitable<void> {
+                    for (int i = 0; i < n; ++i) co_await out.write(i);
+                },
+                {.concurrent = true});
+        url = srv->listen("tcp://127.0.0.1:0");
+    });
+    net::post(server_loop.io, net::use_future).get();
+    auto ch = net::co_spawn(client_loop.io, async_connect(url), net::use_future).get();
+    run_test([&]() -> net::awaitable<void> {
+        call_options o;
+        o.window = 8;
+        std::vector<stream<int>> open;
+        // One batch of six (read in step, the streams of two batches would wait for each
+        // other: a batch moves at the pace of its slowest reader, and the next one waits).
+        for (int i = 0; i < 6; ++i) open.push_back(co_await ch.async_stream<int>("count", 200, o));
+        for (int i = 0; i < 2; ++i)
+            open.push_back(co_await ch.async_stream<int>("count_to", 3000, o));
+        for (int step = 0; step < 200; ++step)
+            for (auto& s : open) ORDO_CO_ASSERT_EQ(*co_await s.next(), step);
+        for (std::size_t i = 0; i < 6; ++i) ORDO_CO_ASSERT_TRUE(!co_await open[i].next());
+        for (std::size_t i = 6; i < open.size(); ++i) {
+            int next = 200;
+            while (auto v = co_await open[i].next()) ORDO_CO_ASSERT_EQ(*v, next++);
+            EXPECT_EQ(next, 3000);
+        }
+        // A stream dropped mid-way from this thread.
+        auto dropped = co_await ch.async_stream<int>("count_to", 1'000'000, o);
+        EXPECT_EQ(*co_await dropped.next(), 0);
+    });
+    // The channel ends on its own loop.
+    net::post(client_loop.io, [&] {
+        std::dynamic_pointer_cast<peer>(ch.impl())->close();
+        ch = channel{};
+    });
+    net::post(client_loop.io, net::use_future).get();
+    net::co_spawn(
+        server_loop.io, [&]() -> net::awaitable<void> { co_await srv->async_stop(); },
+        net::use_future)
+        .get();
+    net::post(server_loop.io, net::use_future).get();
+    net::post(server_loop.io, [&] { srv.reset(); });
+    net::post(server_loop.io, net::use_future).get();
+    workers.join();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "ordo/detail/type_traits.hpp"
 #include "ordo/error.hpp"
 #include "ordo/net.hpp"
+#include "ordo/stream.hpp"
 
 namespace ordo::detail {
 
@@ -42,6 +44,92 @@ struct typed_element final : batch_element {
     Arg arg;
 };
 
+class stream_room;
+
+/// One caller of a streaming batch handler: what its batch gave it that it has not sent yet.
+/// The caller's coroutine (on its connection's loop) and the batch (on home, or a worker) both
+/// touch it: the fields below are under `mu`.
+struct stream_element : batch_element {
+    using batch_element::batch_element;
+    std::mutex mu;
+    std::deque<buffer> items;
+    bool ended = false;                 ///< the batch gave it stream_end or an error
+    bool gone = false;                  ///< the caller left (cancelled, or its peer died)
+    std::shared_ptr<stream_room> room;  ///< its batch's, once the batch has started
+};
+
+template <class Arg>
+struct typed_stream_element final : stream_element {
+    typed_stream_element(net::any_io_executor ex, Arg a)
+        : stream_element(std::move(ex)), arg(std::move(a)) {}
+    Arg arg;
+};
+
+/// Where a streaming batch waits for its callers to take their items. Wake-ups are counted,
+/// so that one between the batch's look and its wait is not lost. Any thread.
+class stream_room {
+  public:
+    std::uint64_t seen() const {
+        std::lock_guard lk(mu_);
+        return bumps_;
+    }
+    /// A caller took items, or left.
+    void bump();
+    /// Completes once bump() has been called after `seen` was read (at once if it was).
+    auto wait(std::uint64_t seen) {
+        return net::async_initiate<const net::use_awaitable_t<>&, void()>(
+            [this, seen](auto handler) {
+                std::unique_lock lk(mu_);
+                if (bumps_ != seen) {
+                    lk.unlock();
+                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    return;
+                }
+                waiter_ = park(std::move(handler));
+            },
+            net::use_awaitable);
+    }
+
+  private:
+    mutable std::mutex mu_;
+    std::uint64_t bumps_ = 0;
+    std::unique_ptr<parked> waiter_;
+};
+
+/// One running streaming batch, untyped: the callers still open and what each step gives
+/// them (batch_writer<T> is its typed face).
+class stream_batch {
+  public:
+    /// Items a caller may hold unsent (its reader out of credit) before the batch waits.
+    static constexpr std::size_t max_buffered = 16;
+
+    stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers);
+    ~stream_batch();
+    stream_batch(const stream_batch&) = delete;
+    stream_batch& operator=(const stream_batch&) = delete;
+
+    const std::vector<std::size_t>& open() const noexcept { return open_; }
+    /// Throws std::system_error (errc::remote_error) when a step does not have `n` entries.
+    void check_size(std::size_t n) const;
+    void item(std::size_t k, buffer packed);
+    void end(std::size_t k);
+    void fail(std::size_t k, errc code, std::string text);
+    /// Wakes the callers of this step and leaves out, from now on, those that ended or left.
+    void commit();
+    /// Completes when no open caller holds max_buffered items or more.
+    net::awaitable<void> wait_room();
+    /// The handler failed: every caller still open fails with `text`.
+    void fail_open(errc code, const std::string& text);
+
+  private:
+    stream_element& at(std::size_t k) { return *callers_[open_[k]]; }
+
+    std::string name_;
+    std::vector<std::shared_ptr<stream_element>> callers_;
+    std::vector<std::size_t> open_;
+    std::shared_ptr<stream_room> room_ = std::make_shared<stream_room>();
+};
+
 /// Queueing, timing, cancellation and statistics of one batch handler; the typed part runs
 /// the user's function (run_batch). Its state lives on one executor (home: a strand on
 /// batch_options::run_on, else the first caller's); callers on other executors talk to it by
@@ -55,6 +143,10 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     /// with the element's (or the whole batch's) error. Cancelling the awaiting coroutine
     /// removes the call if its batch has not started, or discards its result.
     net::awaitable<void> submit(std::shared_ptr<batch_element> e, buffer& out);
+    /// The same for a streaming batch handler: sends what the batch gives `e` through `out`
+    /// until the batch ends it; throws its error, if any. Cancelling the awaiting coroutine
+    /// leaves the batch (a running batch skips it from then on).
+    net::awaitable<void> submit_stream(std::shared_ptr<stream_element> e, stream_out& out);
     /// Fails every queued call with errc::shutting_down, and later ones at once. Any thread.
     void stop();
     /// Fixes the home executor before any call (a server over several loops gives its own),
@@ -161,6 +253,57 @@ class batcher final : public batcher_core {
     F f_;
 };
 
+/// A streaming batch handler: f(batch_writer<T>&, std::vector<Arg>) -> net::awaitable<void>.
+template <class Arg, class T, class F>
+class stream_batcher final : public batcher_core {
+  public:
+    stream_batcher(std::string name, batch_options o, F f)
+        : batcher_core(std::move(name), o), f_(std::move(f)) {}
+
+  private:
+    net::awaitable<void> run_batch(batch& b) override {
+        std::vector<Arg> args;
+        std::vector<std::shared_ptr<stream_element>> callers;
+        args.reserve(b.size());
+        callers.reserve(b.size());
+        for (auto& e : b) {
+            auto c = std::static_pointer_cast<typed_stream_element<Arg>>(e);
+            args.push_back(std::move(c->arg));
+            callers.push_back(std::move(c));
+        }
+        stream_batch sb(name(), std::move(callers));
+        batch_writer<T> w(sb);
+        std::string failure;
+        try {
+            co_await f_(w, std::move(args));
+        } catch (const std::exception& e) {
+            failure = e.what();
+        } catch (...) {
+            failure = "unknown exception";
+        }
+        // Callers still open when the handler returns end normally (batcher_core::run).
+        if (!failure.empty())
+            sb.fail_open(errc::remote_error, "batch handler " + name() + " failed: " + failure);
+    }
+
+    F f_;
+};
+
+template <class F>
+struct batch_stream_sig : batch_stream_sig<decltype(&F::operator())> {};
+template <class R, class T, class V>
+struct batch_stream_sig<R (*)(batch_writer<T>&, V)> {
+    using item = T;
+    using arg = typename std::decay_t<V>::value_type;
+    using result = R;
+};
+template <class C, class R, class T, class V>
+struct batch_stream_sig<R (C::*)(batch_writer<T>&, V) const>
+    : batch_stream_sig<R (*)(batch_writer<T>&, V)> {};
+template <class C, class R, class T, class V>
+struct batch_stream_sig<R (C::*)(batch_writer<T>&, V)>
+    : batch_stream_sig<R (*)(batch_writer<T>&, V)> {};
+
 template <class F>
 struct batch_arg;
 template <class F>
@@ -203,4 +346,40 @@ net::awaitable<void> submit_batch(std::shared_ptr<batcher_core> core, std::strin
     co_await core->submit(std::move(e), out);
 }
 
+template <class Arg>
+net::awaitable<void> submit_batch_stream(std::shared_ptr<batcher_core> core, std::string method,
+                                         msgpack::object params, stream_out& out) {
+    auto e = std::make_shared<typed_stream_element<Arg>>(co_await net::this_coro::executor,
+                                                         convert_batch_arg<Arg>(params, method));
+    co_await core->submit_stream(std::move(e), out);
+}
+
 }  // namespace ordo::detail
+
+namespace ordo {
+
+template <class T>
+const std::vector<std::size_t>& batch_writer<T>::open() const {
+    return b_->open();
+}
+
+template <class T>
+net::awaitable<void> batch_writer<T>::step(std::vector<stream_step<T>> s) {
+    b_->check_size(s.size());
+    for (std::size_t k = 0; k < s.size(); ++k) {
+        if (auto* v = std::get_if<0>(&s[k])) {
+            buffer packed(small_buffer);
+            msgpack::pack(packed, *v);
+            b_->item(k, std::move(packed));
+        } else if (std::holds_alternative<stream_end>(s[k])) {
+            b_->end(k);
+        } else {
+            auto& err = std::get<element_error>(s[k]);
+            b_->fail(k, err.code, std::move(err.message));
+        }
+    }
+    b_->commit();
+    co_await b_->wait_room();
+}
+
+}  // namespace ordo
