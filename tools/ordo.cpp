@@ -1,11 +1,17 @@
 // ordo: msgpack-rpc from the command line, against any msgpack-rpc server and any URL ordo
 // accepts (tcp://, unix://, tls://, zmq+tcp://, route+..., ?mode=pooled).
 //
-//   ordo call URL METHOD [ARG...] [--raw] [--timeout MS]   prints the result as JSON
+//   ordo call URL METHOD [ARG...] [--raw] [--timeout MS]   prints the result as JSON; a
+//                                                          streaming method's items one a line
 //   ordo notify URL METHOD [ARG...] [--timeout MS]         sends a one-way message
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
+//
+// A method that streams (ordo.methods marks it "[stream]" or "[batch stream]"; --stream forces
+// it) is called as a stream: each item is printed on its own line as it arrives, and --timeout
+// bounds the wait for each item. When the output closes (`ordo call URL count_to 1000000 |
+// head -3`), the stream is cancelled (ordo.cancel) and ordo exits 0.
 //
 // Each ARG is JSON; a word that is not JSON is sent as a string (`greet bob` sends "bob").
 // Failures print one line on stderr naming the method, the peer and the reason, and exit 1;
@@ -16,6 +22,7 @@
 // its JSON text. --raw prints msgpack-c's own rendering of the object instead, which shows the
 // msgpack types as they are but is not always valid JSON.
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -45,6 +52,7 @@ struct request {
     std::vector<std::string> args;
     long timeout_ms = 10'000;
     bool raw = false;
+    bool stream = false;  // call as a stream even if ordo.methods does not say it streams
 };
 
 // A failure already worded for the user (method, peer, reason).
@@ -256,9 +264,56 @@ net::awaitable<void> close_after_flush(ordo::peer& p, const request& r) {
                       std::to_string(r.timeout_ms) + " ms");
 }
 
+// Whether the server says `method` streams (its signature in ordo.methods ends in
+// "stream]"). A server without ordo.methods (any other msgpack-rpc server) does not.
+net::awaitable<bool> says_it_streams(const ordo::channel& ch, const request& r) {
+    if (r.method.starts_with("ordo.")) co_return false;
+    try {
+        auto v = co_await call_packed(ch, "ordo.methods", pack_args({}), r.timeout_ms);
+        const msgpack::object& o = v.get();
+        if (o.type != msgpack::type::MAP) co_return false;
+        for (const auto& kv : o.via.map) {
+            if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) continue;
+            const std::string_view name(kv.key.via.str.ptr, kv.key.via.str.size);
+            const std::string_view sig(kv.val.via.str.ptr, kv.val.via.str.size);
+            if (name == r.method) co_return sig.ends_with("stream]");
+        }
+    } catch (const ordo::rpc_error& e) {
+        if (!answered(e)) throw;
+    }
+    co_return false;
+}
+
+// One item a line, flushed, as they arrive; --timeout bounds each wait. A closed output (the
+// reader of a pipe left) cancels the stream, which is flushed to the server before ordo exits.
+net::awaitable<void> print_stream(const ordo::channel& ch, const request& r, deadline& dl) {
+    ordo::call_options o;  // named: README.md, "GCC 12 note"
+    auto s = co_await ordo::detail::open_stream<ordo::value>(ch.impl(), r.method, pack_args(r.args),
+                                                             std::move(o));
+    for (std::uint64_t n = 1;; ++n) {
+        dl.arm("call " + r.method + " to " + r.url + " (waiting for item " + std::to_string(n) +
+               ")");
+        auto v = co_await s.next();
+        dl.disarm();
+        if (!v) co_return;
+        std::cout << render(v->get(), r.raw) << '\n' << std::flush;
+        if (!std::cout) break;
+    }
+    s.cancel();
+    if (auto p = std::dynamic_pointer_cast<ordo::peer>(ch.impl())) {
+        // Let the cancel be written (it is posted to the connection), then close.
+        co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
+        co_await close_after_flush(*p, r);
+    }
+}
+
 net::awaitable<int> run(const request& r, deadline& dl) {
     auto ch = co_await connect(r, dl);
     if (r.command == "call") {
+        if (r.stream || co_await says_it_streams(ch, r)) {
+            co_await print_stream(ch, r, dl);
+            co_return 0;
+        }
         auto v = co_await call_packed(ch, r.method, pack_args(r.args), r.timeout_ms);
         std::cout << render(v.get(), r.raw) << std::endl;
     } else if (r.command == "notify") {
@@ -332,8 +387,10 @@ int execute(const request& r) {
     });
     io.run();
     if (dl.expired()) {
-        std::cerr << "ordo: " << dl.step() << " failed: timed out connecting after " << r.timeout_ms
-                  << " ms\n";
+        const bool item = dl.step().find("(waiting for item") != std::string::npos;
+        std::cerr << "ordo: " << dl.step()
+                  << " failed: " << (item ? "no item within " : "timed out connecting after ")
+                  << r.timeout_ms << " ms\n";
         return 1;
     }
     return status;
@@ -361,6 +418,9 @@ void unmark(std::string& w) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // A closed output (`| head -3`) must not kill the process before it cancels its stream:
+    // the write fails instead, and the stream is cancelled.
+    std::signal(SIGPIPE, SIG_IGN);
     CLI::App app{"ordo: msgpack-rpc calls, notifications and pings from the command line", "ordo"};
     app.require_subcommand(1);
     request r;
@@ -385,6 +445,9 @@ int main(int argc, char** argv) {
     auto* raw = call->add_flag("--raw", r.raw, "print msgpack-c's rendering (not always JSON)");
     auto* as_json = call->add_flag("--json")->description("print the result as JSON (the default)");
     raw->excludes(as_json);
+    call->add_flag("--stream", r.stream,
+                   "call METHOD as a stream and print its items one a line (methods that "
+                   "ordo.methods marks as streaming are called so without it)");
 
     auto* notify = app.add_subcommand("notify", "send METHOD as a one-way message");
     common(notify);

@@ -4,6 +4,8 @@
 pynvim's msgpack-rpc session layer (python3-pynvim) makes calls, notifications and failing
 calls; raw python3-msgpack checks the byte level: pipelined requests, several messages in one
 packet, one message split over many packets, method names sent as bin, and malformed input.
+Streaming methods: a plain call gets the items as one array; a client speaking ordo's stream
+extension (docs/protocol.md, "Streams") gets ordo.item notifications within its credit.
 Usage: python_peers_test.py PATH_TO_ORDO_INC_SERVER
 """
 import os
@@ -126,11 +128,56 @@ def read_responses_one(sock, unpacker, pack, request):
     return result
 
 
+def read_messages(sock, unpacker, n, timeout=10):
+    out = []
+    sock.settimeout(timeout)
+    while len(out) < n:
+        data = sock.recv(65536)
+        check(data, "connection closed early")
+        unpacker.feed(data)
+        out.extend(unpacker)
+    return out
+
+
+def streams(host, port):
+    # A msgpack-rpc client that knows nothing of streams: the items come as one array.
+    session = msgpack_rpc.tcp_session(host, port)
+    session.error_wrapper = lambda err: RuntimeError(repr(err))
+    check(session.request("count_to", 5) == [0, 1, 2, 3, 4], "count_to as a plain call")
+    check(session.request("count_batch", 3) == [0, 1, 2], "count_batch as a plain call")
+    check(session.request("count_to", 0) == [], "count_to 0 as a plain call")
+    session.close()
+
+    # The stream extension by hand: window 2, then more credit, then the end with the count.
+    pack = msgpack.Packer(use_bin_type=True).pack
+    sock = socket.create_connection((host, port))
+    unpacker = msgpack.Unpacker(raw=False)
+    sock.sendall(pack([0, 1, "ordo.stream", ["count_to", [5], 2]]))
+    first = read_messages(sock, unpacker, 2)
+    check(first == [[2, "ordo.item", [1, 0]], [2, "ordo.item", [1, 1]]], f"first items: {first}")
+    sock.settimeout(0.3)
+    try:
+        extra = sock.recv(65536)
+        check(not extra, f"sent beyond the credit: {extra!r}")
+    except socket.timeout:
+        pass
+    sock.sendall(pack([2, "ordo.credit", [1, 3]]))
+    rest = read_messages(sock, unpacker, 4)
+    check(rest == [[2, "ordo.item", [1, 2]], [2, "ordo.item", [1, 3]], [2, "ordo.item", [1, 4]],
+                   [1, 1, None, 5]], f"rest: {rest}")
+    # ordo.stream for a method that does not stream: a clear error.
+    sock.sendall(pack([0, 2, "ordo.stream", ["inc", [1], 4]]))
+    (msg,) = read_messages(sock, unpacker, 1)
+    check(msg[0] == 1 and msg[1] == 2 and "does not stream" in str(msg[2]), f"inc as a stream: {msg}")
+    sock.close()
+
+
 def main():
     proc, host, port = start_server(sys.argv[1])
     try:
         pynvim_session(host, port)
         raw_bytes(host, port)
+        streams(host, port)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

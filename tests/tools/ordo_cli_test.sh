@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ordo command against ordo-inc-server (and neovim, when installed): JSON in and out, plain
 # words as strings, errors on stderr with exit status 1 naming the method and the peer,
-# notifications that arrive, ping, and --help.
+# notifications that arrive, ping, streams printed one item a line, and --help.
 set -u
 ordo=$1
 server=$2
@@ -53,6 +53,31 @@ err=$("$ordo" call "$url" nope 2>&1 >/dev/null); rc=$?
     fail "unknown method: rc=$rc $err"
 err=$("$ordo" call --timeout 200 "$url" sleep_ms 2000 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *sleep_ms*"timed out"* ]] || fail "timeout: rc=$rc $err"
+
+# Streams: one item a line; a batch stream too; over a pool and a router; closing the output
+# cancels the stream (the server counts the handler cancelled) and ordo exits 0.
+out=$("$ordo" call "$url" count_to 4) || fail "count_to: $out"
+[ "$out" = "$(printf '0\n1\n2\n3')" ] || fail "count_to 4 printed '$out'"
+out=$("$ordo" call "$url" count_batch 3) || fail "count_batch: $out"
+[ "$out" = "$(printf '0\n1\n2')" ] || fail "count_batch 3 printed '$out'"
+out=$("$ordo" call "$url?mode=pooled" count_to 2) || fail "pooled count_to: $out"
+[ "$out" = "$(printf '0\n1')" ] || fail "pooled count_to 2 printed '$out'"
+out=$("$ordo" call "route+tcp://${url#tcp://}" count_to 2) || fail "routed count_to: $out"
+[ "$out" = "$(printf '0\n1')" ] || fail "routed count_to 2 printed '$out'"
+out=$(timeout 60 bash -c "'$ordo' call '$url' count_to 2000000000 | head -3"); rc=$?
+[ $rc = 0 ] && [ "$out" = "$(printf '0\n1\n2')" ] || fail "count_to | head -3: rc=$rc '$out'"
+cancelled=0
+for _ in $(seq 100); do
+    cancelled=$("$ordo" stats "$url" | python3 -c \
+        'import json,sys; print(json.load(sys.stdin)["methods"]["count_to"]["errors"].get("cancelled", 0))')
+    [ "$cancelled" -ge 1 ] && break
+    sleep 0.1
+done
+[ "$cancelled" -ge 1 ] || fail "count_to | head -3 did not cancel the stream on the server"
+err=$("$ordo" call --stream "$url" inc 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"does not stream"* ]] || fail "--stream on inc: rc=$rc $err"
+out=$("$ordo" call --stream "$url" count_to 1) || fail "--stream count_to: $out"
+[ "$out" = 0 ] || fail "--stream count_to 1 printed '$out'"
 
 before=$("$ordo" call "$url" total) || fail "total: $before"
 "$ordo" notify "$url" add 5 || fail "notify add 5"
