@@ -19,6 +19,10 @@ void declare_flags(CLI::App& app, config& c) {
     app.add_option("--inflight", c.inflight,
                    "calls in flight at once (at least 1; fanin, fanin-raw: per client)")
         ->check(ordo_cli::at_least(0));
+    app.add_option("--window", c.window,
+                   "stream, stream-batch: items the server may send ahead of the reader (0: "
+                   "ordo's default, 8192; at most 65536)")
+        ->check(ordo_cli::at_least(0));
     app.add_option("--size", c.size, "payload bytes, at least 8 (0: 16; hol: 1 MiB)")
         ->check(ordo_cli::at_least(0));
     app.add_option("--clients", c.clients,

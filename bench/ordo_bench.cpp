@@ -1,11 +1,13 @@
 // ordo-bench: one harness for ordo's workloads and for the raw baselines they are measured
 // against (bench/README.md).
 //
-//   ordo-bench [--workload oneway|seq|pipelined|hol|fanin|fanin-raw|cpu|beside-slow]
+//   ordo-bench [--workload oneway|seq|pipelined|hol|fanin|fanin-raw|cpu|beside-slow|stream|
+//                          stream-batch]
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
+//              [--window N]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
 //              [--offload]                                        (what the client starts)
 //
@@ -28,6 +30,13 @@
 //   checked byte for byte (msgid, no error, the payload back) and counted, no latencies are
 //   taken. --count (1,000,000) calls in all. Only --transport tcp and --mode ordered (an ordo
 //   tcp server, started as usual or at --connect tcp://IPV4:PORT).
+// - stream: one streaming call on one ordered connection: the server writes --count items
+//   (1,000,000) of --size bytes (16), each stamped with its sequence number, and the client
+//   reads them, checking the order; --window is the stream's credit (0: ordo's default). The
+//   stream's counterpart of oneway (bench/README.md, eighth round).
+// - stream-batch: --clients streaming calls (4) on one ordered connection to a streaming batch
+//   handler, --count items in all (1,000,000): each step of the batch gives every caller one
+//   item; the client reads the streams at once, checking each one's order.
 //
 // Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
 // fork/exec of this program (on a thread of this process for inproc://, which cannot cross
@@ -99,8 +108,9 @@ std::string scheme_of(const std::string& transport) {
 void complete(config& c) {
     c.inflight = std::max(1L, c.inflight);
     c.clients = std::max(1, c.clients);
-    const std::vector<std::string> workloads{"oneway", "seq",       "pipelined", "hol",
-                                             "fanin",  "fanin-raw", "cpu",       "beside-slow"};
+    const std::vector<std::string> workloads{"oneway", "seq",         "pipelined", "hol",
+                                             "fanin",  "fanin-raw",   "cpu",       "beside-slow",
+                                             "stream", "stream-batch"};
     const std::vector<std::string> transports{"tcp", "unix",    "inproc", "zmq",
                                               "tls", "raw-tcp", "raw-zmq"};
     if (std::find(workloads.begin(), workloads.end(), c.workload) == workloads.end())
@@ -112,12 +122,12 @@ void complete(config& c) {
     if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
     if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
     if (c.count == 0)
-        c.count = c.workload == "oneway"        ? 1'000'000
-                  : c.workload == "hol"         ? 50
-                  : c.workload == "cpu"         ? 20'000
-                  : c.workload == "beside-slow" ? 1000
-                  : c.workload == "fanin-raw"   ? 1'000'000
-                                                : 100'000;
+        c.count = c.workload == "oneway" || c.workload.starts_with("stream") ? 1'000'000
+                  : c.workload == "hol"                                      ? 50
+                  : c.workload == "cpu"                                      ? 20'000
+                  : c.workload == "beside-slow"                              ? 1000
+                  : c.workload == "fanin-raw"                                ? 1'000'000
+                                                                             : 100'000;
     if (c.workload == "oneway" && c.mode != "ordered")
         fail("oneway runs on one ordered channel: --mode ordered");
     if (c.mode == "naive" && c.workload != "pipelined" && c.workload != "seq")
@@ -128,6 +138,8 @@ void complete(config& c) {
         fail("fanin runs client processes: inproc:// cannot reach them");
     if ((c.workload == "cpu" || c.workload == "beside-slow") && (is_raw(c) || c.mode != "ordered"))
         fail("cpu and beside-slow run on ordo's ordered channels: not raw, --mode ordered");
+    if (c.workload.starts_with("stream") && (is_raw(c) || c.mode != "ordered"))
+        fail("stream and stream-batch run on ordo's ordered channels: not raw, --mode ordered");
     if (c.workload == "fanin-raw" && (c.transport != "tcp" || c.mode != "ordered" || c.resume_ms))
         fail(
             "fanin-raw writes msgpack-rpc from plain sockets to ordo's tcp server: "
@@ -265,6 +277,37 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
             st.in_order = false;
         ++st.received;
     });
+    // stream: n items of `size` bytes, each stamped with its sequence number.
+    srv.on("items",
+           [](ordo::writer<std::string_view>& out, std::uint64_t n,
+              std::uint32_t size) -> net::awaitable<void> {
+               std::string p = payload(size, 0);
+               for (std::uint64_t i = 0; i < n; ++i) {
+                   stamp(p, i);
+                   co_await out.write(p);
+               }
+           });
+    // stream-batch: each caller gets n items; step k gives every open caller item k.
+    srv.on_batch_stream(
+        "items_batch", {.max_batch_size = 1024, .max_wait = std::chrono::milliseconds(2)},
+        [](ordo::batch_writer<std::string>& out,
+           std::vector<std::tuple<std::uint64_t, std::uint32_t>> args) -> net::awaitable<void> {
+            std::vector<std::string> p;
+            for (auto& a : args) p.push_back(payload(std::get<1>(a), 0));
+            for (std::uint64_t k = 0; !out.open().empty(); ++k) {
+                std::vector<ordo::stream_step<std::string>> step;
+                step.reserve(out.open().size());
+                for (std::size_t i : out.open()) {
+                    if (k < std::get<0>(args[i])) {
+                        stamp(p[i], k);
+                        step.emplace_back(p[i]);
+                    } else {
+                        step.emplace_back(ordo::stream_end{});
+                    }
+                }
+                co_await out.step(std::move(step));
+            }
+        });
     srv.on("done", [&st]() {
         std::vector<std::uint64_t> verdict{st.received, st.in_order ? 1u : 0u};
         st = {};
@@ -1130,6 +1173,60 @@ net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
     co_return res;
 }
 
+// Reads one stream of `n` items, checking that item i carries sequence number i.
+net::awaitable<void> read_items(ordo::stream<std::string>& s, std::uint64_t n, std::string what) {
+    std::uint64_t i = 0;
+    while (auto v = co_await s.next()) {
+        if (v->size() < 8 || seq_of(v->data()) != i)
+            fail(what + ": item " + std::to_string(i) + " out of order");
+        ++i;
+    }
+    if (i != n) fail(what + ": " + std::to_string(i) + " items, expected " + std::to_string(n));
+}
+
+net::awaitable<result> ordo_stream(const config& cfg, ordo::channel ch) {
+    ordo::call_options o;
+    o.window = static_cast<std::uint32_t>(cfg.window);
+    const auto n = static_cast<std::uint64_t>(cfg.count);
+    const auto size = static_cast<std::uint32_t>(cfg.size);
+    result res;
+    const auto start = clock_type::now();
+    auto s = co_await ch.async_stream<std::string>("items", n, size, o);
+    co_await read_items(s, n, "stream");
+    res.seconds = seconds_since(start);
+    res.calls = cfg.count;
+    co_return res;
+}
+
+net::awaitable<result> ordo_stream_batch(const config& cfg, ordo::channel ch) {
+    ordo::call_options o;
+    o.window = static_cast<std::uint32_t>(cfg.window);
+    const auto per = static_cast<std::uint64_t>(cfg.count / cfg.clients);
+    const auto size = static_cast<std::uint32_t>(cfg.size);
+    const auto ex = co_await net::this_coro::executor;
+    result res;
+    const auto start = clock_type::now();
+    std::vector<ordo::stream<std::string>> streams;
+    for (int c = 0; c < cfg.clients; ++c)
+        streams.push_back(co_await ch.async_stream<std::string>("items_batch", per, size, o));
+    int done = 0;
+    net::steady_timer all_read(ex, clock_type::time_point::max());
+    for (auto& s : streams)
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                co_await read_items(s, per, "stream-batch");
+                // (Expired rather than cancelled: this may come before the wait below starts.)
+                if (++done == cfg.clients) all_read.expires_at(clock_type::time_point::min());
+            },
+            net::detached);
+    while (done < cfg.clients) co_await all_read.async_wait(ordo::use_tuple);
+    if (done != cfg.clients) fail("stream-batch: a stream did not end");
+    res.seconds = seconds_since(start);
+    res.calls = static_cast<long>(per) * cfg.clients;
+    co_return res;
+}
+
 /// A connected, warmed channel for the ordo transports.
 net::awaitable<ordo::channel> ordo_channel(const config& cfg, const std::string& url,
                                            long inflight) {
@@ -1174,6 +1271,10 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
     result r;
     if (cfg.workload == "oneway")
         r = co_await ordo_oneway(cfg, ch);
+    else if (cfg.workload == "stream")
+        r = co_await ordo_stream(cfg, ch);
+    else if (cfg.workload == "stream-batch")
+        r = co_await ordo_stream_batch(cfg, ch);
     else if (cfg.workload == "seq")
         r = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), count, "seq");
     else if (cfg.workload == "hol")

@@ -124,7 +124,7 @@ net::awaitable<void> stream_batch::wait_room() {
         for (std::size_t i : open_) {
             auto& e = *callers_[i];
             std::lock_guard lk(e.mu);
-            if (!e.gone && e.items.size() >= max_buffered) full = true;
+            if (!e.gone && e.items.size() + e.taken >= max_buffered) full = true;
         }
         if (!full) co_return;
         co_await room_->wait(seen);
@@ -151,11 +151,11 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
             {
                 std::lock_guard lk(e->mu);
                 got.swap(e->items);
+                e->taken = got.size();
                 ended = e->ended;
                 room = e->room;
             }
             if (!got.empty()) {
-                if (room) room->bump();  // the batch may wait for this caller's room
                 for (auto& b : got) {
                     if (!out.has_credit()) co_await out.wait_credit();
                     buffer& o = out.begin_item();
@@ -163,6 +163,11 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
                     out.end_item();
                 }
                 got.clear();
+                {
+                    std::lock_guard lk(e->mu);
+                    e->taken = 0;
+                }
+                if (room) room->bump();  // the batch may wait for this caller's room
                 continue;
             }
             if (ended || e->done) break;
@@ -182,6 +187,7 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
             std::lock_guard lk(e->mu);
             e->gone = true;
             e->items.clear();
+            e->taken = 0;
             room = e->room;
         }
         if (room) room->bump();

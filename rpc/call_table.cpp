@@ -98,12 +98,11 @@ void call_table::on_response(message& m) {
     ++c_.calls_completed;
 }
 
-void call_table::on_item(const message& m) {
+void call_table::on_item(const message& m, std::size_t wire_bytes) {
     const auto& a = m.params.via.array;
     if (a.size != 2 || a.ptr[0].type != msgpack::type::POSITIVE_INTEGER ||
         a.ptr[0].via.u64 > 0xffffffffu)
-        throw_error(errc::protocol_error,
-                    "ordo: protocol error: ordo.item takes [msgid, item]");
+        throw_error(errc::protocol_error, "ordo: protocol error: ordo.item takes [msgid, item]");
     const auto msgid = static_cast<std::uint32_t>(a.ptr[0].via.u64);
     entry* e = pending_.find(msgid);
     if (!e) {
@@ -115,7 +114,7 @@ void call_table::on_item(const message& m) {
     if (!e->call || !e->call->stream)
         throw_error(errc::protocol_error, "ordo: protocol error: stream item for msgid " +
                                               std::to_string(msgid) + ", which is not a stream");
-    e->call->stream->on_item(a.ptr[1]);
+    e->call->stream->on_item(a.ptr[1], wire_bytes);
 }
 
 void call_table::fail_all(std::error_code ec, const std::string& why) {

@@ -64,7 +64,7 @@ class call_table {
     void on_response(message& m);
     /// An item of a streaming call ([msgid, item]), passed to its stream. An item for a withdrawn
     /// call is dropped; one for an id no stream used throws errc::protocol_error.
-    void on_item(const message& m);
+    void on_item(const message& m, std::size_t wire_bytes);
     /// Completes `call` with an error, counting it as completed (a call that never got in).
     void fail(pending_call& call, std::error_code ec, std::string detail);
     /// Fails every pending call with `ec` and `why` and forgets the abandoned ids.

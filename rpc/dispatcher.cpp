@@ -45,8 +45,6 @@ struct dispatcher::run {
 };
 
 namespace {
-// A caller's window is capped here: credit beyond it would only let the output buffer grow.
-constexpr std::uint32_t max_stream_window = 65536;
 // A streaming handler called by a caller that does not stream (any msgpack-rpc client) answers
 // its items collected into one array, of at most this many bytes (docs/protocol.md, "Streams").
 constexpr std::size_t max_collected_bytes = std::size_t{16} << 20;
@@ -58,8 +56,18 @@ constexpr std::size_t collect_charge_step = std::size_t{64} << 10;
 // the items collected into the final response, an array.
 class dispatcher::stream_run final : public stream_out {
   public:
-    stream_run(dispatcher& d, std::uint32_t msgid, std::uint32_t window, stream_run** back)
-        : d_(d), msgid_(msgid), streaming_(window > 0), credit_(window), back_(back), wake_(d.ex_) {
+    // `window_bytes` 0: no byte limit (a caller that grants items only).
+    stream_run(dispatcher& d, std::uint32_t msgid, std::uint32_t window, std::uint64_t window_bytes,
+               stream_run** back)
+        : d_(d),
+          msgid_(msgid),
+          streaming_(window > 0),
+          credit_(window),
+          bytes_limited_(window_bytes > 0),
+          bytes_credit_(
+              static_cast<std::int64_t>(std::min<std::uint64_t>(window_bytes, max_bytes))),
+          back_(back),
+          wake_(d.ex_) {
         if (streaming_) d_.streams_.emplace(msgid, this);
     }
     ~stream_run() override {
@@ -68,10 +76,12 @@ class dispatcher::stream_run final : public stream_out {
         *back_ = nullptr;
     }
 
-    bool has_credit() const noexcept override { return !streaming_ || credit_ > 0; }
+    bool has_credit() const noexcept override {
+        return !streaming_ || (credit_ > 0 && (!bytes_limited_ || bytes_credit_ > 0));
+    }
 
     net::awaitable<void> wait_credit() override {
-        while (credit_ == 0) {
+        while (!has_credit()) {
             if (cancelled) throw_cancelled();
             wake_.expires_at(net::steady_timer::time_point::max());
             waiting_ = true;
@@ -98,6 +108,7 @@ class dispatcher::stream_run final : public stream_out {
         ++written_;
         if (streaming_) {
             --credit_;
+            bytes_credit_ -= static_cast<std::int64_t>(item_.size());
             d_.host_.send_response(item_);
             return;
         }
@@ -122,10 +133,13 @@ class dispatcher::stream_run final : public stream_out {
 
     std::uint64_t written() const noexcept override { return written_; }
 
-    void grant(std::uint64_t n) {
+    void grant(std::uint64_t n, std::uint64_t bytes) {
         credit_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(
             std::uint64_t{credit_} + n, std::uint64_t{max_stream_window} * 2));
-        if (waiting_ && credit_ > 0) wake_.cancel();
+        bytes_credit_ = std::min<std::int64_t>(
+            bytes_credit_ + static_cast<std::int64_t>(std::min<std::uint64_t>(bytes, max_bytes)),
+            static_cast<std::int64_t>(max_bytes));
+        if (waiting_ && has_credit()) wake_.cancel();
     }
 
     // The final response's result: the number of items sent, or the items collected.
@@ -149,7 +163,11 @@ class dispatcher::stream_run final : public stream_out {
     dispatcher& d_;
     std::uint32_t msgid_;
     bool streaming_;
+    // Credit in bytes may go below 0: the item that used it up was sent whole.
+    static constexpr std::uint64_t max_bytes = std::uint64_t{1} << 62;
     std::uint32_t credit_;
+    bool bytes_limited_;
+    std::int64_t bytes_credit_;
     stream_run** back_;
     net::steady_timer wake_;
     bool waiting_ = false;
@@ -223,12 +241,15 @@ void dispatcher::on_reserved(const message& m) {
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
             cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
     } else if (m.method == "ordo.credit") {
-        // [msgid, n]: the caller of a stream read n more items.
+        // [msgid, n] or [msgid, n, bytes]: the caller of a stream read n more items (of that
+        // many bytes).
         const auto& a = m.params.via.array;
-        if (a.size == 2 && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
-            a.ptr[1].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 <= 0xffffffffu) {
+        if ((a.size == 2 || a.size == 3) && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
+            a.ptr[1].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 <= 0xffffffffu &&
+            (a.size == 2 || a.ptr[2].type == msgpack::type::POSITIVE_INTEGER)) {
             auto it = streams_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
-            if (it != streams_.end()) it->second->grant(a.ptr[1].via.u64);
+            if (it != streams_.end())
+                it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
         }
     } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
         // {name: "(parameter types)"} for every method served, in name order.
@@ -314,7 +335,9 @@ void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string
 void dispatcher::dispatch(message& m) {
     const bool req = m.kind == message_kind::request;
     std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
-    if (req && m.method.size() == 11 && m.method == "ordo.stream" && !unwrap_stream(m, window))
+    std::uint64_t window_bytes = 0;
+    if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
+        !unwrap_stream(m, window, window_bytes))
         return;
     const handler_entry* e = h_ ? h_->find(m.method) : nullptr;
     if (!e) {
@@ -329,7 +352,7 @@ void dispatcher::dispatch(message& m) {
         return;
     }
     if (e->stream) {
-        if (req) return start_async(*e, m, window);
+        if (req) return start_async(*e, m, window, window_bytes);
         ++c_.notification_errors;
         e->counters->notification_done(true);
         report_dropped(m.method, errc::bad_arguments,
@@ -344,19 +367,24 @@ void dispatcher::dispatch(message& m) {
         return;
     }
     if (e->sync) return run_sync(*e, m);
-    start_async(*e, m, 0);
+    start_async(*e, m, 0, 0);
 }
 
-// [method, params, window]: the call inside, which the caller reads as a stream.
-bool dispatcher::unwrap_stream(message& m, std::uint32_t& window) {
+// [method, params, window] or [method, params, window, window_bytes]: the call inside, which
+// the caller reads as a stream.
+bool dispatcher::unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes) {
     own(m);  // the views set here point into the message's own zone, which moves with it
     const auto& a = m.params.via.array;
-    if (a.size != 3 ||
+    if ((a.size != 3 && a.size != 4) ||
         (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
-        a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER) {
-        respond_error(m.msgid, errc::bad_arguments, "ordo.stream takes [method, params, window]");
+        a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER ||
+        (a.size == 4 && a.ptr[3].type != msgpack::type::POSITIVE_INTEGER)) {
+        respond_error(m.msgid, errc::bad_arguments,
+                      "ordo.stream takes [method, params, window] or [method, params, window, "
+                      "window_bytes]");
         return false;
     }
+    window_bytes = a.size == 4 ? a.ptr[3].via.u64 : 0;
     if (streams_.count(m.msgid) != 0) {
         respond_error(m.msgid, errc::bad_arguments,
                       "msgid " + std::to_string(m.msgid) + " already streams");
@@ -409,7 +437,8 @@ void dispatcher::run_sync(const handler_entry& e, const message& m) {
     if (timed) counters.took(std::chrono::steady_clock::now() - started);
 }
 
-void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window) {
+void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
+                             std::uint64_t window_bytes) {
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     r.msgid = m.msgid;
@@ -426,7 +455,7 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     // it runs is harmless.
     net::awaitable<void> body;
     if (e.stream) {
-        auto s = std::make_unique<stream_run>(*this, m.msgid, window, &r.stream);
+        auto s = std::make_unique<stream_run>(*this, m.msgid, window, window_bytes, &r.stream);
         r.stream = s.get();
         auto inner = e.stream(self_, m.params, *r.stream);
         body = stream_body(std::move(s), std::move(inner), *out);

@@ -90,8 +90,9 @@ class dispatcher {
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     void dispatch(message& m);
     void run_sync(const handler_entry& e, const message& m);
-    void start_async(const handler_entry& e, message& m, std::uint32_t window);
-    bool unwrap_stream(message& m, std::uint32_t& window);
+    void start_async(const handler_entry& e, message& m, std::uint32_t window,
+                     std::uint64_t window_bytes);
+    bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
     void start_stream(const handler_entry& e, message& m, std::uint32_t window);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);

@@ -62,7 +62,7 @@ struct peer::state final : detail::call_table_host,
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_zone);
         if (m.kind == message_kind::notification && m.method == "ordo.item")
-            return calls.on_item(m);  // an item of one of this side's streams
+            return calls.on_item(m, bytes.size());  // an item of one of this side's streams
         if (m.kind != message_kind::response) return disp.on_message(m, bytes.size());
         auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
         calls.on_response(m);
@@ -98,44 +98,49 @@ struct peer::state final : detail::call_table_host,
     }
     std::uint32_t next_msgid() override { return calls.next_id(); }
 
-    // A streaming call: [0, msgid, "ordo.stream", [method, params, window]] (docs/protocol.md,
-    // "Streams"); its items come back as ordo.item, and credit goes out as ordo.credit.
+    // A streaming call: [0, msgid, "ordo.stream", [method, params, window, window_bytes]]
+    // (docs/protocol.md, "Streams"); its items come back as ordo.item, and credit goes out as
+    // ordo.credit.
     void send_stream_request(std::uint32_t id, detail::pending_call& call) {
         buffer b(small_buffer + call.params.size());
         detail::write_request_head(b, id, "ordo.stream");
         msgpack::packer<buffer> p(b);
-        p.pack_array(3);
+        p.pack_array(4);
         p.pack(call.method);
         b.write(call.params.data(), call.params.size());
         p.pack(call.stream->window());
+        p.pack(call.stream->window_bytes());
         sess->send(std::string_view(b.data(), b.size()));
-        call.stream->attach([w = self.weak_from_this(), ex = ex, id](std::uint32_t n) {
-            net::post(ex, [w, id, n] {
-                if (auto p = w.lock()) p->s_->send_credit(id, n);
+        call.stream->attach(
+            [w = self.weak_from_this(), ex = ex, id](std::uint32_t n, std::uint64_t bytes) {
+                net::post(ex, [w, id, n, bytes] {
+                    if (auto p = w.lock()) p->s_->send_credit(id, n, bytes);
+                });
             });
-        });
     }
 
-    void send_credit(std::uint32_t msgid, std::uint32_t n) {
+    void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes) {
         if (!sess->is_open() || !calls.contains(msgid)) return;
+        send_control([&](buffer& b) { encode_notification(b, "ordo.credit", msgid, n, bytes); });
+    }
+
+    // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
+    // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
+    // output is full) ends the connection instead, as a response that cannot be sent does.
+    template <class Encode>
+    void send_control(Encode encode) {
         try {
             buffer b(small_buffer);
-            encode_notification(b, "ordo.credit", msgid, n);
+            encode(b);
             sess->send(std::string_view(b.data(), b.size()));
-        } catch (const std::system_error&) {
-            // The connection is ending or full: the stream ends with it.
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         }
     }
 
     void send_cancel(std::uint32_t msgid) override {
         if (!sess->is_open()) return;
-        try {
-            buffer b(small_buffer);
-            encode_notification(b, "ordo.cancel", msgid);
-            sess->send(std::string_view(b.data(), b.size()));
-        } catch (const std::system_error&) {
-            // The connection is ending or full: the remote handler ends with it.
-        }
+        send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); });
     }
 
     void send_response(const buffer& b) override {

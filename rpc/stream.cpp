@@ -2,7 +2,9 @@
 // connection share, and how the call is started.
 #include "ordo/stream.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "ordo/detail/async_call.hpp"
 #include "ordo/error.hpp"
@@ -10,15 +12,18 @@
 namespace ordo::detail {
 
 stream_core::stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
-                         std::uint32_t window)
+                         std::uint32_t window, std::uint64_t window_bytes)
     : method_(std::move(method)),
       remote_(std::move(remote)),
       channel_ex_(std::move(channel_ex)),
-      window_(window ? window : 1) {}
+      // The server caps what it grants itself at max_stream_window: asking for more would wait
+      // for credit this side never sends.
+      window_(std::clamp<std::uint32_t>(window, 1, max_stream_window)),
+      window_bytes_(window_bytes) {}
 
 stream_core::~stream_core() = default;
 
-void stream_core::attach(std::function<void(std::uint32_t)> grant) {
+void stream_core::attach(std::function<void(std::uint32_t, std::uint64_t)> grant) {
     std::lock_guard lk(mu_);
     grant_ = std::move(grant);
 }
@@ -63,23 +68,49 @@ void stream_core::bad_item(const std::exception& e, const msgpack::object& item)
     });
 }
 
-std::uint32_t stream_core::took_one() {
-    // Credit goes back in steps of half the window: one ordo.credit per window/2 items read.
-    const std::uint32_t step = window_ / 2 ? window_ / 2 : 1;
-    if (++unreported_ < step || ended_) return 0;
-    const std::uint32_t n = unreported_;
-    unreported_ = 0;
-    return n;
+stream_core::credit stream_core::took_one(std::size_t bytes) {
+    // Credit goes back in steps of half the window (in items or in bytes, whichever comes
+    // first): one ordo.credit per half window read.
+    ++unreported_.items;
+    unreported_.bytes += bytes;
+    const bool items_due = unreported_.items >= std::max<std::uint32_t>(1, window_ / 2);
+    const bool bytes_due = window_bytes_ != 0 && unreported_.bytes >= window_bytes_ / 2;
+    if (ended_ || (!items_due && !bytes_due)) return {};
+    return std::exchange(unreported_, credit{});
 }
 
-void stream_core::grant(std::uint32_t n) {
-    std::function<void(std::uint32_t)> g;
+void stream_core::grant(credit c) {
+    std::function<void(std::uint32_t, std::uint64_t)> g;
     {
         std::lock_guard lk(mu_);
         if (ended_ || !grant_) return;
         g = grant_;
     }
-    g(n);
+    g(c.items, c.bytes);
+}
+
+void stream_core::over_credit() {
+    // With mu_ held (on_item).
+    std::unique_ptr<parked> w;
+    ended_ = true;
+    ec_ = make_error_code(errc::protocol_error);
+    detail_ = "the server sent item " + std::to_string(received_ + 1) +
+              " beyond the credit granted (" + std::to_string(window_) + " items, " +
+              std::to_string(window_bytes_) + " bytes)";
+    w = take_waiter();
+    if (w) w->wake();
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+void stream_core::wake_reader() {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        w = take_waiter();
+    }
+    if (w) w->wake();
 }
 
 void stream_core::throw_if_failed() const {

@@ -24,8 +24,11 @@ struct call_options {
     /// the order made, while its replica lives. Ordered peers and pools ignore it.
     std::string key;
     /// Streaming calls (ordo::stream): items the server may send ahead of the reader; more are
-    /// granted as the reader takes them. 0: default_stream_window (256).
+    /// granted as the reader takes them. 0: default_stream_window (8192); at most 65,536.
     std::uint32_t window = 0;
+    /// The same in bytes of items as sent (the server always may send one item). 0:
+    /// default_stream_window_bytes (1 MiB).
+    std::uint64_t window_bytes = 0;
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.

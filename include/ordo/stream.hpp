@@ -11,8 +11,9 @@
 //       for (int i = 0; i < n; ++i) co_await out.write(i);  // suspends while the caller's
 //   });                                                    // credit is used up
 //
-// The caller grants credit (call_options::window items, 256 by default) and grants more as it
-// reads, so a reader that stops keeps both sides' memory within the window. Dropping the stream
+// The caller grants credit (call_options::window items, 8192, and window_bytes, 1 MiB, by
+// default) and grants more as it reads, so a reader that stops keeps both sides' memory within
+// the window. Dropping the stream
 // or cancel() sends ordo.cancel: the handler is cancelled at its next suspension.
 #pragma once
 
@@ -30,6 +31,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/dispatch.hpp>
@@ -45,8 +47,12 @@
 namespace ordo {
 
 /// Items a streaming call lets the server send ahead of the reader when call_options::window
-/// is 0.
-inline constexpr std::uint32_t default_stream_window = 256;
+/// is 0, and the most it may ask for.
+inline constexpr std::uint32_t default_stream_window = 8192;
+inline constexpr std::uint32_t max_stream_window = 65536;
+/// Bytes (of ordo.item messages, as on the wire) a streaming call lets the server send ahead of
+/// the reader when call_options::window_bytes is 0. One item is always allowed, however large.
+inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} << 20;
 
 namespace detail {
 
@@ -66,17 +72,23 @@ class parked_handler final : public parked {
     explicit parked_handler(H h)
         : h_(std::move(h)),
           work_(net::prefer(net::get_associated_executor(h_),
-                            net::execution::outstanding_work.tracked)) {}
+                            net::execution::outstanding_work.tracked)),
+          slot_(net::get_associated_cancellation_slot(h_)) {}
     void wake() override {
         auto ex = net::get_associated_executor(h_);
         // The work goes with the handler, and ends on its own thread: once posted, the handler
-        // may run, and its io_context end, before this function returns.
-        net::post(ex, [h = std::move(h_), w = std::move(work_)]() mutable { std::move(h)(); });
+        // may run, and its io_context end, before this function returns. The handler's
+        // cancellation slot (if one was installed) is cleared there too, where it is emitted.
+        net::post(ex, [h = std::move(h_), w = std::move(work_), slot = slot_]() mutable {
+            if (slot.is_connected()) slot.clear();
+            std::move(h)();
+        });
     }
 
   private:
     H h_;
     net::any_io_executor work_;
+    net::cancellation_slot slot_;
 };
 
 template <class H>
@@ -107,20 +119,23 @@ class stream_out {
 /// executor; the reader may be on another thread: what both touch is under a mutex.
 class stream_core : public std::enable_shared_from_this<stream_core> {
   public:
+    /// `window` is clamped to 1 .. max_stream_window; `window_bytes` 0 means no byte limit.
     stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
-                std::uint32_t window);
+                std::uint32_t window, std::uint64_t window_bytes);
     virtual ~stream_core();
     stream_core(const stream_core&) = delete;
     stream_core& operator=(const stream_core&) = delete;
 
     // ---- the connection's side (the channel's executor) ----
-    /// One item, borrowed (valid during the call only).
-    virtual void on_item(const msgpack::object& item) = 0;
-    /// The connection that sent the call: how to grant more credit (called from any thread).
-    void attach(std::function<void(std::uint32_t)> grant);
+    /// One item, borrowed (valid during the call only), `wire_bytes` long as received.
+    virtual void on_item(const msgpack::object& item, std::size_t wire_bytes) = 0;
+    /// The connection that sent the call: how to grant more credit, items and bytes (called
+    /// from any thread).
+    void attach(std::function<void(std::uint32_t, std::uint64_t)> grant);
     /// The call completed: the stream ends after the items received, with `ec` if set.
     void end(std::error_code ec, call_outcome& out);
     std::uint32_t window() const noexcept { return window_; }
+    std::uint64_t window_bytes() const noexcept { return window_bytes_; }
     net::cancellation_slot slot() { return signal_.slot(); }
 
     // ---- the reader's side ----
@@ -131,10 +146,21 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     const std::string& method() const noexcept { return method_; }
 
   protected:
-    /// With mu_ held: one item was taken by the reader. Returns the credit to grant (0: none
-    /// yet), to be passed to grant() once mu_ is released.
-    std::uint32_t took_one();
-    void grant(std::uint32_t n);
+    struct credit {
+        std::uint32_t items = 0;
+        std::uint64_t bytes = 0;
+    };
+    /// With mu_ held: the reader took one item of `bytes`. Returns the credit to grant (items
+    /// 0: none yet), to be passed to grant() once mu_ is released.
+    credit took_one(std::size_t bytes);
+    void grant(credit c);
+    /// With mu_ held: whether one more item, with `items` and `bytes` already queued, keeps
+    /// within what was granted (a server that ignores credit does not fill this side's memory).
+    bool within_credit(std::size_t items, std::uint64_t bytes) const noexcept {
+        return items < window_ && (window_bytes_ == 0 || bytes < window_bytes_);
+    }
+    /// An item beyond the credit: the stream fails with errc::protocol_error (and is cancelled).
+    void over_credit();
     /// With mu_ held: the stream has ended; throws its error, if any.
     void throw_if_failed() const;
     /// An item that does not convert: the stream fails with errc::bad_result (and is cancelled).
@@ -152,7 +178,8 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// With mu_ held: whether the reader has something to take.
     virtual bool ready_locked() const noexcept = 0;
 
-    /// Completes when an item has arrived or the stream has ended (at once if so already).
+    /// Completes when an item has arrived or the stream has ended (at once if so already), or
+    /// when the awaiting coroutine is cancelled (next() then throws, taking nothing).
     auto wait_more() {
         return net::async_initiate<const net::use_awaitable_t<>&, void()>(
             [this](auto handler) {
@@ -162,18 +189,24 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
                     parked_handler<decltype(handler)>(std::move(handler)).wake();
                     return;
                 }
+                auto slot = net::get_associated_cancellation_slot(handler);
                 waiter_ = park(std::move(handler));
+                if (slot.is_connected())
+                    slot.assign([this](net::cancellation_type) { wake_reader(); });
             },
             net::use_awaitable);
     }
+    /// Wakes a parked reader, if any (its cancellation: emitted on the reader's thread).
+    void wake_reader();
 
   private:
     std::string method_;
     std::string remote_;
     net::any_io_executor channel_ex_;
     std::uint32_t window_;
-    std::uint32_t unreported_ = 0;  // items read since the last grant
-    std::function<void(std::uint32_t)> grant_;
+    std::uint64_t window_bytes_;
+    credit unreported_;  // read since the last grant
+    std::function<void(std::uint32_t, std::uint64_t)> grant_;
     net::cancellation_signal signal_;
     bool cancel_sent_ = false;
 };
@@ -183,7 +216,7 @@ class stream_state final : public stream_core {
   public:
     using stream_core::stream_core;
 
-    void on_item(const msgpack::object& item) override {
+    void on_item(const msgpack::object& item, std::size_t wire_bytes) override {
         std::optional<T> v;
         try {
             if constexpr (std::is_same_v<T, msgpack::object_handle>)
@@ -197,7 +230,9 @@ class stream_state final : public stream_core {
         {
             std::lock_guard lk(mu_);
             if (ended_) return;
-            items_.push_back(std::move(*v));
+            if (!within_credit(items_.size(), queued_bytes_)) return over_credit();
+            items_.push_back({std::move(*v), wire_bytes});
+            queued_bytes_ += wire_bytes;
             ++received_;
             w = take_waiter();
         }
@@ -205,20 +240,33 @@ class stream_state final : public stream_core {
     }
 
     /// The next item; std::nullopt at the end; throws ordo::rpc_error when the stream failed
-    /// (after every item received before the failure has been returned).
-    net::awaitable<std::optional<T>> next() {
+    /// (after every item received before the failure has been returned), and
+    /// std::system_error(operation_aborted) when the awaiting coroutine is cancelled (no item
+    /// is taken then). `s` is held until it completes.
+    static net::awaitable<std::optional<T>> next(std::shared_ptr<stream_state> s) {
         std::optional<T> v;
-        while (!take(v)) co_await wait_more();
+        while (!s->take(v)) {
+            co_await s->wait_more();
+            auto cs = co_await net::this_coro::cancellation_state;
+            if (cs.cancelled() != net::cancellation_type::none)
+                throw std::system_error(make_error_code(net::error::operation_aborted),
+                                        "ordo: waiting for an item of " + s->method());
+        }
         co_return v;
     }
 
   private:
+    struct queued {
+        T value;
+        std::size_t bytes;
+    };
+
     bool ready_locked() const noexcept override { return !items_.empty() || ended_; }
 
     // True when `v` holds the next item, or the stream ended well (v empty); throws when it
     // failed; false when the reader must wait.
     bool take(std::optional<T>& v) {
-        std::uint32_t credit = 0;
+        credit c;
         {
             std::lock_guard lk(mu_);
             if (items_.empty()) {
@@ -226,15 +274,18 @@ class stream_state final : public stream_core {
                 throw_if_failed();
                 return true;
             }
-            v.emplace(std::move(items_.front()));
+            v.emplace(std::move(items_.front().value));
+            const std::size_t bytes = items_.front().bytes;
             items_.pop_front();
-            credit = took_one();
+            queued_bytes_ -= bytes;
+            c = took_one(bytes);
         }
-        if (credit) grant(credit);
+        if (c.items) grant(c);
         return true;
     }
 
-    std::deque<T> items_;
+    std::deque<queued> items_;
+    std::uint64_t queued_bytes_ = 0;
 };
 
 /// The pending call of a stream: its completion ends the stream.
@@ -278,7 +329,7 @@ class stream {
     /// The next item in order; std::nullopt once the handler has returned; throws
     /// ordo::rpc_error (handler threw, peer lost, deadline, cancelled) once the items that
     /// arrived before the failure have been returned.
-    net::awaitable<std::optional<T>> next() { return s_->next(); }
+    net::awaitable<std::optional<T>> next() { return detail::stream_state<T>::next(s_); }
     /// Stops the stream (ordo.cancel to the remote handler); next() then yields what had
     /// arrived and throws errc::cancelled.
     void cancel() {
@@ -318,8 +369,9 @@ template <class T>
 net::awaitable<stream<T>> open_stream(std::shared_ptr<channel_impl> ch, std::string method,
                                       params_buffer params, call_options o) {
     const std::uint32_t window = o.window ? o.window : default_stream_window;
+    const std::uint64_t bytes = o.window_bytes ? o.window_bytes : default_stream_window_bytes;
     auto s = std::make_shared<stream_state<T>>(std::move(method), ch->remote_address(),
-                                               ch->get_executor(), window);
+                                               ch->get_executor(), window, bytes);
     start_stream(ch, s, std::move(params), std::move(o));
     co_return stream<T>(std::move(s));
 }

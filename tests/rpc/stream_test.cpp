@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <asio/experimental/awaitable_operators.hpp>
 
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
@@ -271,6 +272,63 @@ TEST(Stream, ADeadPeerEndsItsStreamsOnBothSides) {
     });
 }
 
+// The window in bytes: large items stop the handler after about window_bytes, however many
+// items the window would allow.
+TEST(Stream, AWindowInBytesBoundsLargeItems) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        std::uint64_t written = 0;
+        srv.on("kilobytes", [&](writer<std::string>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) {
+                co_await out.write(std::string(1000, char('a' + i % 26)));
+                written = out.written();
+            }
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        call_options o;
+        o.window = 1000;
+        o.window_bytes = 4096;
+        auto s = co_await ch.async_stream<std::string>("kilobytes", 200, o);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return written >= 4; }));
+        co_await sleep_for(500ms);
+        EXPECT_LE(written, 5u);  // four fit in 4096 bytes, and one more while some were left
+        EXPECT_LE(s.received(), 5u);
+        int n = 0;
+        while (auto v = co_await s.next()) {
+            ORDO_CO_ASSERT_EQ(v->size(), 1000u);
+            ORDO_CO_ASSERT_EQ(v->front(), char('a' + n % 26));
+            ++n;
+        }
+        EXPECT_EQ(n, 200);
+        co_await srv.async_stop();
+    });
+}
+
+// A reader waiting in next() can be cancelled (here by a timer that wins): it throws and takes
+// nothing, and the stream reads on afterwards.
+TEST(Stream, AWaitingReaderCanBeCancelled) {
+    run_test([]() -> net::awaitable<void> {
+        using namespace net::experimental::awaitable_operators;
+        server srv(co_await net::this_coro::executor);
+        bool go = false;
+        srv.on("later", [&](writer<int>& out) -> net::awaitable<void> {
+            while (!go) co_await sleep_for(5ms);
+            co_await out.write(7);
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto s = co_await ch.async_stream<int>("later");
+        net::steady_timer t(co_await net::this_coro::executor, 100ms);
+        auto first = co_await (s.next() || t.async_wait(net::use_awaitable));
+        EXPECT_EQ(first.index(), 1u);  // the timer won: next() was cancelled
+        go = true;
+        auto v = co_await s.next();
+        ORDO_CO_ASSERT_TRUE(v.has_value());
+        EXPECT_EQ(*v, 7);
+        EXPECT_FALSE(co_await s.next());
+        co_await srv.async_stop();
+    });
+}
+
 // 10,000 streams open at once on one connection (a concurrent handler), read interleaved.
 TEST(Stream, TenThousandStreamsAtOnceOnOneConnection) {
     run_test([]() -> net::awaitable<void> {
@@ -345,7 +403,8 @@ TEST(Stream, PlainCallersAndPlainMethodsGetDefinedAnswers) {
         });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         EXPECT_EQ(co_await ch.async_call<std::vector<int>>("count_to", 5), iota(5));
-        EXPECT_EQ(co_await ch.async_call<std::vector<int>>("count_to", 0), std::vector<int>{});
+        const std::vector<int> none;
+        EXPECT_EQ(co_await ch.async_call<std::vector<int>>("count_to", 0), none);
         std::string what;
         try {
             co_await ch.async_call<std::vector<std::string>>("big", 40);

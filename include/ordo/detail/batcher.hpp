@@ -53,8 +53,9 @@ struct stream_element : batch_element {
     using batch_element::batch_element;
     std::mutex mu;
     std::deque<buffer> items;
-    bool ended = false;                 ///< the batch gave it stream_end or an error
-    bool gone = false;                  ///< the caller left (cancelled, or its peer died)
+    bool ended = false;     ///< the batch gave it stream_end or an error
+    bool gone = false;      ///< the caller left (cancelled, or its peer died)
+    std::size_t taken = 0;  ///< items the caller took and has not sent yet (out of credit)
     std::shared_ptr<stream_room> room;  ///< its batch's, once the batch has started
 };
 
@@ -100,7 +101,8 @@ class stream_room {
 /// them (batch_writer<T> is its typed face).
 class stream_batch {
   public:
-    /// Items a caller may hold unsent (its reader out of credit) before the batch waits.
+    /// Items a caller may hold unsent (its reader out of credit), queued here or taken by its
+    /// connection, before the batch waits.
     static constexpr std::size_t max_buffered = 16;
 
     stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers);
@@ -349,8 +351,9 @@ net::awaitable<void> submit_batch(std::shared_ptr<batcher_core> core, std::strin
 template <class Arg>
 net::awaitable<void> submit_batch_stream(std::shared_ptr<batcher_core> core, std::string method,
                                          msgpack::object params, stream_out& out) {
-    auto e = std::make_shared<typed_stream_element<Arg>>(co_await net::this_coro::executor,
-                                                         convert_batch_arg<Arg>(params, method));
+    auto ex = co_await net::this_coro::executor;
+    auto e =
+        std::make_shared<typed_stream_element<Arg>>(ex, convert_batch_arg<Arg>(params, method));
     co_await core->submit_stream(std::move(e), out);
 }
 
