@@ -3,6 +3,7 @@
 // over pools, routers and resumable sessions.
 #include "ordo/ordo.hpp"
 
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -681,6 +682,8 @@ struct running_loop {
 // its streaming batches on a worker pool, the caller's connection on a third thread, and the
 // readers on the test's thread.
 TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
+    // The readers' loop goes last: the other loops post to it until their threads are joined.
+    running_loop reader_loop;
     running_loop server_loop, client_loop;
     worker_pool workers(2);
     std::unique_ptr<server> srv;
@@ -703,27 +706,34 @@ TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
     });
     net::post(server_loop.io, net::use_future).get();
     auto ch = net::co_spawn(client_loop.io, async_connect(url), net::use_future).get();
-    run_test([&]() -> net::awaitable<void> {
-        call_options o;
-        o.window = 8;
-        std::vector<stream<int>> open;
-        // One batch of six (read in step, the streams of two batches would wait for each
-        // other: a batch moves at the pace of its slowest reader, and the next one waits).
-        for (int i = 0; i < 6; ++i) open.push_back(co_await ch.async_stream<int>("count", 200, o));
-        for (int i = 0; i < 2; ++i)
-            open.push_back(co_await ch.async_stream<int>("count_to", 3000, o));
-        for (int step = 0; step < 200; ++step)
-            for (auto& s : open) ORDO_CO_ASSERT_EQ(*co_await s.next(), step);
-        for (std::size_t i = 0; i < 6; ++i) ORDO_CO_ASSERT_TRUE(!co_await open[i].next());
-        for (std::size_t i = 6; i < open.size(); ++i) {
-            int next = 200;
-            while (auto v = co_await open[i].next()) ORDO_CO_ASSERT_EQ(*v, next++);
-            EXPECT_EQ(next, 3000);
-        }
-        // A stream dropped mid-way from this thread.
-        auto dropped = co_await ch.async_stream<int>("count_to", 1'000'000, o);
-        EXPECT_EQ(*co_await dropped.next(), 0);
-    });
+    auto reading = net::co_spawn(
+        reader_loop.io,
+        [&]() -> net::awaitable<void> {
+            call_options o;
+            o.window = 8;
+            std::vector<stream<int>> open;
+            // One batch of six (read in step, the streams of two batches would wait for each
+            // other: a batch moves at the pace of its slowest reader, and the next one waits).
+            for (int i = 0; i < 6; ++i)
+                open.push_back(co_await ch.async_stream<int>("count", 200, o));
+            for (int i = 0; i < 2; ++i)
+                open.push_back(co_await ch.async_stream<int>("count_to", 3000, o));
+            for (int step = 0; step < 200; ++step)
+                for (auto& s : open) ORDO_CO_ASSERT_EQ(*co_await s.next(), step);
+            for (std::size_t i = 0; i < 6; ++i) ORDO_CO_ASSERT_TRUE(!co_await open[i].next());
+            for (std::size_t i = 6; i < open.size(); ++i) {
+                int next = 200;
+                while (auto v = co_await open[i].next()) ORDO_CO_ASSERT_EQ(*v, next++);
+                EXPECT_EQ(next, 3000);
+            }
+            // A stream dropped mid-way from this thread.
+            auto dropped = co_await ch.async_stream<int>("count_to", 1'000'000, o);
+            EXPECT_EQ(*co_await dropped.next(), 0);
+        },
+        net::use_future);
+    ASSERT_EQ(reading.wait_for(std::chrono::seconds(120)), std::future_status::ready)
+        << "the readers did not finish within 120 s";
+    reading.get();
     // The channel ends on its own loop.
     net::post(client_loop.io, [&] {
         std::dynamic_pointer_cast<peer>(ch.impl())->close();
