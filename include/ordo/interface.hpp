@@ -26,6 +26,26 @@ struct interface {};
 namespace detail {
 // The channel being bound by stub<I>() while I's members are constructed (this thread only).
 inline thread_local const channel* binding_channel = nullptr;
+
+/// What every ordo::method holds: its name and, inside a stub, the channel it calls through.
+class method_base {
+  public:
+    explicit method_base(std::string name)
+        : name_(std::move(name)), channel_(binding_channel ? *binding_channel : channel{}) {}
+
+    const std::string& name() const noexcept { return name_; }
+
+  protected:
+    const std::shared_ptr<channel_impl>& bound() const {
+        if (!channel_)
+            throw_error(errc::bad_address,
+                        "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
+        return channel_.impl();
+    }
+
+    std::string name_;
+    channel channel_;
+};
 }  // namespace detail
 
 template <class Sig>
@@ -34,15 +54,11 @@ class method;
 /// One remote method: its name and signature. Inside a stub it is bound to a channel and
 /// callable like a local function; elsewhere it only describes (for server::on).
 template <class R, class... Args>
-class method<R(Args...)> {
+class method<R(Args...)> : public detail::method_base {
   public:
     using result_type = R;
 
-    explicit method(std::string name)
-        : name_(std::move(name)),
-          channel_(detail::binding_channel ? *detail::binding_channel : channel{}) {}
-
-    const std::string& name() const noexcept { return name_; }
+    explicit method(std::string name) : method_base(std::move(name)) {}
 
     /// Calls the method: `co_await c.inc(1)`, `co_await c.inc(1, ordo::timeout(50ms))`.
     /// Throws ordo::rpc_error on failure.
@@ -77,51 +93,24 @@ class method<R(Args...)> {
         auto params = detail::pack_params(args...);
         bound()->notify_raw(name_, std::string_view(params.data(), params.size()));
     }
-
-  private:
-    const std::shared_ptr<channel_impl>& bound() const {
-        if (!channel_)
-            throw_error(errc::bad_address,
-                        "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
-        return channel_.impl();
-    }
-
-    std::string name_;
-    channel channel_;
 };
 
 /// A streaming method: `auto s = co_await c.count_to(5); while (auto v = co_await s.next())`.
 /// The call is sent when the stream is returned; the items follow as the handler writes them.
 template <class T, class... Args>
-class method<stream<T>(Args...)> {
+class method<stream<T>(Args...)> : public detail::method_base {
   public:
     using result_type = stream<T>;
 
-    explicit method(std::string name)
-        : name_(std::move(name)),
-          channel_(detail::binding_channel ? *detail::binding_channel : channel{}) {}
-
-    const std::string& name() const noexcept { return name_; }
+    explicit method(std::string name) : method_base(std::move(name)) {}
 
     /// Starts the call; call_options::timeout bounds the whole stream, window its credit.
     net::awaitable<stream<T>> operator()(const Args&... args) const {
-        return detail::open_stream<T>(bound(), name_, detail::pack_params(args...),
-                                      call_options{});
+        return detail::open_stream<T>(bound(), name_, detail::pack_params(args...), call_options{});
     }
     net::awaitable<stream<T>> operator()(const Args&... args, call_options o) const {
         return detail::open_stream<T>(bound(), name_, detail::pack_params(args...), std::move(o));
     }
-
-  private:
-    const std::shared_ptr<channel_impl>& bound() const {
-        if (!channel_)
-            throw_error(errc::bad_address,
-                        "ordo: method " + name_ + " is not bound to a channel (use ordo::stub)");
-        return channel_.impl();
-    }
-
-    std::string name_;
-    channel channel_;
 };
 
 /// An instance of interface I whose methods call through `ch`. Cheap to copy (each method holds

@@ -15,6 +15,7 @@
 
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/running_loop.hpp"
 
 namespace ordo {
 namespace {
@@ -89,6 +90,26 @@ net::awaitable<std::vector<T>> read_all(stream<T>& s) {
     co_return got;
 }
 
+// Everything a stream yields, and how it ended (code empty: normally).
+template <class T>
+struct read_outcome {
+    std::vector<T> items;
+    std::error_code code;
+    std::string what;
+};
+
+template <class T>
+net::awaitable<read_outcome<T>> read_to_end(stream<T>& s) {
+    read_outcome<T> r;
+    try {
+        while (auto v = co_await s.next()) r.items.push_back(std::move(*v));
+    } catch (const rpc_error& e) {
+        r.code = e.code();
+        r.what = e.what();
+    }
+    co_return r;
+}
+
 std::vector<int> iota(int n) {
     std::vector<int> v(n);
     for (int i = 0; i < n; ++i) v[i] = i;
@@ -160,15 +181,9 @@ TEST(Stream, CancelMidStreamReachesTheHandler) {
         s.cancel();
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.cancelled; }));
         // What had arrived is still read, then the stream fails as cancelled.
-        std::error_code ec;
-        try {
-            while (co_await s.next()) {
-            }
-        } catch (const rpc_error& e) {
-            ec = e.code();
-            EXPECT_NE(std::string(e.what()).find("forever"), std::string::npos) << e.what();
-        }
-        EXPECT_EQ(ec, errc::cancelled);
+        const auto r = co_await read_to_end(s);
+        EXPECT_EQ(r.code, errc::cancelled);
+        EXPECT_NE(r.what.find("forever"), std::string::npos) << r.what;
         // The connection is fine afterwards.
         EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
         co_await srv.async_stop();
@@ -202,16 +217,10 @@ TEST(Stream, AHandlerErrorComesAfterTheItemsBeforeIt) {
         });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         auto s = co_await ch.async_stream<std::string>("three_then_fail");
-        std::vector<std::string> got;
-        std::string what;
-        try {
-            while (auto v = co_await s.next()) got.push_back(*v);
-        } catch (const rpc_error& e) {
-            what = e.what();
-            EXPECT_EQ(e.code(), errc::remote_error);
-        }
-        EXPECT_EQ(got, (std::vector<std::string>{"a", "b", "c"}));
-        EXPECT_NE(what.find("the model ran out of tokens"), std::string::npos) << what;
+        const auto r = co_await read_to_end(s);
+        EXPECT_EQ(r.items, (std::vector<std::string>{"a", "b", "c"}));
+        EXPECT_EQ(r.code, errc::remote_error);
+        EXPECT_NE(r.what.find("the model ran out of tokens"), std::string::npos) << r.what;
         co_await srv.async_stop();
     });
 }
@@ -223,15 +232,10 @@ TEST(Stream, ADeadlineEndsTheStreamAfterItsItems) {
         serve_numbers(srv, log);
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         auto s = co_await ch.async_stream<int>("forever", timeout(300ms));
-        int n = 0;
-        std::error_code ec;
-        try {
-            while (auto v = co_await s.next()) EXPECT_EQ(*v, n++);
-        } catch (const rpc_error& e) {
-            ec = e.code();
-        }
-        EXPECT_EQ(ec, errc::timed_out);
-        EXPECT_GT(n, 0);
+        const auto r = co_await read_to_end(s);
+        EXPECT_EQ(r.code, errc::timed_out);
+        EXPECT_GT(r.items.size(), 0u);
+        EXPECT_EQ(r.items, iota(static_cast<int>(r.items.size())));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.cancelled; }));
         co_await srv.async_stop();
     });
@@ -256,13 +260,9 @@ TEST(Stream, ADeadPeerEndsItsStreamsOnBothSides) {
         for (int i = 0; i < 5; ++i) EXPECT_EQ(*co_await s.next(), i);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return served != nullptr; }));
         served->abort();
-        std::error_code ec;
-        try {
-            co_await s.next();
-        } catch (const rpc_error& e) {
-            ec = e.code();
-        }
-        EXPECT_EQ(ec, errc::peer_lost);
+        const auto r = co_await read_to_end(s);
+        EXPECT_TRUE(r.items.empty());
+        EXPECT_EQ(r.code, errc::peer_lost);
 
         auto ch2 = co_await async_connect(url);
         auto s2 = co_await ch2.async_stream<int>("forever");
@@ -418,25 +418,15 @@ TEST(Stream, PlainCallersAndPlainMethodsGetDefinedAnswers) {
         auto big = co_await ch.async_stream<std::string>("big", 40);
         EXPECT_EQ((co_await read_all(big)).size(), 40u);
 
-        what.clear();
-        try {
-            auto s = co_await ch.async_stream<int>("inc", 1);
-            co_await s.next();
-        } catch (const rpc_error& e) {
-            what = e.what();
-            EXPECT_EQ(e.code(), errc::bad_arguments);
-        }
-        EXPECT_NE(what.find("does not stream"), std::string::npos) << what;
+        auto plain = co_await ch.async_stream<int>("inc", 1);
+        const auto r = co_await read_to_end(plain);
+        EXPECT_EQ(r.code, errc::bad_arguments);
+        EXPECT_NE(r.what.find("does not stream"), std::string::npos) << r.what;
         // Items that do not convert fail the stream, naming the item.
-        what.clear();
-        try {
-            auto s = co_await ch.async_stream<std::string>("count_to", 3);
-            co_await s.next();
-        } catch (const rpc_error& e) {
-            what = e.what();
-            EXPECT_EQ(e.code(), errc::bad_result);
-        }
-        EXPECT_NE(what.find("item 1"), std::string::npos) << what;
+        auto strings = co_await ch.async_stream<std::string>("count_to", 3);
+        const auto bad = co_await read_to_end(strings);
+        EXPECT_EQ(bad.code, errc::bad_result);
+        EXPECT_NE(bad.what.find("item 1"), std::string::npos) << bad.what;
         EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
         co_await srv.async_stop();
     });
@@ -554,23 +544,10 @@ TEST(BatchStream, CallersEndAtTheirOwnStepsAndACancelStopsOnlyItsOwn) {
         open[4].cancel();
         for (std::size_t c = 0; c < 3; ++c)
             EXPECT_EQ(co_await read_all(open[c]), iota(counts[c])) << "caller " << c;
-        std::string what;
-        std::vector<int> got;
-        try {
-            while (auto v = co_await open[3].next()) got.push_back(*v);
-        } catch (const rpc_error& e) {
-            what = e.what();
-        }
-        EXPECT_EQ(got, iota(2));
-        EXPECT_NE(what.find("13 is unlucky"), std::string::npos) << what;
-        std::error_code ec;
-        try {
-            while (co_await open[4].next()) {
-            }
-        } catch (const rpc_error& e) {
-            ec = e.code();
-        }
-        EXPECT_EQ(ec, errc::cancelled);
+        const auto unlucky = co_await read_to_end(open[3]);
+        EXPECT_EQ(unlucky.items, iota(2));
+        EXPECT_NE(unlucky.what.find("13 is unlucky"), std::string::npos) << unlucky.what;
+        EXPECT_EQ((co_await read_to_end(open[4])).code, errc::cancelled);
         EXPECT_EQ(co_await read_all(late), iota(2));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !log.running; }));
         ORDO_CO_ASSERT_EQ(log.batches.size(), 2u);
@@ -601,15 +578,9 @@ TEST(BatchStream, AHandlerThatThrowsFailsTheCallersStillOpen) {
         auto two = co_await ch.async_stream<int>("count", 2);   // open at the throw
         EXPECT_EQ(co_await read_all(none), iota(0));
         for (auto* s : {&bad, &two}) {
-            std::string what;
-            std::vector<int> got;
-            try {
-                while (auto v = co_await s->next()) got.push_back(*v);
-            } catch (const rpc_error& e) {
-                what = e.what();
-            }
-            EXPECT_EQ(got, iota(1));
-            EXPECT_NE(what.find("negative count"), std::string::npos) << what;
+            const auto r = co_await read_to_end(*s);
+            EXPECT_EQ(r.items, iota(1));
+            EXPECT_NE(r.what.find("negative count"), std::string::npos) << r.what;
         }
         co_await srv.async_stop();
     });
@@ -666,25 +637,13 @@ TEST(BatchStream, APlainCallerGetsAnArray) {
     });
 }
 
-// An io_context run by a thread of its own.
-struct running_loop {
-    net::io_context io;
-    net::executor_work_guard<net::io_context::executor_type> guard = net::make_work_guard(io);
-    std::thread t{[this] { io.run(); }};
-    ~running_loop() {
-        guard.reset();
-        io.stop();
-        t.join();
-    }
-};
-
 // Threads (also run under ThreadSanitizer by .ci/run): the server on two loops of its own with
 // its streaming batches on a worker pool, the caller's connection on a third thread, and the
 // readers on the test's thread.
 TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
     // The readers' loop goes last: the other loops post to it until their threads are joined.
-    running_loop reader_loop;
-    running_loop server_loop, client_loop;
+    test::running_loop reader_loop;
+    test::running_loop server_loop, client_loop;
     worker_pool workers(2);
     std::unique_ptr<server> srv;
     batch_log log;

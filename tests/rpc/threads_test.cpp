@@ -14,30 +14,15 @@
 #include <gtest/gtest.h>
 
 #include "support/run_test.hpp"
+#include "support/running_loop.hpp"
 #include "support/streams.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::running_loop;
 using test::wait_until;
-
-// An io_context run by a thread of its own, for the server's home loop or for clients.
-struct running_loop {
-    net::io_context io;
-    net::executor_work_guard<net::io_context::executor_type> guard = net::make_work_guard(io);
-    std::thread t{[this] { io.run(); }};
-    ~running_loop() {
-        guard.reset();
-        io.stop();
-        t.join();
-    }
-    // Runs `f` there and waits for its result.
-    template <class F>
-    auto run(F f) {
-        return net::co_spawn(io, std::move(f), net::use_future).get();
-    }
-};
 
 // The ids of the threads a handler ran on, gathered from several threads.
 struct thread_set {
