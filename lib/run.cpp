@@ -3,9 +3,18 @@
 #include <asio/thread_pool.hpp>
 
 #include <algorithm>
+#include <exception>
 #include <thread>
 
 namespace ordo {
+
+void run(net::awaitable<void> main) {
+    net::io_context io;
+    std::exception_ptr failed;
+    net::co_spawn(io, std::move(main), [&](std::exception_ptr e) { failed = e; });
+    io.run();
+    if (failed) std::rethrow_exception(failed);
+}
 
 std::size_t run_spinning(net::io_context& io, std::chrono::microseconds spin) {
     if (spin.count() <= 0) return io.run();

@@ -5,6 +5,8 @@
 #include <asio/experimental/awaitable_operators.hpp>
 
 #include "lib/url_number.hpp"
+#include "ordo/peer.hpp"
+#include "ordo/pool.hpp"
 #include "ordo/router.hpp"
 #include "rpc/detail/connecting.hpp"
 #include "rpc/session.hpp"

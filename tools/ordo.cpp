@@ -39,6 +39,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <ordo/connect.hpp>
+#include <ordo/peer.hpp>
 
 namespace net = ordo::net;
 using json = nlohmann::json;

@@ -10,7 +10,7 @@
 #include <typeinfo>
 #include <utility>
 
-#include "ordo/codec.hpp"
+#include "ordo/detail/msgpack_core.hpp"
 
 namespace ordo {
 

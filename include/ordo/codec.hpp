@@ -11,6 +11,8 @@
 
 #include <msgpack.hpp>
 
+#include "ordo/detail/msgpack_core.hpp"
+
 #include "ordo/detail/message_heads.hpp"
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
@@ -33,12 +35,6 @@ struct message {
     /// that zone is decoded into again. own() makes a copy that owns its memory.
     bool borrowed = false;
 };
-
-/// The buffer messages are encoded into (msgpack's growing byte buffer).
-using buffer = msgpack::sbuffer;
-/// What ordo's own buffers start with (msgpack's default is 8 KiB per buffer: per connection
-/// and per request, that was most of an idle connection's memory). They double as they grow.
-inline constexpr std::size_t small_buffer = 256;
 
 /// Appends `[0, msgid, method, [args...]]` to `out`.
 template <class... Args>

@@ -7,11 +7,13 @@
 #include <string_view>
 
 #include "ordo/channel.hpp"
-#include "ordo/peer.hpp"
-#include "ordo/pool.hpp"
-#include "ordo/router.hpp"
 
 namespace ordo {
+
+// Declared in ordo/peer.hpp and ordo/handlers.hpp: include them to pass options or handlers.
+// A call site that only connects and calls compiles without them.
+struct peer_options;
+class handlers;
 
 /// Connects to `url` (tcp://host:port or unix:///path) and returns a channel, on the calling
 /// coroutine's executor.

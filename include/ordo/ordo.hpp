@@ -9,6 +9,7 @@
 #include "ordo/call.hpp"
 #include "ordo/channel.hpp"
 #include "ordo/channel_impl.hpp"
+#include "ordo/client.hpp"
 #include "ordo/codec.hpp"
 #include "ordo/connect.hpp"
 #include "ordo/error.hpp"

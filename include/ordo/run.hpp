@@ -1,3 +1,4 @@
+// ordo::run: a program's coroutine run to its end, in one call;
 // ordo::run_spinning: an io_context loop for threads where latency matters more than a core;
 // ordo::worker_pool: threads for handler bodies that should not run on an event loop.
 #pragma once
@@ -11,6 +12,12 @@
 #include "ordo/net.hpp"
 
 namespace ordo {
+
+/// Runs `main` on a fresh io_context in the calling thread until it and everything it started
+/// on that io_context have finished, then rethrows what `main` threw, if anything:
+/// `int main() { ordo::run(hello()); }`. Compiled once in libordo, so that a program's `main`
+/// does not instantiate co_spawn.
+void run(net::awaitable<void> main);
 
 /// Runs `io` until it runs out of work or is stopped, like io_context::run(), but after the last
 /// handler ran it keeps polling for `spin` before it sleeps in the kernel. A thread that sleeps

@@ -39,7 +39,7 @@
 
 #include "ordo/call.hpp"
 #include "ordo/channel_impl.hpp"
-#include "ordo/codec.hpp"
+#include "ordo/detail/msgpack_core.hpp"
 #include "ordo/detail/pending_call.hpp"
 #include "ordo/error.hpp"
 #include "ordo/net.hpp"

@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <string>
+#include <system_error>
+#include <tuple>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
@@ -31,17 +33,18 @@ inline bool running_in(const net::any_io_executor& ex) {
     return ex.target<net::io_context::executor_type>()->running_in_this_thread();
 }
 
-/// The call as an Asio asynchronous operation with signature void(error_code, R).
+/// The call as an Asio asynchronous operation with signature void(error_code, R)
+/// (void(error_code) for R = void or call_sink; the latter converts into `sink`).
 template <class R, class Token>
 auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
-                   call_options o, Token&& token) {
+                   call_options o, Token&& token, call_sink* sink = nullptr) {
     return net::async_initiate<Token, typename call_signature<R>::type>(
-        [](auto handler, std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
-           call_options o) {
+        [sink](auto handler, std::shared_ptr<channel_impl> ch, std::string method,
+               params_buffer params, call_options o) {
             using H = decltype(handler);
             auto slot = net::get_associated_cancellation_slot(handler);
             auto ex = ch->get_executor();
-            auto op = std::make_unique<call_op<R, H>>(std::move(handler), ex);
+            auto op = std::make_unique<call_op<R, H>>(std::move(handler), ex, sink);
             op->slot = slot;
             op->method = std::move(method);
             op->params = std::move(params);
@@ -56,19 +59,46 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_
         token, std::move(ch), std::move(method), std::move(params), o);
 }
 
+/// Starts the call and yields its error code once it has completed: the untyped half of a
+/// coroutine call, compiled once in libordo (rpc/call.cpp), so that a call site instantiates
+/// only a small coroutine and its result's conversion. The result is converted into `sink`
+/// (sink.convert, on the channel's executor, before the response's memory is reused); on
+/// failure sink.detail holds the remote message or the local reason. `sink` must outlive the
+/// operation (it lives in the awaiting coroutine's frame).
+net::awaitable<std::tuple<std::error_code>> sink_call(std::shared_ptr<channel_impl> ch,
+                                                      std::string method, params_buffer params,
+                                                      call_options o, call_sink& sink);
+
+/// Throws ordo::rpc_error(ec) naming the method, the channel's peer and `detail`.
+[[noreturn]] void throw_call_error(std::error_code ec, const std::string& method,
+                                   const channel_impl& ch, const std::string& detail);
+
+/// sink.convert for a result of type R: converts the outcome into the R at `to`.
+template <class R>
+void convert_into(call_outcome& out, void* to) {
+    if constexpr (std::is_same_v<R, value>) {
+        if (out.borrowed) {  // the read zone is reused after this: keep a copy
+            *static_cast<value*>(to) = msgpack::clone(out.result);
+            return;
+        }
+    }
+    *static_cast<R*>(to) = convert_result<R>(out);
+}
+
 /// The coroutine form: throws ordo::rpc_error carrying the code, method, peer and detail.
 template <class R>
 net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string method,
                                  params_buffer params, call_options o) {
-    auto [ec, out] =
-        co_await async_call_op<call_outcome>(ch, method, std::move(params), o, use_tuple);
-    if (ec) throw rpc_error(ec, method, ch->remote_address(), out.detail);
-    if constexpr (!std::is_void_v<R>) {
-        try {
-            co_return convert_result<R>(out);
-        } catch (const rpc_error& e) {
-            throw rpc_error(e.code(), method, ch->remote_address(), e.detail());
-        }
+    if constexpr (std::is_void_v<R>) {
+        call_sink sink;
+        auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
+        if (ec) throw_call_error(ec, method, *ch, sink.detail);
+    } else {
+        R r{};
+        call_sink sink{&r, &convert_into<R>, {}};
+        auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
+        if (ec) throw_call_error(ec, method, *ch, sink.detail);
+        co_return r;
     }
 }
 

@@ -34,11 +34,21 @@ R convert_result(call_outcome& out) {
     }
 }
 
+/// Where a coroutine call (detail::call_awaitable) wants its result: `convert` turns the
+/// outcome into the caller's value at `out` (nothing for void); on failure `detail` gets the
+/// remote message or the local reason. A call_op<call_sink, H> completes with void(error_code).
+struct call_sink {
+    void* out = nullptr;
+    void (*convert)(call_outcome&, void*) = nullptr;
+    std::string detail;
+};
+
 template <class R, class Handler>
 class call_op final : public pending_call {
   public:
-    call_op(Handler h, const net::any_io_executor& channel_ex)
-        : handler_(std::move(h)),
+    call_op(Handler h, const net::any_io_executor& channel_ex, call_sink* sink = nullptr)
+        : sink_(sink),
+          handler_(std::move(h)),
           ex_(net::get_associated_executor(handler_, channel_ex)),
           inline_ok_(same_executor(ex_, channel_ex)) {}
 
@@ -69,7 +79,19 @@ class call_op final : public pending_call {
                 out.borrowed = false;
             }
         }
-        if constexpr (std::is_same_v<R, call_outcome>) {
+        if constexpr (std::is_same_v<R, call_sink>) {
+            if (!ec && sink_->convert) {
+                try {
+                    sink_->convert(out, sink_->out);
+                } catch (const rpc_error& e) {
+                    ec = e.code();
+                    sink_->detail = e.detail();
+                }
+            } else if (ec) {
+                sink_->detail = std::move(out.detail);
+            }
+            deliver(now, ec);
+        } else if constexpr (std::is_same_v<R, call_outcome>) {
             deliver(now, ec, std::move(out));
         } else if constexpr (std::is_void_v<R>) {
             deliver(now, ec);
@@ -102,6 +124,7 @@ class call_op final : public pending_call {
         }
     }
 
+    call_sink* sink_;  // R = call_sink only
     Handler handler_;
     net::associated_executor_t<Handler, net::any_io_executor> ex_;
     bool inline_ok_;

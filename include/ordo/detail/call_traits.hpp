@@ -24,6 +24,11 @@ template <>
 struct call_signature<void> {
     using type = void(std::error_code);
 };
+struct call_sink;
+template <>
+struct call_signature<call_sink> {
+    using type = void(std::error_code);
+};
 
 template <class T>
 struct is_use_awaitable : std::false_type {};

@@ -9,7 +9,7 @@
 #include <memory>
 #include <utility>
 
-#include <msgpack.hpp>
+#include "ordo/detail/msgpack_core.hpp"
 
 namespace ordo::detail {
 
