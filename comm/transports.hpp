@@ -1,5 +1,6 @@
 // Private: the transports behind ordo::async_connect_transport and ordo::listen, one file each
-// (tcp, unix and tls in transport.cpp; inproc.cpp; zmq.cpp, on detail/zmq_socket.hpp).
+// (tcp.cpp, unix.cpp and tls.cpp, on detail/streams.hpp; inproc.cpp; zmq.cpp, on
+// detail/zmq_socket.hpp).
 #pragma once
 
 #include <memory>
@@ -15,6 +16,17 @@ namespace ordo::detail {
 /// Throws std::system_error(ec) reading "ordo: <what> <url>: <reason>".
 [[noreturn]] void transport_fail(std::string_view what, std::string_view url,
                                  const std::error_code& ec);
+
+net::awaitable<std::unique_ptr<transport>> connect_tcp_transport(const address& a);
+std::unique_ptr<listener> listen_tcp(const net::any_io_executor& ex, const address& a);
+
+net::awaitable<std::unique_ptr<transport>> connect_unix(const address& a);
+std::unique_ptr<listener> listen_unix(const net::any_io_executor& ex, const address& a);
+
+net::awaitable<std::unique_ptr<transport>> connect_tls(const address& a,
+                                                       const transport_options& o);
+std::unique_ptr<listener> listen_tls(const net::any_io_executor& ex, const address& a,
+                                     const transport_options& o);
 
 net::awaitable<std::unique_ptr<transport>> connect_inproc(const address& a,
                                                           const transport_options& o);

@@ -187,6 +187,7 @@ class session {
     void on_session_message(std::string_view bytes);
     void on_comm_closed(const close_result& r);
     bool on_control(std::string_view bytes);
+    bool on_hello_answer(std::string_view bytes);
     void on_welcome(const msgpack::object& result);
     void on_hello_request(message& m);
     void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l, std::uint32_t msgid,

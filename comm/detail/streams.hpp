@@ -1,0 +1,163 @@
+// What the byte-stream transports share (tcp.cpp, unix.cpp, tls.cpp): one transport class for
+// the three (stream_transport), the TLS stream it may wrap, tcp's connecting and listening
+// (which tls builds on), and the kernel's keepalive settings.
+#pragma once
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <asio/ssl.hpp>
+#include <asio/write.hpp>
+
+#include "comm/transports.hpp"
+#include "ordo/address.hpp"
+#include "ordo/transport.hpp"
+
+namespace ordo::detail {
+
+using tcp = net::ip::tcp;
+using unix_stream = net::local::stream_protocol;
+namespace ssl = net::ssl;
+
+// transport_fail, as the three files say it.
+[[noreturn]] inline void fail(std::string_view what, std::string_view url,
+                              const std::error_code& ec) {
+    transport_fail(what, url, ec);
+}
+
+/// tcp://host:port (or `scheme`://) of an endpoint.
+std::string tcp_url(const tcp::endpoint& ep, std::string scheme = "tcp");
+
+// A TLS stream and the context it was made from, kept together so that the context outlives it.
+struct tls_stream {
+    tls_stream(tcp::socket s, std::shared_ptr<ssl::context> c)
+        : ctx(std::move(c)), stream(std::move(s), *ctx) {}
+    std::shared_ptr<ssl::context> ctx;
+    ssl::stream<tcp::socket> stream;
+};
+
+// "sha256:<hex>" of the peer's certificate, or empty when it showed none (tls.cpp).
+std::string certificate_identity(const ssl::stream<tcp::socket>& s);
+
+inline tcp::socket& lowest(tcp::socket& s) {
+    return s;
+}
+inline unix_stream::socket& lowest(unix_stream::socket& s) {
+    return s;
+}
+inline tcp::socket& lowest(std::shared_ptr<tls_stream>& s) {
+    return s->stream.next_layer();
+}
+inline auto& stream_of(tcp::socket& s) {
+    return s;
+}
+inline auto& stream_of(unix_stream::socket& s) {
+    return s;
+}
+inline auto& stream_of(std::shared_ptr<tls_stream>& s) {
+    return s->stream;
+}
+
+// The kernel's probing of a tcp connection, below ordo's own (transport::set_liveness).
+struct keepalive {
+    int idle_s;                // TCP_KEEPIDLE: silence before the first probe
+    int interval_s;            // TCP_KEEPINTVL: between unanswered probes
+    int count;                 // TCP_KEEPCNT
+    unsigned user_timeout_ms;  // TCP_USER_TIMEOUT
+};
+
+// The keepalive for a connection whose own liveness timeout is `liveness` (tcp.cpp says why).
+keepalive keepalive_for(std::chrono::milliseconds liveness);
+
+// tcp, unix and tls streams share everything but their names.
+template <class Socket>
+class stream_transport final : public transport {
+  public:
+    stream_transport(Socket s, std::string remote)
+        : transport(std::move(remote)), socket_(std::move(s)) {}
+
+    net::awaitable<std::size_t> async_read_some(net::mutable_buffer b,
+                                                std::error_code& ec) override {
+        auto [e, n] = co_await stream_of(socket_).async_read_some(b, use_tuple);
+        ec = e;
+        // ordo ends a TLS connection with a TCP FIN after its last message, without a TLS
+        // close_notify (one cannot be sent while a read is pending). Message boundaries are
+        // checked by the framer, so a stream cut inside a message is still an error.
+        if (ec == ssl::error::stream_truncated) ec = net::error::eof;
+        co_return n;
+    }
+
+    net::awaitable<std::size_t> async_write(net::const_buffer b, std::error_code& ec) override {
+        auto [e, n] = co_await net::async_write(stream_of(socket_), b, use_tuple);
+        ec = e;
+        co_return n;
+    }
+
+    void shutdown_send() noexcept override {
+        std::error_code ignored;
+        lowest(socket_).shutdown(net::socket_base::shutdown_send, ignored);
+    }
+
+    void close() noexcept override {
+        std::error_code ignored;
+        lowest(socket_).close(ignored);
+    }
+
+    net::any_io_executor get_executor() override { return lowest(socket_).get_executor(); }
+
+    std::string peer_identity() const override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>)
+            return certificate_identity(socket_->stream);
+        else
+            return {};
+    }
+
+    void reset() noexcept override {
+        if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {
+            std::error_code ignored;
+            lowest(socket_).set_option(net::socket_base::linger(true, 0), ignored);
+        }
+        close();
+    }
+
+    void set_liveness(std::chrono::milliseconds liveness) noexcept override {
+        if constexpr (!std::is_same_v<Socket, unix_stream::socket>) {
+            const keepalive k = keepalive_for(liveness);
+            const int fd = lowest(socket_).native_handle();
+            const int on = 1;
+            // Best effort: a socket that refuses an option keeps ordo's own probing.
+            ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k.idle_s, sizeof k.idle_s);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k.interval_s, sizeof k.interval_s);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k.count, sizeof k.count);
+            ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &k.user_timeout_ms,
+                         sizeof k.user_timeout_ms);
+        }
+    }
+
+  private:
+    Socket socket_;
+};
+
+// A connected tcp socket and the endpoint it reached.
+struct tcp_connection {
+    tcp::socket socket;
+    tcp::endpoint remote;
+};
+
+// Connects to the first of a.host's addresses that accepts, on the current executor, with
+// Nagle's delay off (batched_comm does its own batching). Throws what transport_fail throws:
+// "cannot resolve" or "cannot connect to", naming the URL.
+net::awaitable<tcp_connection> connect_tcp(const address& a);
+
+tcp::acceptor open_acceptor(const net::any_io_executor& ex, const address& a);
+
+}  // namespace ordo::detail

@@ -1,0 +1,167 @@
+// The inside of ordo::peer: the four parts of an ordered connection, each of which keeps one
+// guarantee, and how the peer wires them together (it is the host each part calls back):
+//   session     (rpc/session.*)      the bytes: order on the wire, how the connection ended;
+//   call_table  (rpc/call_table.*)   this side's calls: msgids, deadlines, cancellation;
+//   dispatcher  (rpc/dispatcher.*)   the remote side's messages: order of handlers (section 5);
+//   liveness    (rpc/liveness.*)     dead peers within a bounded time (section 7).
+// rpc/peer.cpp holds the peer's public operations, rpc/peer_stream.cpp the caller's side of
+// streaming calls (ordo.stream, ordo.credit).
+#pragma once
+
+#include "ordo/detail/message_heads.hpp"
+#include "ordo/peer.hpp"
+#include "rpc/call_table.hpp"
+#include "rpc/dispatcher.hpp"
+#include "rpc/liveness.hpp"
+#include "rpc/session.hpp"
+
+namespace ordo {
+
+struct peer::state final : detail::call_table_host,
+                           detail::dispatcher_host,
+                           detail::liveness_host,
+                           detail::session_host {
+    state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h,
+          detail::resume_config rc)
+        : self(p),
+          o(std::move(opt)),
+          ex(t->get_executor()),
+          remote(t->remote_address()),
+          closed_event(ex, std::chrono::steady_clock::time_point::max()),
+          live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
+          calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
+          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
+        if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
+        rc.max_unacked_bytes = o.max_unacked_bytes;
+        sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
+                                                 [this](const close_result& r) { on_ended(r); });
+    }
+
+    ~state() override {
+        if (sess->is_open()) {
+            sess->end_locally(errc::closed, "ordo: peer " + remote + " destroyed");
+            calls.fail_all(sess->close_code(), sess->close_reason());
+        }
+    }
+
+    peer& self;
+    peer_options o;
+    net::any_io_executor ex;
+    std::string remote;
+    peer_counters c;
+    // Every incoming message is decoded into it (reused). Its first chunk is what an idle
+    // connection keeps: 2 KiB holds the objects of messages with a few dozen values.
+    msgpack::zone read_zone{2048};
+    bool ended = false;
+    std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
+    net::steady_timer closed_event;
+    detail::liveness live;
+    detail::call_table calls;
+    detail::dispatcher disp;
+    std::unique_ptr<detail::session> sess;
+
+    void on_message(std::string_view bytes) override {
+        // Borrowed from read_zone: what outlives this call (a queued message, an async
+        // handler's params, a raw result) is own()ed on the way.
+        message m = decode_message(bytes, o.comm.limits, read_zone);
+        if (m.kind == message_kind::notification && m.method == "ordo.item")
+            return calls.on_item(m, bytes.size());  // an item of one of this side's streams
+        if (m.kind != message_kind::response) return disp.on_message(m, bytes.size());
+        auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
+        calls.on_response(m);
+    }
+
+    void on_ended(const close_result& r) {
+        const auto& code = sess->close_code();
+        const auto& why = sess->close_reason();
+        live.stop();
+        calls.fail_all(code, why);
+        sess->report_undelivered(r, o.on_undelivered, c);
+        disp.stop();
+        ended = true;
+        closed_event.cancel();
+        auto fns = std::move(closed_fns);
+        for (auto& f : fns) f(code, why);
+    }
+
+    // ---- the parts' view of the connection ----
+
+    std::weak_ptr<void> owner() override { return self.weak_from_this(); }
+
+    void session_lost(const close_result& r) override {
+        calls.fail_all(r.code, r.reason);
+        sess->report_undelivered(r, o.on_undelivered, c);
+        disp.restart();
+        if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
+    }
+    void session_opened(bool resumed) override {
+        if (o.on_session)
+            o.on_session(
+                {resumed ? session_event::kind::resumed : session_event::kind::opened, {}, {}});
+    }
+    std::uint32_t next_msgid() override { return calls.next_id(); }
+
+    // rpc/peer_stream.cpp.
+    void send_stream_request(std::uint32_t id, detail::pending_call& call);
+    void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes);
+
+    // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
+    // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
+    // output is full) ends the connection instead, as a response that cannot be sent does.
+    template <class Encode>
+    void send_control(Encode encode) {
+        try {
+            buffer b(small_buffer);
+            encode(b);
+            sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+        }
+    }
+
+    void send_cancel(std::uint32_t msgid) override {
+        if (!sess->is_open()) return;
+        send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); });
+    }
+
+    void send_response(const buffer& b) override {
+        if (!sess->is_open()) return;
+        try {
+            sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            // Refusing a response would leave its caller waiting: end the connection loudly.
+            if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+        }
+    }
+    void pause_reading(bool paused) override { sess->pause_reading(paused); }
+    void handler_started() override { live.note_work(); }
+    std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
+    void remote_closing(std::string reason) override {
+        sess->note_remote_reason(std::move(reason));
+    }
+    void dropped(std::string_view method, errc code, std::string reason) override {
+        if (o.on_dropped)
+            o.on_dropped({remote, std::string(method), make_error_code(code), std::move(reason)});
+    }
+
+    std::size_t calls_waiting() const override { return calls.waiting(); }
+    std::size_t handlers_running() const override { return disp.running(); }
+    std::chrono::steady_clock::time_point last_receive() const override {
+        return sess->counters().last_receive;
+    }
+    bool send_ping() override {
+        const std::uint32_t id = calls.next_id();
+        try {
+            sess->send(detail::request_head(id, "ordo.ping"), std::string_view("\x90", 1));
+        } catch (const std::system_error&) {
+            return false;
+        }
+        calls.add_ping(id);
+        ++c.pings_sent;
+        return true;
+    }
+    void lost(std::string reason) override { sess->cut("no bytes from " + remote + " " + reason); }
+    bool is_open() const override { return sess->is_open(); }
+};
+
+}  // namespace ordo

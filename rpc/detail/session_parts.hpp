@@ -1,0 +1,30 @@
+// What the files of detail::session share: rpc/session.cpp (the session, a plain one whole),
+// rpc/session_resume.cpp (counts, acks, the resend buffer, windows, reconnection) and
+// rpc/session_handshake.cpp (ordo.hello, its answers, a resume taking a connection over).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "rpc/session.hpp"
+
+namespace ordo::detail {
+
+// Routes one connection's callbacks to the session that owns the connection now: cleared when
+// the connection is dropped, retargeted when another session takes it over (a resume).
+struct session::link {
+    session* s;
+};
+
+// Windows are clamped to a day: a window is a time to wait for a network, not a storage period
+// (and a huge one would overflow the clock arithmetic).
+inline constexpr std::chrono::milliseconds longest_window = std::chrono::hours(24);
+
+inline bool read_u64(const msgpack::object& o, std::uint64_t& v) {
+    if (o.type != msgpack::type::POSITIVE_INTEGER) return false;
+    v = o.via.u64;
+    return true;
+}
+
+}  // namespace ordo::detail
