@@ -115,5 +115,13 @@ out=$(printf '#include <asio/io_context.hpp>\n#include <ordo/ordo.hpp>\n' |
 grep -q "an Asio header came before ordo's" <<<"$out" || fail "Asio before ordo: not ordo's error: $out"
 say "Asio header before ordo's: OK, refused"
 
+# The README's hello world on <ordo/client.hpp> alone builds and links against the install; how
+# long it takes to compile is printed (bench/call_site_compile.sh), so that it is watched.
+# shellcheck disable=SC2086
+g++ -std=c++20 -O2 "$here/../../examples/hello.cpp" -o "$work/hello" $cflags $libs >"$work/hello.log" 2>&1 ||
+    fail "hello world on ordo/client.hpp: $(tail -40 "$work/hello.log")"
+say "hello world on ordo/client.hpp: builds and links"
+say "$("$here/../../bench/call_site_compile.sh" "$libdir/pkgconfig")"
+
 rm -rf "$work"
 say "all passed"

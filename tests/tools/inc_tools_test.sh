@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # ordo-inc-server and ordo-inc-client as other checks drive them: the server prints
 # "listening on URL" with the real port, the client prints "ok N calls ...", errors read
-# "error: ..." with exit status 1, and the server exits 0 on SIGTERM and on SIGINT.
+# "error: ..." with exit status 1, and the server exits 0 on SIGTERM and on SIGINT. The README's
+# hello world (examples/hello.cpp) prints "inc(1) = 2", and names the failure with exit status 1.
 set -u
 server=$1
 client=$2
+hello=$3
 dir=$(mktemp -d)
 fail() { echo "FAIL: $*"; [ -n "${pid:-}" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; exit 1; }
 
@@ -16,6 +18,8 @@ for sig in TERM INT; do
     [ -n "$url" ] && [ "${url##*:}" != 0 ] || fail "no listening line with a real port: $(cat "$dir/out")"
     grep -q "^listening on unix://$dir/s.sock$" "$dir/out" || fail "no unix listening line"
 
+    out=$("$hello" "$url") || fail "hello failed: $out"
+    [ "$out" = "inc(1) = 2" ] || fail "hello printed '$out', not 'inc(1) = 2'"
     out=$("$client" --connect "$url" --calls 2000 --inflight 16) || fail "client failed: $out"
     [[ "$out" =~ ^ok\ 2000\ calls\ in\ [0-9.]+\ s\ \([0-9]+\ calls/s\)$ ]] || fail "bad ok line: $out"
     out=$("$client" --connect "unix://$dir/s.sock" --calls 500 --inflight 1) || fail "unix client: $out"
@@ -130,5 +134,8 @@ pid=
 # A refused connection is an error line and exit status 1.
 err=$("$client" --connect "unix://$dir/none.sock" --calls 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == error:*none.sock* ]] || fail "refused connection: rc=$rc $err"
+err=$("$hello" "unix://$dir/none.sock" 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == "ordo: connect to unix://$dir/none.sock failed"* ]] ||
+    fail "hello, refused: rc=$rc $err"
 rm -rf "$dir"
 echo "ok"
