@@ -215,6 +215,47 @@ TEST(HotPath, RunSpinningRunsHandlersAndTimersAndReturnsWhenWorkRunsOut) {
     }
 }
 
+// ordo::run (compiled once, so that main() need not instantiate co_spawn) runs the coroutine and
+// what it started to the end, and rethrows what it threw; coroutine calls (their untyped half
+// compiled once too) keep an ordo::value result after the connection's read zone is reused.
+TEST(HotPath, RunRunsACoroutineToTheEndAndRethrowsWhatItThrew) {
+    bool timer_done = false;
+    int got = 0;
+    run([&]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        value v = co_await ch.async_call("inc", 41);
+        for (int i = 0; i < 100; ++i) EXPECT_EQ(co_await ch.async_call<int>("inc", i), i + 1);
+        got = v.get().as<int>();
+        co_await srv.async_stop();
+        // Started here and not awaited: run() returns only once it has finished too.
+        auto t = std::make_shared<net::steady_timer>(ex, 30ms);
+        t->async_wait([t, &timer_done](std::error_code ec) { timer_done = !ec; });
+    }());
+    EXPECT_EQ(got, 42);
+    EXPECT_TRUE(timer_done);
+    try {
+        run([]() -> net::awaitable<void> {
+            server srv(co_await net::this_coro::executor);
+            auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+            std::exception_ptr failed;
+            try {
+                co_await ch.async_call<int>("dec", 1);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            co_await srv.async_stop();  // so that only the error is left to leave run()
+            if (failed) std::rethrow_exception(failed);
+        }());
+        ADD_FAILURE() << "run() returned";
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::method_not_found) << e.what();
+        EXPECT_EQ(e.method(), "dec");
+    }
+}
+
 // The pending-call table replaced an std::unordered_map: it must agree with one under the
 // patterns calls make (ids in sequence across the 2^32 wrap, answered mostly in order, some
 // late, some never until the end) and give memory back when calls drain.
