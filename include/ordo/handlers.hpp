@@ -58,9 +58,7 @@ template <class F>
 net::awaitable<void> run_stream_handler(F f, std::string method, std::string signature, peer& p,
                                         msgpack::object params, stream_out& out) {
     using shape = handler_shape<typename fn_traits<F>::args>;
-    using values_t = typename shape::values;
-    auto values = convert_params<values_t>(params, method, signature,
-                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    auto values = convert_args<F>(params, method, signature);
     writer<typename shape::item> w(out);
     co_await invoke_stream_handler(f, p, w, values);
 }
@@ -99,8 +97,7 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     } else {
         e.sync = [f, method, sig = e.signature](peer& p, const msgpack::object& params,
                                                 buffer& out) mutable {
-            auto values = convert_params<values_t>(
-                params, method, sig, std::make_index_sequence<std::tuple_size_v<values_t>>());
+            auto values = convert_args<F>(params, method, sig);
             if constexpr (std::is_void_v<typename traits::result>) {
                 invoke_handler(f, p, values);
                 pack_nil(out);

@@ -49,10 +49,7 @@ inline void pack_nil(buffer& out) {
 template <class F>
 net::awaitable<void> run_async_handler(F f, std::string method, std::string signature, peer& p,
                                        msgpack::object params, buffer& out) {
-    using shape = handler_shape<typename fn_traits<F>::args>;
-    using values_t = typename shape::values;
-    auto values = convert_params<values_t>(params, method, signature,
-                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    auto values = convert_args<F>(params, method, signature);
     using T = typename is_awaitable<typename fn_traits<F>::result>::value_type;
     if constexpr (std::is_void_v<T>) {
         co_await invoke_handler(f, p, values);
@@ -79,10 +76,7 @@ template <class F>
 net::awaitable<void> run_handler_on(F f, net::any_io_executor ex, std::string method,
                                     std::string signature, peer& p, msgpack::object params,
                                     buffer& out) {
-    using shape = handler_shape<typename fn_traits<F>::args>;
-    using values_t = typename shape::values;
-    auto values = convert_params<values_t>(params, method, signature,
-                                           std::make_index_sequence<std::tuple_size_v<values_t>>());
+    auto values = convert_args<F>(params, method, signature);
     using raw = typename fn_traits<F>::result;
     constexpr bool coro = is_awaitable<raw>::value;
     using T = typename body_result<raw>::type;

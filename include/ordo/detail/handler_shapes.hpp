@@ -111,6 +111,16 @@ Values convert_params(const msgpack::object& params, std::string_view method,
         convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
 }
 
+/// The arguments of a call, as the handler's values tuple F's shape declares; throws
+/// errc::bad_arguments naming the method, its signature and what did not fit.
+template <class F>
+typename handler_shape<typename fn_traits<F>::args>::values convert_args(
+    const msgpack::object& params, std::string_view method, const std::string& signature) {
+    using values_t = typename handler_shape<typename fn_traits<F>::args>::values;
+    return convert_params<values_t>(params, method, signature,
+                                    std::make_index_sequence<std::tuple_size_v<values_t>>());
+}
+
 template <class F, class W>
 decltype(auto) invoke_stream_handler(F& f, peer& p, W& w, auto& values) {
     using shape = handler_shape<typename fn_traits<F>::args>;
