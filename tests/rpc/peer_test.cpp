@@ -11,6 +11,22 @@
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
+// A result type with no default constructor: msgpack's as<T> adaptor builds it.
+struct no_default {
+    explicit no_default(int x) : v(x) {}
+    int v;
+};
+namespace msgpack {
+MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
+    namespace adaptor {
+    template <>
+    struct as<no_default> {
+        no_default operator()(const msgpack::object& o) const { return no_default(o.as<int>()); }
+    };
+    }  // namespace adaptor
+}
+}  // namespace msgpack
+
 namespace ordo {
 namespace {
 
@@ -497,6 +513,18 @@ TEST(Introspection, OrdoMethodsListsTheMethodsWithTheirParameterTypes) {
             co_await ch.async_call<std::map<std::string, std::string>>("ordo.methods", use_tuple);
         EXPECT_EQ(ec, errc::method_not_found);
         co_await srv.async_stop();
+    });
+}
+
+// A coroutine call converts its result as msgpack does: a type with no default constructor
+// works through its as<T> adaptor.
+TEST(Errors, ACoroutineCallYieldsAResultTypeWithNoDefaultConstructor) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        const no_default r = co_await ch.async_call<no_default>("inc", 41);
+        EXPECT_EQ(r.v, 42);
+        co_await f.srv.async_stop();
     });
 }
 

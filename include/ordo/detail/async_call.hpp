@@ -4,6 +4,7 @@
 #include "ordo/config.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <tuple>
@@ -73,16 +74,17 @@ net::awaitable<std::tuple<std::error_code>> sink_call(std::shared_ptr<channel_im
 [[noreturn]] void throw_call_error(std::error_code ec, const std::string& method,
                                    const channel_impl& ch, const std::string& detail);
 
-/// sink.convert for a result of type R: converts the outcome into the R at `to`.
+/// sink.convert for a result of type R: converts the outcome into the std::optional<R> at `to`.
 template <class R>
 void convert_into(call_outcome& out, void* to) {
+    auto& r = *static_cast<std::optional<R>*>(to);
     if constexpr (std::is_same_v<R, value>) {
         if (out.borrowed) {  // the read zone is reused after this: keep a copy
-            *static_cast<value*>(to) = msgpack::clone(out.result);
+            r.emplace(msgpack::clone(out.result));
             return;
         }
     }
-    *static_cast<R*>(to) = convert_result<R>(out);
+    r.emplace(convert_result<R>(out));
 }
 
 /// The coroutine form: throws ordo::rpc_error carrying the code, method, peer and detail.
@@ -94,11 +96,12 @@ net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string m
         auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
         if (ec) throw_call_error(ec, method, *ch, sink.detail);
     } else {
-        R r{};
-        call_sink sink{&r, &convert_into<R>, {}};
+        std::optional<R> r;  // R need not be default-constructible, as msgpack's as<R>() allows
+        call_sink sink{&r, &convert_into<R>, {}, {}};
         auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
+        if (sink.thrown) std::rethrow_exception(sink.thrown);
         if (ec) throw_call_error(ec, method, *ch, sink.detail);
-        co_return r;
+        co_return std::move(*r);
     }
 }
 

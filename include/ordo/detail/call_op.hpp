@@ -36,11 +36,13 @@ R convert_result(call_outcome& out) {
 
 /// Where a coroutine call (detail::call_awaitable) wants its result: `convert` turns the
 /// outcome into the caller's value at `out` (nothing for void); on failure `detail` gets the
-/// remote message or the local reason. A call_op<call_sink, H> completes with void(error_code).
+/// remote message or the local reason, and `thrown` what the conversion threw that is not an
+/// rpc_error (rethrown to the caller). A call_op<call_sink, H> completes with void(error_code).
 struct call_sink {
     void* out = nullptr;
     void (*convert)(call_outcome&, void*) = nullptr;
     std::string detail;
+    std::exception_ptr thrown;
 };
 
 template <class R, class Handler>
@@ -86,6 +88,9 @@ class call_op final : public pending_call {
                 } catch (const rpc_error& e) {
                     ec = e.code();
                     sink_->detail = e.detail();
+                } catch (...) {  // not on the read path: the caller gets it
+                    ec = make_error_code(errc::bad_result);
+                    sink_->thrown = std::current_exception();
                 }
             } else if (ec) {
                 sink_->detail = std::move(out.detail);

@@ -1,11 +1,15 @@
 // The parts of msgpack-c that call sites need, and no more: objects and zones, the packer, and
-// the adaptors for the types most calls carry (integers, bool, floating point, strings and
-// string views, nil, vectors and byte vectors as bin). <msgpack.hpp> costs a call site about
-// half a second more to compile, mostly adaptors it never uses.
+// the adaptors for the types most calls carry (integers, bool, floating point, strings, string
+// views and C arrays, nil, vectors, and vectors of char or unsigned char as bin).
+// <msgpack.hpp> costs a call site about half a second more to compile, mostly adaptors it
+// never uses.
 //
 // Any other type (std::map, std::tuple, std::optional, a struct with MSGPACK_DEFINE) needs its
 // msgpack-c adaptor in the translation unit that calls with it: include <msgpack.hpp> (or
-// <ordo/ordo.hpp>, which does). Without it the call does not compile; it never packs differently.
+// <ordo/ordo.hpp>, which does). Without it the call does not compile. It must never pack
+// differently: so every adaptor msgpack-c has for a more specialised form of a type included
+// here is included too (std::vector<unsigned char> is bin, not an array of ints, in every
+// translation unit), as tests/rpc/codec_test.cpp checks against <msgpack.hpp>.
 #pragma once
 
 #include <msgpack/object.hpp>
@@ -16,6 +20,7 @@
 #include <msgpack/iterator.hpp>
 
 #include <msgpack/adaptor/bool.hpp>
+#include <msgpack/adaptor/carray.hpp>
 #include <msgpack/adaptor/char_ptr.hpp>
 #include <msgpack/adaptor/cpp17/string_view.hpp>
 #include <msgpack/adaptor/float.hpp>
@@ -23,7 +28,9 @@
 #include <msgpack/adaptor/nil.hpp>
 #include <msgpack/adaptor/string.hpp>
 #include <msgpack/adaptor/vector.hpp>
+#include <msgpack/adaptor/vector_bool.hpp>
 #include <msgpack/adaptor/vector_char.hpp>
+#include <msgpack/adaptor/vector_unsigned_char.hpp>
 
 namespace ordo {
 
