@@ -93,7 +93,6 @@ class dispatcher {
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
                      std::uint64_t window_bytes);
     bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
-    void start_stream(const handler_entry& e, message& m, std::uint32_t window);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);
     static net::awaitable<void> answer_stats(dispatcher* d, std::shared_ptr<void> keep,

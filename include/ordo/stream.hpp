@@ -96,8 +96,8 @@ std::unique_ptr<parked> park(H h) {
     return std::make_unique<parked_handler<H>>(std::move(h));
 }
 
-/// The server's side of one stream, as a handler's writer sees it (rpc/dispatcher.cpp). Belongs
-/// to the connection's executor.
+/// The server's side of one stream, as a handler's writer sees it (rpc/dispatcher_stream.cpp).
+/// Belongs to the connection's executor.
 class stream_out {
   public:
     virtual ~stream_out() = default;
