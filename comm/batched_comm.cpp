@@ -10,6 +10,32 @@ namespace ordo {
 
 using clock = std::chrono::steady_clock;
 
+namespace {
+
+// What a batched_comm holds once its transport went to another owner (hand_over()): the
+// address for messages, and nothing to read or write.
+class handed_transport final : public transport {
+  public:
+    handed_transport(std::string remote, net::any_io_executor ex)
+        : transport(std::move(remote)), ex_(std::move(ex)) {}
+    net::awaitable<std::size_t> async_read_some(net::mutable_buffer, std::error_code& ec) override {
+        ec = net::error::not_connected;
+        co_return 0;
+    }
+    net::awaitable<std::size_t> async_write(net::const_buffer, std::error_code& ec) override {
+        ec = net::error::not_connected;
+        co_return 0;
+    }
+    void shutdown_send() noexcept override {}
+    void close() noexcept override {}
+    net::any_io_executor get_executor() override { return ex_; }
+
+  private:
+    net::any_io_executor ex_;
+};
+
+}  // namespace
+
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 // until they end, so destroying the batched_comm never leaves them with a dangling pointer.
 struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
@@ -43,6 +69,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     bool paused = false, reader_paused = false;
     net::steady_timer reader_wake{t->get_executor(), clock::time_point::max()};
     bool has_reason = false;
+    // hand_over(): where the connection goes once both loops have stopped, and the bytes read
+    // past the last message delivered. preload(): bytes to deliver before reading.
+    handed_fn handing;
+    std::string leftover;
+    bool preloaded = false;
     int drain_waiters = 0;
     clock::time_point last_write_start{};
     close_result result;
@@ -187,7 +218,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
 
     net::awaitable<void> write_batches() {
         for (;;) {
-            while (queue.empty() && st == state::open)
+            while (queue.empty() && st == state::open && !handing)
                 co_await sleep_writer(wait::idle, clock::time_point::max());
             if (st == state::ended || queue.empty()) break;
             if (o.interval.count() > 0 && st == state::open) {
@@ -258,7 +289,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     }
 
     net::awaitable<void> read_messages() {
-        while (st != state::ended && !quitting) {
+        if (preloaded) co_await deliver();
+        while (st != state::ended && !quitting && !handing) {
             while (paused && st != state::ended && !quitting) {
                 reader_paused = true;
                 co_await reader_wake.async_wait(use_tuple);
@@ -300,28 +332,52 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             adapt_read_size(n);
             c.bytes_received += n;
             c.last_receive = clock::now();
-            std::size_t turn = 0;
-            bool took = false;
-            while (st != state::ended && !quitting) {
-                auto m = framer.next();
-                if (!m) break;
-                took = true;
-                ++c.messages_received;
-                if (!detached) on_message(*m);
-                if (++turn == o.messages_per_turn) {
-                    turn = 0;
-                    // These messages' handlers queued replies: let the writer start writing
-                    // them now, or finish its write and take them. (`m` is not used after.)
-                    if (!queue.empty() && writer_wait != wait::interval && st == state::open)
-                        co_await net::post(t->get_executor(), net::use_awaitable);
-                }
-            }
-            watch_partial(took);
-            // A buffer grown for a large message or a burst goes back to the read size.
-            if (framer.buffered() == 0) framer.trim(2 * read_size);
-            c.read_buffer_bytes = framer.capacity();
-            charge_read();
+            co_await deliver();
         }
+    }
+
+    // Passes on the whole messages the framer holds.
+    net::awaitable<void> deliver() {
+        std::size_t turn = 0;
+        bool took = false;
+        while (st != state::ended && !quitting) {
+            auto m = framer.next();
+            if (!m) break;
+            took = true;
+            ++c.messages_received;
+            if (!detached) on_message(*m);
+            if (handing) {
+                leftover.assign(framer.unread());
+                wake_writer();
+                co_return;
+            }
+            if (++turn == o.messages_per_turn) {
+                turn = 0;
+                // These messages' handlers queued replies: let the writer start writing
+                // them now, or finish its write and take them. (`m` is not used after.)
+                if (!queue.empty() && writer_wait != wait::interval && st == state::open)
+                    co_await net::post(t->get_executor(), net::use_awaitable);
+            }
+        }
+        watch_partial(took);
+        // A buffer grown for a large message or a burst goes back to the read size.
+        if (framer.buffered() == 0) framer.trim(2 * read_size);
+        c.read_buffer_bytes = framer.capacity();
+        charge_read();
+    }
+
+    // Both loops stopped for hand_over(): the transport goes to its new owner, not closed.
+    void hand_over_now() {
+        auto done = std::move(handing);
+        handing = nullptr;
+        std::unique_ptr<transport> moved;
+        if (st == state::open) {
+            moved = std::move(t);
+            t = std::make_unique<handed_transport>(moved->remote_address(), moved->get_executor());
+        }
+        detached = true;
+        finish();
+        done(std::move(moved), std::move(leftover));
     }
 
     struct read_plan {
@@ -447,7 +503,7 @@ batched_comm::batched_comm(std::unique_ptr<transport> t, comm_options options,
 
 batched_comm::~batched_comm() {
     impl_->detached = true;
-    if (!impl_->finished)
+    if (!impl_->finished && !impl_->handing)
         impl_->fail(errc::closed,
                     "ordo: connection to " + impl_->t->remote_address() + " destroyed");
 }
@@ -460,7 +516,22 @@ void batched_comm::start() {
     net::co_spawn(
         self->t->get_executor(),
         [self]() -> net::awaitable<void> { co_await (self->read_loop() && self->write_loop()); },
-        [self](std::exception_ptr) { self->finish(); });
+        [self](std::exception_ptr) {
+            if (self->handing)
+                self->hand_over_now();
+            else
+                self->finish();
+        });
+}
+
+void batched_comm::preload(std::string_view bytes) {
+    if (bytes.empty() || impl_->started) return;
+    impl_->framer.feed(bytes);
+    impl_->preloaded = true;
+}
+
+void batched_comm::hand_over(handed_fn done) {
+    impl_->handing = std::move(done);
 }
 
 void batched_comm::send(std::string_view message) {

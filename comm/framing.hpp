@@ -48,6 +48,8 @@ class framer {
 
     /// Bytes received but not yet returned by next().
     std::size_t buffered() const noexcept { return end_ - begin_; }
+    /// Those bytes (valid until the next prepare() or feed()).
+    std::string_view unread() const noexcept { return {buf_.get() + begin_, end_ - begin_}; }
     /// Bytes the buffer holds (its memory).
     std::size_t capacity() const noexcept { return cap_; }
     /// The capacity prepare(n, max_capacity) would leave (more than capacity() when it has to

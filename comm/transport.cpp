@@ -15,6 +15,10 @@ void transport_fail(std::string_view what, std::string_view url, const std::erro
 }  // namespace detail
 
 transport::~transport() = default;
+
+std::unique_ptr<transport> transport::rehome(const net::any_io_executor&) {
+    return nullptr;
+}
 listener::~listener() = default;
 
 bool is_transport_parameter(std::string_view name) noexcept {

@@ -82,6 +82,9 @@ void export_server(families& f, const labels& base, const server_stats& s) {
     f.gauge("ordo_server_running_handlers", "Handlers running", base, double(s.running_handlers));
     f.gauge("ordo_server_detached_sessions", "Resumable sessions waiting for their caller", base,
             double(s.detached_sessions));
+    f.counter("ordo_server_sessions_moved_total",
+              "Resumes whose connection moved to its session's loop", base,
+              double(s.sessions_moved));
     f.gauge("ordo_server_memory_used_bytes", "Bytes charged to the memory budget", base,
             double(s.memory_used));
     f.gauge("ordo_server_memory_budget_bytes", "The memory budget (0: none)", base,

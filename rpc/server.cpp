@@ -95,9 +95,9 @@ void server::state::serve(loop& lp, std::unique_ptr<transport> t) {
         return closed_on(lp);
     }
     detail::resume_config rc;
-    // A session is taken over by the connection its caller comes back on, which may land
-    // on another loop: with several loops, sessions are not offered.
-    if (loops.size() == 1) rc.registry = sessions;
+    // A caller coming back lands on any loop; its session's connection moves to the loop the
+    // session lives on (session_handshake.cpp).
+    rc.registry = sessions;
     std::shared_ptr<peer> p;
     const std::string remote = t->remote_address();
     try {

@@ -29,6 +29,7 @@ server_stats server::state::base_snapshot() const {
     st.connections_accepted = accepted;
     st.connections_refused = refused;
     st.detached_sessions = sessions->detached_count();
+    st.sessions_moved = sessions->moved();
     if (const auto& b = o.peer.comm.budget) {
         st.memory_used = b->used();
         st.memory_budget = b->limit();

@@ -86,9 +86,9 @@ void session::start() {
     comm_->start();
 }
 
-void session::attach(std::unique_ptr<transport> t) {
-    auto l = std::make_shared<link>(link{this});
-    comm_ = std::make_unique<batched_comm>(
+std::unique_ptr<batched_comm> session::make_comm(std::unique_ptr<transport> t,
+                                                const std::shared_ptr<link>& l) {
+    return std::make_unique<batched_comm>(
         std::move(t), options_,
         [l](std::string_view bytes) {
             if (l->s) l->s->on_comm_message(bytes);
@@ -96,6 +96,11 @@ void session::attach(std::unique_ptr<transport> t) {
         [l](const close_result& r) {
             if (l->s) l->s->on_comm_closed(r);
         });
+}
+
+void session::attach(std::unique_ptr<transport> t) {
+    auto l = std::make_shared<link>(link{this});
+    comm_ = make_comm(std::move(t), l);
     link_ = std::move(l);
     if (paused_) comm_->pause_reading(true);
 }

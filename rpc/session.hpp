@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -35,24 +37,37 @@ using session_id = std::array<unsigned char, 16>;
 class session;
 
 /// A server's resumable sessions, by id, and the bound on those waiting for their caller to
-/// come back (detached). Belongs to the server's executor.
-class session_registry {
+/// come back (detached). Shared by the server's loops (its members lock): each session is
+/// touched only on its own loop, so a caller back on another loop is handed over to it.
+class session_registry : public std::enable_shared_from_this<session_registry> {
   public:
     session_registry(std::chrono::milliseconds max_window, std::size_t max_detached)
         : max_window_(std::min(max_window, std::chrono::milliseconds(std::chrono::hours(24)))),
           max_detached_(max_detached) {}
 
+    /// Where a session lives: null `s` if there is no such session. `s` may be used on `ex`
+    /// only, and only after finding it again there.
+    struct place {
+        session* s = nullptr;
+        net::any_io_executor ex;
+        std::string identity;  // the caller's (tls), checked on resume
+    };
+
     /// The longest window this server grants (0: it does not resume sessions).
     std::chrono::milliseconds max_window() const noexcept { return max_window_; }
-    session* find(const session_id& id) const;
-    void add(const session_id& id, session* s) { by_id_[key(id)].push_back({id, s}); }
+    place find(const session_id& id) const;
+    /// On `s`'s loop.
+    void add(const session_id& id, session* s, net::any_io_executor ex, std::string identity);
     void remove(const session_id& id, session* s);
-    /// `s` lost its connection. When more than max_detached wait, the one detached longest
-    /// is ended.
-    void detached(session* s);
+    /// `s` lost its connection (on its loop). When more than max_detached wait, the one
+    /// detached longest is ended, on its own loop.
+    void detached(session* s, const session_id& id, const net::any_io_executor& ex);
     /// `s` got a connection back, or ended.
-    void attached(session* s) { waiting_.remove(s); }
-    std::size_t detached_count() const noexcept { return waiting_.size(); }
+    void attached(session* s);
+    std::size_t detached_count() const;
+    /// Resumes that moved their connection to the session's loop.
+    std::uint64_t moved() const noexcept { return moved_.load(std::memory_order_relaxed); }
+    void note_moved() noexcept { moved_.fetch_add(1, std::memory_order_relaxed); }
 
   private:
     static std::size_t key(const session_id& id) {
@@ -62,12 +77,19 @@ class session_registry {
     }
     struct entry {
         session_id id;
+        place at;
+    };
+    struct waiting {
         session* s;
+        session_id id;
+        net::any_io_executor ex;
     };
     std::chrono::milliseconds max_window_;
     std::size_t max_detached_;
+    mutable std::mutex m_;
     std::unordered_map<std::size_t, std::vector<entry>> by_id_;
-    std::list<session*> waiting_;
+    std::list<waiting> waiting_;
+    std::atomic<std::uint64_t> moved_{0};
 };
 
 /// What a session asks of the connection that owns it.
@@ -192,6 +214,12 @@ class session {
     void on_hello_request(message& m);
     void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l, std::uint32_t msgid,
                    std::uint64_t their_received);
+    static void resume_here(session_registry& reg, const session_id& id,
+                            std::unique_ptr<transport> t, std::string rest, std::uint32_t msgid,
+                            std::uint64_t their_received);
+    static std::string no_session(const session_id& id);
+    std::unique_ptr<batched_comm> make_comm(std::unique_ptr<transport> t,
+                                            const std::shared_ptr<link>& l);
     void answer_welcome(std::uint32_t msgid);
     void answer_error(std::uint32_t msgid, errc code, const std::string& text);
     void send_hello();

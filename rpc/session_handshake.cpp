@@ -146,7 +146,7 @@ void session::on_hello_request(message& m) {
     if (fresh) {
         id_ = random_session_id();
         window_ = std::min(rc_.registry->max_window(), window_of(asked));
-        rc_.registry->add(id_, this);
+        rc_.registry->add(id_, this, ex_, identity_);
         mode_ = mode::resumable;
         // This connection carried everything sent so far: nothing to send again.
         if (their_received <= sent_.end() && their_received >= sent_.first())
@@ -154,21 +154,77 @@ void session::on_hello_request(message& m) {
         note_unacked();
         return answer_welcome(m.msgid);
     }
-    session* old = rc_.registry->find(id);
+    auto at = rc_.registry->find(id);
     // Over tls, only the client that opened a session may resume it.
-    if (old && old->identity_ != identity_) old = nullptr;
-    if (!old || old == this || !old->open_ || old->ending_) {
+    if (at.s && at.identity != identity_) at.s = nullptr;
+    const bool here = at.s && at.ex == ex_;
+    if (!at.s || at.s == this || (here && (!at.s->open_ || at.s->ending_))) {
         become_plain(false);
-        return answer_error(
-            m.msgid, errc::session_lost,
-            "no session " + hex(id) + " here (the server restarted, or the session expired)");
+        return answer_error(m.msgid, errc::session_lost, no_session(id));
     }
     // The caller is back: its session takes this connection over, and this one ends.
     auto comm = std::move(comm_);
     auto l = std::move(link_);
     mode_ = mode::plain;
-    old->take_over(std::move(comm), std::move(l), m.msgid, their_received);
+    if (here) {
+        at.s->take_over(std::move(comm), std::move(l), m.msgid, their_received);
+    } else {
+        // The session lives on another loop: once what this side queued is written, the
+        // connection moves there (with what the caller sent after its hello, if anything).
+        l->s = nullptr;
+        comm->hand_over([reg = rc_.registry, ex = at.ex, id, msgid = m.msgid, their_received](
+                            std::unique_ptr<transport> t, std::string rest) {
+            if (!t) return;  // it failed meanwhile: the caller comes back again
+            auto moved = t->rehome(ex);
+            if (!moved) {
+                // tls with bytes still inside its buffers: the caller comes back again.
+                t->reset();
+                return;
+            }
+            net::post(ex, [reg, id, msgid, their_received, rest = std::move(rest),
+                           t = std::move(moved)]() mutable {
+                resume_here(*reg, id, std::move(t), std::move(rest),
+                            msgid, their_received);
+            });
+        });
+        dead_comm_ = std::move(comm);
+    }
     end({errc::closed, "ordo: connection from " + remote_ + " resumed an earlier session", {}});
+}
+
+std::string session::no_session(const session_id& id) {
+    return "no session " + hex(id) + " here (the server restarted, or the session expired)";
+}
+
+// On the loop of session `id`, with a connection that claimed it on another loop.
+void session::resume_here(session_registry& reg, const session_id& id,
+                          std::unique_ptr<transport> t, std::string rest, std::uint32_t msgid,
+                          std::uint64_t their_received) {
+    auto at = reg.find(id);
+    session* s = at.s;
+    if (s && (!s->open_ || s->ending_ || s->identity_ != t->peer_identity())) s = nullptr;
+    if (!s) {
+        // It ended while the connection was on its way: say so, and close the connection.
+        auto ex = t->get_executor();
+        auto comm = std::make_shared<batched_comm>(std::move(t), comm_options{},
+                                                   [](std::string_view) {});
+        buffer b(small_buffer);
+        encode_error_response(b, msgid, errc::session_lost, no_session(id));
+        comm->send(std::string_view(b.data(), b.size()));
+        comm->start();
+        comm->close();
+        net::co_spawn(
+            ex,
+            [comm]() -> net::awaitable<void> { co_await comm->async_wait_closed(); },
+            net::detached);
+        return;
+    }
+    auto l = std::make_shared<link>(link{s});
+    auto comm = s->make_comm(std::move(t), l);
+    comm->preload(rest);
+    reg.note_moved();
+    s->take_over(std::move(comm), std::move(l), msgid, their_received);
+    if (s->comm_) s->comm_->start();
 }
 
 void session::take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l,

@@ -4,34 +4,66 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
+
+#include <asio/dispatch.hpp>
 
 namespace ordo::detail {
 
-session* session_registry::find(const session_id& id) const {
+session_registry::place session_registry::find(const session_id& id) const {
+    std::lock_guard lock(m_);
     auto it = by_id_.find(key(id));
-    if (it == by_id_.end()) return nullptr;
+    if (it == by_id_.end()) return {};
     for (const auto& e : it->second)
-        if (e.id == id) return e.s;
-    return nullptr;
+        if (e.id == id) return e.at;
+    return {};
+}
+
+void session_registry::add(const session_id& id, session* s, net::any_io_executor ex,
+                           std::string identity) {
+    std::lock_guard lock(m_);
+    by_id_[key(id)].push_back({id, {s, std::move(ex), std::move(identity)}});
 }
 
 void session_registry::remove(const session_id& id, session* s) {
-    waiting_.remove(s);
+    std::lock_guard lock(m_);
+    std::erase_if(waiting_, [&](const waiting& w) { return w.s == s; });
     auto it = by_id_.find(key(id));
     if (it == by_id_.end()) return;
-    std::erase_if(it->second, [&](const entry& e) { return e.s == s; });
+    std::erase_if(it->second, [&](const entry& e) { return e.at.s == s; });
     if (it->second.empty()) by_id_.erase(it);
 }
 
-void session_registry::detached(session* s) {
-    waiting_.remove(s);
-    waiting_.push_back(s);
-    while (waiting_.size() > max_detached_) {
-        session* oldest = waiting_.front();
-        waiting_.pop_front();
-        oldest->give_up("ordo: session given up: more than " + std::to_string(max_detached_) +
-                        " sessions were waiting to resume (max_detached_sessions)");
+void session_registry::attached(session* s) {
+    std::lock_guard lock(m_);
+    std::erase_if(waiting_, [&](const waiting& w) { return w.s == s; });
+}
+
+std::size_t session_registry::detached_count() const {
+    std::lock_guard lock(m_);
+    return waiting_.size();
+}
+
+void session_registry::detached(session* s, const session_id& id, const net::any_io_executor& ex) {
+    std::vector<waiting> over;
+    {
+        std::lock_guard lock(m_);
+        std::erase_if(waiting_, [&](const waiting& w) { return w.s == s; });
+        waiting_.push_back({s, id, ex});
+        while (waiting_.size() > max_detached_) {
+            over.push_back(waiting_.front());
+            waiting_.pop_front();
+        }
     }
+    const std::string why = "ordo: session given up: more than " + std::to_string(max_detached_) +
+                            " sessions were waiting to resume (max_detached_sessions)";
+    // Each on its own loop (at once when that is this one), if it is still there and still
+    // waiting by then.
+    for (const auto& w : over)
+        net::dispatch(w.ex, [self = shared_from_this(), w, why] {
+            if (self->find(w.id).s != w.s || w.s->attached_) return;
+            w.s->give_up(why);
+        });
 }
 
 }  // namespace ordo::detail

@@ -192,7 +192,7 @@ void session::detach(const close_result& r) {
     ++detaches_;
     // The window counts from the drop of a working connection, not from each failed retry.
     if (was_attached) start_window();
-    if (rc_.registry) rc_.registry->detached(this);  // may give up this one at once
+    if (rc_.registry) rc_.registry->detached(this, id_, ex_);  // may give up this one at once
     if (open_ && rc_.reconnect)
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     changed();

@@ -89,6 +89,7 @@ void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
     pack_kv(p, "queued_messages", s.queued_messages);
     pack_kv(p, "running_handlers", s.running_handlers);
     pack_kv(p, "detached_sessions", s.detached_sessions);
+    pack_kv(p, "sessions_moved", s.sessions_moved);
     pack_kv(p, "memory_used", s.memory_used);
     pack_kv(p, "memory_budget", s.memory_budget);
 }

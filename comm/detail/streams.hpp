@@ -6,9 +6,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -40,6 +42,10 @@ std::string tcp_url(const tcp::endpoint& ep, std::string scheme = "tcp");
 struct tls_stream {
     tls_stream(tcp::socket s, std::shared_ptr<ssl::context> c)
         : ctx(std::move(c)), stream(std::move(s), *ctx) {}
+    // An established TLS session (its SSL object, a reference of which it takes over) on
+    // another socket: a connection moved to another executor.
+    tls_stream(tcp::socket s, std::shared_ptr<ssl::context> c, SSL* established)
+        : ctx(std::move(c)), stream(std::move(s), established) {}
     std::shared_ptr<ssl::context> ctx;
     ssl::stream<tcp::socket> stream;
 };
@@ -143,7 +149,44 @@ class stream_transport final : public transport {
         }
     }
 
+    std::unique_ptr<transport> rehome(const net::any_io_executor& ex) override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>) {
+            SSL* ssl = socket_->stream.native_handle();
+            // What OpenSSL holds that the peer sent and nobody read yet, or that it made and
+            // nobody wrote, would stay behind with the old buffers.
+            if (::SSL_pending(ssl) > 0 || ::BIO_ctrl_pending(::SSL_get_rbio(ssl)) > 0 ||
+                ::BIO_ctrl_wpending(::SSL_get_wbio(ssl)) > 0)
+                return nullptr;
+            auto s = move_socket(socket_->stream.next_layer(), ex);
+            if (!s) return nullptr;
+            ::SSL_up_ref(ssl);
+            auto moved = std::make_shared<tls_stream>(std::move(*s), socket_->ctx, ssl);
+            return std::make_unique<stream_transport>(std::move(moved), remote_address());
+        } else {
+            auto s = move_socket(socket_, ex);
+            if (!s) return nullptr;
+            return std::make_unique<stream_transport>(std::move(*s), remote_address());
+        }
+    }
+
   private:
+    // The socket's descriptor on a new socket object of `ex` (this one is left closed).
+    template <class S>
+    static std::optional<S> move_socket(S& from, const net::any_io_executor& ex) {
+        std::error_code ec;
+        const auto protocol = from.local_endpoint(ec).protocol();
+        if (ec) return std::nullopt;
+        const auto fd = from.release(ec);
+        if (ec) return std::nullopt;
+        S to(ex);
+        to.assign(protocol, fd, ec);
+        if (ec) {
+            ::close(fd);
+            return std::nullopt;
+        }
+        return std::optional<S>(std::move(to));
+    }
+
     Socket socket_;
 };
 

@@ -153,6 +153,20 @@ class batched_comm {
     /// Starts the reader and writer coroutines. Messages sent before start() are queued.
     void start();
 
+    /// Bytes an earlier owner read from the transport past its last message (hand_over()):
+    /// delivered before anything read. Before start() only.
+    void preload(std::string_view bytes);
+
+    /// Receives the connection handed over: its transport (null if the connection failed
+    /// first) and the bytes read past the last message delivered.
+    using handed_fn = std::function<void(std::unique_ptr<transport>, std::string)>;
+    /// From on_message: gives the connection up to another owner instead of closing it. No
+    /// message after the current one is delivered; once what is queued is written, the reader
+    /// and writer stop and `done` runs (on this executor) with the transport. on_closed does
+    /// not run, and this object may then be destroyed. If the connection fails first, `done`
+    /// gets null (and on_closed does not run either).
+    void hand_over(handed_fn done);
+
     /// Takes one encoded msgpack object for sending. Never blocks or suspends. Throws
     /// std::system_error: errc::overloaded when taking it would exceed max_buffer_bytes (the
     /// message is not taken), or the close reason's code once close()/abort() was called or the

@@ -21,7 +21,8 @@
 //   ordo_server_connections, ordo_server_connections_accepted_total,
 //   ordo_server_connections_refused_total, ordo_server_received_bytes_total,
 //   ordo_server_sent_bytes_total, ordo_server_queued_messages, ordo_server_running_handlers,
-//   ordo_server_detached_sessions, ordo_server_memory_used_bytes, ordo_server_memory_budget_bytes
+//   ordo_server_detached_sessions, ordo_server_sessions_moved_total,
+//   ordo_server_memory_used_bytes, ordo_server_memory_budget_bytes
 //   ordo_server_batches_total{method}, ordo_server_batch_size{method} (histogram)
 //   ordo_router_calls_total, ordo_router_queued_calls, ordo_router_retried_total,
 //   ordo_router_replicas_lost_total

@@ -66,6 +66,9 @@ struct server_stats {
     std::size_t queued_messages = 0;   ///< waiting for a serial handler, now
     std::size_t running_handlers = 0;  ///< now
     std::size_t detached_sessions = 0;
+    /// Resumes whose connection arrived on another loop than its session's and moved there
+    /// (server_options::threads > 1), since construction.
+    std::uint64_t sessions_moved = 0;
     std::size_t memory_used = 0;              ///< charged to the memory budget
     std::size_t memory_budget = 0;            ///< its limit (0: none)
     std::uint64_t unknown_requests = 0;       ///< requests for a method with no handler

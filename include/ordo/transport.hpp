@@ -96,6 +96,15 @@ class transport {
     const std::string& remote_address() const noexcept { return remote_; }
     virtual net::any_io_executor get_executor() = 0;
 
+    /// Moves the connection to the executor `ex` (a resumed session's loop, on a server with
+    /// several): returns a transport for the same connection that belongs to `ex`, and leaves
+    /// this one without it. Called on this transport's executor with no operation pending.
+    /// tcp:// and unix:// move their socket; tls:// moves its socket and TLS state, and refuses
+    /// (null) while bytes the peer sent are still buffered inside the TLS layer. Null, and this
+    /// transport unchanged: it cannot move (inproc://, zmq+: they live on their listener's
+    /// executor).
+    virtual std::unique_ptr<transport> rehome(const net::any_io_executor& ex);
+
   protected:
     explicit transport(std::string remote) : remote_(std::move(remote)) {}
 

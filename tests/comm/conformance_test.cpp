@@ -11,6 +11,7 @@
 #include "ordo/error.hpp"
 #include "ordo/ordo.hpp"
 #include "support/run_test.hpp"
+#include "support/running_loop.hpp"
 #include "support/streams.hpp"
 
 namespace ordo {
@@ -151,6 +152,82 @@ TEST_P(Conformance, GarbageBytesCloseThatConnectionWithAProtocolErrorAndANewConn
         EXPECT_TRUE(co_await wait_until([&] { return got.size() == 1; }));
         EXPECT_EQ(got, std::vector<std::uint32_t>{7});
         client.abort();
+    });
+}
+
+// A connection handed over in the middle of a read (batched_comm::hand_over, as a resumed
+// session does on a server with several loops): what was queued is written first, the bytes
+// read past the current message go along, and the transport moves to another loop, where a new
+// batched_comm goes on with both directions intact. inproc and zmq+ cannot move.
+TEST_P(Conformance, AConnectionHandedOverToAnotherLoopLosesNoByteEitherWay) {
+    const std::string scheme = GetParam();
+    const bool movable = scheme == "tcp" || scheme == "unix" || scheme == "tls";
+    test::running_loop other;
+    run_test([&]() -> net::awaitable<void> {
+        auto p = co_await connect_pair(scheme);
+        std::vector<std::uint32_t> before, after, back;
+        std::unique_ptr<transport> handed;
+        std::string rest;
+        bool done = false;
+        std::unique_ptr<batched_comm> first;
+        first = std::make_unique<batched_comm>(std::move(p.server), comm_options{},
+                                                    [&](std::string_view m) {
+                                                        before.push_back(seq_of(m));
+                                                        if (seq_of(m) != 2) return;
+                                                        first->send(seq_msg(100));
+                                                        first->hand_over(
+                                                            [&](std::unique_ptr<transport> t,
+                                                                std::string r) {
+                                                                handed = std::move(t);
+                                                                rest = std::move(r);
+                                                                done = true;
+                                                            });
+                                                    });
+        batched_comm client(std::move(p.client), {},
+                            [&](std::string_view m) { back.push_back(seq_of(m)); });
+        first->start();
+        client.start();
+        // One write: the hand-over comes in the middle of what one read took.
+        std::string burst;
+        for (std::uint32_t i = 0; i < 6; ++i) burst += seq_msg(i);
+        client.send(burst);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done; }));
+        first.reset();
+        ORDO_CO_ASSERT_TRUE(handed);
+        EXPECT_EQ(before, (std::vector<std::uint32_t>{0, 1, 2}));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return back.size() == 1; }));
+        EXPECT_EQ(back, std::vector<std::uint32_t>{100});  // queued before: written before
+        auto moved = handed->rehome(other.io.get_executor());
+        if (!movable) {
+            EXPECT_FALSE(moved);
+            client.abort();
+            co_return;
+        }
+        ORDO_CO_ASSERT_TRUE(moved);
+        EXPECT_TRUE(moved->get_executor() == net::any_io_executor(other.io.get_executor()));
+        std::shared_ptr<batched_comm> second;
+        std::atomic<int> got{0};
+        net::post(other.io, [&, t = std::move(moved), rest]() mutable {
+            second = std::make_shared<batched_comm>(std::move(t), comm_options{},
+                                                    [&](std::string_view m) {
+                                                        after.push_back(seq_of(m));
+                                                        second->send(seq_msg(200 + seq_of(m)));
+                                                        ++got;
+                                                    });
+            second->preload(rest);
+            second->start();
+        });
+        for (std::uint32_t i = 6; i < 9; ++i) client.send(seq_msg(i));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.load() == 6 && back.size() == 7; }));
+        EXPECT_EQ(after, (std::vector<std::uint32_t>{3, 4, 5, 6, 7, 8}));
+        EXPECT_EQ(back, (std::vector<std::uint32_t>{100, 203, 204, 205, 206, 207, 208}));
+        client.abort();
+        std::promise<void> gone;
+        net::post(other.io, [&] {
+            second.reset();
+            gone.set_value();
+        });
+        gone.get_future().wait();
     });
 }
 

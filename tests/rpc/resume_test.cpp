@@ -2,6 +2,8 @@
 // notification and response arrives exactly once and in order. Connections are cut by a
 // userspace proxy (tests/support/cutting_proxy.hpp) on loopback.
 #include <cstdlib>
+#include <atomic>
+#include <mutex>
 #include <optional>
 
 #include <gtest/gtest.h>
@@ -31,21 +33,20 @@ std::shared_ptr<peer> peer_of(const channel& c) {
     return std::dynamic_pointer_cast<peer>(c.impl());
 }
 
-// Counts ("add" notifications must arrive as 0, 1, 2...: `broken` records the first that did
-// not) and answers calls, some of which call back to the caller.
+// Counts ("add" notifications must arrive as 0, 1, 2...: broken() names the first that did
+// not) and answers calls, some of which call back to the caller. Its handlers may run on any
+// of the server's loops (one session's on one), the test reads on its own.
 struct counting_server {
     explicit counting_server(net::any_io_executor ex, server_options o = {})
         : srv(ex, std::move(o)) {
         srv.on("add", [this](std::uint64_t i) {
-            if (i != next_add && !broken)
-                broken =
-                    "add " + std::to_string(i) + " arrived, expected " + std::to_string(next_add);
+            if (i != next_add) note("add " + std::to_string(i) + " arrived, expected " +
+                                    std::to_string(next_add.load()));
             next_add = i + 1;
         });
         srv.on("echo", [this](std::uint64_t i) {
-            if (i != next_echo && !broken)
-                broken =
-                    "echo " + std::to_string(i) + " arrived, expected " + std::to_string(next_echo);
+            if (i != next_echo) note("echo " + std::to_string(i) + " arrived, expected " +
+                                     std::to_string(next_echo.load()));
             next_echo = i + 1;
             return i;
         });
@@ -55,18 +56,27 @@ struct counting_server {
             co_return co_await back.async_call<std::uint64_t>("twice", i) + 1;
         });
         srv.on("bump", [this] {
-            ++bumps;
+            const int n = ++bumps;
             if (on_bump) on_bump();
-            return bumps;
+            return n;
         });
         url = srv.listen("tcp://127.0.0.1:0");
     }
+    void note(std::string what) {
+        std::lock_guard l(m);
+        if (!broken_) broken_ = std::move(what);
+    }
+    std::optional<std::string> broken() {
+        std::lock_guard l(m);
+        return broken_;
+    }
     server srv;
     std::string url;
-    std::uint64_t next_add = 0, next_echo = 0;
-    int bumps = 0;
+    std::atomic<std::uint64_t> next_add{0}, next_echo{0};
+    std::atomic<int> bumps{0};
     std::function<void()> on_bump;
-    std::optional<std::string> broken;
+    std::mutex m;
+    std::optional<std::string> broken_;
 };
 
 handlers caller_handlers() {
@@ -80,6 +90,21 @@ double scale() {
     const char* s = std::getenv("ORDO_RESUME_SCALE");
     return s ? std::atof(s) : 1.0;
 }
+
+// Each of these runs on a server with 1, 2 and 4 loops. With several, the caller's new
+// connection lands on another loop than its session's (the least loaded: the session's own
+// holds it) and moves there at its ordo.hello.
+class ResumeOnLoops : public ::testing::TestWithParam<std::size_t> {
+  protected:
+    server_options options() const {
+        server_options o;
+        o.threads = GetParam();
+        return o;
+    }
+};
+
+INSTANTIATE_TEST_SUITE_P(Threads, ResumeOnLoops, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "loops"; });
 
 TEST(Resume, SessionIsResumableAndCallsWork) {
     run_test([]() -> net::awaitable<void> {
@@ -113,16 +138,16 @@ TEST(Resume, AServerThatDoesNotResumeServesAPlainSession) {
         c.notify("add", std::uint64_t{0});
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
         EXPECT_FALSE(peer_of(c)->is_resumable());
-        EXPECT_EQ(s.next_add, 1u);
+        EXPECT_EQ(s.next_add.load(), 1u);
         co_await s.srv.async_stop();
     });
 }
 
 // Cuts at chosen moments: calls pending over a cut complete, notifications arrive once, in order.
-TEST(Resume, CallsAndNotificationsSurviveCuts) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, CallsAndNotificationsSurviveCuts) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         auto hs = caller_handlers();
         peer_options po;  // named: see README.md, "GCC 12 note"
@@ -143,25 +168,30 @@ TEST(Resume, CallsAndNotificationsSurviveCuts) {
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 50; }));
         }
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", echoes), echoes);
-        EXPECT_EQ(s.next_add, adds);
-        EXPECT_FALSE(s.broken) << *s.broken;
+        EXPECT_EQ(s.next_add.load(), adds);
+        EXPECT_FALSE(s.broken()) << *s.broken();
         EXPECT_GE(proxy.cuts(), 10u);  // a cut_all() while the caller reconnects cuts nothing
         EXPECT_GE(peer_of(c)->counters().resumes, 1u);
+        // With several loops the caller came back on another loop (the least loaded: not its
+        // session's, unless the last connection there had not finished closing yet).
+        if (GetParam() > 1) {
+            EXPECT_GE(s.srv.stats().sessions_moved, 1u);
+        }
         co_await s.srv.async_stop();
     });
 }
 
 // The response of a handler that ran is lost with the connection: the handler does not run
 // again, and its answer arrives after the resume.
-TEST(Resume, ACutRightAfterAHandlerRanDoesNotRunItAgain) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, ACutRightAfterAHandlerRanDoesNotRunItAgain) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         s.on_bump = [&] { proxy.cut_all(); };
         auto c = co_await async_connect(proxy.url() + "?resume_ms=10000");
         for (int i = 1; i <= 5; ++i) EXPECT_EQ(co_await c.async_call<int>("bump"), i);
-        EXPECT_EQ(s.bumps, 5);
+        EXPECT_EQ(s.bumps.load(), 5);
         EXPECT_GE(proxy.cuts(), 5u);
         co_await s.srv.async_stop();
     });
@@ -169,11 +199,11 @@ TEST(Resume, ACutRightAfterAHandlerRanDoesNotRunItAgain) {
 
 // Random cuts anywhere (inside messages, inside batches, during handshakes): one-way messages
 // and calls both ways, nothing lost, nothing twice, order intact, no error surfaced.
-TEST(Resume, RandomCutsLoseAndDuplicateNothing) {
+TEST_P(ResumeOnLoops, RandomCutsLoseAndDuplicateNothing) {
     run_test(
-        []() -> net::awaitable<void> {
+        [this]() -> net::awaitable<void> {
             auto ex = co_await net::this_coro::executor;
-            counting_server s(ex);
+            counting_server s(ex, options());
             cut_options co;
             co.seed = 20261123;
             co.min_bytes = 2'000;
@@ -212,15 +242,18 @@ TEST(Resume, RandomCutsLoseAndDuplicateNothing) {
                 co_await p->async_drain();
             }
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == echoes + backs; }, 120s));
-            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.next_add == one_way; }, 60s));
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.next_add.load() == one_way; }, 60s));
             EXPECT_EQ(failed, 0u);
-            EXPECT_FALSE(s.broken) << *s.broken;
+            EXPECT_FALSE(s.broken()) << *s.broken();
             EXPECT_TRUE(p->is_open());
             std::printf("random cuts: %zu cuts, %zu connections, %llu resumes, %llu resent\n",
                         proxy.cuts(), proxy.connections(),
                         static_cast<unsigned long long>(p->counters().resumes),
                         static_cast<unsigned long long>(p->counters().messages_resent));
             EXPECT_GE(proxy.cuts(), static_cast<std::size_t>(200 * scale()));
+            if (GetParam() > 1) {
+                EXPECT_GE(s.srv.stats().sessions_moved, 100 * scale());
+            }
             co_await s.srv.async_stop();
         },
         300s);
@@ -228,10 +261,10 @@ TEST(Resume, RandomCutsLoseAndDuplicateNothing) {
 
 // Connections that carry only a few dozen bytes each: cuts fall inside ordo.hello, inside its
 // answer and inside the messages sent again after a resume.
-TEST(Resume, CutsDuringHandshakesAndResends) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, CutsDuringHandshakesAndResends) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cut_options co;
         co.seed = 7;
         co.min_bytes = 10;
@@ -248,8 +281,8 @@ TEST(Resume, CutsDuringHandshakesAndResends) {
         }
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 30; }, 60s));
         EXPECT_EQ(failed, 0u);
-        EXPECT_EQ(s.next_add, 30u);
-        EXPECT_FALSE(s.broken) << *s.broken;
+        EXPECT_EQ(s.next_add.load(), 30u);
+        EXPECT_FALSE(s.broken()) << *s.broken();
         EXPECT_GE(proxy.cuts(), 10u);
         co_await s.srv.async_stop();
     });
@@ -257,10 +290,10 @@ TEST(Resume, CutsDuringHandshakesAndResends) {
 
 // The window passes: what was in flight fails with peer_lost and the application hears of it;
 // the channel stays usable, and its next call opens a new session.
-TEST(Resume, NotResumedWithinTheWindowFailsPendingCallsThenANewSessionOpens) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, NotResumedWithinTheWindowFailsPendingCallsThenANewSessionOpens) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         std::vector<session_event> events;
         std::vector<std::string> undelivered;
@@ -347,10 +380,10 @@ TEST(Resume, ACleanCloseByTheServerIsNotWaitedOn) {
 
 // While no connection carries the session, sends are kept up to max_unacked_bytes, then
 // refused with overloaded; everything taken arrives after the resume.
-TEST(Resume, AFullResendBufferPushesBackAndLosesNothing) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, AFullResendBufferPushesBackAndLosesNothing) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         auto c = co_await async_connect(proxy.url() + "?resume_ms=20000&max_unacked_bytes=65536");
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
@@ -373,19 +406,19 @@ TEST(Resume, AFullResendBufferPushesBackAndLosesNothing) {
         proxy.set_refusing(false);
         co_await peer_of(c)->async_drain();
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 1), 1u);
-        EXPECT_EQ(s.next_add, taken);
-        EXPECT_FALSE(s.broken) << *s.broken;
+        EXPECT_EQ(s.next_add.load(), taken);
+        EXPECT_FALSE(s.broken()) << *s.broken();
         co_await s.srv.async_stop();
     });
 }
 
 // Over mutual TLS the session resumes for the client that opened it (the server checks that the
 // new connection's client certificate is the same).
-TEST(Resume, OverMutualTlsTheSameClientResumes) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, OverMutualTlsTheSameClientResumes) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         const auto& f = test::shared_tls_files();
-        server srv(ex);
+        server srv(ex, options());
         srv.on("echo", [](std::uint64_t i) { return i; });
         const std::string url = srv.listen("tls://127.0.0.1:0?cert=" + f.server_cert +
                                            "&key=" + f.server_key + "&ca=" + f.ca);
@@ -425,7 +458,7 @@ TEST(Resume, RouterReplicasResume) {
             pb.cut_all();
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 20 * (round + 1); }));
         }
-        EXPECT_EQ(a.bumps + b.bumps, 200);  // each call ran once
+        EXPECT_EQ(a.bumps.load() + b.bumps.load(), 200);  // each call ran once
         auto r = std::dynamic_pointer_cast<router>(c.impl());
         for (const auto& rep : r->replicas()) EXPECT_EQ(rep.errors, 0u) << rep.url;
         co_await a.srv.async_stop();
@@ -458,10 +491,10 @@ TEST(Resume, ARefusedResumeIsRetriedNotTakenForAGoodbye) {
 }
 
 // Deadlines keep running while the session waits for a connection.
-TEST(Resume, DeadlinesKeepRunningBetweenConnections) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, DeadlinesKeepRunningBetweenConnections) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         auto c = co_await async_connect(proxy.url() + "?resume_ms=30000");
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
@@ -481,10 +514,10 @@ TEST(Resume, DeadlinesKeepRunningBetweenConnections) {
 
 // A server keeps at most max_detached_sessions waiting; beyond, it gives up the one detached
 // longest, whose caller hears session_lost when it comes back (and then opens a new session).
-TEST(Resume, DetachedSessionsAreBoundedOnTheServer) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, DetachedSessionsAreBoundedOnTheServer) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        server_options so;
+        server_options so = options();
         so.max_detached_sessions = 1;
         counting_server s(ex, so);
         cutting_proxy first("127.0.0.1", port_of(s.url)), second("127.0.0.1", port_of(s.url));
@@ -537,10 +570,10 @@ net::awaitable<std::pair<std::error_code, std::string>> hello_answer(std::string
 }
 
 // A resume naming a session the server never gave out is refused.
-TEST(Resume, AForgedSessionIdIsRefused) {
-    run_test([]() -> net::awaitable<void> {
+TEST_P(ResumeOnLoops, AForgedSessionIdIsRefused) {
+    run_test([this]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        counting_server s(ex);
+        counting_server s(ex, options());
         buffer b;
         const std::vector<char> forged(16, '\x42');  // packed as bin, like a session id
         encode_request(b, 7, "ordo.hello", 1, forged, 0, 1000);

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
 #include "support/streams.hpp"
@@ -212,17 +213,60 @@ TEST(Loops, StopWhileHandlersRunOnEveryLoopEnds) {
     });
 }
 
-TEST(Loops, ACallerAskingForASessionIsServedPlainOnSeveralLoops) {
-    threaded_server s(2, [](server& srv) { srv.on("inc", [](int x) { return x + 1; }); });
-    running_loop clients;
-    clients.run([&]() -> net::awaitable<void> {
-        peer_options po;
-        po.resume = 5s;
-        auto ch = co_await async_connect(s.url, po);
-        EXPECT_EQ(co_await ch.async_call<int>("inc", 41), 42);
-        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
-    });
-    EXPECT_EQ(s.on_home<std::size_t>([&] { return s.srv->detached_sessions(); }), 0u);
+// A caller that asks for a session gets one on a server with several loops. Each time its
+// connection is cut, it comes back on the least loaded loop, which is not its session's (that
+// one still holds the detached session): the connection moves to the session's loop, whose
+// handlers go on in order, on that one loop, with nothing lost or run twice.
+TEST(Loops, ASessionResumesOnItsOwnLoopWhereverItsCallerComesBack) {
+    for (const std::string scheme : {"tcp", "tls"}) {
+        SCOPED_TRACE(scheme);
+        thread_set ran_on;
+        std::atomic<std::uint64_t> next{0};
+        std::atomic<int> disorder{0};
+        const std::string listen = test::listen_url(scheme);
+        threaded_server s(
+            2,
+            [&](server& srv) {
+                srv.on("next", [&](std::uint64_t i) {
+                    ran_on.note();
+                    if (next.exchange(i + 1) != i) ++disorder;
+                    return i;
+                });
+            },
+            {}, listen);
+        test::cutting_proxy proxy("127.0.0.1", static_cast<std::uint16_t>(std::stoi(
+                                                   s.url.substr(s.url.rfind(':') + 1))));
+        const std::string via =
+            scheme + "://127.0.0.1:" + std::to_string(proxy.port()) +
+            (scheme == "tls" ? test::shared_tls_files().client_params() + "&" : std::string("?")) +
+            "resume_ms=10000";
+        running_loop clients;
+        clients.run([&]() -> net::awaitable<void> {
+            auto ch = co_await async_connect(via);
+            auto p = std::dynamic_pointer_cast<peer>(ch.impl());
+            std::uint64_t i = 0;
+            for (int round = 0; round < 8; ++round) {
+                std::size_t done = 0, wrong = 0;
+                for (int k = 0; k < 200; ++k, ++i)
+                    ch.async_call<std::uint64_t>("next", i,
+                                                 [&, i](std::error_code e, std::uint64_t r) {
+                                                     if (e || r != i) ++wrong;
+                                                     ++done;
+                                                 });
+                proxy.cut_all();
+                EXPECT_TRUE(co_await wait_until([&] { return done == 200; }));
+                EXPECT_EQ(wrong, 0u);
+            }
+            EXPECT_EQ(co_await ch.async_call<std::uint64_t>("next", i), i);
+            EXPECT_TRUE(p->is_resumable());
+            EXPECT_GE(p->counters().resumes, 4u);
+            EXPECT_TRUE(p->is_open());
+        });
+        EXPECT_EQ(disorder.load(), 0);
+        EXPECT_EQ(ran_on.size(), 1u);  // the session's loop, every time
+        EXPECT_GE(s.srv->connections_accepted(), 5u);
+        EXPECT_GE(s.on_home<std::uint64_t>([&] { return s.srv->stats().sessions_moved; }), 4u);
+    }
 }
 
 TEST(RunOn, AStrandSerializesAHandlerAcrossLoops) {
