@@ -1,12 +1,15 @@
 // resume-latency: how long a resumable session takes from a dropped connection to its next
 // response (bench/README.md, "Resumable sessions").
 //
-//   ordo-resume-latency [--cuts N] [--resume-ms N]
+//   ordo-resume-latency [--cuts N] [--resume-ms N] [--threads N]
 //
 // One process: a server, a client making sequential echo calls with resume_ms, and between them
 // a userspace proxy (tests/support/cutting_proxy.hpp) that resets the connection every 20-40 ms.
 // For each cut it records the time from the reset to the first response carried by the new
 // connection (the session's resume count has grown), and prints p50, p90, p99 and the maximum.
+// --threads N: the server serves on N loops (server_options::threads), the client on the first;
+// with more than one, each new connection lands on another loop than the session's and moves
+// there (the summary line counts those moves).
 // Every reply is checked; a wrong one, or a call that fails, fails the run (exit status 1), as
 // does a usage error (--help lists the flags).
 #include <algorithm>
@@ -31,6 +34,7 @@ using clock_type = std::chrono::steady_clock;
 struct config {
     long cuts = 200;
     long resume_ms = 10'000;
+    long threads = 1;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -48,9 +52,13 @@ int main(int argc, char** argv) {
     app.add_option("--cuts", cfg.cuts, "connections to cut")->check(ordo_cli::at_least(1));
     app.add_option("--resume-ms", cfg.resume_ms, "the client's resume_ms")
         ->check(ordo_cli::at_least(1));
+    app.add_option("--threads", cfg.threads, "the server's event loops")
+        ->check(ordo_cli::at_least(1));
     if (const auto status = ordo_cli::parse(app, argc, argv, 1)) return *status;
     ordo::net::io_context io;
-    ordo::server srv(io.get_executor());
+    ordo::server_options so;
+    so.threads = static_cast<std::size_t>(cfg.threads);
+    ordo::server srv(io.get_executor(), so);
     srv.on("echo", [](std::uint64_t i) { return i; });
     const std::string url = srv.listen("tcp://127.0.0.1:0");
     ordo::test::cutting_proxy proxy(
@@ -58,6 +66,7 @@ int main(int argc, char** argv) {
 
     std::vector<double> ms;
     std::string error;
+    std::uint64_t moved = 0;
     auto body = [&]() -> ordo::net::awaitable<void> {
         auto c = co_await ordo::async_connect(proxy.url() +
                                               "?resume_ms=" + std::to_string(cfg.resume_ms));
@@ -83,6 +92,7 @@ int main(int argc, char** argv) {
             }
             ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - at).count());
         }
+        moved = srv.stats().sessions_moved;
         co_await srv.async_stop();
     };
     ordo::net::co_spawn(io, body(), [&](std::exception_ptr e) {
@@ -97,8 +107,10 @@ int main(int argc, char** argv) {
     if (!error.empty()) fail(error);
     std::printf(
         "resume latency over %zu cuts (tcp loopback, through a proxy): p50 %.2f ms, p90 %.2f ms, "
-        "p99 %.2f ms, max %.2f ms\n",
+        "p99 %.2f ms, max %.2f ms; server on %ld loops, %llu connections moved to their "
+        "session's loop\n",
         ms.size(), percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99),
-        *std::max_element(ms.begin(), ms.end()));
+        *std::max_element(ms.begin(), ms.end()), cfg.threads,
+        static_cast<unsigned long long>(moved));
     return 0;
 }

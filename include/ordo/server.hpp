@@ -46,8 +46,9 @@ struct server_options {
     /// handler may then run on several threads at once: state it shares across connections
     /// needs a lock or handler_options::run_on (a strand). Listeners, max_connections and the
     /// memory budget stay server-wide; on_event still runs on the server's executor.
-    /// Resumable sessions need one loop: with N > 1, callers asking for one are served as
-    /// plain connections (as with resume_window 0).
+    /// Resumable sessions work on every loop: a caller that comes back on another loop than
+    /// its session's has its connection moved to the session's loop at its ordo.hello
+    /// (server_stats::sessions_moved counts these).
     std::size_t threads = 1;
     /// Connections served at once. One accepted beyond it gets an ordo.closing notification
     /// saying why and is closed at once, instead of waiting in the kernel's backlog.

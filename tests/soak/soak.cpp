@@ -1,8 +1,10 @@
 // ordo-soak: clients and servers under faults for a while, checking that nothing hangs, leaks or
 // vanishes. Not part of the default test run; .ci/run runs it for 60 s.
 //
-//   ordo-soak [--seconds N] [--clients C] [--cuts]
+//   ordo-soak [--seconds N] [--clients C] [--cuts] [--server-threads T]
 //
+// --server-threads T: the servers serve on T event loops (server_options::threads; default 1),
+// so that a client cut through a proxy comes back on another loop than its session's.
 // It starts two server processes (itself with --serve) and C client processes (itself with
 // --client). Server 0 lives throughout: the chaos loop stops it (SIGSTOP for 1.5 s) and makes it
 // drop every connection (SIGUSR1); its RSS and open descriptors are sampled. Server 1 is also
@@ -43,6 +45,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -94,9 +97,11 @@ void arrived(std::uint64_t stream, stream_state& s, const char* what, std::uint6
     next = i + 1;
 }
 
-int serve(const std::string& url) {
+int serve(const std::string& url, std::size_t threads) {
     net::io_context io;
     long total = 0;
+    // With several loops the handlers below run on any of them: they take turns at `m`.
+    std::mutex m;
     std::map<const ordo::peer*, long> notes;  // per connection
     // Kept across SIGUSR1 restarts: a stream is checked after its session ended too.
     std::map<std::uint64_t, stream_state> streams;
@@ -104,32 +109,41 @@ int serve(const std::string& url) {
     auto start = [&](const std::string& where) {
         ordo::server_options o;
         o.peer.liveness_timeout = 1000ms;
+        o.threads = threads;
         srv = std::make_unique<ordo::server>(io.get_executor(), o);
-        serve_counter(*srv, total);
+        ordo::handler_options shared;
+        if (threads > 1) shared.run_on = net::make_strand(io);
+        serve_counter(*srv, total, shared);
         srv->on("note", [&](ordo::peer& p, int) {
+            std::lock_guard l(m);
             // A new peer may get the address of one that is gone: forget each when it ends.
             if (notes[&p]++ == 0)
-                p.on_closed([&notes, key = &p](const std::error_code&, const std::string&) {
+                p.on_closed([&notes, &m, key = &p](const std::error_code&, const std::string&) {
+                    std::lock_guard l(m);
                     notes.erase(key);
                 });
         });
         srv->on("note_count", [&](ordo::peer& p) {
+            std::lock_guard l(m);
             const long n = notes[&p];
             notes.erase(&p);
             return n;
         });
         srv->on("seq_note", [&](std::uint64_t stream, std::uint64_t i) {
+            std::lock_guard l(m);
             auto& s = streams[stream];
             ++s.notes;
             arrived(stream, s, "notification", i, s.next_note, s.note_gaps);
         });
         srv->on("seq_call", [&](std::uint64_t stream, std::uint64_t i) {
+            std::lock_guard l(m);
             auto& s = streams[stream];
             ++s.calls;
             arrived(stream, s, "call", i, s.next_call, s.call_gaps);
             return i;
         });
         srv->on("seq_check", [&](std::uint64_t stream) {
+            std::lock_guard l(m);
             const auto& s = streams[stream];
             return stream_counts{{s.notes, s.calls, s.out_of_order, s.next_note, s.next_call},
                                  s.note_gaps,
@@ -150,7 +164,10 @@ int serve(const std::string& url) {
                 io,
                 [&]() -> net::awaitable<void> {
                     co_await srv->async_stop();
-                    notes.clear();
+                    {
+                        std::lock_guard l(m);
+                        notes.clear();
+                    }
                     start(bound);
                     arm();
                 },
@@ -567,11 +584,11 @@ std::string joined(const std::map<std::string, long>& counts) {
     return s.empty() ? "none" : s;
 }
 
-int run(double seconds, int clients, bool cuts) {
+int run(double seconds, int clients, bool cuts, std::size_t server_threads) {
     std::vector<std::unique_ptr<ordo::test::child>> servers(2);
     std::vector<std::string> urls(2);
     auto start_server = [&](int i, const std::string& listen) {
-        servers[i] = spawn({"--serve", listen});
+        servers[i] = spawn({"--serve", listen, std::to_string(server_threads)});
         const std::string line = servers[i]->read_line(10s);
         if (line.rfind("listening on ", 0) != 0)
             throw std::runtime_error("server " + std::to_string(i) + " said: " + line);
@@ -701,7 +718,8 @@ int run(double seconds, int clients, bool cuts) {
 int main(int argc, char** argv) {
     std::vector<std::string> a(argv + 1, argv + argc);
     try {
-        if (a.size() == 2 && a[0] == "--serve") return serve(a[1]);
+        if (a.size() == 3 && a[0] == "--serve")
+            return serve(a[1], static_cast<std::size_t>(std::stoul(a[2])));
         if (a.size() == 5 && a[0] == "--client")
             return client({a[1], a[2]}, std::stod(a[3]), static_cast<unsigned>(std::stoul(a[4])));
         if (a.size() == 4 && a[0] == "--cut-client")
@@ -709,6 +727,7 @@ int main(int argc, char** argv) {
         double seconds = 60;
         int clients = 3;
         bool cuts = false;
+        std::size_t server_threads = 1;
         for (std::size_t i = 0; i < a.size(); ++i) {
             if (a[i] == "--cuts") {
                 cuts = true;
@@ -719,10 +738,12 @@ int main(int argc, char** argv) {
                 seconds = std::stod(a[++i]);
             else if (a[i] == "--clients")
                 clients = std::stoi(a[++i]);
+            else if (a[i] == "--server-threads")
+                server_threads = static_cast<std::size_t>(std::stoul(a[++i]));
             else
                 throw std::runtime_error("unknown flag " + a[i]);
         }
-        return run(seconds, clients, cuts);
+        return run(seconds, clients, cuts, server_threads);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ordo-soak: %s\n", e.what());
         return 2;
