@@ -111,8 +111,20 @@ net::awaitable<std::unique_ptr<transport>> reopen(std::string url, transport_opt
 
 }  // namespace
 
+// resume_ms over zmq+: ZeroMQ reconnects underneath and may drop messages in doing so without
+// ordo seeing a drop, so the session's counts would not say what was lost. Refused, naming both.
+void check_resume_scheme(std::string_view url, std::chrono::milliseconds resume) {
+    if (resume.count() > 0 && url.substr(0, 4) == "zmq+")
+        throw_error(errc::bad_address,
+                    "ordo: invalid address \"" + std::string(url) +
+                        "\": resume_ms is not supported over zmq+ transports (ZeroMQ reconnects "
+                        "underneath and may drop messages unseen, so a session could not keep "
+                        "exactly-once delivery); use tcp://, unix:// or tls://");
+}
+
 std::shared_ptr<peer> make_connected_peer(std::unique_ptr<transport> t, const std::string& url,
                                           peer_options o, const handlers* h) {
+    check_resume_scheme(url, o.resume);
     resume_config rc;
     if (o.resume.count() > 0) {
         rc.window = o.resume;
@@ -264,6 +276,7 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
         bad(url,
             "resume_ms applies to ordered channels and router replicas, not to mode=pooled "
             "(a pool's calls are independent: a dropped connection fails only its own call)");
+    detail::check_resume_scheme(url, o.resume);
     // The transport sees the address with its own parameters only.
     const std::string where = a.to_string() + kept;
     auto ex = co_await net::this_coro::executor;

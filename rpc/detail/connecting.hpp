@@ -33,6 +33,10 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
 
 /// A peer over `t`, connected to `url`: with o.resume set, its session resumes by reconnecting
 /// to `url` (a server that does not resume sessions makes it a plain one).
+/// Throws errc::bad_address naming `url` when `resume` asks for a session over a transport
+/// that cannot keep one (zmq+).
+void check_resume_scheme(std::string_view url, std::chrono::milliseconds resume);
+
 std::shared_ptr<peer> make_connected_peer(std::unique_ptr<transport> t, const std::string& url,
                                           peer_options o, const handlers* h);
 
