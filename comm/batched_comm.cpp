@@ -289,7 +289,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     }
 
     net::awaitable<void> read_messages() {
-        if (preloaded) co_await deliver();
+        if (preloaded) {
+            bool took = false;
+            while (deliver_some(took)) co_await net::post(t->get_executor(), net::use_awaitable);
+            if (!handing) delivered(took);
+        }
         while (st != state::ended && !quitting && !handing) {
             while (paused && st != state::ended && !quitting) {
                 reader_paused = true;
@@ -332,33 +336,41 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
             adapt_read_size(n);
             c.bytes_received += n;
             c.last_receive = clock::now();
-            co_await deliver();
+            bool took = false;
+            while (deliver_some(took)) co_await net::post(t->get_executor(), net::use_awaitable);
+            if (handing) break;
+            delivered(took);
         }
     }
 
-    // Passes on the whole messages the framer holds.
-    net::awaitable<void> deliver() {
+    // Passes on the whole messages the framer holds (`took`: any). True when it stopped after
+    // messages_per_turn of them so that the writer may run first: yield, then call it again.
+    bool deliver_some(bool& took) {
         std::size_t turn = 0;
-        bool took = false;
         while (st != state::ended && !quitting) {
             auto m = framer.next();
-            if (!m) break;
+            if (!m) return false;
             took = true;
             ++c.messages_received;
             if (!detached) on_message(*m);
             if (handing) {
                 leftover.assign(framer.unread());
                 wake_writer();
-                co_return;
+                return false;
             }
+            // These messages' handlers queued replies: let the writer start writing them now,
+            // or finish its write and take them. (`m` is not used after.)
             if (++turn == o.messages_per_turn) {
                 turn = 0;
-                // These messages' handlers queued replies: let the writer start writing
-                // them now, or finish its write and take them. (`m` is not used after.)
                 if (!queue.empty() && writer_wait != wait::interval && st == state::open)
-                    co_await net::post(t->get_executor(), net::use_awaitable);
+                    return true;
             }
         }
+        return false;
+    }
+
+    // After the messages of a read were passed on.
+    void delivered(bool took) {
         watch_partial(took);
         // A buffer grown for a large message or a burst goes back to the read size.
         if (framer.buffered() == 0) framer.trim(2 * read_size);

@@ -80,7 +80,7 @@ void pack_method(msgpack::packer<buffer>& p, const method_stats& m) {
 }
 
 void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
-    p.pack_map(10);
+    p.pack_map(11);
     pack_kv(p, "connections", s.connections);
     pack_kv(p, "connections_accepted", s.connections_accepted);
     pack_kv(p, "connections_refused", s.connections_refused);
