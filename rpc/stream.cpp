@@ -3,6 +3,7 @@
 #include "ordo/stream.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <limits>
 #include <utility>
 
@@ -111,6 +112,55 @@ void stream_core::wake_reader() {
         w = take_waiter();
     }
     if (w) w->wake();
+}
+
+namespace {
+
+// A thread blocked in stream_core::wait_ready, parked as a reader is: wake() may come with
+// stream_core's mutex held (over_credit), so the thread waits on a mutex of its own.
+struct blocked_reader {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+};
+
+class blocked_waiter final : public parked {
+  public:
+    explicit blocked_waiter(std::shared_ptr<blocked_reader> r) : r_(std::move(r)) {}
+    void wake() override {
+        {
+            std::lock_guard lk(r_->mu);
+            r_->woken = true;
+        }
+        r_->cv.notify_one();
+    }
+
+  private:
+    std::shared_ptr<blocked_reader> r_;
+};
+
+}  // namespace
+
+bool stream_core::wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline) {
+    auto r = std::make_shared<blocked_reader>();
+    {
+        std::lock_guard lk(mu_);
+        if (ready_locked()) return true;
+        waiter_ = std::make_unique<blocked_waiter>(r);
+    }
+    {
+        std::unique_lock lk(r->mu);
+        if (!deadline) {
+            r->cv.wait(lk, [&] { return r->woken; });
+            return true;
+        }
+        if (r->cv.wait_until(lk, *deadline, [&] { return r->woken; })) return true;
+    }
+    // The deadline passed: withdraw the waiter (unless a wake-up took it meanwhile), and say
+    // whether something came in the meantime after all.
+    std::lock_guard lk(mu_);
+    waiter_.reset();
+    return ready_locked();
 }
 
 void stream_core::throw_if_failed() const {

@@ -19,6 +19,7 @@
 
 #include "ordo/config.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -144,6 +145,11 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     void cancel();
     std::uint64_t received() const;
     const std::string& method() const noexcept { return method_; }
+    const std::string& remote() const noexcept { return remote_; }
+    /// For readers without an event loop (ordo::sync_client): blocks the calling thread until
+    /// the reader has something to take (an item, or the end) and returns true, or until
+    /// `deadline` (none: no limit) has passed with nothing to take and returns false.
+    bool wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline);
 
   protected:
     struct credit {
@@ -253,6 +259,16 @@ class stream_state final : public stream_core {
                                         "ordo: waiting for an item of " + s->method());
         }
         co_return v;
+    }
+
+    /// next() for a blocked thread (ordo::sync_client): true with `v` holding the next item,
+    /// or empty at the end (throws as next() does when the stream failed); false when
+    /// `deadline` passed first (nothing is taken then).
+    bool next_until(std::optional<T>& v,
+                    std::optional<std::chrono::steady_clock::time_point> deadline) {
+        while (!take(v))
+            if (!wait_ready(deadline)) return false;
+        return true;
     }
 
   private:
