@@ -20,7 +20,9 @@ stream_core::stream_core(std::string method, std::string remote, net::any_io_exe
       // The server caps what it grants itself at max_stream_window: asking for more would wait
       // for credit this side never sends.
       window_(std::clamp<std::uint32_t>(window, 1, max_stream_window)),
-      window_bytes_(window_bytes) {}
+      window_bytes_(window_bytes),
+      granted_items_(window_),
+      granted_bytes_(window_bytes) {}
 
 stream_core::~stream_core() = default;
 
@@ -77,6 +79,9 @@ stream_core::credit stream_core::took_one(std::size_t bytes) {
     const bool items_due = unreported_.items >= std::max<std::uint32_t>(1, window_ / 2);
     const bool bytes_due = window_bytes_ != 0 && unreported_.bytes >= window_bytes_ / 2;
     if (ended_ || (!items_due && !bytes_due)) return {};
+    // Counted as granted now, before it is sent: the server can only have sent less.
+    granted_items_ += unreported_.items;
+    granted_bytes_ += unreported_.bytes;
     return std::exchange(unreported_, credit{});
 }
 
@@ -96,8 +101,10 @@ void stream_core::over_credit() {
     ended_ = true;
     ec_ = make_error_code(errc::protocol_error);
     detail_ = "the server sent item " + std::to_string(received_ + 1) +
-              " beyond the credit granted (" + std::to_string(window_) + " items, " +
-              std::to_string(window_bytes_) + " bytes)";
+              " beyond the credit granted (" + std::to_string(granted_items_) + " items and " +
+              std::to_string(granted_bytes_) + " bytes in all, of which " +
+              std::to_string(received_bytes_) + " bytes received; window " +
+              std::to_string(window_) + " items, " + std::to_string(window_bytes_) + " bytes)";
     w = take_waiter();
     if (w) w->wake();
     net::post(channel_ex_, [self = shared_from_this()] {

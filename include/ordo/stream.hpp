@@ -160,10 +160,19 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// 0: none yet), to be passed to grant() once mu_ is released.
     credit took_one(std::size_t bytes);
     void grant(credit c);
-    /// With mu_ held: whether one more item, with `items` and `bytes` already queued, keeps
-    /// within what was granted (a server that ignores credit does not fill this side's memory).
-    bool within_credit(std::size_t items, std::uint64_t bytes) const noexcept {
-        return items < window_ && (window_bytes_ == 0 || bytes < window_bytes_);
+    /// With mu_ held: whether one more item keeps within the credit granted so far, the window
+    /// and every ordo.credit since (docs/protocol.md, "Streams": one item may take more bytes
+    /// than were left). What the reader has taken without granting it back yet is not credit:
+    /// a server that ignores credit is caught even while the reader keeps up, and cannot fill
+    /// this side's memory (at most `window` items, and window_bytes plus one item, queued).
+    bool within_credit() const noexcept {
+        return received_ < granted_items_ &&
+               (window_bytes_ == 0 || received_bytes_ < granted_bytes_);
+    }
+    /// With mu_ held: one item of `bytes` has been received (within the credit).
+    void count_item(std::size_t bytes) noexcept {
+        ++received_;
+        received_bytes_ += bytes;
     }
     /// An item beyond the credit: the stream fails with errc::protocol_error (and is cancelled).
     void over_credit();
@@ -180,6 +189,7 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::string detail_;
     std::unique_ptr<parked> waiter_;
     std::uint64_t received_ = 0;
+    std::uint64_t received_bytes_ = 0;
 
     /// With mu_ held: whether the reader has something to take.
     virtual bool ready_locked() const noexcept = 0;
@@ -212,6 +222,9 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint32_t window_;
     std::uint64_t window_bytes_;
     credit unreported_;  // read since the last grant
+    // The window plus every grant since: what the server may have sent in all.
+    std::uint64_t granted_items_;
+    std::uint64_t granted_bytes_;
     std::function<void(std::uint32_t, std::uint64_t)> grant_;
     net::cancellation_signal signal_;
     bool cancel_sent_ = false;
@@ -236,10 +249,9 @@ class stream_state final : public stream_core {
         {
             std::lock_guard lk(mu_);
             if (ended_) return;
-            if (!within_credit(items_.size(), queued_bytes_)) return over_credit();
+            if (!within_credit()) return over_credit();
             items_.push_back({std::move(*v), wire_bytes});
-            queued_bytes_ += wire_bytes;
-            ++received_;
+            count_item(wire_bytes);
             w = take_waiter();
         }
         if (w) w->wake();
@@ -293,7 +305,6 @@ class stream_state final : public stream_core {
             v.emplace(std::move(items_.front().value));
             const std::size_t bytes = items_.front().bytes;
             items_.pop_front();
-            queued_bytes_ -= bytes;
             c = took_one(bytes);
         }
         if (c.items) grant(c);
@@ -301,7 +312,6 @@ class stream_state final : public stream_core {
     }
 
     std::deque<queued> items_;
-    std::uint64_t queued_bytes_ = 0;
 };
 
 /// The pending call of a stream: its completion ends the stream.
