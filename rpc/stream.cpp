@@ -86,13 +86,12 @@ stream_core::credit stream_core::took_one(std::size_t bytes) {
 }
 
 void stream_core::grant(credit c) {
-    std::function<void(std::uint32_t, std::uint64_t)> g;
-    {
-        std::lock_guard lk(mu_);
-        if (ended_ || !grant_) return;
-        g = grant_;
-    }
-    g(c.items, c.bytes);
+    // Under mu_ (grant_ only posts to the connection's executor): once end() has returned, no
+    // reader posts credit any more, so whoever ends a stream may then let its executor go
+    // (ordo::sync_client's destructor does).
+    std::lock_guard lk(mu_);
+    if (ended_ || !grant_) return;
+    grant_(c.items, c.bytes);
 }
 
 void stream_core::over_credit() {

@@ -131,7 +131,8 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// One item, borrowed (valid during the call only), `wire_bytes` long as received.
     virtual void on_item(const msgpack::object& item, std::size_t wire_bytes) = 0;
     /// The connection that sent the call: how to grant more credit, items and bytes (called
-    /// from any thread).
+    /// from any thread, with the stream's mutex held: it must only post, never block or call
+    /// back into the stream).
     void attach(std::function<void(std::uint32_t, std::uint64_t)> grant);
     /// The call completed: the stream ends after the items received, with `ec` if set.
     void end(std::error_code ec, call_outcome& out);

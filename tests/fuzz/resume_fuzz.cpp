@@ -70,26 +70,33 @@ std::string session_id(const std::string& answers) {
     return {};
 }
 
-// The answers a raw client reads until the server closes (or max_answer_bytes).
-net::awaitable<void> read_answers(ordo::transport& t, std::string& out) {
+// One raw client: connects, writes `bytes` (ends its sending side then if `end`), and reads the
+// answers into `answers` until the server closes (or max_answer_bytes). `live` points at its
+// transport meanwhile.
+net::awaitable<void> raw_client(const std::string& url, const std::string& bytes, bool end,
+                                ordo::transport*& live, std::string& answers, bool& done) {
+    auto t = co_await ordo::async_connect_transport(url);
+    live = t.get();
     std::error_code ec;
+    co_await t->async_write(net::buffer(bytes), ec);
+    if (end) t->shutdown_send();
     char buf[4096];
-    while (!ec && out.size() < max_answer_bytes) {
-        const std::size_t n = co_await t.async_read_some(net::buffer(buf), ec);
-        out.append(buf, n);
+    while (!ec && answers.size() < max_answer_bytes) {
+        const std::size_t n = co_await t->async_read_some(net::buffer(buf), ec);
+        answers.append(buf, n);
     }
+    live = nullptr;
+    done = true;
 }
 
-// (Not in the extern "C" function itself: GCC 12 gives the coroutine lambdas of such a function
-// clashing assembler names.)
 int run_one(const std::uint8_t* data, std::size_t size) {
     static int runs = 0;
     const std::string_view in(reinterpret_cast<const char*>(data), size);
     const bool reset_first = !in.empty() && (in[0] & 1) != 0;
     const bool end_second_at_once = !in.empty() && (in[0] & 2) != 0;
-    const std::size_t n1 =
-        in.size() < 3 ? 0 : (static_cast<std::size_t>(static_cast<std::uint8_t>(in[1])) << 8 |
-                             static_cast<std::uint8_t>(in[2]));
+    const std::size_t n1 = in.size() < 3 ? 0
+                                          : (std::size_t{static_cast<std::uint8_t>(in[1])} << 8) |
+                                                static_cast<std::uint8_t>(in[2]);
     const std::string_view rest = in.substr(std::min<std::size_t>(in.size(), 3));
     const std::string first(rest.substr(0, n1));
     std::string second(rest.substr(std::min(n1, rest.size())));
@@ -108,20 +115,10 @@ int run_one(const std::uint8_t* data, std::size_t size) {
 
     // The first connection: written, left open (the server sees no end of it).
     bool first_done = false, second_done = false, stopped = false;
-    ordo::transport* first_transport = nullptr;  // while the client runs
-    std::string first_answers;
-    net::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-            auto t = co_await ordo::async_connect_transport(url);
-            first_transport = t.get();
-            std::error_code ec;
-            co_await t->async_write(net::buffer(first), ec);
-            co_await read_answers(*t, first_answers);
-            first_transport = nullptr;
-            first_done = true;
-        },
-        net::detached);
+    ordo::transport* first_transport = nullptr;
+    std::string first_answers, second_answers;
+    net::co_spawn(io, raw_client(url, first, false, first_transport, first_answers, first_done),
+                  net::detached);
     run_ready(io);
     if (reset_first && first_transport) {
         first_transport->reset();
@@ -133,21 +130,11 @@ int run_one(const std::uint8_t* data, std::size_t size) {
         for (std::size_t at = second.find(id_placeholder); at != std::string::npos;
              at = second.find(id_placeholder, at + id.size()))
             second.replace(at, id.size(), id);
-    ordo::transport* second_transport = nullptr;  // while the client runs
-    net::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-            auto t = co_await ordo::async_connect_transport(url);
-            second_transport = t.get();
-            std::error_code ec;
-            co_await t->async_write(net::buffer(second), ec);
-            if (end_second_at_once) t->shutdown_send();
-            std::string answers;
-            co_await read_answers(*t, answers);
-            second_transport = nullptr;
-            second_done = true;
-        },
-        net::detached);
+    ordo::transport* second_transport = nullptr;
+    net::co_spawn(io,
+                  raw_client(url, second, end_second_at_once, second_transport, second_answers,
+                             second_done),
+                  net::detached);
     if (!end_second_at_once) {
         run_ready(io);
         if (second_transport) second_transport->shutdown_send();

@@ -802,6 +802,28 @@ TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
     workers.join();
 }
 
+// A caller of count_to on `raw`'s connection, with `window` items of credit (as its request
+// says), and the msgid the server saw.
+struct raw_call {
+    channel ch;
+    stream<int> s;
+    std::uint32_t msgid = 0;
+};
+
+net::awaitable<raw_call> call_count_to(raw_server& raw, std::uint32_t window) {
+    raw_call c;
+    c.ch = co_await async_connect(raw.url());
+    co_await raw.accept();
+    call_options o;
+    o.window = window;
+    c.s = co_await c.ch.async_stream<int>("count_to", 100, o);
+    const auto [msgid, asked] = co_await raw.read_stream_request();
+    if (asked != window)
+        throw std::runtime_error("the request asked for a window of " + std::to_string(asked));
+    c.msgid = msgid;
+    co_return c;
+}
+
 // docs/protocol.md, "Streams": a server that sends beyond the credit fails the stream on the
 // caller's side. Credit is what the caller has granted (the window, and what it has sent back
 // in ordo.credit), not what happens to be queued: this server sends 9 items for a window of 8
@@ -809,13 +831,7 @@ TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
 TEST(Stream, AServerThatSendsBeyondTheCreditFailsTheStreamWithProtocolError) {
     run_test([]() -> net::awaitable<void> {
         raw_server raw(co_await net::this_coro::executor);
-        auto ch = co_await async_connect(raw.url());
-        co_await raw.accept();
-        call_options o;
-        o.window = 8;
-        auto s = co_await ch.async_stream<int>("count_to", 100, o);
-        const auto [msgid, window] = co_await raw.read_stream_request();
-        ORDO_CO_ASSERT_EQ(window, 8u);
+        auto [ch, s, msgid] = co_await call_count_to(raw, 8);
         co_await raw.write_items(msgid, 0, 3);
         for (int i = 0; i < 3; ++i) ORDO_CO_ASSERT_EQ(*co_await s.next(), i);
         co_await raw.write_items(msgid, 3, 6);  // 9 in all: one beyond the credit
@@ -835,18 +851,12 @@ TEST(Stream, AServerThatSendsBeyondTheCreditFailsTheStreamWithProtocolError) {
 TEST(Stream, AFloodBeyondTheCreditIsNotBuffered) {
     run_test([]() -> net::awaitable<void> {
         raw_server raw(co_await net::this_coro::executor);
-        auto ch = co_await async_connect(raw.url());
-        co_await raw.accept();
-        call_options o;
-        o.window = 16;
-        auto s = co_await ch.async_stream<int>("count_to", 100, o);
-        const auto [msgid, window] = co_await raw.read_stream_request();
-        ORDO_CO_ASSERT_EQ(window, 16u);
+        auto [ch, s, msgid] = co_await call_count_to(raw, 16);
         // About 2 MB, far more than the sockets hold: the caller reads all of it.
         for (int i = 0; i < 20; ++i) co_await raw.write_items(msgid, i * 10'000, 10'000);
         EXPECT_TRUE(co_await raw.read_until_cancel(msgid, 10s));
         co_await raw.write_end(msgid, 200'000);
-        // The caller is still there, and has received no more than the window.
+        // The call is over on the caller's side, which received no more than the window.
         EXPECT_TRUE(co_await wait_until([&] { return peer_of(ch)->counters().pending_calls == 0; }));
         EXPECT_EQ(s.received(), 16u);
         const auto r = co_await read_to_end(s);

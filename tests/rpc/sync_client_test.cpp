@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <asio/ip/tcp.hpp>
 
 #include "ordo/ordo.hpp"
 #include "support/sleep.hpp"
@@ -208,6 +209,26 @@ TEST(SyncClient, DestroyingTheClientFailsAPendingCallWithClosedInsteadOfHanging)
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 }
 
+// A TCP listener on loopback that takes one connection and neither reads, answers nor closes it
+// until destroyed: a remote side that has stopped.
+class mute_server {
+  public:
+    mute_server() {
+        url = "tcp://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+        acceptor_.async_accept(socket_, [](std::error_code) {});
+        thread_ = std::thread([this] { io_.run(); });  // until the accept is done
+    }
+    ~mute_server() { thread_.join(); }
+
+    std::string url;
+
+  private:
+    net::io_context io_;
+    net::ip::tcp::acceptor acceptor_{io_, {net::ip::address_v4::loopback(), 0}};
+    net::ip::tcp::socket socket_{io_};
+    std::thread thread_;
+};
+
 // Everything a sync stream yields, and how it ended (code empty: normally).
 struct read_outcome {
     std::vector<int> items;
@@ -382,6 +403,27 @@ TEST(SyncClient, DestroyingTheClientEndsABlockedReaderWithClosed) {
     EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
     EXPECT_THROW(st.next(1s), rpc_error);
     st.cancel();
+}
+
+// A server that has stopped (it neither reads nor answers the resumable session's handshake):
+// the destructor still wakes the reader, with closed.
+TEST(SyncClient, DestroyingTheClientEndsAReaderWhenTheServerHasStopped) {
+    mute_server m;
+    auto c = std::make_unique<sync_client>(m.url + "?resume_ms=5000");
+    auto st = c->stream<int>("count_to", 3);
+    auto pending = std::async(std::launch::async, [&]() -> std::string {
+        try {
+            st.next(20s);  // bounded: a reader left blocked fails the test
+            return "no error";
+        } catch (const rpc_error& e) {
+            return e.code() == errc::closed ? std::string() : e.what();
+        }
+    });
+    EXPECT_EQ(pending.wait_for(200ms), std::future_status::timeout);
+    c.reset();  // gives up on the server after 2 s
+    ASSERT_EQ(pending.wait_for(15s), std::future_status::ready);
+    EXPECT_EQ(pending.get(), "");
+    st.cancel();  // ended: nothing left to do (the client's io_context is gone)
 }
 
 }  // namespace
