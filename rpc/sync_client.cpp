@@ -225,9 +225,8 @@ std::optional<value> sync_stream_base::next_raw(std::optional<std::chrono::milli
     std::optional<value> v;
     if (!st.next_until(v, deadline))
         throw rpc_error(errc::timed_out, st.method(), st.remote(),
-                        "no stream item came within " + std::to_string(wait->count()) +
-                            " ms (" + std::to_string(taken_) +
-                            " read so far; the stream stays open)");
+                        "no stream item came within " + std::to_string(wait->count()) + " ms (" +
+                            std::to_string(taken_) + " read so far; the stream stays open)");
     if (v) ++taken_;
     return v;
 }
@@ -236,9 +235,9 @@ void sync_stream_base::bad_item(const rpc_error& e) {
     // The items that follow have nowhere to go: stop the handler, as a coroutine reader's
     // stream does (rpc/stream.cpp, bad_item).
     cancel();
-    failed_ = std::make_exception_ptr(rpc_error(errc::bad_result, method(), remote_address(),
-                                                "item " + std::to_string(taken_) +
-                                                    " does not convert: " + e.detail()));
+    failed_ = std::make_exception_ptr(
+        rpc_error(errc::bad_result, method(), remote_address(),
+                  "item " + std::to_string(taken_) + " does not convert: " + e.detail()));
     std::rethrow_exception(failed_);
 }
 

@@ -190,8 +190,7 @@ class sync_client {
             return sync_stream<T>(stream_raw(
                 method, pack_first(all, std::make_index_sequence<n - 1>()), std::get<n - 1>(all)));
         } else {
-            return sync_stream<T>(
-                stream_raw(method, detail::pack_params(args...), call_options{}));
+            return sync_stream<T>(stream_raw(method, detail::pack_params(args...), call_options{}));
         }
     }
 
@@ -236,8 +235,7 @@ class sync_client {
     value call_raw(std::string_view method, detail::params_buffer params, call_options o);
     void notify_raw(std::string_view method, detail::params_buffer params);
     std::shared_ptr<detail::stream_core> stream_raw(std::string_view method,
-                                                    detail::params_buffer params,
-                                                    call_options o);
+                                                    detail::params_buffer params, call_options o);
 
     struct state;
     std::unique_ptr<state> s_;

@@ -95,8 +95,8 @@ int run_one(const std::uint8_t* data, std::size_t size) {
     const bool reset_first = !in.empty() && (in[0] & 1) != 0;
     const bool end_second_at_once = !in.empty() && (in[0] & 2) != 0;
     const std::size_t n1 = in.size() < 3 ? 0
-                                          : (std::size_t{static_cast<std::uint8_t>(in[1])} << 8) |
-                                                static_cast<std::uint8_t>(in[2]);
+                                         : (std::size_t{static_cast<std::uint8_t>(in[1])} << 8) |
+                                               static_cast<std::uint8_t>(in[2]);
     const std::string_view rest = in.substr(std::min<std::size_t>(in.size(), 3));
     const std::string first(rest.substr(0, n1));
     std::string second(rest.substr(std::min(n1, rest.size())));
@@ -131,10 +131,10 @@ int run_one(const std::uint8_t* data, std::size_t size) {
              at = second.find(id_placeholder, at + id.size()))
             second.replace(at, id.size(), id);
     ordo::transport* second_transport = nullptr;
-    net::co_spawn(io,
-                  raw_client(url, second, end_second_at_once, second_transport, second_answers,
-                             second_done),
-                  net::detached);
+    net::co_spawn(
+        io,
+        raw_client(url, second, end_second_at_once, second_transport, second_answers, second_done),
+        net::detached);
     if (!end_second_at_once) {
         run_ready(io);
         if (second_transport) second_transport->shutdown_send();
@@ -142,9 +142,11 @@ int run_one(const std::uint8_t* data, std::size_t size) {
     // Until the server has closed the second connection; handlers such as sleep_ms may hold it
     // open, so after 20 ms the server is stopped anyway (that cancels them). Stopping closes
     // the first connection too, if it is still open.
-    run_until(io, [&] { return second_done; }, std::chrono::milliseconds(20));
+    run_until(
+        io, [&] { return second_done; }, std::chrono::milliseconds(20));
     net::co_spawn(io, srv.async_stop(), [&](std::exception_ptr) { stopped = true; });
-    run_until(io, [&] { return stopped && first_done && second_done; }, std::chrono::seconds(5));
+    run_until(
+        io, [&] { return stopped && first_done && second_done; }, std::chrono::seconds(5));
     if (!stopped || !first_done || !second_done) __builtin_trap();  // not stopped within 5 s
     return 0;
 }

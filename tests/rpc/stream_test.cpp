@@ -11,10 +11,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <msgpack.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/write.hpp>
+#include <msgpack.hpp>
 
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
@@ -163,8 +163,9 @@ class raw_server {
         using namespace net::experimental::awaitable_operators;
         const auto deadline = std::chrono::steady_clock::now() + limit;
         while (std::chrono::steady_clock::now() < deadline) {
-            auto r = co_await (read() || sleep_for(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                             deadline - std::chrono::steady_clock::now())));
+            auto r =
+                co_await (read() || sleep_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        deadline - std::chrono::steady_clock::now())));
             if (r.index() != 0) co_return false;
             const auto& m = std::get<0>(r).get();
             if (m.type == msgpack::type::ARRAY && m.via.array.size == 3 &&
@@ -857,7 +858,8 @@ TEST(Stream, AFloodBeyondTheCreditIsNotBuffered) {
         EXPECT_TRUE(co_await raw.read_until_cancel(msgid, 10s));
         co_await raw.write_end(msgid, 200'000);
         // The call is over on the caller's side, which received no more than the window.
-        EXPECT_TRUE(co_await wait_until([&] { return peer_of(ch)->counters().pending_calls == 0; }));
+        EXPECT_TRUE(
+            co_await wait_until([&] { return peer_of(ch)->counters().pending_calls == 0; }));
         EXPECT_EQ(s.received(), 16u);
         const auto r = co_await read_to_end(s);
         EXPECT_EQ(r.items, iota(16));

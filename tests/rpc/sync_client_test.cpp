@@ -96,7 +96,7 @@ class server_thread {
     std::atomic<int> streams_started{0};
     std::atomic<int> streams_cancelled{0};
     std::atomic<std::uint64_t> written{0};  // by the last `forever`
-    std::vector<std::string> logged;  // on the server's thread
+    std::vector<std::string> logged;        // on the server's thread
 
   private:
     net::io_context io_;
