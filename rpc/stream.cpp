@@ -3,6 +3,7 @@
 #include "ordo/stream.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <limits>
 #include <utility>
 
@@ -19,7 +20,9 @@ stream_core::stream_core(std::string method, std::string remote, net::any_io_exe
       // The server caps what it grants itself at max_stream_window: asking for more would wait
       // for credit this side never sends.
       window_(std::clamp<std::uint32_t>(window, 1, max_stream_window)),
-      window_bytes_(window_bytes) {}
+      window_bytes_(window_bytes),
+      granted_items_(window_),
+      granted_bytes_(window_bytes) {}
 
 stream_core::~stream_core() = default;
 
@@ -76,17 +79,19 @@ stream_core::credit stream_core::took_one(std::size_t bytes) {
     const bool items_due = unreported_.items >= std::max<std::uint32_t>(1, window_ / 2);
     const bool bytes_due = window_bytes_ != 0 && unreported_.bytes >= window_bytes_ / 2;
     if (ended_ || (!items_due && !bytes_due)) return {};
+    // Counted as granted now, before it is sent: the server can only have sent less.
+    granted_items_ += unreported_.items;
+    granted_bytes_ += unreported_.bytes;
     return std::exchange(unreported_, credit{});
 }
 
 void stream_core::grant(credit c) {
-    std::function<void(std::uint32_t, std::uint64_t)> g;
-    {
-        std::lock_guard lk(mu_);
-        if (ended_ || !grant_) return;
-        g = grant_;
-    }
-    g(c.items, c.bytes);
+    // Under mu_ (grant_ only posts to the connection's executor): once end() has returned, no
+    // reader posts credit any more, so whoever ends a stream may then let its executor go
+    // (ordo::sync_client's destructor does).
+    std::lock_guard lk(mu_);
+    if (ended_ || !grant_) return;
+    grant_(c.items, c.bytes);
 }
 
 void stream_core::over_credit() {
@@ -95,8 +100,10 @@ void stream_core::over_credit() {
     ended_ = true;
     ec_ = make_error_code(errc::protocol_error);
     detail_ = "the server sent item " + std::to_string(received_ + 1) +
-              " beyond the credit granted (" + std::to_string(window_) + " items, " +
-              std::to_string(window_bytes_) + " bytes)";
+              " beyond the credit granted (" + std::to_string(granted_items_) + " items and " +
+              std::to_string(granted_bytes_) + " bytes in all, of which " +
+              std::to_string(received_bytes_) + " bytes received; window " +
+              std::to_string(window_) + " items, " + std::to_string(window_bytes_) + " bytes)";
     w = take_waiter();
     if (w) w->wake();
     net::post(channel_ex_, [self = shared_from_this()] {
@@ -111,6 +118,55 @@ void stream_core::wake_reader() {
         w = take_waiter();
     }
     if (w) w->wake();
+}
+
+namespace {
+
+// A thread blocked in stream_core::wait_ready, parked as a reader is: wake() may come with
+// stream_core's mutex held (over_credit), so the thread waits on a mutex of its own.
+struct blocked_reader {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+};
+
+class blocked_waiter final : public parked {
+  public:
+    explicit blocked_waiter(std::shared_ptr<blocked_reader> r) : r_(std::move(r)) {}
+    void wake() override {
+        {
+            std::lock_guard lk(r_->mu);
+            r_->woken = true;
+        }
+        r_->cv.notify_one();
+    }
+
+  private:
+    std::shared_ptr<blocked_reader> r_;
+};
+
+}  // namespace
+
+bool stream_core::wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline) {
+    auto r = std::make_shared<blocked_reader>();
+    {
+        std::lock_guard lk(mu_);
+        if (ready_locked()) return true;
+        waiter_ = std::make_unique<blocked_waiter>(r);
+    }
+    {
+        std::unique_lock lk(r->mu);
+        if (!deadline) {
+            r->cv.wait(lk, [&] { return r->woken; });
+            return true;
+        }
+        if (r->cv.wait_until(lk, *deadline, [&] { return r->woken; })) return true;
+    }
+    // The deadline passed: withdraw the waiter (unless a wake-up took it meanwhile), and say
+    // whether something came in the meantime after all.
+    std::lock_guard lk(mu_);
+    waiter_.reset();
+    return ready_locked();
 }
 
 void stream_core::throw_if_failed() const {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <future>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "ordo/channel.hpp"
@@ -11,6 +12,7 @@
 #include "ordo/peer.hpp"
 #include "ordo/pool.hpp"
 #include "ordo/router.hpp"
+#include "ordo/stream.hpp"
 
 namespace ordo {
 
@@ -30,7 +32,9 @@ struct sync_client::state {
 
     net::io_context io;
     net::executor_work_guard<net::io_context::executor_type> work{io.get_executor()};
-    std::string remote;  // set before any call, then only read
+    // Set before any call, then only read:
+    std::string remote;
+    net::any_io_executor channel_ex;
     // On the io thread only:
     channel ch;
     std::map<std::uint64_t, std::shared_ptr<waiting>> calls;
@@ -55,7 +59,21 @@ struct sync_client::state {
                                    net::bind_cancellation_slot(w->cancel.slot(), std::move(done)));
     }
 
-    // Fails what is waiting, withdraws it from the channel and closes the channel.
+    static void end_closed(detail::stream_core& st, std::string why) {
+        call_outcome out;
+        out.detail = std::move(why);
+        st.end(errc::closed, out);
+    }
+
+    void start_stream(std::shared_ptr<detail::stream_core> st, detail::params_buffer params,
+                      call_options o) {
+        if (closed) return end_closed(*st, "the sync_client is being destroyed");
+        detail::start_stream(ch.impl(), std::move(st), std::move(params), std::move(o));
+    }
+
+    // Fails what is waiting, withdraws it from the channel and closes the channel. Closing it
+    // ends open streams too (with errc::closed, as their pending calls) and cancels their
+    // handlers on the server.
     void shutdown() {
         closed = true;
         auto pending = std::move(calls);  // cancelling may complete a call (and erase) at once
@@ -86,6 +104,7 @@ sync_client::sync_client(std::string_view url) : s_(std::make_unique<state>()) {
         const std::string u(url);
         s.ch = net::co_spawn(s.io, async_connect(u), net::use_future).get();
         s.remote = s.ch.remote_address();
+        s.channel_ex = s.ch.impl()->get_executor();
     } catch (...) {
         s.work.reset();
         s.thread.join();
@@ -139,6 +158,87 @@ void sync_client::notify_raw(std::string_view method, detail::params_buffer para
         }
     });
     result.get();
+}
+
+std::shared_ptr<detail::stream_core> sync_client::stream_raw(std::string_view method,
+                                                             detail::params_buffer params,
+                                                             call_options o) {
+    state& s = *s_;
+    const std::uint32_t window = o.window ? o.window : default_stream_window;
+    const std::uint64_t bytes = o.window_bytes ? o.window_bytes : default_stream_window_bytes;
+    auto st = std::make_shared<detail::stream_state<value>>(std::string(method), s.remote,
+                                                            s.channel_ex, window, bytes);
+    net::post(s.io, [&s, st, params = std::move(params), o = std::move(o)]() mutable {
+        s.start_stream(std::move(st), std::move(params), std::move(o));
+    });
+    return st;
+}
+
+// ---- sync_stream_base ----
+
+sync_stream_base::sync_stream_base(std::shared_ptr<detail::stream_core> s) noexcept
+    : s_(std::move(s)) {}
+
+sync_stream_base::sync_stream_base(sync_stream_base&& o) noexcept
+    : s_(std::move(o.s_)), taken_(o.taken_), failed_(std::move(o.failed_)) {}
+
+sync_stream_base& sync_stream_base::operator=(sync_stream_base&& o) noexcept {
+    if (this != &o) {
+        cancel();
+        s_ = std::move(o.s_);
+        taken_ = o.taken_;
+        failed_ = std::move(o.failed_);
+    }
+    return *this;
+}
+
+sync_stream_base::~sync_stream_base() {
+    cancel();
+}
+
+void sync_stream_base::cancel() {
+    if (s_) s_->cancel();
+}
+
+std::uint64_t sync_stream_base::received() const {
+    return s_ ? s_->received() : 0;
+}
+
+namespace {
+const std::string no_name;
+}
+
+const std::string& sync_stream_base::method() const noexcept {
+    return s_ ? s_->method() : no_name;
+}
+
+const std::string& sync_stream_base::remote_address() const noexcept {
+    return s_ ? s_->remote() : no_name;
+}
+
+std::optional<value> sync_stream_base::next_raw(std::optional<std::chrono::milliseconds> wait) {
+    if (failed_) std::rethrow_exception(failed_);
+    if (!s_) throw std::logic_error("ordo: next() on a moved-from sync_stream");
+    auto& st = static_cast<detail::stream_state<value>&>(*s_);
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    if (wait) deadline = std::chrono::steady_clock::now() + *wait;
+    std::optional<value> v;
+    if (!st.next_until(v, deadline))
+        throw rpc_error(errc::timed_out, st.method(), st.remote(),
+                        "no stream item came within " + std::to_string(wait->count()) + " ms (" +
+                            std::to_string(taken_) + " read so far; the stream stays open)");
+    if (v) ++taken_;
+    return v;
+}
+
+void sync_stream_base::bad_item(const rpc_error& e) {
+    // The items that follow have nowhere to go: stop the handler, as a coroutine reader's
+    // stream does (rpc/stream.cpp, bad_item).
+    cancel();
+    failed_ = std::make_exception_ptr(
+        rpc_error(errc::bad_result, method(), remote_address(),
+                  "item " + std::to_string(taken_) + " does not convert: " + e.detail()));
+    std::rethrow_exception(failed_);
 }
 
 }  // namespace ordo

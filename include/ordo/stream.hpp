@@ -19,6 +19,7 @@
 
 #include "ordo/config.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -130,7 +131,8 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// One item, borrowed (valid during the call only), `wire_bytes` long as received.
     virtual void on_item(const msgpack::object& item, std::size_t wire_bytes) = 0;
     /// The connection that sent the call: how to grant more credit, items and bytes (called
-    /// from any thread).
+    /// from any thread, with the stream's mutex held: it must only post, never block or call
+    /// back into the stream).
     void attach(std::function<void(std::uint32_t, std::uint64_t)> grant);
     /// The call completed: the stream ends after the items received, with `ec` if set.
     void end(std::error_code ec, call_outcome& out);
@@ -144,6 +146,11 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     void cancel();
     std::uint64_t received() const;
     const std::string& method() const noexcept { return method_; }
+    const std::string& remote() const noexcept { return remote_; }
+    /// For readers without an event loop (ordo::sync_client): blocks the calling thread until
+    /// the reader has something to take (an item, or the end) and returns true, or until
+    /// `deadline` (none: no limit) has passed with nothing to take and returns false.
+    bool wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline);
 
   protected:
     struct credit {
@@ -154,10 +161,19 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// 0: none yet), to be passed to grant() once mu_ is released.
     credit took_one(std::size_t bytes);
     void grant(credit c);
-    /// With mu_ held: whether one more item, with `items` and `bytes` already queued, keeps
-    /// within what was granted (a server that ignores credit does not fill this side's memory).
-    bool within_credit(std::size_t items, std::uint64_t bytes) const noexcept {
-        return items < window_ && (window_bytes_ == 0 || bytes < window_bytes_);
+    /// With mu_ held: whether one more item keeps within the credit granted so far, the window
+    /// and every ordo.credit since (docs/protocol.md, "Streams": one item may take more bytes
+    /// than were left). What the reader has taken without granting it back yet is not credit:
+    /// a server that ignores credit is caught even while the reader keeps up, and cannot fill
+    /// this side's memory (at most `window` items, and window_bytes plus one item, queued).
+    bool within_credit() const noexcept {
+        return received_ < granted_items_ &&
+               (window_bytes_ == 0 || received_bytes_ < granted_bytes_);
+    }
+    /// With mu_ held: one item of `bytes` has been received (within the credit).
+    void count_item(std::size_t bytes) noexcept {
+        ++received_;
+        received_bytes_ += bytes;
     }
     /// An item beyond the credit: the stream fails with errc::protocol_error (and is cancelled).
     void over_credit();
@@ -174,6 +190,7 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::string detail_;
     std::unique_ptr<parked> waiter_;
     std::uint64_t received_ = 0;
+    std::uint64_t received_bytes_ = 0;
 
     /// With mu_ held: whether the reader has something to take.
     virtual bool ready_locked() const noexcept = 0;
@@ -206,6 +223,9 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint32_t window_;
     std::uint64_t window_bytes_;
     credit unreported_;  // read since the last grant
+    // The window plus every grant since: what the server may have sent in all.
+    std::uint64_t granted_items_;
+    std::uint64_t granted_bytes_;
     std::function<void(std::uint32_t, std::uint64_t)> grant_;
     net::cancellation_signal signal_;
     bool cancel_sent_ = false;
@@ -230,10 +250,9 @@ class stream_state final : public stream_core {
         {
             std::lock_guard lk(mu_);
             if (ended_) return;
-            if (!within_credit(items_.size(), queued_bytes_)) return over_credit();
+            if (!within_credit()) return over_credit();
             items_.push_back({std::move(*v), wire_bytes});
-            queued_bytes_ += wire_bytes;
-            ++received_;
+            count_item(wire_bytes);
             w = take_waiter();
         }
         if (w) w->wake();
@@ -253,6 +272,16 @@ class stream_state final : public stream_core {
                                         "ordo: waiting for an item of " + s->method());
         }
         co_return v;
+    }
+
+    /// next() for a blocked thread (ordo::sync_client): true with `v` holding the next item,
+    /// or empty at the end (throws as next() does when the stream failed); false when
+    /// `deadline` passed first (nothing is taken then).
+    bool next_until(std::optional<T>& v,
+                    std::optional<std::chrono::steady_clock::time_point> deadline) {
+        while (!take(v))
+            if (!wait_ready(deadline)) return false;
+        return true;
     }
 
   private:
@@ -277,7 +306,6 @@ class stream_state final : public stream_core {
             v.emplace(std::move(items_.front().value));
             const std::size_t bytes = items_.front().bytes;
             items_.pop_front();
-            queued_bytes_ -= bytes;
             c = took_one(bytes);
         }
         if (c.items) grant(c);
@@ -285,7 +313,6 @@ class stream_state final : public stream_core {
     }
 
     std::deque<queued> items_;
-    std::uint64_t queued_bytes_ = 0;
 };
 
 /// The pending call of a stream: its completion ends the stream.

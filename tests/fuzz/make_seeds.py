@@ -86,6 +86,59 @@ sessions = [
     p(hello(), inc, ack(1))[:-2], p(hello())[:-3],
 ]
 
+
+# Two connections (resume_fuzz.cpp): flags (bit 0: reset the first connection before the second
+# connects; bit 1: the second ends its sending side at once, not after the answers), the first connection's length (2 bytes, big-endian), its bytes, the second's bytes.
+# The second claims the first's session with the placeholder id, which the target replaces with
+# the id the server gave out; the first connection's server messages are numbered from 0 (the
+# hello's answer is not numbered), so after hello + 3 calls the server has sent 3.
+placeholder = b"ordo-fuzz-sessid"
+
+
+def two(first, second, reset_first=True, end_at_once=False):
+    flags = (1 if reset_first else 0) | (2 if end_at_once else 0)
+    return bytes([flags]) + len(first).to_bytes(2, "big") + first + second
+
+
+calls3 = [inc, [0, 1, "add", [5]], [0, 2, "total", []]]
+first3 = p(hello(), *calls3)
+takeovers = [
+    # Resumed after a reset, and taken over from a live connection: the caller had all 3
+    # answers, some, or none (the server sends them again), then acks and goes on.
+    two(first3, p(hello(placeholder, received=3, msgid=101), ack(3), [0, 3, "total", []],
+                  ack(4), bye(4))),
+    two(first3, p(hello(placeholder, received=3, msgid=101), [0, 3, "inc", [2]], ack(4)),
+        reset_first=False),
+    two(first3, p(hello(placeholder, received=1, msgid=101), ack(3), [0, 3, "total", []])),
+    two(first3, p(hello(placeholder, received=0, msgid=101), ack(3), bye(3)), reset_first=False),
+    # Counts that cannot match (more than the server sent), an ack of more than was sent, and
+    # acks going backwards after the resume.
+    two(first3, p(hello(placeholder, received=4, msgid=101), inc)),
+    two(first3, p(hello(placeholder, received=3, msgid=101), ack(9), inc), reset_first=False),
+    two(p(hello(), *calls3, ack(3)), p(hello(placeholder, received=3, msgid=101), ack(1), inc)),
+    # A handler still running on the first connection when the second takes over, and a stream
+    # whose items are cut by the reset.
+    two(p(hello(), [0, 0, "sleep_ms", [5]], [0, 1, "sleep_ms", [100000]]),
+        p(hello(placeholder, received=0, msgid=101), [0, 2, "ordo.cancel", [1]], ack(1)),
+        reset_first=False),
+    two(p(hello(), [0, 0, "ordo.stream", ["count_to", [100], 4, 1 << 20]]),
+        p(hello(placeholder, received=2, msgid=101), [2, "ordo.credit", [0, 4, 64]], ack(6))),
+    # The first connection cut inside a message; the claim made twice; a forged id and a fresh
+    # session on the second; a second connection that is not a session at all.
+    two(p(hello(), *calls3)[:-3], p(hello(placeholder, received=2, msgid=101), inc)),
+    two(first3, p(hello(placeholder, received=3, msgid=101),
+                  hello(placeholder, received=3, msgid=102), inc), reset_first=False),
+    two(first3, p(hello(forged, received=3, msgid=101), inc)),
+    two(first3, p(hello(msgid=101), inc), reset_first=False),
+    two(first3, p(inc, [0, 1, "total", []])),
+    # The second connection's end in the same read as its hello and calls.
+    two(first3, p(hello(placeholder, received=3, msgid=101), inc), end_at_once=True),
+    two(first3, p(hello(placeholder, received=2, msgid=101), inc, ack(3)), reset_first=False,
+        end_at_once=True),
+    # No session on the first connection: the claim is for an id never given out.
+    two(p(*calls3), p(hello(placeholder, received=3, msgid=101), inc), reset_first=False),
+]
+
 seeds = {
     "decoder": [bytes([s]) + data for s in (0, 1, 7, 63)
                 for data in [p(*requests), p(*notes), p(*responses)] + malformed],
@@ -96,6 +149,7 @@ seeds = {
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),
                p([2, "add", [1]]), p([1, 0, None, [1, {"a": b"b"}]])] + malformed,
+    "resume": takeovers,
 }
 
 for target, inputs in seeds.items():

@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/write.hpp>
+#include <msgpack.hpp>
 
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
@@ -115,6 +118,97 @@ std::vector<int> iota(int n) {
     for (int i = 0; i < n; ++i) v[i] = i;
     return v;
 }
+
+// A hand-written server's end of one TCP connection on loopback, speaking msgpack-rpc as
+// docs/protocol.md describes it ("Streams"): it reads the caller's messages one at a time and
+// writes frames of its own making, so that it can break the protocol where ordo's server never
+// would.
+class raw_server {
+  public:
+    explicit raw_server(net::any_io_executor ex)
+        : acceptor_(ex, {net::ip::address_v4::loopback(), 0}), socket_(ex) {}
+
+    std::string url() const {
+        return "tcp://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+    }
+    net::awaitable<void> accept() { co_await acceptor_.async_accept(socket_, net::use_awaitable); }
+
+    /// The caller's next message; throws at the end of its input.
+    net::awaitable<msgpack::object_handle> read() {
+        msgpack::object_handle m;
+        while (!in_.next(m)) {
+            in_.reserve_buffer(64 * 1024);
+            const std::size_t n = co_await socket_.async_read_some(
+                net::buffer(in_.buffer(), in_.buffer_capacity()), net::use_awaitable);
+            in_.buffer_consumed(n);
+        }
+        co_return m;
+    }
+
+    /// Reads up to the ordo.stream request and returns its msgid and window.
+    net::awaitable<std::pair<std::uint32_t, std::uint32_t>> read_stream_request() {
+        for (int i = 0; i < 100; ++i) {
+            auto m = co_await read();
+            const auto& a = m.get().via.array;
+            if (m.get().type == msgpack::type::ARRAY && a.size == 4 && a.ptr[0].as<int>() == 0 &&
+                a.ptr[2].as<std::string>() == "ordo.stream")
+                co_return std::pair{a.ptr[1].as<std::uint32_t>(),
+                                    a.ptr[3].via.array.ptr[2].as<std::uint32_t>()};
+        }
+        throw std::runtime_error("no ordo.stream request among the caller's first 100 messages");
+    }
+
+    /// Reads until the caller sends ordo.cancel for `msgid` (true), or `limit` passes (false).
+    net::awaitable<bool> read_until_cancel(std::uint32_t msgid, std::chrono::milliseconds limit) {
+        using namespace net::experimental::awaitable_operators;
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while (std::chrono::steady_clock::now() < deadline) {
+            auto r =
+                co_await (read() || sleep_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        deadline - std::chrono::steady_clock::now())));
+            if (r.index() != 0) co_return false;
+            const auto& m = std::get<0>(r).get();
+            if (m.type == msgpack::type::ARRAY && m.via.array.size == 3 &&
+                m.via.array.ptr[0].as<int>() == 2 &&
+                m.via.array.ptr[1].as<std::string>() == "ordo.cancel" &&
+                m.via.array.ptr[2].via.array.ptr[0].as<std::uint32_t>() == msgid)
+                co_return true;
+        }
+        co_return false;
+    }
+
+    /// Items `first` .. `first + n - 1` of the stream `msgid`, whatever the credit, in one
+    /// write.
+    net::awaitable<void> write_items(std::uint32_t msgid, int first, int n) {
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        for (int i = first; i < first + n; ++i) {
+            p.pack_array(3);
+            p.pack(2);
+            p.pack(std::string("ordo.item"));
+            p.pack_array(2);
+            p.pack(msgid);
+            p.pack(i);
+        }
+        co_await net::async_write(socket_, net::buffer(b.data(), b.size()), net::use_awaitable);
+    }
+    /// The stream's end: its response, counting `items`.
+    net::awaitable<void> write_end(std::uint32_t msgid, int items) {
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        p.pack_array(4);
+        p.pack(1);
+        p.pack(msgid);
+        p.pack_nil();
+        p.pack(items);
+        co_await net::async_write(socket_, net::buffer(b.data(), b.size()), net::use_awaitable);
+    }
+
+  private:
+    net::ip::tcp::acceptor acceptor_;
+    net::ip::tcp::socket socket_;
+    msgpack::unpacker in_;
+};
 
 TEST(Stream, ItemsArriveInOrderThenTheEnd) {
     run_test([]() -> net::awaitable<void> {
@@ -707,6 +801,71 @@ TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
     net::post(server_loop.io, [&] { srv.reset(); });
     net::post(server_loop.io, net::use_future).get();
     workers.join();
+}
+
+// A caller of count_to on `raw`'s connection, with `window` items of credit (as its request
+// says), and the msgid the server saw.
+struct raw_call {
+    channel ch;
+    stream<int> s;
+    std::uint32_t msgid = 0;
+};
+
+net::awaitable<raw_call> call_count_to(raw_server& raw, std::uint32_t window) {
+    raw_call c;
+    c.ch = co_await async_connect(raw.url());
+    co_await raw.accept();
+    call_options o;
+    o.window = window;
+    c.s = co_await c.ch.async_stream<int>("count_to", 100, o);
+    const auto [msgid, asked] = co_await raw.read_stream_request();
+    if (asked != window)
+        throw std::runtime_error("the request asked for a window of " + std::to_string(asked));
+    c.msgid = msgid;
+    co_return c;
+}
+
+// docs/protocol.md, "Streams": a server that sends beyond the credit fails the stream on the
+// caller's side. Credit is what the caller has granted (the window, and what it has sent back
+// in ordo.credit), not what happens to be queued: this server sends 9 items for a window of 8
+// while the reader has taken 3, which no credit had yet been returned for.
+TEST(Stream, AServerThatSendsBeyondTheCreditFailsTheStreamWithProtocolError) {
+    run_test([]() -> net::awaitable<void> {
+        raw_server raw(co_await net::this_coro::executor);
+        auto [ch, s, msgid] = co_await call_count_to(raw, 8);
+        co_await raw.write_items(msgid, 0, 3);
+        for (int i = 0; i < 3; ++i) ORDO_CO_ASSERT_EQ(*co_await s.next(), i);
+        co_await raw.write_items(msgid, 3, 6);  // 9 in all: one beyond the credit
+        // The caller tells the server to stop.
+        EXPECT_TRUE(co_await raw.read_until_cancel(msgid, 10s));
+        co_await raw.write_end(msgid, 9);
+        const auto r = co_await read_to_end(s);
+        EXPECT_EQ(r.items, (std::vector<int>{3, 4, 5, 6, 7}));  // up to the credit
+        EXPECT_EQ(r.code, errc::protocol_error) << r.what;
+        EXPECT_NE(r.what.find("call count_to to " + ch.remote_address()), std::string::npos)
+            << r.what;
+        EXPECT_NE(r.what.find("item 9 beyond the credit granted"), std::string::npos) << r.what;
+    });
+}
+
+// The same server flooding a reader that has stopped: the caller holds at most the window.
+TEST(Stream, AFloodBeyondTheCreditIsNotBuffered) {
+    run_test([]() -> net::awaitable<void> {
+        raw_server raw(co_await net::this_coro::executor);
+        auto [ch, s, msgid] = co_await call_count_to(raw, 16);
+        // About 2 MB, far more than the sockets hold: the caller reads all of it.
+        for (int i = 0; i < 20; ++i) co_await raw.write_items(msgid, i * 10'000, 10'000);
+        EXPECT_TRUE(co_await raw.read_until_cancel(msgid, 10s));
+        co_await raw.write_end(msgid, 200'000);
+        // The call is over on the caller's side, which received no more than the window.
+        EXPECT_TRUE(
+            co_await wait_until([&] { return peer_of(ch)->counters().pending_calls == 0; }));
+        EXPECT_EQ(s.received(), 16u);
+        const auto r = co_await read_to_end(s);
+        EXPECT_EQ(r.items, iota(16));
+        EXPECT_EQ(r.code, errc::protocol_error) << r.what;
+        EXPECT_NE(r.what.find(ch.remote_address()), std::string::npos) << r.what;
+    });
 }
 
 }  // namespace

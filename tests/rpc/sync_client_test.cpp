@@ -7,10 +7,13 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <asio/ip/tcp.hpp>
 
 #include "ordo/ordo.hpp"
 #include "support/sleep.hpp"
@@ -20,10 +23,49 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A server on a thread of its own: add, sleep_ms (cancellable), log (notification), logged.
+// A server on a thread of its own: add, sleep_ms (cancellable), log (notification), logged;
+// streams count_to(n), pause_after(n, ms) (n items, a cancellable pause, one more), forever
+// (until cancelled), fail_after(n) (n items, then throws) and words (strings).
 class server_thread {
   public:
     server_thread() {
+        srv_.on("count_to", [](writer<int>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) co_await out.write(i);
+        });
+        srv_.on("pause_after", [this](writer<int>& out, int n, int ms) -> net::awaitable<void> {
+            try {
+                for (int i = 0; i < n; ++i) co_await out.write(i);
+                co_await test::sleep_for(std::chrono::milliseconds(ms));
+                co_await out.write(n);
+            } catch (const std::system_error&) {
+                ++streams_cancelled;
+                throw;
+            }
+        });
+        srv_.on("forever", [this](writer<int>& out) -> net::awaitable<void> {
+            ++streams_started;
+            try {
+                for (int i = 0;; ++i) {
+                    co_await out.write(i);
+                    written = out.written();
+                }
+            } catch (const std::system_error&) {
+                ++streams_cancelled;
+                throw;
+            }
+        });
+        srv_.on("fail_after", [](writer<int>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) co_await out.write(i);
+            throw std::runtime_error("the well ran dry");
+        });
+        srv_.on("words", [this](writer<std::string>& out) -> net::awaitable<void> {
+            try {
+                for (;;) co_await out.write("abc");
+            } catch (const std::system_error&) {
+                ++streams_cancelled;
+                throw;
+            }
+        });
         srv_.on("add", [](int a, int b) { return a + b; });
         srv_.on("word", [] { return std::string("abc"); });
         srv_.on("sleep_ms", [this](int ms) -> net::awaitable<int> {
@@ -51,7 +93,10 @@ class server_thread {
     std::string url;
     std::atomic<int> sleeping{0};
     std::atomic<int> cancelled{0};
-    std::vector<std::string> logged;  // on the server's thread
+    std::atomic<int> streams_started{0};
+    std::atomic<int> streams_cancelled{0};
+    std::atomic<std::uint64_t> written{0};  // by the last `forever`
+    std::vector<std::string> logged;        // on the server's thread
 
   private:
     net::io_context io_;
@@ -162,6 +207,223 @@ TEST(SyncClient, DestroyingTheClientFailsAPendingCallWithClosedInsteadOfHanging)
     ASSERT_EQ(pending.wait_for(10s), std::future_status::ready);
     EXPECT_EQ(pending.get(), errc::closed);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// A TCP listener on loopback that takes one connection and neither reads, answers nor closes it
+// until destroyed: a remote side that has stopped.
+class mute_server {
+  public:
+    mute_server() {
+        url = "tcp://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+        acceptor_.async_accept(socket_, [](std::error_code) {});
+        thread_ = std::thread([this] { io_.run(); });  // until the accept is done
+    }
+    ~mute_server() { thread_.join(); }
+
+    std::string url;
+
+  private:
+    net::io_context io_;
+    net::ip::tcp::acceptor acceptor_{io_, {net::ip::address_v4::loopback(), 0}};
+    net::ip::tcp::socket socket_{io_};
+    std::thread thread_;
+};
+
+// Everything a sync stream yields, and how it ended (code empty: normally).
+struct read_outcome {
+    std::vector<int> items;
+    std::error_code code;
+    std::string what;
+};
+
+read_outcome read_to_end(sync_stream<int>& s) {
+    read_outcome r;
+    try {
+        while (auto v = s.next(30s)) r.items.push_back(*v);
+    } catch (const rpc_error& e) {
+        r.code = e.code();
+        r.what = e.what();
+    }
+    return r;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
+
+std::vector<int> iota(int n) {
+    std::vector<int> v(n);
+    for (int i = 0; i < n; ++i) v[i] = i;
+    return v;
+}
+
+TEST(SyncClient, StreamItemsArriveInOrderThenTheEnd) {
+    server_thread s;
+    sync_client c(s.url);
+    // A window of 16 for 5000 items: the reader's credit goes back and forth many times.
+    call_options o;
+    o.window = 16;
+    auto st = c.stream<int>("count_to", 5000, o);
+    const auto r = read_to_end(st);
+    EXPECT_FALSE(r.code) << r.what;
+    EXPECT_EQ(r.items, iota(5000));
+    EXPECT_EQ(st.received(), 5000u);
+    EXPECT_EQ(st.method(), "count_to");
+    EXPECT_EQ(st.remote_address(), c.remote_address());
+    EXPECT_FALSE(st.next(1s));  // the end stays the end
+
+    // The blocking iterator, an empty stream, and the untyped form with raw values.
+    std::vector<int> got;
+    for (int v : c.stream<int>("count_to", 300)) got.push_back(v);
+    EXPECT_EQ(got, iota(300));
+    auto empty = c.stream<int>("count_to", 0);
+    EXPECT_FALSE(empty.next(30s));
+    auto raw = c.stream("count_to", 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(raw.next(30s)->get().as<int>(), i);
+    EXPECT_FALSE(raw.next(30s));
+    // Calls and streams share the client.
+    EXPECT_EQ(c.call<int>("add", 1, 2), 3);
+}
+
+TEST(SyncClient, ANextPastItsWaitThrowsTimedOutAndTheStreamGoesOn) {
+    server_thread s;
+    sync_client c(s.url);
+    auto st = c.stream<int>("pause_after", 2, 1500);
+    EXPECT_EQ(st.next(30s), 0);
+    EXPECT_EQ(st.next(30s), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        st.next(100ms);
+        ADD_FAILURE() << "no timeout";
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::timed_out) << e.what();
+        EXPECT_EQ(e.method(), "pause_after");
+        EXPECT_EQ(e.peer(), c.remote_address());
+        EXPECT_TRUE(contains(e.what(), "no stream item came within 100 ms (2 read so far"))
+            << e.what();
+    }
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+    // Nothing was taken: the item after the pause, then the end.
+    EXPECT_EQ(st.next(30s), 2);
+    EXPECT_FALSE(st.next(30s));
+    EXPECT_EQ(s.streams_cancelled, 0);
+}
+
+TEST(SyncClient, AStreamPastItsDeadlineFailsWithTimedOutAndItsHandlerIsCancelled) {
+    server_thread s;
+    sync_client c(s.url);
+    auto st = c.stream<int>("pause_after", 3, 30'000, timeout(300ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = read_to_end(st);
+    EXPECT_EQ(r.items, iota(3));
+    EXPECT_EQ(r.code, errc::timed_out) << r.what;
+    EXPECT_TRUE(contains(r.what, "pause_after")) << r.what;
+    EXPECT_TRUE(contains(r.what, c.remote_address())) << r.what;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+    EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
+}
+
+TEST(SyncClient, DestroyingAStreamMidwayEndsTheServersWriter) {
+    server_thread s;
+    sync_client c(s.url);
+    {
+        call_options o;
+        o.window = 8;
+        auto st = c.stream<int>("forever", o);
+        for (int i = 0; i < 100; ++i) ASSERT_EQ(st.next(30s), i);
+        // The writer waits for credit now, at most 8 items ahead of the reader.
+        ASSERT_TRUE(wait_for([&] { return s.written >= 100; }));
+        EXPECT_LE(s.written, 108u);
+    }
+    // ordo.cancel reached the handler: its write threw and it ended.
+    EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
+    EXPECT_EQ(s.streams_started, 1);
+    // The client goes on: a call, and a stream that reads to its end.
+    EXPECT_EQ(c.call<int>("add", 2, 2), 4);
+    auto st = c.stream<int>("count_to", 10);
+    EXPECT_EQ(read_to_end(st).items, iota(10));
+}
+
+TEST(SyncClient, AHandlersErrorReachesTheReaderAfterTheItemsBeforeIt) {
+    server_thread s;
+    sync_client c(s.url);
+    auto st = c.stream<int>("fail_after", 3);
+    const auto r = read_to_end(st);
+    EXPECT_EQ(r.items, iota(3));
+    EXPECT_EQ(r.code, errc::remote_error) << r.what;
+    EXPECT_TRUE(contains(r.what, "the well ran dry")) << r.what;
+    EXPECT_TRUE(contains(r.what, "fail_after")) << r.what;
+    EXPECT_TRUE(contains(r.what, c.remote_address())) << r.what;
+
+    auto missing = c.stream<int>("nope");
+    const auto m = read_to_end(missing);
+    EXPECT_TRUE(m.items.empty());
+    EXPECT_EQ(m.code, errc::method_not_found) << m.what;
+}
+
+TEST(SyncClient, AnItemThatDoesNotConvertFailsTheStreamAndCancelsIt) {
+    server_thread s;
+    sync_client c(s.url);
+    auto st = c.stream<int>("words");
+    for (int round = 0; round < 2; ++round) {
+        try {
+            st.next(30s);
+            ADD_FAILURE() << "converted";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_result) << e.what();
+            EXPECT_EQ(e.method(), "words");
+            EXPECT_TRUE(contains(e.what(), "item 1 does not convert")) << e.what();
+        }
+    }
+    EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
+}
+
+TEST(SyncClient, DestroyingTheClientEndsABlockedReaderWithClosed) {
+    server_thread s;
+    auto c = std::make_unique<sync_client>(s.url);
+    auto st = c->stream<int>("pause_after", 1, 30'000);
+    ASSERT_EQ(st.next(30s), 0);
+    auto pending = std::async(std::launch::async, [&]() -> std::string {
+        try {
+            // Bounded, so that a reader left blocked fails the test instead of hanging it.
+            st.next(20s);
+            return "no error";
+        } catch (const rpc_error& e) {
+            return e.code() == errc::closed ? std::string() : e.what();
+        }
+    });
+    // The reader is blocked (the handler pauses for 30 s); the client goes away.
+    EXPECT_EQ(pending.wait_for(200ms), std::future_status::timeout);
+    const auto t0 = std::chrono::steady_clock::now();
+    c.reset();
+    ASSERT_EQ(pending.wait_for(10s), std::future_status::ready);
+    EXPECT_EQ(pending.get(), "");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    // The connection closed: the server cancelled the handler. The stream outlives its client.
+    EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
+    EXPECT_THROW(st.next(1s), rpc_error);
+    st.cancel();
+}
+
+// A server that has stopped (it neither reads nor answers the resumable session's handshake):
+// the destructor still wakes the reader, with closed.
+TEST(SyncClient, DestroyingTheClientEndsAReaderWhenTheServerHasStopped) {
+    mute_server m;
+    auto c = std::make_unique<sync_client>(m.url + "?resume_ms=5000");
+    auto st = c->stream<int>("count_to", 3);
+    auto pending = std::async(std::launch::async, [&]() -> std::string {
+        try {
+            st.next(20s);  // bounded: a reader left blocked fails the test
+            return "no error";
+        } catch (const rpc_error& e) {
+            return e.code() == errc::closed ? std::string() : e.what();
+        }
+    });
+    EXPECT_EQ(pending.wait_for(200ms), std::future_status::timeout);
+    c.reset();  // gives up on the server after 2 s
+    ASSERT_EQ(pending.wait_for(15s), std::future_status::ready);
+    EXPECT_EQ(pending.get(), "");
+    st.cancel();  // ended: nothing left to do (the client's io_context is gone)
 }
 
 }  // namespace
