@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <asio/bind_cancellation_slot.hpp>
+
 #include "lib/escaped.hpp"
+#include "ordo/detail/handler_entry.hpp"
 #include "ordo/handlers.hpp"
 
 namespace ordo::detail {
@@ -74,6 +77,8 @@ stream_batch::~stream_batch() {
 }
 
 void stream_batch::check_size(std::size_t n) const {
+    if (closed_)
+        throw_error(errc::cancelled, "batch handler " + name_ + " is stopping: its batch closed");
     if (n != open_.size())
         throw_error(errc::remote_error, "batch handler " + name_ + " gave a step of " +
                                             std::to_string(n) + " entries for " +
@@ -117,8 +122,23 @@ void stream_batch::commit() {
     open_ = std::move(still);
 }
 
+void stream_batch::close(errc code, const std::string& text) {
+    closed_ = true;
+    for (auto& e : callers_) {
+        {
+            std::lock_guard lk(e->mu);
+            if (e->ended || e->gone) continue;
+            e->error = code;
+            e->error_text = text;
+            e->ended = true;
+        }
+        wake_caller(e);
+    }
+    room_->bump();  // a step waiting for room ends
+}
+
 net::awaitable<void> stream_batch::wait_room() {
-    for (;;) {
+    while (!closed_) {
         const std::uint64_t seen = room_->seen();
         bool full = false;
         for (std::size_t i : open_) {
@@ -244,14 +264,32 @@ void batcher_core::enqueue(const std::shared_ptr<batch_element>& e) {
     maybe_run();
 }
 
-// On home: the caller of `e` left.
+// On home: the caller of `e` left. When every caller of a running batch has, it is cancelled.
 void batcher_core::withdraw(const std::shared_ptr<batch_element>& e) {
     --waiters_;
+    if (running_batch* rb = e->in) {
+        if (++rb->left == rb->size && !rb->cancelled) {
+            rb->cancelled = true;
+            rb->signal.emit(net::cancellation_type::terminal);
+        }
+        return;
+    }
     auto it = std::find(queue_.begin(), queue_.end(), e);
     if (it == queue_.end()) return;
     queue_.erase(it);
     stats_.queued = queue_.size();
     maybe_run();
+}
+
+void batcher_core::track(stream_batch* sb) {
+    std::lock_guard lock(streams_mutex_);
+    running_streams_.push_back(sb);
+    if (stopped_) sb->close(errc::cancelled, "batch handler " + name_ + " stopped");
+}
+
+void batcher_core::untrack(stream_batch* sb) {
+    std::lock_guard lock(streams_mutex_);
+    running_streams_.erase(std::find(running_streams_.begin(), running_streams_.end(), sb));
 }
 
 void batcher_core::maybe_run() {
@@ -266,7 +304,16 @@ void batcher_core::maybe_run() {
         queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
         ++running_;
         stats_.running = running_;
-        net::co_spawn(ex_, run(std::move(b)), detail::rethrow_escaped{});
+        auto rb = std::make_shared<running_batch>();
+        rb->size = b.size();
+        for (auto& e : b) e->in = rb.get();
+        running_batches_.push_back(rb);
+        // The completion keeps `rb`, and with it the signal its coroutine is bound to, until
+        // that coroutine is over.
+        net::co_spawn(ex_, run(std::move(b), rb),
+                      net::bind_cancellation_slot(rb->signal.slot(), [rb](std::exception_ptr e) {
+                          detail::rethrow_escaped{}(e);
+                      }));
     }
     stats_.queued = queue_.size();
     publish();
@@ -297,9 +344,9 @@ void batcher_core::arm_wait() {
 }
 
 // The user's function, with its failures turned into the calls' errors.
-net::awaitable<void> batcher_core::run_here(batch& b) {
+net::awaitable<void> batcher_core::run_here(batch& b, std::stop_token stop) {
     try {
-        co_await run_batch(b);
+        co_await run_batch(b, std::move(stop));
     } catch (const std::exception& e) {
         fail_all(b, errc::remote_error, "batch handler " + name_ + " failed: " + e.what());
     } catch (...) {
@@ -308,18 +355,24 @@ net::awaitable<void> batcher_core::run_here(batch& b) {
     }
 }
 
-net::awaitable<void> batcher_core::run(batch b) {
+net::awaitable<void> batcher_core::run(batch b, std::shared_ptr<running_batch> rb) {
     auto self = shared_from_this();
-    if (o_.run_on) {
-        // On the worker executor; back here (the strand) when it is done. Cancellation is not
-        // passed over: Asio 1.22 would signal it from this thread into the other one.
-        co_await net::co_spawn(
-            o_.run_on, run_here(b),
-            net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable));
-    } else {
-        co_await run_here(b);
+    // On the worker executor (batch_options::run_on), else on a strand of home; back here when
+    // it is done. run_offloaded passes this coroutine's cancellation (rb->signal) over to it.
+    try {
+        co_await run_offloaded(o_.run_on,
+                               [&](std::stop_token stop) { return run_here(b, std::move(stop)); });
+    } catch (...) {
+        // Only errc::cancelled gets here (run_here catches the rest): a streaming batch's
+        // callers have ended or left already; a plain batch's have all left.
+        if (!streams_)
+            fail_all(b, errc::cancelled, "batch handler " + name_ + " cancelled: its callers left");
     }
-    for (auto& e : b) finish(e);
+    for (auto& e : b) {
+        e->in = nullptr;
+        finish(e);
+    }
+    running_batches_.erase(std::find(running_batches_.begin(), running_batches_.end(), rb));
     ++stats_.batches;
     stats_.calls += b.size();
     ++stats_.size_histogram[b.size()];
@@ -350,7 +403,18 @@ net::awaitable<void> batcher_core::async_wait_idle() {
 
 void batcher_core::stop() {
     stopped_ = true;
+    if (streams_) {
+        std::lock_guard lock(streams_mutex_);
+        for (stream_batch* sb : running_streams_)
+            sb->close(errc::cancelled, "batch handler " + name_ + " stopped");
+    }
     at_home([this] {
+        if (streams_)
+            for (auto& rb : running_batches_) {
+                if (rb->cancelled) continue;
+                rb->cancelled = true;
+                rb->signal.emit(net::cancellation_type::terminal);
+            }
         auto queued = std::move(queue_);
         queue_.clear();
         stats_.queued = 0;

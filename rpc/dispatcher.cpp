@@ -165,7 +165,7 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
     for (auto& r : runs_) {
         if (r.is_request && r.msgid == msgid && !r.cancelled) {
             r.cancelled = true;
-            if (r.stream) r.stream->cancelled = true;
+            if (r.stream) r.stream->cancel();
             ++c_.handlers_cancelled;
             r.signal.emit(net::cancellation_type::terminal);
             return;
@@ -421,7 +421,7 @@ void dispatcher::drop_all() {
     for (auto& r : runs_) {
         if (r.cancelled) continue;
         r.cancelled = true;
-        if (r.stream) r.stream->cancelled = true;
+        if (r.stream) r.stream->cancel();
         ++c_.handlers_cancelled;
         r.signal.emit(net::cancellation_type::terminal);
     }

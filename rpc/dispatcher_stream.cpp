@@ -65,13 +65,13 @@ buffer& dispatcher::stream_run::begin_item() {
     return item_;
 }
 
-void dispatcher::stream_run::end_item() {
+bool dispatcher::stream_run::end_item() {
     ++written_;
     if (streaming_) {
         --credit_;
         bytes_credit_ -= static_cast<std::int64_t>(item_.size());
         d_.host_.send_response(item_);
-        return;
+        return true;
     }
     if (collected_.size() > max_collected_bytes)
         throw_error(errc::overloaded,
@@ -90,6 +90,12 @@ void dispatcher::stream_run::end_item() {
         }
         charged_ += collect_charge_step;
     }
+    return true;
+}
+
+void dispatcher::stream_run::cancel() {
+    cancelled = true;
+    if (waiting_) wake_.cancel();
 }
 
 void dispatcher::stream_run::grant(std::uint64_t n, std::uint64_t bytes) {

@@ -38,6 +38,11 @@ struct batch_options {
     /// stall the I/O of the connections on a loop. Empty: on the loop of the batch's first
     /// caller. Calls from every loop are gathered either way; each caller gets its result back
     /// on its own loop. With max_concurrent_batches > 1 on a pool, batches run in parallel.
+    /// A batch is cancelled when every one of its callers has left (cancelled, deadline, peer
+    /// lost), and a streaming batch also when the server stops, wherever it runs: a handler
+    /// that takes a std::stop_token last sees stop requested, and where it awaits it gets Asio
+    /// cancellation. One that ignores both runs to its end, holding its worker thread and its
+    /// batch slot (max_concurrent_batches) meanwhile; its results are dropped.
     net::any_io_executor run_on{};
 };
 
@@ -71,8 +76,11 @@ template <class T>
 class batch_writer {
   public:
     explicit batch_writer(detail::stream_batch& b) : b_(&b) {}
-    /// The callers still open: indices into the batch's inputs, in order.
+    /// The callers still open: indices into the batch's inputs, in order. Empty once closed.
     const std::vector<std::size_t>& open() const;
+    /// Whether the batcher has stopped (the server stops) while this batch runs: its callers
+    /// have ended with errc::cancelled, open() is empty and step() throws errc::cancelled.
+    bool closed() const noexcept;
     /// One step. Suspends while some open caller still holds too many items it has not sent
     /// (a reader out of credit), so that memory stays bounded. Throws std::system_error when
     /// `s` does not have one entry per open caller.

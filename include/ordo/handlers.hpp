@@ -42,13 +42,23 @@ struct handler_options {
     /// one at a time there, for state they share. An ordo::worker_pool's executor: the body runs
     /// off the loop, so that a long computation does not stall the loop's other connections.
     /// Arguments are converted on the loop; the result is packed and sent from it. A serial
-    /// handler stays serial (the connection's next message waits for it). On run_on the body must
-    /// not use the `ordo::peer&` it may take (post to its get_executor() instead), and
-    /// cancellation (ordo.cancel, a deadline, the connection ending) does not reach it: it runs
-    /// to its end and its answer is dropped if nobody waits for it. Its answer is posted back
-    /// to the connection's loop: after async_stop(), join the worker_pool (worker_pool::join())
-    /// before the server and its io_context are destroyed (a server with threads > 1 also waits
-    /// up to 10 s for such bodies before its own loops go).
+    /// handler stays serial (the connection's next message waits for it). Streaming handlers
+    /// too: each writer.write() hands its item to the connection's loop and suspends until it
+    /// has been sent there, credit and order as on the loop. On run_on the body must not use the
+    /// `ordo::peer&` it may take (post to its get_executor() instead).
+    ///
+    /// Cancellation (ordo.cancel, the caller's deadline, the connection ending) reaches the
+    /// body: a body that takes a `std::stop_token` (after peer& and the writer, before its
+    /// arguments) sees stop requested at once, from any thread, and one that awaits gets Asio
+    /// terminal cancellation there (emitted on the body's own strand of run_on). A cancelled
+    /// call's answer is never sent: its caller gets errc::cancelled whatever the body returns.
+    /// A body that ignores both still runs to its end: it holds its worker thread, a serial
+    /// handler holds its connection's next messages, and the connection's teardown waits for
+    /// it. Its answer is posted back to the connection's loop: after async_stop(), join the
+    /// worker_pool (worker_pool::join()) before the server and its io_context are destroyed
+    /// (a server with threads > 1 also waits up to 10 s for such bodies before its own loops
+    /// go). A handler on the loop may take a std::stop_token too: its body then runs on a
+    /// strand of the loop, as if on run_on.
     net::any_io_executor run_on{};
 };
 
@@ -63,6 +73,23 @@ net::awaitable<void> run_stream_handler(F f, std::string method, std::string sig
     co_await invoke_stream_handler(f, p, w, values);
 }
 
+/// A streaming handler's body on `ex` (handler_options::run_on; empty: a strand of this loop,
+/// for a body that takes a std::stop_token); its items come back here (offload_out).
+template <class F>
+net::awaitable<void> run_stream_handler_on(F f, net::any_io_executor ex, std::string method,
+                                           std::string signature, peer& p, msgpack::object params,
+                                           stream_out& out) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    auto values = convert_args<F>(params, method, signature);
+    const auto loop = co_await net::this_coro::executor;
+    // The body borrows this frame's f and values: run_offloaded returns only once it has ended.
+    co_await run_offloaded(std::move(ex), [&](std::stop_token st) -> net::awaitable<void> {
+        offload_out off(out, loop, st);
+        writer<typename shape::item> w(off);
+        co_await invoke_stream_handler(f, p, w, values, st);
+    });
+}
+
 template <class F>
 handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     using traits = fn_traits<F>;
@@ -75,17 +102,18 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
         static_assert(std::is_same_v<typename traits::result, net::awaitable<void>>,
                       "a streaming handler (one taking ordo::writer<T>&) is a coroutine "
                       "returning net::awaitable<void>");
-        if (o.run_on)
-            throw_error(errc::bad_arguments,
-                        "ordo: handler_options::run_on is not supported for the streaming "
-                        "handler " +
-                            method);
         e.signature += " [stream]";
-        e.stream = [f, method, sig = e.signature](peer& p, msgpack::object params,
-                                                  stream_out& out) {
-            return run_stream_handler(f, method, sig, p, params, out);
-        };
-    } else if (o.run_on) {
+        if (o.run_on || shape::takes_stop)
+            e.stream = [f, method, sig = e.signature, ex = o.run_on](
+                           peer& p, msgpack::object params, stream_out& out) {
+                return run_stream_handler_on(f, ex, method, sig, p, params, out);
+            };
+        else
+            e.stream = [f, method, sig = e.signature](peer& p, msgpack::object params,
+                                                      stream_out& out) {
+                return run_stream_handler(f, method, sig, p, params, out);
+            };
+    } else if (o.run_on || shape::takes_stop) {
         e.async = [f, method, sig = e.signature, ex = o.run_on](peer& p, msgpack::object params,
                                                                 buffer& out) {
             return run_handler_on(f, ex, method, sig, p, params, out);
@@ -129,9 +157,10 @@ class handlers {
   public:
     /// Registers `f` for `name`. f is a function, a lambda (not generic) or a coroutine returning
     /// net::awaitable<T>; it may take `ordo::peer&` first (the calling peer, to call back over
-    /// the same ordered stream). Arguments are converted with msgpack-c: a mismatch answers
-    /// errc::bad_arguments naming the method and the expected signature; an exception answers
-    /// an error with its message (errc::remote_error, or the ordo::errc of a system_error).
+    /// the same ordered stream), and then a std::stop_token (stop is requested when the call is
+    /// cancelled: handler_options::run_on). Arguments are converted with msgpack-c: a mismatch
+    /// answers errc::bad_arguments naming the method and the expected signature; an exception
+    /// answers an error with its message (errc::remote_error, or the ordo::errc of a system_error).
     /// On a server with several loops (server_options::threads) the same handler may run on
     /// several threads at once: guard what it shares, or give it a strand (handler_options::
     /// run_on). Register handlers before the server listens; the table is read, not locked.
@@ -179,7 +208,9 @@ class handlers {
     /// with a message naming the handler and the sizes. Calls from every peer are gathered;
     /// batches run when full or max_wait after their first call. From one ordered peer, calls
     /// keep their order inside and across batches (with max_concurrent_batches 1). A cancelled
-    /// call, or one whose peer died, leaves a batch that has not started.
+    /// call, or one whose peer died, leaves a batch that has not started; a running batch that
+    /// all its callers left is cancelled (f may take a std::stop_token after the vector:
+    /// batch_options::run_on).
     template <class F>
     batch_handle on_batch(std::string name, batch_options o, F f) {
         using Arg = typename detail::batch_arg<F>::type;
@@ -204,6 +235,9 @@ class handlers {
     /// calls never join a running batch; callers still open when f returns end normally, and if
     /// f throws they fail with its message. A step waits while a caller holds 16 items its
     /// reader has no credit for. A caller that does not stream gets its items as one array.
+    /// When the server stops, running batches close: their callers end with errc::cancelled,
+    /// out.closed() turns true, open() empty and out.step() throws errc::cancelled; f may take
+    /// a std::stop_token last, which is requested then (batch_options::run_on says more).
     template <class F>
     batch_handle on_batch_stream(std::string name, batch_options o, F f) {
         using sig = detail::batch_stream_sig<F>;
@@ -229,7 +263,8 @@ class handlers {
         for (const auto& b : batchers_) b.core->set_home(ex);
     }
 
-    /// Fails the calls queued in every batch handler with errc::shutting_down (server stop).
+    /// Fails the calls queued in every batch handler with errc::shutting_down, and closes their
+    /// running streaming batches (their callers end with errc::cancelled) (server stop).
     void stop_batches() const {
         for (const auto& b : batchers_) b.core->stop();
     }

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -108,12 +109,40 @@ class stream_out {
     /// Completes when credit has come. Throws std::system_error(errc::cancelled) when the
     /// handler is cancelled meanwhile.
     virtual net::awaitable<void> wait_credit() = 0;
-    /// The buffer to pack one item into; end_item() sends it (or collects it). end_item throws
-    /// when the stream has been cancelled, or when a collection outgrows its limit.
+    /// The buffer to pack one item into; end_item() sends it (or collects it), and returns
+    /// false when the item is still to be handed over (hand_over()). begin_item and end_item
+    /// throw when the stream has been cancelled, or when a collection outgrows its limit.
     virtual buffer& begin_item() = 0;
-    virtual void end_item() = 0;
+    virtual bool end_item() = 0;
+    /// Hands the item packed since begin_item() over to the connection's loop and completes
+    /// once it has been sent there (after credit came); throws errc::cancelled when the call
+    /// is cancelled meanwhile. Only where end_item() returned false.
+    virtual net::awaitable<void> hand_over();
     /// Items written so far.
     virtual std::uint64_t written() const noexcept = 0;
+};
+
+/// A streaming handler's output as a body on handler_options::run_on sees it: each item is
+/// packed on the body's thread and handed to the connection's loop, where it waits for credit
+/// and goes out in order; the body's write() suspends until then. rpc/offload.cpp.
+class offload_out final : public stream_out {
+  public:
+    /// `loop_side` (on `loop`) outlives this; `stop` is the call's.
+    offload_out(stream_out& loop_side, net::any_io_executor loop, std::stop_token stop)
+        : loop_side_(loop_side), loop_(std::move(loop)), stop_(std::move(stop)) {}
+    bool has_credit() const noexcept override { return true; }  // checked on the loop
+    net::awaitable<void> wait_credit() override;
+    buffer& begin_item() override;
+    bool end_item() override { return false; }
+    net::awaitable<void> hand_over() override;
+    std::uint64_t written() const noexcept override { return written_; }
+
+  private:
+    stream_out& loop_side_;
+    net::any_io_executor loop_;
+    std::stop_token stop_;
+    buffer item_{small_buffer};
+    std::uint64_t written_ = 0;
 };
 
 /// The caller's side of one stream, untyped (rpc/stream.cpp). Items arrive on the channel's
@@ -372,7 +401,8 @@ class stream {
 
 /// A streaming handler's output: `co_await out.write(v)` sends one item, suspending while the
 /// caller's credit is used up. Throws std::system_error(errc::cancelled) once the call has been
-/// cancelled.
+/// cancelled. From a body on handler_options::run_on, write() hands the item to the
+/// connection's loop and completes once it has been sent there: one round trip per item.
 template <class T>
 class writer {
   public:
@@ -381,7 +411,7 @@ class writer {
     net::awaitable<void> write(T v) {
         if (!o_->has_credit()) co_await o_->wait_credit();
         msgpack::pack(o_->begin_item(), v);
-        o_->end_item();
+        if (!o_->end_item()) co_await o_->hand_over();
     }
     /// Items written so far.
     std::uint64_t written() const noexcept { return o_->written(); }

@@ -24,7 +24,7 @@ class dispatcher::stream_run final : public stream_out {
     bool has_credit() const noexcept override;
     net::awaitable<void> wait_credit() override;
     buffer& begin_item() override;
-    void end_item() override;
+    bool end_item() override;
 
     std::uint64_t written() const noexcept override { return written_; }
 
@@ -33,6 +33,10 @@ class dispatcher::stream_run final : public stream_out {
     // The final response's result: the number of items sent, or the items collected.
     void finish(buffer& out) const;
 
+    // The call was cancelled, or its connection ended: a write waiting for credit ends (also
+    // one a body on handler_options::run_on handed over, which Asio cancellation cannot reach
+    // here), and later ones throw.
+    void cancel();
     bool cancelled = false;
 
   private:

@@ -6,6 +6,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -716,6 +717,60 @@ TEST(BatchStream, AStalledReaderBoundsTheBatch) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return other_done; }));
         EXPECT_EQ(got_other, iota(1000));
         co_await srv.async_stop();
+    });
+}
+
+// A server that stops closes its running streaming batches: their callers end with cancelled
+// (not with the connection, 2 s later), the handler's writer reports closed and its stop token
+// is requested.
+TEST(BatchStream, StoppingTheServerEndsItsRunningBatches) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        bool running = false, closed = false, stop_seen = false;
+        srv.on_batch_stream("endless", {.max_batch_size = 2, .max_wait = 1s},
+                            [&](batch_writer<int>& out, std::vector<int>,
+                                std::stop_token st) -> net::awaitable<void> {
+                                running = true;
+                                try {
+                                    for (int k = 0; !out.open().empty() && k < 1'000'000; ++k) {
+                                        std::vector<stream_step<int>> step(out.open().size(),
+                                                                           stream_step<int>(k));
+                                        co_await out.step(std::move(step));
+                                        co_await sleep_for(1ms);
+                                    }
+                                } catch (const std::system_error&) {
+                                    // Cancelled where it awaits (after the stop, any co_await
+                                    // throws).
+                                }
+                                closed = out.closed();
+                                stop_seen = st.stop_requested();
+                                running = false;
+                            });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto a = co_await ch.async_stream<int>("endless", 1);
+        auto b = co_await ch.async_stream<int>("endless", 2);
+        for (int i = 0; i < 5; ++i) {
+            EXPECT_EQ(*co_await a.next(), i);
+            EXPECT_EQ(*co_await b.next(), i);
+        }
+        ORDO_CO_ASSERT_TRUE(running);
+        bool stopped = false;
+        net::co_spawn(
+            co_await net::this_coro::executor,
+            [&]() -> net::awaitable<void> {
+                co_await srv.async_stop();
+                stopped = true;
+            },
+            net::detached);
+        for (auto* s : {&a, &b}) {
+            const auto r = co_await read_to_end(*s);
+            EXPECT_EQ(r.code, errc::cancelled) << r.what;
+            EXPECT_NE(r.what.find("endless"), std::string::npos) << r.what;
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return stopped; }));
+        EXPECT_FALSE(running);
+        EXPECT_TRUE(closed);
+        EXPECT_TRUE(stop_seen);
     });
 }
 

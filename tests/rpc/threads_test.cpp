@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -450,6 +451,231 @@ TEST(RunOn, AServerDestroyedWhileOffloadedBodiesRunWaitsForThem) {
         chans.clear();
         co_return;
     });
+}
+
+// The requests of `method` a server answered with `code` (0: succeeded).
+std::uint64_t answered(threaded_server& s, const std::string& method, int code) {
+    const auto st = s.on_home<server_stats>([&] { return s.srv->stats(); });
+    for (const auto& m : st.methods)
+        if (m.name == method) return m.requests[static_cast<std::size_t>(code)];
+    return 0;
+}
+
+// A body on a worker that computes and polls its stop token (it ignores the cancellation
+// otherwise: it returns its value). The caller's deadline reaches it, and what it returns is
+// not sent: the server answers cancelled.
+TEST(RunOn, ADeadlineReachesAnOffloadedBodyThatPollsItsStopToken) {
+    worker_pool pool(2);
+    std::atomic<bool> saw_stop{false}, ended{false};
+    thread_set ran_on;
+    handler_options off;
+    off.run_on = pool.get_executor();
+    threaded_server s(1, [&](server& srv) {
+        srv.on(
+            "spin",
+            [&](std::stop_token st, int x) {
+                ran_on.note();
+                const auto limit = std::chrono::steady_clock::now() + 20s;
+                while (!st.stop_requested() && std::chrono::steady_clock::now() < limit) {
+                }
+                saw_stop = st.stop_requested();
+                ended = true;
+                return x;
+            },
+            off);
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        std::error_code code;
+        try {
+            co_await ch.async_call<int>("spin", 7, timeout(200ms));
+        } catch (const rpc_error& e) {
+            code = e.code();
+        }
+        EXPECT_EQ(code, errc::timed_out);
+        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
+        EXPECT_TRUE(co_await wait_until(
+            [&] { return answered(s, "spin", int(errc::cancelled)) == 1; }, 15s));
+    });
+    EXPECT_TRUE(saw_stop.load());
+    EXPECT_EQ(answered(s, "spin", 0), 0u);
+    EXPECT_FALSE(ran_on.has(s.home.t.get_id()));
+}
+
+// A coroutine body on a worker gets Asio cancellation where it awaits.
+TEST(RunOn, AnOffloadedCoroutineIsCancelledWhereItAwaits) {
+    worker_pool pool(2);
+    std::atomic<bool> aborted{false}, ended{false};
+    handler_options off;
+    off.run_on = pool.get_executor();
+    threaded_server s(1, [&](server& srv) {
+        srv.on(
+            "sleep",
+            [&](int x) -> net::awaitable<int> {
+                net::steady_timer t(co_await net::this_coro::executor, 20s);
+                auto [ec] = co_await t.async_wait(use_tuple);
+                aborted = ec == net::error::operation_aborted;
+                ended = true;
+                co_return x;
+            },
+            off);
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        std::error_code code;
+        try {
+            co_await ch.async_call<int>("sleep", 7, timeout(200ms));
+        } catch (const rpc_error& e) {
+            code = e.code();
+        }
+        EXPECT_EQ(code, errc::timed_out);
+        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
+        EXPECT_TRUE(co_await wait_until(
+            [&] { return answered(s, "sleep", int(errc::cancelled)) == 1; }, 15s));
+    });
+    EXPECT_TRUE(aborted.load());
+    EXPECT_EQ(answered(s, "sleep", 0), 0u);
+}
+
+// The connection ending (its peer aborts) reaches a body on a worker too.
+TEST(RunOn, APeerThatDiesStopsItsOffloadedBody) {
+    worker_pool pool(1);
+    std::atomic<bool> started{false}, saw_stop{false}, ended{false};
+    handler_options off;
+    off.run_on = pool.get_executor();
+    threaded_server s(2, [&](server& srv) {
+        srv.on(
+            "spin",
+            [&](std::stop_token st, int) {
+                started = true;
+                const auto limit = std::chrono::steady_clock::now() + 20s;
+                while (!st.stop_requested() && std::chrono::steady_clock::now() < limit) {
+                }
+                saw_stop = st.stop_requested();
+                ended = true;
+            },
+            off);
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        ch.impl()->notify_raw("spin", std::string_view("\x91\x01", 2));
+        EXPECT_TRUE(co_await wait_until([&] { return started.load(); }));
+        std::dynamic_pointer_cast<peer>(ch.impl())->abort();
+        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
+    });
+    EXPECT_TRUE(saw_stop.load());
+}
+
+// A streaming handler on a worker: items in order, no further ahead of the reader than its
+// credit, and a cancel reaches a write that waits for credit (on the connection's loop).
+TEST(RunOn, AnOffloadedStreamKeepsItsCreditAndOrderAndIsCancelled) {
+    worker_pool pool(2);
+    thread_set ran_on;
+    std::atomic<std::uint64_t> written{0};
+    std::atomic<bool> cancelled{false}, ended{false};
+    handler_options off;
+    off.run_on = pool.get_executor();
+    threaded_server s(1, [&](server& srv) {
+        srv.on(
+            "count_to",
+            [&](writer<int>& out, int n) -> net::awaitable<void> {
+                ran_on.note();
+                try {
+                    for (int i = 0; i < n; ++i) {
+                        co_await out.write(i);
+                        written = out.written();
+                    }
+                } catch (const std::system_error& e) {
+                    cancelled = e.code() == errc::cancelled;
+                    throw;
+                }
+                ended = true;
+            },
+            off);
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        call_options o;
+        o.window = 4;
+        auto st = co_await ch.async_stream<int>("count_to", 1000, o);
+        EXPECT_TRUE(co_await wait_until([&] { return written.load() == 4; }));
+        net::steady_timer pause(co_await net::this_coro::executor, 500ms);
+        co_await pause.async_wait(use_tuple);  // a reader that stops: the body must wait
+        EXPECT_EQ(written.load(), 4u);
+        EXPECT_LE(st.received(), 4u);
+        std::vector<int> got;
+        while (auto v = co_await st.next()) got.push_back(*v);
+        ORDO_CO_ASSERT_EQ(got.size(), 1000u);
+        for (int i = 0; i < 1000; ++i) ORDO_CO_ASSERT_EQ(got[i], i);
+        EXPECT_TRUE(ended.load());
+
+        // Cancelled while its write waits for credit.
+        ended = false;
+        written = 0;
+        o.window = 2;
+        auto endless = co_await ch.async_stream<int>("count_to", 1'000'000, o);
+        // Nothing read: the body writes its window, then its third write waits on the loop.
+        EXPECT_TRUE(co_await wait_until([&] { return written.load() == 2; }));
+        pause.expires_after(300ms);
+        co_await pause.async_wait(use_tuple);
+        EXPECT_EQ(written.load(), 2u);
+        endless.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return cancelled.load(); }, 15s));
+        EXPECT_FALSE(ended.load());
+        // The connection serves on.
+        auto again = co_await ch.async_stream<int>("count_to", 3, o);
+        std::vector<int> three;
+        while (auto v = co_await again.next()) three.push_back(*v);
+        EXPECT_EQ(three, (std::vector<int>{0, 1, 2}));
+    });
+    EXPECT_FALSE(ran_on.has(s.home.t.get_id()));
+}
+
+// A batch on a worker that all its callers left (their deadlines passed) is cancelled: its
+// stop token is requested.
+TEST(RunOn, ABatchAllOfWhoseCallersLeftIsCancelled) {
+    worker_pool pool(2);
+    std::atomic<bool> started{false}, saw_stop{false}, ended{false};
+    threaded_server s(1, [&](server& srv) {
+        batch_options bo;
+        bo.max_batch_size = 2;
+        bo.max_wait = 1s;
+        bo.run_on = pool.get_executor();
+        srv.on_batch("spin", bo, [&](std::vector<int> xs, std::stop_token st) {
+            started = true;
+            const auto limit = std::chrono::steady_clock::now() + 20s;
+            while (!st.stop_requested() && std::chrono::steady_clock::now() < limit) {
+            }
+            saw_stop = st.stop_requested();
+            ended = true;
+            return xs;
+        });
+    });
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        auto ex = co_await net::this_coro::executor;
+        std::atomic<int> timed_out{0};
+        for (int i = 0; i < 2; ++i)
+            net::co_spawn(
+                ex,
+                [&, ch, i]() -> net::awaitable<void> {
+                    try {
+                        co_await ch.async_call<int>("spin", i, timeout(300ms));
+                    } catch (const rpc_error& e) {
+                        if (e.code() == errc::timed_out) ++timed_out;
+                    }
+                },
+                net::detached);
+        EXPECT_TRUE(co_await wait_until([&] { return timed_out.load() == 2; }, 15s));
+        EXPECT_TRUE(started.load());
+        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
+    });
+    EXPECT_TRUE(saw_stop.load());
 }
 
 TEST(RunOn, BatchesRunOnTheWorkerPoolAndGatherCallsFromEveryLoop) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -24,6 +25,8 @@
 
 namespace ordo::detail {
 
+struct running_batch;
+
 /// One call waiting in, or running as part of, a batch.
 struct batch_element {
     explicit batch_element(net::any_io_executor ex)
@@ -35,6 +38,17 @@ struct batch_element {
     std::string error_text;
     buffer result;  ///< the packed result on success
     std::chrono::steady_clock::time_point arrived{};
+    running_batch* in = nullptr;  ///< its batch while it runs (on home)
+};
+
+/// A batch that runs (on home). When every caller has left it, or (a streaming batch) its
+/// batcher stops, `signal` cancels it: the handler's stop token, and Asio cancellation where it
+/// awaits (passed over to where it runs by run_offloaded).
+struct running_batch {
+    std::size_t size = 0;
+    std::size_t left = 0;
+    bool cancelled = false;
+    net::cancellation_signal signal;
 };
 
 template <class Arg>
@@ -110,9 +124,18 @@ class stream_batch {
     stream_batch(const stream_batch&) = delete;
     stream_batch& operator=(const stream_batch&) = delete;
 
-    const std::vector<std::size_t>& open() const noexcept { return open_; }
-    /// Throws std::system_error (errc::remote_error) when a step does not have `n` entries.
+    /// Empty once the batch is closed.
+    const std::vector<std::size_t>& open() noexcept {
+        if (closed_ && !open_.empty()) open_.clear();
+        return open_;
+    }
+    /// Throws std::system_error: errc::cancelled once the batch is closed, errc::remote_error
+    /// when a step does not have `n` entries.
     void check_size(std::size_t n) const;
+    /// The batcher stops (any thread): every caller still open ends with `code` and `text`, and
+    /// the handler's later steps throw errc::cancelled.
+    void close(errc code, const std::string& text);
+    bool closed() const noexcept { return closed_; }
     void item(std::size_t k, buffer packed);
     void end(std::size_t k);
     void fail(std::size_t k, errc code, std::string text);
@@ -130,6 +153,7 @@ class stream_batch {
     std::vector<std::shared_ptr<stream_element>> callers_;
     std::vector<std::size_t> open_;
     std::shared_ptr<stream_room> room_ = std::make_shared<stream_room>();
+    std::atomic<bool> closed_{false};
 };
 
 /// Queueing, timing, cancellation and statistics of one batch handler; the typed part runs
@@ -138,7 +162,9 @@ class stream_batch {
 /// posting, and get their outcome posted back to theirs.
 class batcher_core : public std::enable_shared_from_this<batcher_core> {
   public:
-    batcher_core(std::string name, batch_options o) : name_(std::move(name)), o_(o) {}
+    /// `streams`: a streaming batch handler's (stop() closes its running batches).
+    batcher_core(std::string name, batch_options o, bool streams = false)
+        : name_(std::move(name)), o_(o), streams_(streams) {}
     virtual ~batcher_core() = default;
 
     /// Queues `e` and waits for its result, which it appends to `out`; throws std::system_error
@@ -149,7 +175,9 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     /// until the batch ends it; throws its error, if any. Cancelling the awaiting coroutine
     /// leaves the batch (a running batch skips it from then on).
     net::awaitable<void> submit_stream(std::shared_ptr<stream_element> e, stream_out& out);
-    /// Fails every queued call with errc::shutting_down, and later ones at once. Any thread.
+    /// Fails every queued call with errc::shutting_down, and later ones at once; closes the
+    /// running streaming batches (their callers end with errc::cancelled, their writers report
+    /// closed) and cancels them. Running plain batches finish. Any thread.
     void stop();
     /// Fixes the home executor before any call (a server over several loops gives its own),
     /// unless batch_options::run_on or an earlier call already chose one.
@@ -166,9 +194,13 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
 
   protected:
     using batch = std::vector<std::shared_ptr<batch_element>>;
-    /// Runs the handler on `b` and sets each element's result or error.
-    virtual net::awaitable<void> run_batch(batch& b) = 0;
+    /// Runs the handler on `b` and sets each element's result or error; `stop` is requested
+    /// when the batch is cancelled.
+    virtual net::awaitable<void> run_batch(batch& b, std::stop_token stop) = 0;
     void fail_all(batch& b, errc code, const std::string& text);
+    /// A running streaming batch, while its handler runs (any thread): closed at stop().
+    void track(stream_batch* sb);
+    void untrack(stream_batch* sb);
 
   private:
     net::any_io_executor home(const net::any_io_executor& caller);
@@ -179,13 +211,17 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     static void finish(const std::shared_ptr<batch_element>& e);
     void maybe_run();
     void arm_wait();
-    net::awaitable<void> run(batch b);
-    net::awaitable<void> run_here(batch& b);
+    net::awaitable<void> run(batch b, std::shared_ptr<running_batch> rb);
+    net::awaitable<void> run_here(batch& b, std::stop_token stop);
     void publish();
 
     std::string name_;
     batch_options o_;
+    bool streams_;
     std::vector<std::shared_ptr<batch_element>> queue_;
+    std::vector<std::shared_ptr<running_batch>> running_batches_;  // on home
+    std::mutex streams_mutex_;                                     // guards running_streams_
+    std::vector<stream_batch*> running_streams_;
     std::unique_ptr<net::steady_timer> wait_timer_;
     mutable std::mutex mutex_;  // guards ex_ (set once) and published_
     net::any_io_executor ex_;
@@ -232,17 +268,24 @@ class batcher final : public batcher_core {
         }
     }
 
-    net::awaitable<void> run_batch(batch& b) override {
+    net::awaitable<void> run_batch(batch& b, std::stop_token stop) override {
         std::vector<Arg> args;
         args.reserve(b.size());
         for (auto& e : b) args.push_back(std::move(static_cast<typed_element<Arg>&>(*e).arg));
         try {
-            using R = std::invoke_result_t<F&, std::vector<Arg>>;
+            constexpr bool takes_stop = std::is_invocable_v<F&, std::vector<Arg>, std::stop_token>;
+            auto call = [&] {
+                if constexpr (takes_stop)
+                    return f_(std::move(args), std::move(stop));
+                else
+                    return f_(std::move(args));
+            };
+            using R = decltype(call());
             if constexpr (is_awaitable<R>::value) {
-                auto results = co_await f_(std::move(args));
+                auto results = co_await call();
                 distribute(b, results);
             } else {
-                auto results = f_(std::move(args));
+                auto results = call();
                 distribute(b, results);
             }
         } catch (const std::exception& e) {
@@ -260,10 +303,10 @@ template <class Arg, class T, class F>
 class stream_batcher final : public batcher_core {
   public:
     stream_batcher(std::string name, batch_options o, F f)
-        : batcher_core(std::move(name), o), f_(std::move(f)) {}
+        : batcher_core(std::move(name), o, true), f_(std::move(f)) {}
 
   private:
-    net::awaitable<void> run_batch(batch& b) override {
+    net::awaitable<void> run_batch(batch& b, std::stop_token stop) override {
         std::vector<Arg> args;
         std::vector<std::shared_ptr<stream_element>> callers;
         args.reserve(b.size());
@@ -274,16 +317,27 @@ class stream_batcher final : public batcher_core {
             callers.push_back(std::move(c));
         }
         stream_batch sb(name(), std::move(callers));
+        track(&sb);
+        struct untrack_at_end {
+            stream_batcher* self;
+            stream_batch* sb;
+            ~untrack_at_end() { self->untrack(sb); }
+        } tracked{this, &sb};
         batch_writer<T> w(sb);
         std::string failure;
         try {
-            co_await f_(w, std::move(args));
+            if constexpr (std::is_invocable_v<F&, batch_writer<T>&, std::vector<Arg>,
+                                              std::stop_token>)
+                co_await f_(w, std::move(args), std::move(stop));
+            else
+                co_await f_(w, std::move(args));
         } catch (const std::exception& e) {
             failure = e.what();
         } catch (...) {
             failure = "unknown exception";
         }
-        // Callers still open when the handler returns end normally (batcher_core::run).
+        // Callers still open when the handler returns end normally (batcher_core::run); those
+        // a stop closed have ended already.
         if (!failure.empty())
             sb.fail_open(errc::remote_error, "batch handler " + name() + " failed: " + failure);
     }
@@ -305,6 +359,13 @@ struct batch_stream_sig<R (C::*)(batch_writer<T>&, V) const>
 template <class C, class R, class T, class V>
 struct batch_stream_sig<R (C::*)(batch_writer<T>&, V)>
     : batch_stream_sig<R (*)(batch_writer<T>&, V)> {};
+// Those that take the batch's std::stop_token last.
+template <class C, class R, class T, class V>
+struct batch_stream_sig<R (C::*)(batch_writer<T>&, V, std::stop_token) const>
+    : batch_stream_sig<R (*)(batch_writer<T>&, V)> {};
+template <class C, class R, class T, class V>
+struct batch_stream_sig<R (C::*)(batch_writer<T>&, V, std::stop_token)>
+    : batch_stream_sig<R (*)(batch_writer<T>&, V)> {};
 
 template <class F>
 struct batch_arg;
@@ -318,6 +379,12 @@ template <class C, class R, class V>
 struct batch_arg<R (C::*)(V) const> : batch_arg<R (*)(V)> {};
 template <class C, class R, class V>
 struct batch_arg<R (C::*)(V)> : batch_arg<R (*)(V)> {};
+template <class R, class V>
+struct batch_arg<R (*)(V, std::stop_token)> : batch_arg<R (*)(V)> {};
+template <class C, class R, class V>
+struct batch_arg<R (C::*)(V, std::stop_token) const> : batch_arg<R (*)(V)> {};
+template <class C, class R, class V>
+struct batch_arg<R (C::*)(V, std::stop_token)> : batch_arg<R (*)(V)> {};
 
 /// Converts a call's params to the batch argument: the single parameter, or all of them into a
 /// tuple.
@@ -364,6 +431,11 @@ namespace ordo {
 template <class T>
 const std::vector<std::size_t>& batch_writer<T>::open() const {
     return b_->open();
+}
+
+template <class T>
+bool batch_writer<T>::closed() const noexcept {
+    return b_->closed();
 }
 
 template <class T>

@@ -3,6 +3,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -69,9 +71,21 @@ struct body_result<net::awaitable<T, E>> {
     using type = T;
 };
 
-/// The body of `f` on `ex` (handler_options::run_on): arguments converted here, the result
-/// packed here once the body is done there. Cancellation is not passed over to `ex` (Asio 1.22
-/// would signal it from this thread into the other).
+/// A body that runs elsewhere (handler_options::run_on), given its call's stop token.
+using offload_body = std::function<net::awaitable<void>(std::stop_token)>;
+
+/// Runs `body` on a strand of `ex` (of the awaiting coroutine's executor when `ex` is empty) and
+/// completes on the awaiting coroutine's executor once the body has ended; rethrows what the
+/// body threw. Cancelling the awaiting coroutine (ordo.cancel, a deadline, the connection
+/// ending) requests stop on the body's token at once, and emits terminal Asio cancellation into
+/// the body on its strand (where it runs: Asio's signals are not thread-safe). The wait still
+/// lasts until the body ends, and then throws errc::cancelled whatever the body did: a
+/// cancelled body's answer is never sent. rpc/offload.cpp.
+net::awaitable<void> run_offloaded(net::any_io_executor ex, offload_body body);
+
+/// The body of `f` on `ex` (handler_options::run_on; empty: on this loop, for a handler that
+/// takes a std::stop_token): arguments converted here, the result packed here once the body is
+/// done there.
 template <class F>
 net::awaitable<void> run_handler_on(F f, net::any_io_executor ex, std::string method,
                                     std::string signature, peer& p, msgpack::object params,
@@ -80,22 +94,25 @@ net::awaitable<void> run_handler_on(F f, net::any_io_executor ex, std::string me
     using raw = typename fn_traits<F>::result;
     constexpr bool coro = is_awaitable<raw>::value;
     using T = typename body_result<raw>::type;
-    auto token = net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable);
-    // The function object is kept by co_spawn until the coroutine ends, and with it the
-    // arguments it holds.
-    auto body = [f = std::move(f), values = std::move(values), &p]() mutable -> net::awaitable<T> {
-        if constexpr (coro)
-            co_return co_await invoke_handler(f, p, values);
-        else
-            co_return invoke_handler(f, p, values);
-    };
-    if constexpr (std::is_void_v<T>) {
-        co_await net::co_spawn(ex, std::move(body), token);
+    // The body borrows this frame's f and values: run_offloaded returns only once it has ended.
+    std::optional<std::conditional_t<std::is_void_v<T>, bool, T>> r;
+    co_await run_offloaded(std::move(ex), [&](std::stop_token st) -> net::awaitable<void> {
+        if constexpr (std::is_void_v<T>) {
+            if constexpr (coro)
+                co_await invoke_handler(f, p, values, st);
+            else
+                invoke_handler(f, p, values, st);
+            r.emplace(true);
+        } else if constexpr (coro) {
+            r.emplace(co_await invoke_handler(f, p, values, st));
+        } else {
+            r.emplace(invoke_handler(f, p, values, st));
+        }
+    });
+    if constexpr (std::is_void_v<T>)
         pack_nil(out);
-    } else {
-        T r = co_await net::co_spawn(ex, std::move(body), token);
-        pack_result(out, r);
-    }
+    else
+        pack_result(out, *r);
 }
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -57,35 +58,47 @@ T convert_arg(const msgpack::object& o, std::size_t index, std::string_view meth
     }
 }
 
-// Handler arguments after an optional leading peer&.
+// The values a handler takes after an optional std::stop_token (the call's: stop is requested
+// when the call is cancelled).
+template <class... A>
+struct after_stop {
+    static constexpr bool takes_stop = false;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+template <class... A>
+struct after_stop<std::stop_token, A...> {
+    static constexpr bool takes_stop = true;
+    using values = std::tuple<std::decay_t<A>...>;
+};
+template <class... A>
+struct after_stop<const std::stop_token&, A...> : after_stop<std::stop_token, A...> {};
+
+// Handler arguments after an optional leading peer&, then (streaming handlers) a writer<T>&,
+// then an optional std::stop_token.
 template <class Tuple>
 struct handler_shape;
 template <class... A>
-struct handler_shape<std::tuple<A...>> {
+struct handler_shape<std::tuple<A...>> : after_stop<A...> {
     static constexpr bool takes_peer = false;
     static constexpr bool streams = false;
-    using values = std::tuple<std::decay_t<A>...>;
 };
 template <class... A>
-struct handler_shape<std::tuple<peer&, A...>> {
+struct handler_shape<std::tuple<peer&, A...>> : after_stop<A...> {
     static constexpr bool takes_peer = true;
     static constexpr bool streams = false;
-    using values = std::tuple<std::decay_t<A>...>;
 };
 // Streaming handlers: an ordo::writer<T>& (after the optional peer&) takes their items.
 template <class T, class... A>
-struct handler_shape<std::tuple<writer<T>&, A...>> {
+struct handler_shape<std::tuple<writer<T>&, A...>> : after_stop<A...> {
     static constexpr bool takes_peer = false;
     static constexpr bool streams = true;
     using item = T;
-    using values = std::tuple<std::decay_t<A>...>;
 };
 template <class T, class... A>
-struct handler_shape<std::tuple<peer&, writer<T>&, A...>> {
+struct handler_shape<std::tuple<peer&, writer<T>&, A...>> : after_stop<A...> {
     static constexpr bool takes_peer = true;
     static constexpr bool streams = true;
     using item = T;
-    using values = std::tuple<std::decay_t<A>...>;
 };
 
 template <class Values>
@@ -121,25 +134,39 @@ typename handler_shape<typename fn_traits<F>::args>::values convert_args(
                                     std::make_index_sequence<std::tuple_size_v<values_t>>());
 }
 
-template <class F, class W>
-decltype(auto) invoke_stream_handler(F& f, peer& p, W& w, auto& values) {
+// f's leading arguments (peer&, the writer, the stop token: those it takes), then `values`.
+template <class F>
+decltype(auto) invoke_with(F& f, peer& p, auto* w, const std::stop_token& st, auto& values) {
     using shape = handler_shape<typename fn_traits<F>::args>;
-    if constexpr (shape::takes_peer)
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(p, w, std::move(v)...); },
-                          values);
-    else
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(w, std::move(v)...); },
-                          values);
+    return std::apply(
+        [&](auto&... v) -> decltype(auto) {
+            auto lead = [&](auto&&... l) -> decltype(auto) {
+                if constexpr (shape::takes_stop)
+                    return f(std::forward<decltype(l)>(l)..., st, std::move(v)...);
+                else
+                    return f(std::forward<decltype(l)>(l)..., std::move(v)...);
+            };
+            if constexpr (shape::takes_peer && shape::streams)
+                return lead(p, *w);
+            else if constexpr (shape::takes_peer)
+                return lead(p);
+            else if constexpr (shape::streams)
+                return lead(*w);
+            else
+                return lead();
+        },
+        values);
+}
+
+template <class F, class W>
+decltype(auto) invoke_stream_handler(F& f, peer& p, W& w, auto& values,
+                                     const std::stop_token& st = {}) {
+    return invoke_with(f, p, &w, st, values);
 }
 
 template <class F>
-decltype(auto) invoke_handler(F& f, peer& p, auto& values) {
-    using shape = handler_shape<typename fn_traits<F>::args>;
-    if constexpr (shape::takes_peer)
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(p, std::move(v)...); },
-                          values);
-    else
-        return std::apply([&](auto&... v) -> decltype(auto) { return f(std::move(v)...); }, values);
+decltype(auto) invoke_handler(F& f, peer& p, auto& values, const std::stop_token& st = {}) {
+    return invoke_with(f, p, static_cast<void*>(nullptr), st, values);
 }
 
 }  // namespace detail
