@@ -71,8 +71,6 @@ int main(int argc, char** argv) {
     co.max_bytes = 400'000;
     ordo::test::cutting_proxy proxy(a.host, a.port, co);
 
-    net::io_context io;
-    std::string error;
     long expected_total = 0, failed = 0, resumes = 0, resent = 0;
     double seconds = 0;
     auto body = [&]() -> net::awaitable<void> {
@@ -140,16 +138,11 @@ int main(int argc, char** argv) {
         if (!p->is_resumable()) fail("the session is not resumable");
         p->close();
     };
-    net::co_spawn(io, body(), [&](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-            error = x.what();
-        }
-    });
-    io.run();
-    if (!error.empty()) fail(error);
+    try {
+        ordo::run(body());
+    } catch (const std::exception& x) {
+        fail(x.what());
+    }
     if (failed > 0) fail(std::to_string(failed) + " calls failed or were answered wrongly");
     std::printf(
         "ok: %ld one-way add(1), %ld pipelined inc calls and %ld add(1) among them, every answer "

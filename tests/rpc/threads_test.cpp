@@ -461,6 +461,26 @@ std::uint64_t answered(threaded_server& s, const std::string& method, int code) 
     return 0;
 }
 
+// Calls `method` (7) with a 200 ms deadline from a client: the caller gets timed_out; then the
+// body ends (`ended`) and the server answers that call cancelled.
+void call_past_its_deadline(threaded_server& s, const std::string& method,
+                            const std::atomic<bool>& ended) {
+    running_loop clients;
+    clients.run([&]() -> net::awaitable<void> {
+        auto ch = co_await async_connect(s.url);
+        std::error_code code;
+        try {
+            co_await ch.async_call<int>(method, 7, timeout(200ms));
+        } catch (const rpc_error& e) {
+            code = e.code();
+        }
+        EXPECT_EQ(code, errc::timed_out);
+        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
+        EXPECT_TRUE(co_await wait_until(
+            [&] { return answered(s, method, int(errc::cancelled)) == 1; }, 15s));
+    });
+}
+
 // A body on a worker that computes and polls its stop token (it ignores the cancellation
 // otherwise: it returns its value). The caller's deadline reaches it, and what it returns is
 // not sent: the server answers cancelled.
@@ -484,20 +504,7 @@ TEST(RunOn, ADeadlineReachesAnOffloadedBodyThatPollsItsStopToken) {
             },
             off);
     });
-    running_loop clients;
-    clients.run([&]() -> net::awaitable<void> {
-        auto ch = co_await async_connect(s.url);
-        std::error_code code;
-        try {
-            co_await ch.async_call<int>("spin", 7, timeout(200ms));
-        } catch (const rpc_error& e) {
-            code = e.code();
-        }
-        EXPECT_EQ(code, errc::timed_out);
-        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
-        EXPECT_TRUE(co_await wait_until(
-            [&] { return answered(s, "spin", int(errc::cancelled)) == 1; }, 15s));
-    });
+    call_past_its_deadline(s, "spin", ended);
     EXPECT_TRUE(saw_stop.load());
     EXPECT_EQ(answered(s, "spin", 0), 0u);
     EXPECT_FALSE(ran_on.has(s.home.t.get_id()));
@@ -521,20 +528,7 @@ TEST(RunOn, AnOffloadedCoroutineIsCancelledWhereItAwaits) {
             },
             off);
     });
-    running_loop clients;
-    clients.run([&]() -> net::awaitable<void> {
-        auto ch = co_await async_connect(s.url);
-        std::error_code code;
-        try {
-            co_await ch.async_call<int>("sleep", 7, timeout(200ms));
-        } catch (const rpc_error& e) {
-            code = e.code();
-        }
-        EXPECT_EQ(code, errc::timed_out);
-        EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
-        EXPECT_TRUE(co_await wait_until(
-            [&] { return answered(s, "sleep", int(errc::cancelled)) == 1; }, 15s));
-    });
+    call_past_its_deadline(s, "sleep", ended);
     EXPECT_TRUE(aborted.load());
     EXPECT_EQ(answered(s, "sleep", 0), 0u);
 }
