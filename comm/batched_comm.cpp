@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/framing.hpp"
+#include "comm/transports.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/error.hpp"
 
@@ -10,31 +11,6 @@ namespace ordo {
 
 using clock = std::chrono::steady_clock;
 
-namespace {
-
-// What a batched_comm holds once its transport went to another owner (hand_over()): the
-// address for messages, and nothing to read or write.
-class handed_transport final : public transport {
-  public:
-    handed_transport(std::string remote, net::any_io_executor ex)
-        : transport(std::move(remote)), ex_(std::move(ex)) {}
-    net::awaitable<std::size_t> async_read_some(net::mutable_buffer, std::error_code& ec) override {
-        ec = net::error::not_connected;
-        co_return 0;
-    }
-    net::awaitable<std::size_t> async_write(net::const_buffer, std::error_code& ec) override {
-        ec = net::error::not_connected;
-        co_return 0;
-    }
-    void shutdown_send() noexcept override {}
-    void close() noexcept override {}
-    net::any_io_executor get_executor() override { return ex_; }
-
-  private:
-    net::any_io_executor ex_;
-};
-
-}  // namespace
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 // until they end, so destroying the batched_comm never leaves them with a dangling pointer.
@@ -385,7 +361,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         std::unique_ptr<transport> moved;
         if (st == state::open) {
             moved = std::move(t);
-            t = std::make_unique<handed_transport>(moved->remote_address(), moved->get_executor());
+            t = detail::handed_transport(moved->remote_address(), moved->get_executor());
         }
         detached = true;
         finish();

@@ -1,5 +1,6 @@
 // ordo::async_connect_transport and ordo::listen: a URL's scheme picks the transport (tcp.cpp,
-// unix.cpp, tls.cpp, inproc.cpp, zmq.cpp; comm/transports.hpp declares them).
+// unix.cpp, tls.cpp, inproc.cpp, zmq.cpp; comm/transports.hpp declares them). Also what a
+// batched_comm keeps in place of a transport it handed over.
 #include "ordo/transport.hpp"
 
 #include "comm/transports.hpp"
@@ -10,6 +11,36 @@ namespace detail {
 
 void transport_fail(std::string_view what, std::string_view url, const std::error_code& ec) {
     throw rpc_error(ec, {}, {}, "ordo: " + std::string(what) + " " + std::string(url));
+}
+
+namespace {
+
+// What a batched_comm holds once its transport went to another owner (hand_over()): the
+// address for messages, and nothing to read or write.
+class handed_transport_impl final : public transport {
+  public:
+    handed_transport_impl(std::string remote, net::any_io_executor ex)
+        : transport(std::move(remote)), ex_(std::move(ex)) {}
+    net::awaitable<std::size_t> async_read_some(net::mutable_buffer, std::error_code& ec) override {
+        ec = net::error::not_connected;
+        co_return 0;
+    }
+    net::awaitable<std::size_t> async_write(net::const_buffer, std::error_code& ec) override {
+        ec = net::error::not_connected;
+        co_return 0;
+    }
+    void shutdown_send() noexcept override {}
+    void close() noexcept override {}
+    net::any_io_executor get_executor() override { return ex_; }
+
+  private:
+    net::any_io_executor ex_;
+};
+
+}  // namespace
+
+std::unique_ptr<transport> handed_transport(std::string remote, net::any_io_executor ex) {
+    return std::make_unique<handed_transport_impl>(std::move(remote), std::move(ex));
 }
 
 }  // namespace detail

@@ -17,6 +17,10 @@ namespace ordo::detail {
 [[noreturn]] void transport_fail(std::string_view what, std::string_view url,
                                  const std::error_code& ec);
 
+/// What a batched_comm holds once its transport went to another owner (batched_comm::
+/// hand_over): the address for messages, and nothing to read or write.
+std::unique_ptr<transport> handed_transport(std::string remote, net::any_io_executor ex);
+
 net::awaitable<std::unique_ptr<transport>> connect_tcp_transport(const address& a);
 std::unique_ptr<listener> listen_tcp(const net::any_io_executor& ex, const address& a);
 
