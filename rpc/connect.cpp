@@ -206,6 +206,20 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.shadow_fraction = std::min(1.0, detail::fraction_parameter(url, key, value));
         } else if (key == "connect_timeout_ms") {
             ro.connect_timeout = std::chrono::milliseconds(n());
+        } else if (key == "reconnect_ms") {
+            ro.reconnect_initial = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
+        } else if (key == "reconnect_max_ms") {
+            ro.reconnect_max = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
+        } else if (key == "eject_after") {
+            ro.eject_after = n();
+        } else if (key == "eject_ms") {
+            ro.eject_base = std::chrono::milliseconds(n());
+        } else if (key == "eject_max_ms") {
+            ro.eject_max = std::chrono::milliseconds(n());
+        } else if (key == "max_ejected_percent") {
+            ro.max_ejected_percent = std::min<std::size_t>(100, n());
+        } else if (key == "wait_for_replica_ms") {
+            ro.wait_for_replica = std::chrono::milliseconds(n());
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (is_transport_parameter(key)) {
             kept += (kept.empty() ? "?" : "&") + item;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ordo/channel.hpp"
+#include "ordo/fleet.hpp"
 #include "ordo/peer.hpp"
 
 namespace ordo {
@@ -45,7 +46,44 @@ struct router_options {
     std::chrono::milliseconds connect_timeout{10'000};
     /// For each replica's connection (an ordered ordo::peer): liveness, default deadline, TLS...
     peer_options peer{};
+
+    /// Reconnection. A member whose connection ends (or cannot be opened) stays a member and
+    /// connects again after `reconnect_initial`, then after each failure `reconnect_multiplier`
+    /// times longer, up to `reconnect_max`; each delay is drawn within +-`reconnect_jitter` of
+    /// its value. A connection that comes up starts the sequence over. (gRPC's defaults are 1 s,
+    /// x1.6, 20%, 120 s: these are shorter, so that a replica restarted in place takes calls
+    /// again within a second or two of listening.)
+    std::chrono::milliseconds reconnect_initial{100};
+    double reconnect_multiplier = 1.6;
+    double reconnect_jitter = 0.2;
+    std::chrono::milliseconds reconnect_max{5'000};
+
+    /// Outlier ejection (as Envoy's): a replica whose last `eject_after` calls all failed (a
+    /// handler error, a deadline, overloaded or shutting down: not a caller's cancellation or bad
+    /// arguments) takes no calls for `eject_base` times the number of its ejections in a row, at
+    /// most `eject_max`, while its connection stays open. At most `max_ejected_percent` of the
+    /// members (rounded down: never the only one) are ejected at once. 0 turns it off.
+    std::size_t eject_after = 5;
+    std::chrono::milliseconds eject_base{10'000};
+    std::chrono::milliseconds eject_max{300'000};
+    std::size_t max_ejected_percent = 50;
+
+    /// A call that finds no replica able to take it (every member lost, draining or ejected, or
+    /// none listed yet) waits this long for one, within its own deadline, instead of failing at
+    /// once with errc::peer_lost (gRPC's wait_for_ready). 0: fail at once.
+    std::chrono::milliseconds wait_for_replica{0};
 };
+
+/// Where a replica stands (replica_counters::state).
+enum class replica_state {
+    connecting,    ///< opening its first connection; calls may wait for it
+    ready,         ///< connected and taking calls
+    reconnecting,  ///< its connection ended or could not be opened: backing off, then again
+    ejected,       ///< connected, but out of the ring for a while after failing every call
+    draining,      ///< no new calls; those in flight finish (removed, or its server is going away)
+};
+/// "connecting", "ready", "reconnecting", "ejected", "draining".
+const char* to_string(replica_state s) noexcept;
 
 /// Latency percentiles from a fixed-size histogram (about 10% resolution).
 struct latency_summary {
@@ -57,7 +95,13 @@ struct replica_counters {
     std::string url;
     std::string group;
     double weight = 1;
-    bool live = false;           ///< connected and taking calls
+    bool live = false;           ///< connected and taking calls (state == ready)
+    replica_state state = replica_state::connecting;
+    bool member = true;          ///< false once removed (it drains, then leaves)
+    std::string source;          ///< what listed it: "" (the URL or add_replica), or a source
+    std::string last_error;      ///< why it last lost or failed to open its connection
+    std::uint64_t connects = 0;   ///< connections opened to it
+    std::uint64_t ejections = 0;
     std::size_t in_flight = 0;   ///< calls sent and not yet answered
     std::size_t queued = 0;      ///< keyed calls waiting for this replica's room
     std::uint64_t completed = 0;  ///< calls answered with a result
@@ -70,7 +114,14 @@ struct router_counters {
     std::size_t queued = 0;  ///< calls waiting for room
     std::uint64_t calls = 0;
     std::uint64_t retried = 0;         ///< idempotent calls re-sent after their replica died
-    std::uint64_t replicas_lost = 0;
+    std::uint64_t replicas_lost = 0;     ///< connections that ended without a drain
+    std::uint64_t reconnects = 0;        ///< connections opened again to a member
+    std::uint64_t ejections = 0;
+    std::uint64_t drains = 0;            ///< replicas whose server said it was going away
+    std::uint64_t key_waits = 0;         ///< keyed calls held until their key's calls on its
+                                         ///< previous replica finished
+    std::uint64_t source_updates = 0;    ///< sets applied from sources
+    std::uint64_t source_problems = 0;   ///< failed lookups and rejected entries of sources
     std::uint64_t shadow_sent = 0;
     std::uint64_t shadow_ok = 0;
     std::uint64_t shadow_errors = 0;
@@ -83,16 +134,25 @@ struct router_counters {
 ///
 /// Order: calls with one key (call_options::key, `ordo::key("user-42")`) go to one replica,
 /// chosen by a consistent hash of the key, and wait for it in the order made, so they reach the
-/// server in that order, while calls with other keys run in parallel elsewhere. Order per key
-/// holds only while the key's replica lives: when it dies or is removed, its keys move to the
-/// next replica on the ring. Calls without a key, and notifications, have no order between
-/// replicas.
+/// server in that order, while calls with other keys run in parallel elsewhere. When a key's
+/// replica changes (lost, back, added, removed, ejected, draining), the key's next call waits
+/// until its calls still in flight on the previous replica have finished: a key's calls never
+/// overtake each other. Calls without a key, and notifications, have no order between replicas.
+///
+/// Membership: replicas come from the URL, from add_replica/remove_replica, and from sources
+/// that follow DNS, a file or etcd (follow(), include/ordo/fleet.hpp). An added replica
+/// connects; a removed one drains (its calls in flight finish) and leaves; a changed weight
+/// applies at once. A source's failed lookup keeps the last good set.
 ///
 /// Failure: a replica whose connection ends (crash, reset, liveness timeout: DESIGN.md section
-/// 7) leaves the ring at once; calls waiting for it move to the next replica; its calls in
-/// flight fail with errc::peer_lost, except those of idempotent methods, which are sent once
-/// more to another replica. A lost replica is not reconnected: add it again when it is back.
-/// With no replica left, waiting and later calls fail at once with errc::peer_lost.
+/// 7) leaves the ring at once and stays a member: it connects again with backoff
+/// (router_options::reconnect_*), and is back in the ring as soon as it is connected. Calls
+/// waiting for it move to the next replica; its calls in flight fail with errc::peer_lost,
+/// except those of idempotent methods, which are sent once more to another replica. A server
+/// that drains (server::async_drain) says so first: its replica takes no new calls, lets those
+/// in flight finish, and reconnects when it is back. With no replica able to take a call,
+/// waiting and later calls fail at once with errc::peer_lost, or wait up to
+/// router_options::wait_for_replica for one.
 ///
 /// Errors name the replica: `... failed: peer lost (replica tcp://10.0.0.2:7000: ...)`.
 ///
@@ -115,15 +175,24 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     net::awaitable<void> async_add_replica(std::string url, double weight, std::string group);
     net::awaitable<void> async_add_replica(std::string url);
     /// The same without waiting: calls may wait for the replica while it connects; a failure
-    /// is reported to `on_event` and the replica is dropped.
-    void add_replica(std::string url, double weight = 1.0);
+    /// is reported to `on_event` and the replica, still a member, connects again with backoff.
+    void add_replica(std::string url, double weight = 1.0, std::string group = {});
     /// Stops sending calls to `url`; calls in flight there complete, then its connection is
     /// closed. Its keys move to the next replica at once. Returns false if there is no such
     /// replica.
     bool remove_replica(const std::string& url);
-    /// Called (on the router's executor) with a line for each replica added, removed, lost or
-    /// failing to connect.
+    /// Called (on the router's executor) with a line for each replica added, removed, lost,
+    /// failing to connect, back, ejected or draining, and for each problem of a source.
     void on_event(std::function<void(const std::string&)> f);
+
+    /// Follows `source`: its sets become the replicas it owns (added, removed, re-weighted), next
+    /// to those of the URL and of add_replica. When a replica is lost the source is asked to
+    /// look again (refresh_now).
+    void follow(std::unique_ptr<replica_source> source);
+    /// follow(), then waits until some replica takes calls. Throws std::system_error
+    /// (errc::peer_lost) within connect_timeout if none does, naming the source's last problem or
+    /// the replicas' last errors.
+    net::awaitable<void> async_follow(std::unique_ptr<replica_source> source);
 
     void start_call(std::unique_ptr<detail::pending_call> call) override;
     /// Sends a one-way message to one replica (least loaded); unordered between replicas.
@@ -136,8 +205,10 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     void close();
 
     const router_counters& counters() const noexcept;
-    /// One entry per replica (live, connecting or draining after remove_replica).
+    /// One entry per replica: every member in whatever state, and removed ones still draining.
     std::vector<replica_counters> replicas() const;
+    /// The counters of each source followed, with what it watches.
+    std::vector<std::pair<std::string, source_counters>> sources() const;
 
     struct state;
 
@@ -157,6 +228,9 @@ struct route_spec {
     };
     router_options options;
     std::vector<replica> replicas;
+    /// For `route+dns+SCHEME://`, `route+file://` and `route+etcd://` URLs: makes the source
+    /// the router follows.
+    std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source;
 };
 
 /// Parses `route+SCHEME://a,b,...?params` (e.g.
@@ -165,9 +239,19 @@ struct route_spec {
 /// parameters: max_concurrent, max_queued, policy (least_loaded, round_robin, weighted),
 /// weights (one per replica, comma-separated), idempotent (comma-separated method names),
 /// shadow (comma-separated replica items, put in group "shadow") with shadow_fraction,
-/// connect_timeout_ms; and the peer parameters timeout_ms, interval_ms, liveness_timeout_ms,
-/// heartbeat_ms, applied on top of `base`. Throws std::system_error (errc::bad_address) naming
-/// what is wrong.
+/// connect_timeout_ms, reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms,
+/// max_ejected_percent, wait_for_replica_ms; and the peer parameters timeout_ms, interval_ms,
+/// liveness_timeout_ms, heartbeat_ms, applied on top of `base`.
+///
+/// Replicas from a source instead of a list:
+/// - `route+dns+SCHEME://NAME:PORT` (A and AAAA records of NAME) or
+///   `route+dns+SCHEME://_service._proto.NAME` (SRV records: ports and weights), with
+///   dns_server=IP[:PORT] (default: the system's), refresh_ms (5000), min_refresh_ms (500);
+/// - `route+file:///PATH`: one replica a line (fleet.hpp), watched;
+/// - `route+etcd://HOST:PORT/PREFIX`: the keys under /PREFIX of etcd's v3 API at
+///   http://HOST:PORT, watched (what etcd_registration puts).
+///
+/// Throws std::system_error (errc::bad_address) naming what is wrong.
 route_spec parse_route_url(std::string_view url, peer_options base);
 
 }  // namespace ordo

@@ -66,6 +66,7 @@ class wait_queue {
     void push(std::unique_ptr<pending_call> call, std::chrono::milliseconds timeout) {
         const std::uint64_t seq = next_seq_++;
         entry& e = q_[seq];
+        e.since = clock::now();
         e.watch.arm(ex_, timeout, *call, alive_, [this, seq](errc why) { withdraw(seq, why); });
         e.call = std::move(call);
     }
@@ -87,6 +88,23 @@ class wait_queue {
         for (const auto& [seq, e] : q_) f(*e.call);
     }
 
+    /// When the oldest waiting call was pushed (nothing if none waits).
+    std::optional<clock::time_point> oldest_since() const {
+        if (q_.empty()) return std::nullopt;
+        return q_.begin()->second.since;
+    }
+
+    /// Fails the calls pushed at or before `t` with `ec` and `why` (oldest first: push times
+    /// follow the FIFO's order).
+    void fail_waiting_since(clock::time_point t, std::error_code ec, const std::string& why) {
+        while (!q_.empty() && q_.begin()->second.since <= t) {
+            entry e = std::move(q_.begin()->second);
+            q_.erase(q_.begin());
+            e.watch.disarm(*e.call);
+            fail_call(*e.call, ec, why);
+        }
+    }
+
     /// Fails every waiting call with `ec` and `why`.
     void fail_all(std::error_code ec, const std::string& why) {
         auto all = std::move(q_);
@@ -101,6 +119,7 @@ class wait_queue {
     struct entry {
         std::unique_ptr<pending_call> call;
         call_watch watch;
+        clock::time_point since;
     };
 
     void withdraw(std::uint64_t seq, errc why) {

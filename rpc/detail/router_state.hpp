@@ -1,0 +1,162 @@
+// ordo::router's state, shared by its two halves: rpc/router.cpp (where calls go) and
+// rpc/router_members.cpp (who the replicas are: connecting, reconnecting, ejecting, draining,
+// following sources).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ordo/router.hpp"
+#include "rpc/detail/histogram.hpp"
+#include "rpc/detail/wait_queue.hpp"
+
+namespace ordo {
+
+struct router::state {
+    using clock_type = std::chrono::steady_clock;
+    enum class phase { connecting, live, reconnecting, draining, gone };
+
+    struct replica {
+        std::string url, group;
+        double weight = 1;
+        phase ph = phase::connecting;
+        bool member = true;       // false once removed: it drains, then leaves
+        bool goaway = false;      // draining because its server is going away
+        std::size_t source = 0;   // 0: the URL or add_replica; else sources[source - 1]
+        std::shared_ptr<peer> conn;
+        std::uint64_t gen = 0;    // which connection: calls of an earlier one are not its news
+        std::size_t in_flight = 0;
+        double current = 0;  // smooth weighted round robin
+        std::uint64_t completed = 0, errors = 0, shadow_calls = 0, connects = 0;
+        detail::histogram latency;
+        std::string last_error;
+        // Reconnection and ejection.
+        unsigned attempts = 0;  // failed connection attempts since the last success
+        std::unique_ptr<net::steady_timer> retry_timer;  // the next attempt
+        std::unique_ptr<net::steady_timer> eject_timer;  // the ejection's end
+        std::size_t failures_in_a_row = 0;
+        std::uint64_t ejections = 0;
+        std::uint64_t streak = 0;  // ejections without a long stay in between
+        clock_type::time_point ejected_until{};  // in the future while ejected
+        clock_type::time_point last_ejected_end{};
+        bool ejected() const { return ejected_until > clock_type::now(); }
+    };
+
+    // The call as sent to one replica: books its outcome, then completes the caller's call
+    // (`inner`; none for shadow calls).
+    class routed_call final : public detail::pending_call {
+      public:
+        routed_call(std::weak_ptr<router> r, std::shared_ptr<replica> rep)
+            : router_(std::move(r)), rep(std::move(rep)), gen(this->rep->gen) {}
+        void complete(std::error_code ec, call_outcome out) override {
+            if (auto r = router_.lock())
+                r->s_->finished(*this, ec, std::move(out));
+            else if (inner)
+                inner->complete(ec, std::move(out));
+        }
+
+        std::weak_ptr<router> router_;
+        std::shared_ptr<replica> rep;
+        std::uint64_t gen;
+        std::unique_ptr<pending_call> inner;
+        std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
+        clock_type::time_point started = clock_type::now();
+        clock_type::time_point deadline = clock_type::time_point::max();
+    };
+
+    // A key's calls in flight, and where (the key-order guard).
+    struct key_flight {
+        replica* at = nullptr;
+        std::size_t calls = 0;
+    };
+
+    struct followed {
+        std::unique_ptr<replica_source> src;
+        std::string name;
+        std::string last_problem;
+    };
+
+    state(router& r, net::any_io_executor e, router_options opt);
+
+    router& self;
+    net::any_io_executor ex;
+    router_options o;
+    std::vector<std::shared_ptr<replica>> reps;            // in the order added
+    std::vector<std::pair<std::uint64_t, replica*>> ring;  // sorted by hash
+    std::unordered_map<std::string, key_flight> keys;
+    detail::wait_queue queue;
+    router_counters c;
+    std::string name;
+    std::string last_loss;  // why the last replica was lost, for "no live replica" errors
+    std::function<void(const std::string&)> on_event;
+    std::size_t cursor = 0;  // round robin and least-loaded ties
+    double shadow_credit = 0;
+    bool pump_posted = false;
+    bool closed = false;
+    net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
+    std::vector<followed> sources;
+    std::minstd_rand rng{std::random_device{}()};
+    // Replicas and connections that left while their peer may be on the stack (lose() runs
+    // inside the peer's close): owned here until the executor comes back to release them.
+    std::vector<std::shared_ptr<void>> retired;
+
+    void update() { c.queued = queue.size(); }
+    void event(const std::string& line) {
+        if (on_event) on_event(line);
+    }
+    void rename();
+    bool is_shadow(const replica& r) const {
+        return !o.shadow_group.empty() && r.group == o.shadow_group;
+    }
+    bool takes_calls(const replica& r) const {
+        return r.ph == phase::live && !r.ejected();
+    }
+    bool has_room(const replica& r) const {
+        return takes_calls(r) && r.in_flight < o.max_concurrent;
+    }
+    bool any_usable() const;
+    std::shared_ptr<replica> shared(replica* r) const;
+    std::shared_ptr<replica> find(const std::string& url) const;
+
+    // rpc/router.cpp: calls.
+    void rebuild_ring();
+    replica* owner_of(const std::string& key) const;
+    bool key_may_go(const std::string& key, const replica* to) const;
+    replica* pick(const detail::pending_call& call);
+    replica* peek(const detail::pending_call& call) const;
+    void start_call(std::unique_ptr<detail::pending_call> call);
+    std::string no_replica_reason() const;
+    void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
+              std::chrono::milliseconds timeout, bool retry);
+    void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
+    void finished(routed_call& rc, std::error_code ec, call_outcome out);
+    void schedule_pump();
+    void pump();
+    void arm_wait_timer();
+    void notify(std::string_view method, std::string_view params);
+
+    // rpc/router_members.cpp: who the replicas are.
+    std::shared_ptr<replica> admit(std::string url, double weight, std::string group,
+                                   std::size_t source);
+    net::awaitable<std::exception_ptr> connect_once(std::shared_ptr<replica> r, bool drop);
+    void dial(std::shared_ptr<replica> r);
+    std::chrono::milliseconds retry_later(const std::shared_ptr<replica>& r);
+    void retire(std::shared_ptr<void> p);
+    void attach(const std::shared_ptr<replica>& r, std::unique_ptr<transport> t);
+    void lose(replica& r, const std::string& why);
+    void leave(replica& r);
+    void heard_goaway(replica& r, const std::string& reason);
+    void note_outcome(replica& r, std::error_code ec);
+    void eject(replica& r);
+    net::awaitable<void> add(std::string url, double weight, std::string group);
+    bool remove(const std::string& url);
+    void apply(std::size_t source, std::vector<member> set);
+    void follow(std::unique_ptr<replica_source> src);
+    void close_all();
+};
+
+}  // namespace ordo
