@@ -11,9 +11,15 @@
 // metrics (ordo/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help lists the
 // flags; a usage error (an unknown flag, a value that is not a number) prints CLI11's message
 // naming the flag and exits 2. --threads N serves connections on N event loops (the main thread
-// and N - 1 more); add() and total() then take turns on a strand.
+// and N - 1 more); add() and total() then take turns on a strand. --journal FILE also serves
+// note(key, n), which appends "key n" to FILE: replicas sharing one file show, in the file's
+// order, which calls ran and in what order (tests/fleet/fleet_test.cpp).
 #include <asio/signal_set.hpp>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -65,6 +71,11 @@ int main(int argc, char** argv) {
         ->check(ordo_cli::at_least(1))
         ->type_name("N");
     app.add_flag("--verbose", verbose, "also print every connection opened and closed");
+    std::string journal;
+    app.add_option("--journal", journal,
+                   "serve note(key, n): append \"key n\" to FILE (O_APPEND, one write per call), "
+                   "so that several replicas' order and counts can be checked")
+        ->type_name("FILE");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
     if (liveness_timeout_ms >= 0)
         options.peer.liveness_timeout = std::chrono::milliseconds(liveness_timeout_ms);
@@ -89,6 +100,20 @@ int main(int argc, char** argv) {
     ordo::handler_options shared;
     if (threads > 1) shared.run_on = net::make_strand(io);
     serve_counter(srv, total, shared);
+    int journal_fd = -1;
+    if (!journal.empty()) {
+        journal_fd = ::open(journal.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (journal_fd < 0) {
+            std::cerr << "error: --journal " << journal << ": " << std::strerror(errno) << "\n";
+            return 1;
+        }
+        srv.on("note", [journal_fd](std::string key, int n) {
+            const std::string line = key + " " + std::to_string(n) + "\n";
+            if (::write(journal_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+                throw std::runtime_error(std::string("journal: ") + std::strerror(errno));
+            return n;
+        });
+    }
 
 #ifdef ORDO_HAS_PROMETHEUS
     std::unique_ptr<ordo::prometheus_exporter> exporter;  // stops serving before srv goes
