@@ -170,11 +170,30 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
               double(r.totals.retried));
     f.counter("ordo_router_replicas_lost_total", "Replicas whose connection ended", base,
               double(r.totals.replicas_lost));
+    f.counter("ordo_router_reconnects_total", "Connections opened again to a member", base,
+              double(r.totals.reconnects));
+    f.counter("ordo_router_ejections_total", "Replicas ejected for failing every call", base,
+              double(r.totals.ejections));
+    f.counter("ordo_router_drains_total", "Replicas whose server said it was going away", base,
+              double(r.totals.drains));
+    f.counter("ordo_router_key_waits_total",
+              "Keyed calls held until their key's calls on its previous replica finished", base,
+              double(r.totals.key_waits));
+    f.counter("ordo_router_source_updates_total", "Replica sets applied from sources", base,
+              double(r.totals.source_updates));
+    f.counter("ordo_router_source_problems_total",
+              "Failed lookups and rejected entries of sources (the last good set stays)", base,
+              double(r.totals.source_problems));
     for (const auto& rep : r.replicas) {
         labels rl = with(base, "replica", rep.url);
         if (!rep.group.empty()) rl = with(rl, "group", rep.group);
         f.gauge("ordo_router_replica_live", "1 while the replica takes calls", rl,
                 rep.live ? 1 : 0);
+        // One series per state, 1 for the replica's own (as kube-state-metrics does).
+        for (auto st : {replica_state::connecting, replica_state::ready, replica_state::reconnecting,
+                        replica_state::ejected, replica_state::draining})
+            f.gauge("ordo_router_replica_state", "1 for the state the replica is in",
+                    with(rl, "state", to_string(st)), rep.state == st ? 1 : 0);
         f.gauge("ordo_router_replica_in_flight", "Calls sent to the replica and not answered", rl,
                 double(rep.in_flight));
         f.gauge("ordo_router_replica_queued_calls", "Keyed calls waiting for the replica", rl,

@@ -110,6 +110,41 @@ TEST(Prometheus, ScrapesShowRequestsAndLatencyMoving) {
     });
 }
 
+TEST(Prometheus, ARoutersReplicasShowTheirStateAndItsLossesAndReconnectsAreCounted) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        const std::string up = srv.listen("tcp://127.0.0.1:0");
+        router_options o;
+        o.reconnect_initial = 5000ms;  // stays down for the scrape
+        auto r = make_router(ex, o);
+        co_await r->async_add_replica(up);
+        r->add_replica("tcp://127.0.0.1:1");  // nothing listens there
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            for (auto& rc : r->replicas())
+                if (rc.state == replica_state::connecting) return false;
+            return true;
+        }));
+        prometheus_exporter metrics("127.0.0.1:0");
+        metrics.add(r, "fleet");
+        co_await channel(r).async_call<int>("inc", 1);
+        const std::string text = co_await scrape_async(metrics.url());
+        const std::string rl = R"({router="fleet",replica=")";
+        EXPECT_EQ(sample(text, "ordo_router_replica_state" + rl + up + R"(",state="ready"})"), 1)
+            << text;
+        EXPECT_EQ(sample(text, "ordo_router_replica_state" + rl + up + R"(",state="reconnecting"})"),
+                  0);
+        EXPECT_EQ(sample(text, "ordo_router_replica_state" + rl +
+                                   R"(tcp://127.0.0.1:1",state="reconnecting"})"),
+                  1);
+        EXPECT_EQ(sample(text, R"(ordo_router_reconnects_total{router="fleet"})"), 0);
+        EXPECT_EQ(sample(text, R"(ordo_router_ejections_total{router="fleet"})"), 0);
+        r->close();
+        co_await srv.async_stop();
+    });
+}
+
 TEST(Prometheus, AnAddressInUseIsAClearError) {
     prometheus_exporter first("127.0.0.1:0");
     const std::string url = first.url();
