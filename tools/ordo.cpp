@@ -7,6 +7,10 @@
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
+//   ordo replicas route+URL [--timeout MS]                 a router's view of its replicas: one
+//                                                          line each (URL, state, weight, ...),
+//                                                          then its sources; exits 1 if none is
+//                                                          ready
 //
 // A method that streams (ordo.methods marks it "[stream]" or "[batch stream]"; --stream forces
 // it) is called as a stream: each item is printed on its own line as it arrives, and --timeout
@@ -40,6 +44,7 @@
 #include <nlohmann/json.hpp>
 #include <ordo/connect.hpp>
 #include <ordo/peer.hpp>
+#include <ordo/router.hpp>
 
 namespace net = ordo::net;
 using json = nlohmann::json;
@@ -314,7 +319,50 @@ net::awaitable<void> print_stream(const ordo::channel& ch, const request& r, dea
     }
 }
 
+// A router made from the URL, shown once every replica has had its first try (or --timeout
+// passed): the replicas as the router sees them, then its sources.
+net::awaitable<int> show_replicas(const request& r) {
+    if (r.url.rfind("route+", 0) != 0)
+        throw failure("ordo: replicas needs a route+ URL (a router's), not " + r.url);
+    auto spec = ordo::parse_route_url(r.url, {});
+    auto ex = co_await net::this_coro::executor;
+    auto rt = ordo::make_router(ex, spec.options);
+    for (auto& rep : spec.replicas) rt->add_replica(rep.url, rep.weight, rep.group);
+    if (spec.source) rt->follow(spec.source(ex));
+    using clock = std::chrono::steady_clock;
+    const auto until = clock::now() + std::chrono::milliseconds(r.timeout_ms ? r.timeout_ms : 2000);
+    net::steady_timer t(ex);
+    for (;;) {
+        bool settled = !rt->replicas().empty();
+        for (auto& rc : rt->replicas()) settled = settled && rc.state != ordo::replica_state::connecting;
+        for (auto& [name, sc] : rt->sources()) settled = settled && sc.refreshes + sc.failures > 0;
+        if (settled || clock::now() >= until) break;
+        t.expires_after(std::chrono::milliseconds(20));
+        co_await t.async_wait(net::use_awaitable);
+    }
+    int ready = 0;
+    for (auto& rc : rt->replicas()) {
+        ready += rc.state == ordo::replica_state::ready;
+        std::cout << rc.url << ' ' << ordo::to_string(rc.state) << " weight=" << rc.weight;
+        if (!rc.group.empty()) std::cout << " group=" << rc.group;
+        if (!rc.source.empty()) std::cout << " source=" << rc.source;
+        if (rc.state != ordo::replica_state::ready && !rc.last_error.empty())
+            std::cout << " (" << rc.last_error << ')';
+        std::cout << '\n';
+    }
+    for (auto& [name, sc] : rt->sources()) {
+        std::cout << "source " << name << ": " << sc.members << " members, " << sc.refreshes
+                  << " lookups, " << sc.failures << " failed, " << sc.rejected << " rejected";
+        if (!sc.last_error.empty()) std::cout << " (last: " << sc.last_error << ')';
+        std::cout << '\n';
+    }
+    std::cout << std::flush;
+    rt->close();
+    co_return ready > 0 ? 0 : 1;
+}
+
 net::awaitable<int> run(const request& r, deadline& dl) {
+    if (r.command == "replicas") co_return co_await show_replicas(r);
     auto ch = co_await connect(r, dl);
     if (r.command == "call") {
         if (r.stream || co_await says_it_streams(ch, r)) {
@@ -472,6 +520,12 @@ int main(int argc, char** argv) {
         "print an ordo server's counters (ordo.stats) as JSON: connections, bytes, "
         "requests by method and outcome, latency, batches");
     common(stats);
+
+    auto* replicas = app.add_subcommand(
+        "replicas",
+        "show a router's replicas as it sees them (state: connecting, ready, reconnecting, "
+        "ejected, draining) and its sources, once each replica has had its first try");
+    common(replicas);
 
     try {
         app.parse(marked_words(argc, argv));

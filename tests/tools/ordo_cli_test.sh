@@ -130,6 +130,17 @@ err=$("$ordo" call tcp://127.0.0.1:1 inc 1 2>&1 >/dev/null); rc=$?
 err=$("$ordo" call bogus://x inc 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *bogus* ]] || fail "bad url: rc=$rc $err"
 
+# A router's view: one replica ready, one that refuses (reconnecting, with the reason); with none
+# ready it exits 1; a URL that is not a router's is a usage error naming it.
+out=$("$ordo" replicas "route+tcp://${url#tcp://},127.0.0.1:1") || fail "replicas: $out"
+[[ "$(echo "$out" | sed -n 1p)" == "$url ready weight=1" ]] || fail "replicas line 1: $out"
+[[ "$(echo "$out" | sed -n 2p)" == "tcp://127.0.0.1:1 reconnecting weight=1 ("*refused*")" ]] ||
+    fail "replicas line 2: $out"
+out=$("$ordo" replicas "route+tcp://127.0.0.1:1" 2>&1); rc=$?
+[ $rc = 1 ] && [[ "$out" == *reconnecting* ]] || fail "replicas with none ready: rc=$rc $out"
+err=$("$ordo" replicas "$url" 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"needs a route+ URL"* ]] || fail "replicas of a plain URL: rc=$rc $err"
+
 "$ordo" --help >/dev/null || fail "ordo --help"
 "$ordo" call --help >/dev/null || fail "ordo call --help"
 "$ordo" frobnicate >/dev/null 2>&1; rc=$?
