@@ -226,7 +226,7 @@ void router::state::heard_goaway(replica& r, const std::string& reason) {
 }
 
 void router::state::note_outcome(replica& r, std::error_code ec) {
-    if (o.eject_after == 0) return;
+    if (o.eject_after == 0 || is_shadow(r)) return;  // shadow calls only count
     if (!ec) {
         r.failures_in_a_row = 0;
         return;
