@@ -5,9 +5,11 @@
 //     tcp://[fd00::3]:7000            # a trailing comment
 //
 // The file is re-read when inotify on its directory says it was written and closed, renamed into
-// place or removed (so `mv new replicas.txt` and editors that save by renaming are seen), and
-// when the `poll` timer finds its inode, size or modification time changed (file systems without
-// inotify events, e.g. NFS or a bind mount changed from outside). Write the file elsewhere and
+// place or removed (so `mv new replicas.txt` and editors that save by renaming are seen), when
+// another name in the directory changed and the file's inode, size or modification time with it
+// (a symlink through a renamed link, as in a Kubernetes ConfigMap volume), and when the `poll`
+// timer finds them changed (file systems without inotify events, e.g. NFS, or a write through a
+// hard link elsewhere). Write the file elsewhere and
 // rename it into place: a reader that races an in-place write may see a partial file, and the
 // write's close then makes it read again.
 //
@@ -269,7 +271,10 @@ class file_state : public std::enable_shared_from_this<file_state> {
         events_.async_read_some(
             net::buffer(event_buf_), [self = shared_from_this()](std::error_code ec, std::size_t n) {
                 if (ec || self->stopped_) return;  // closed by stop(), or the watch is gone
-                if (self->names_the_file(n)) self->reread();
+                // Another name changed: the file may be a symlink through it (a Kubernetes
+                // ConfigMap swaps its ..data link), which stat() follows.
+                if (self->names_the_file(n) || signature_of(self->o_.path) != self->seen_)
+                    self->reread();
                 if (!self->stopped_ && self->events_.is_open()) self->read_events();
             });
     }

@@ -139,6 +139,29 @@ TEST(FileSource, SeesARenameIntoPlaceThroughInotify) {
     });
 }
 
+TEST(FileSource, SeesASymlinkSwapLikeAKubernetesConfigMapUpdate) {
+    run_test([]() -> net::awaitable<void> {
+        namespace fs = std::filesystem;
+        temp_dir dir;
+        // replicas.txt -> ..data/replicas.txt, ..data -> ..v1: an update writes ..v2 and
+        // renames a new ..data link over the old one. The name "replicas.txt" sees no event.
+        fs::create_directory(dir.path + "/..v1");
+        write_in_place(dir.path + "/..v1/replicas.txt", "tcp://127.0.0.2:7000\n");
+        fs::create_directory_symlink("..v1", dir.path + "/..data");
+        fs::create_symlink("..data/replicas.txt", dir.path + "/replicas.txt");
+        auto src = file_source(co_await net::this_coro::executor, dir.path + "/replicas.txt", 60s);
+        recorder r;
+        r.start(*src);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.updates.size() == 1; }));
+        fs::create_directory(dir.path + "/..v2");
+        write_in_place(dir.path + "/..v2/replicas.txt", "tcp://127.0.0.7:7000\n");
+        fs::create_directory_symlink("..v2", dir.path + "/..data_tmp");
+        fs::rename(dir.path + "/..data_tmp", dir.path + "/..data");
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.updates.size() == 2; }, 20s));
+        EXPECT_EQ(r.urls(), std::vector<std::string>{"tcp://127.0.0.7:7000"});
+    });
+}
+
 TEST(FileSource, ThePollSeesAWriteThatInotifyOnTheDirectoryCannot) {
     run_test([]() -> net::awaitable<void> {
         temp_dir dir;
