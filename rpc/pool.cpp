@@ -228,23 +228,21 @@ struct pool::state {
         return conn;
     }
 
+    // The connection `raw` taken out of the idle ones (null if it is not idle).
+    std::shared_ptr<peer> take_from_idle(peer* raw) {
+        auto it = std::find_if(idle.begin(), idle.end(),
+                               [raw](const idle_entry& e) { return e.conn.get() == raw; });
+        if (it == idle.end()) return nullptr;
+        auto conn = it->conn;
+        idle.erase(it);
+        return conn;
+    }
     // An idle connection whose server went away: drop it now rather than at the next call.
     void forget_idle(peer* raw) {
-        auto it = std::find_if(idle.begin(), idle.end(),
-                               [raw](const idle_entry& e) { return e.conn.get() == raw; });
-        if (it == idle.end()) return;
-        auto conn = it->conn;
-        idle.erase(it);
-        discard(conn);
+        if (auto conn = take_from_idle(raw)) discard(conn);
     }
-
     void retire_idle(peer* raw) {
-        auto it = std::find_if(idle.begin(), idle.end(),
-                               [raw](const idle_entry& e) { return e.conn.get() == raw; });
-        if (it == idle.end()) return;
-        auto conn = it->conn;
-        idle.erase(it);
-        retire(conn);
+        if (auto conn = take_from_idle(raw)) retire(conn);
     }
 
     void connect_failed(std::error_code ec, const std::string& why) {

@@ -88,6 +88,24 @@ void serve_slow_and_inc(server& srv, std::atomic<int>& slow_started) {
     srv.on("inc", [](int x) { return x + 1; });
 }
 
+// A server on `loops` loops with "slow" and "inc", listening on tcp, its drain events watched.
+struct drained_server {
+    drained_server(net::any_io_executor ex, std::size_t loops)
+        : srv(ex, [&] {
+              server_options so;
+              so.threads = loops;
+              so.on_event = ev.hook();
+              return so;
+          }()) {
+        serve_slow_and_inc(srv, slow_started);
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    drain_events ev;
+    server srv;
+    std::atomic<int> slow_started{0};
+    std::string url;
+};
+
 class DrainOnLoops : public ::testing::TestWithParam<std::size_t> {};
 INSTANTIATE_TEST_SUITE_P(Threads, DrainOnLoops, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "loops"; });
@@ -99,17 +117,13 @@ TEST_P(DrainOnLoops, CallsInFlightAndQueuedFinishThenPeersCloseAndTheDrainEndsEa
     const std::size_t loops = GetParam();
     run_test([loops]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        drain_events ev;
-        server_options so;
-        so.threads = loops;
-        so.on_event = ev.hook();
-        server srv(ex, so);
-        std::atomic<int> slow_started{0};
-        serve_slow_and_inc(srv, slow_started);
-        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        drained_server d(ex, loops);
+        auto& ev = d.ev;
+        auto& srv = d.srv;
+        auto& slow_started = d.slow_started;
         constexpr int clients = 4, queued = 5;
         std::vector<channel> chans;
-        for (int i = 0; i < clients; ++i) chans.push_back(co_await async_connect(url));
+        for (int i = 0; i < clients; ++i) chans.push_back(co_await async_connect(d.url));
         std::list<outcome> slow, quick;
         for (auto& ch : chans) {
             call_into(ch, "slow", 500, slow.emplace_back());
@@ -214,14 +228,10 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
     const std::size_t loops = GetParam();
     run_test([loops]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        drain_events ev;
-        server_options so;
-        so.threads = loops;
-        so.on_event = ev.hook();
-        server srv(ex, so);
-        std::atomic<int> slow_started{0};
-        serve_slow_and_inc(srv, slow_started);
-        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        drained_server d(ex, loops);
+        auto& ev = d.ev;
+        auto& srv = d.srv;
+        const std::string& url = d.url;
         // Two foreign clients, so that with two loops both have one.
         raw_client a(ex), b(ex);
         co_await a.connect(url);
