@@ -1,11 +1,13 @@
 // ordo-inc-server --listen URL [--listen URL...] [--liveness-timeout-ms L] [--threads N]
-//                 [--cert F --key F [--ca F]] [--metrics HOST:PORT] [--verbose]
+//                 [--cert F --key F [--ca F]] [--metrics HOST:PORT] [--drain-ms N] [--verbose]
 // Serves counter (examples/counter.hpp) and echo(any) on every URL, of any scheme: tcp://,
 // unix://, tls://, zmq+tcp://, zmq+ipc:// (and inproc://, reachable from this process only).
 // --cert/--key are the certificate and key of tls:// listeners; with --ca, clients must show a
 // certificate signed by that CA (mutual TLS). Prints "listening on URL" for each (with the real
 // port for port 0), "refused: <why>" on stderr for failed TLS handshakes, and exits 0 after a
-// graceful stop on SIGINT/SIGTERM. What the server drops or refuses (server_options::on_event:
+// stop: SIGINT stops at once; SIGTERM drains (server::async_drain: prints "draining", refuses new
+// connections, finishes calls in flight for up to --drain-ms, default 10000).
+// What the server drops or refuses (server_options::on_event:
 // protocol errors, timeouts, refused connections, dropped notifications...) goes to stderr, one
 // line each; --verbose adds every connection opened and closed. --metrics serves Prometheus
 // metrics (ordo/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help lists the
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
     std::string metrics;
     bool verbose = false;
     std::size_t threads = 1;
+    long drain_ms = 10'000;
     CLI::App app{"Serves counter and echo(any) on every URL until SIGINT or SIGTERM.",
                  "ordo-inc-server"};
     ordo_cli::use_defaults(app);
@@ -69,6 +72,11 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads,
                    "event loops serving connections (the main thread and N - 1 more)")
         ->check(ordo_cli::at_least(1))
+        ->type_name("N");
+    app.add_option("--drain-ms", drain_ms,
+                   "on SIGTERM, serve calls in flight for up to this long, then stop (SIGINT "
+                   "stops at once)")
+        ->check(ordo_cli::at_least(0))
         ->type_name("N");
     app.add_flag("--verbose", verbose, "also print every connection opened and closed");
     std::string journal;
@@ -138,8 +146,14 @@ int main(int argc, char** argv) {
         return 1;
     }
     net::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](std::error_code ec, int) {
+    signals.async_wait([&](std::error_code ec, int sig) {
         if (ec) return;
+        if (sig == SIGTERM) {
+            // A graceful stop (ordo.goaway to every client; see server::async_drain).
+            std::cout << "draining" << std::endl;
+            net::co_spawn(io, srv.async_drain(std::chrono::milliseconds(drain_ms)), net::detached);
+            return;
+        }
         net::co_spawn(io, srv.async_stop(), net::detached);
     });
     io.run();

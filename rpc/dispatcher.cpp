@@ -155,6 +155,16 @@ void dispatcher::on_reserved(const message& m) {
         const auto& a = m.params.via.array;
         if (a.size == 2 && a.ptr[1].type == msgpack::type::STR)
             host_.remote_closing(std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+    } else if (m.method == "ordo.goaway") {
+        // [grace_ms, reason]: the remote side is draining (docs/protocol.md "Draining"). One
+        // that does not have this shape is ignored, like any reserved notification.
+        const auto& a = m.params.via.array;
+        if (!req && a.size == 2 && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
+            a.ptr[1].type == msgpack::type::STR) {
+            const auto ms = std::min<std::uint64_t>(a.ptr[0].via.u64, 24ull * 3600 * 1000);
+            host_.remote_going_away(std::chrono::milliseconds(static_cast<std::int64_t>(ms)),
+                                    std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+        }
     } else if (req) {
         respond_error(m.msgid, errc::method_not_found,
                       "no method \"" + std::string(m.method) + "\" (reserved name)");
@@ -381,6 +391,7 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
         serial_busy_ = false;
         drain_queue();
     }
+    host_.handler_finished();
 }
 
 void dispatcher::drain_queue() {

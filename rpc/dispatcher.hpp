@@ -3,10 +3,11 @@
 // runs to completion before the next message starts, a concurrent one lets it start while
 // suspended; what cannot start yet waits in a bounded queue (reading pauses when it is full);
 // ordo.cancel cancels a running handler or answers a queued request; ordo.ping is answered;
-// ordo.closing is passed on; when
-// the connection ends every handler is cancelled and the queue dropped.
+// ordo.closing and ordo.goaway are passed on; when the connection ends every handler is
+// cancelled and the queue dropped.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -43,6 +44,15 @@ class dispatcher_host {
     virtual std::shared_ptr<void> keep_alive() = 0;
     /// The remote side said (ordo.closing) that it is closing the connection, and why.
     virtual void remote_closing(std::string reason) = 0;
+    /// The remote side said (ordo.goaway) that it is going away: it serves what it has and
+    /// what still comes for `grace`, then closes. Each time it says so (the host keeps the
+    /// first).
+    virtual void remote_going_away(std::chrono::milliseconds grace, std::string reason) {
+        (void)grace;
+        (void)reason;
+    }
+    /// A handler that ran asynchronously has finished (its answer, if any, is sent).
+    virtual void handler_finished() {}
     /// A message was dropped with nobody to answer: a notification for a method with no
     /// handler, or whose handler threw.
     virtual void dropped(std::string_view method, errc code, std::string reason) = 0;

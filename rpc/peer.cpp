@@ -22,6 +22,8 @@ void peer::start() {
 void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     auto& s = *s_;
     ++s.c.calls_started;
+    if (s.left) [[unlikely]]
+        return s.calls.fail(*call, errc::peer_lost, s.goaway_why);
     if (!s.sess->is_open())
         return s.calls.fail(*call, s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
@@ -41,6 +43,10 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
 }
 
 void peer::notify_raw(std::string_view method, std::string_view params) {
+    if (s_->left)
+        throw rpc_error(errc::peer_lost, {}, {},
+                        "ordo: notify " + std::string(method) + " to " + s_->remote +
+                            " failed: " + s_->goaway_why);
     if (!s_->sess->is_open())
         throw rpc_error(s_->sess->close_code(), {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
@@ -98,6 +104,29 @@ void peer::on_closed(std::function<void(const std::error_code&, const std::strin
         f(s_->sess->close_code(), s_->sess->close_reason());
     else
         s_->closed_fns.push_back(std::move(f));
+}
+
+void peer::on_goaway(goaway_fn f) {
+    if (s_->heard_goaway) return f(s_->goaway_grace, s_->goaway_reason);  // it comes once
+    s_->goaway_fns.push_back(std::move(f));
+}
+bool peer::going_away() const noexcept {
+    return s_->heard_goaway;
+}
+
+void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::string& reason) {
+    auto& s = *p.s_;
+    if (s.told_goaway || !s.sess->is_open()) return;
+    s.told_goaway = true;
+    try {
+        buffer b(small_buffer);
+        encode_notification(b, "ordo.goaway",
+                            static_cast<std::uint64_t>(std::max<std::int64_t>(0, grace.count())),
+                            reason);
+        s.sess->send(std::string_view(b.data(), b.size()));
+    } catch (const std::system_error&) {
+        // Full, or ending: the grace closes the connection without the word.
+    }
 }
 
 bool peer::is_open() const noexcept {

@@ -101,8 +101,8 @@ struct pool::state {
         while (!idle.empty()) {
             auto conn = std::move(idle.back().conn);
             idle.pop_back();
-            if (conn->is_open()) return conn;
-            discard(conn);
+            if (conn->is_open() && !conn->going_away()) return conn;
+            retire(conn);
         }
         return nullptr;
     }
@@ -127,6 +127,12 @@ struct pool::state {
             maybe_connect();
             return;
         }
+        if (conn->going_away()) {
+            // Its server drains: no new call goes there; waiting ones get a new connection.
+            retire(conn);
+            maybe_connect();
+            return;
+        }
         if (!queue.empty()) return lend_waiting(conn);
         if (idle.size() >= o.max_idle) {
             discard(conn);
@@ -143,6 +149,18 @@ struct pool::state {
         open.erase(it);
         ++c.connections_discarded;
         conn->abort();
+        update();
+    }
+
+    // A connection whose server said it is going away (ordo.goaway): out of the pool at once,
+    // closed gracefully (the peer closes it by itself once its call is done; this only makes
+    // sure). A call still on it completes (pooled_call holds the connection).
+    void retire(const std::shared_ptr<peer>& conn) {
+        auto it = std::find(open.begin(), open.end(), conn);
+        if (it == open.end()) return;
+        open.erase(it);
+        ++c.connections_discarded;
+        if (conn->counters().pending_calls == 0) conn->close();
         update();
     }
 
@@ -186,6 +204,14 @@ struct pool::state {
             forget_idle(raw);
         };
         detail::when_closed(*conn, ex, self.weak_from_this(), forget);
+        // Its server drains: an idle connection leaves the pool now; a busy one when its call
+        // is done (release).
+        conn->on_goaway([this, w = self.weak_from_this(), raw = conn.get()](
+                            std::chrono::milliseconds, const std::string&) {
+            net::post(ex, [this, w, raw] {
+                if (auto keep = w.lock()) retire_idle(raw);
+            });
+        });
         open.push_back(conn);
         if (closed) {
             discard(conn);
@@ -202,14 +228,21 @@ struct pool::state {
         return conn;
     }
 
-    // An idle connection whose server went away: drop it now rather than at the next call.
-    void forget_idle(peer* raw) {
+    // The connection `raw` taken out of the idle ones (null if it is not idle).
+    std::shared_ptr<peer> take_from_idle(peer* raw) {
         auto it = std::find_if(idle.begin(), idle.end(),
                                [raw](const idle_entry& e) { return e.conn.get() == raw; });
-        if (it == idle.end()) return;
+        if (it == idle.end()) return nullptr;
         auto conn = it->conn;
         idle.erase(it);
-        discard(conn);
+        return conn;
+    }
+    // An idle connection whose server went away: drop it now rather than at the next call.
+    void forget_idle(peer* raw) {
+        if (auto conn = take_from_idle(raw)) discard(conn);
+    }
+    void retire_idle(peer* raw) {
+        if (auto conn = take_from_idle(raw)) retire(conn);
     }
 
     void connect_failed(std::error_code ec, const std::string& why) {
@@ -238,7 +271,7 @@ struct pool::state {
     void notify(std::string_view method, std::string_view params) {
         if (closed) throw_error(errc::closed, "ordo: pool for " + url + " is closed");
         for (auto it = open.rbegin(); it != open.rend(); ++it)
-            if ((*it)->is_open()) return (*it)->notify_raw(method, params);
+            if ((*it)->is_open() && !(*it)->going_away()) return (*it)->notify_raw(method, params);
         notes.emplace_back(std::string(method), std::string(params));
         maybe_connect();
     }

@@ -36,18 +36,22 @@ server::state::~state() {
 
 net::awaitable<void> server::state::accept_loop(std::shared_ptr<state> s, listener* l) {
     net::steady_timer backoff(s->ex);
-    while (!s->stopping) {
+    while (!s->closed_to_new()) {
         std::unique_ptr<transport> t;
         bool no_descriptors = false;
         try {
             t = co_await l->async_accept();
         } catch (const std::system_error& e) {
-            if (!s->stopping) {
+            if (!s->closed_to_new()) {
                 s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
                 no_descriptors = out_of_descriptors(e.code());
             }
         }
-        if (s->stopping) break;
+        if (s->closed_to_new()) {
+            // Accepted as the listener closed: not served (as if it had come a moment later).
+            if (t) t->close();
+            break;
+        }
         if (!t && no_descriptors && s->spare_fd >= 0) {
             ::close(s->spare_fd);
             s->spare_fd = -1;
@@ -124,6 +128,8 @@ void server::state::serve(loop& lp, std::unique_ptr<transport> t) {
             st->closed_on(lp);
         });
     p->start();
+    // Accepted just before a drain began, placed here after this loop told its connections.
+    if (draining) detail::send_goaway(*p, drain_left(), drain_reason);
 }
 
 // On lp's executor: one of its connections is gone.
@@ -264,6 +270,8 @@ net::awaitable<void> server::async_stop() {
         });
     while (s->open_total() > 0 || s->accept_loops > 0) co_await s->changed.async_wait(use_tuple);
     s->listeners.clear();
+    s->stopped = true;
+    s->changed.cancel();  // a second async_drain() waits for this
 }
 
 std::size_t server::peer_count() const noexcept {

@@ -30,6 +30,7 @@ server_stats server::state::base_snapshot() const {
     st.connections_refused = refused;
     st.detached_sessions = sessions->detached_count();
     st.sessions_moved = sessions->moved();
+    st.connections_closed_by_grace = closed_by_grace;
     if (const auto& b = o.peer.comm.budget) {
         st.memory_used = b->used();
         st.memory_budget = b->limit();
@@ -110,8 +111,8 @@ std::function<std::optional<server_stats>()> server::stats_reader() const {
 }
 
 std::string to_string(const server_event& e) {
-    static constexpr const char* names[] = {"opened",        "closed",      "refused",
-                                            "accept failed", "over budget", "dropped"};
+    static constexpr const char* names[] = {"opened",      "closed",  "refused",  "accept failed",
+                                            "over budget", "dropped", "draining", "drained"};
     std::string line = "ordo: ";
     line += names[static_cast<int>(e.what)];
     if (!e.peer.empty()) line += " " + e.peer;

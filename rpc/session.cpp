@@ -136,7 +136,7 @@ void session::end(const close_result& r) {
     if (!open_) return;
     open_ = false;
     attached_ = false;
-    close_code_ = r.code;
+    close_code_ = local_code_ ? local_code_ : r.code;
     close_reason_ = local_reason_.empty() ? r.reason : local_reason_;
     if (!remote_reason_.empty() && close_reason_.find(remote_reason_) == std::string::npos)
         close_reason_ += " (the peer said: " + remote_reason_ + ")";

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "ordo/batched_comm.hpp"
 #include "ordo/codec.hpp"
@@ -64,6 +65,10 @@ class session_registry : public std::enable_shared_from_this<session_registry> {
     void detached(session* s, const session_id& id, const net::any_io_executor& ex);
     /// `s` got a connection back, or ended.
     void attached(session* s);
+    /// The server drains: its listeners are closed, so no caller can come back. Ends every
+    /// detached session (each on its own loop), and from now on each one that detaches, with
+    /// errc::peer_lost and `why`.
+    void end_detached(std::string why);
     std::size_t detached_count() const;
     /// Resumes that moved their connection to the session's loop.
     std::uint64_t moved() const noexcept { return moved_.load(std::memory_order_relaxed); }
@@ -84,11 +89,13 @@ class session_registry : public std::enable_shared_from_this<session_registry> {
         session_id id;
         net::any_io_executor ex;
     };
+    void give_up(const std::vector<waiting>& sessions, const std::string& why);
     std::chrono::milliseconds max_window_;
     std::size_t max_detached_;
     mutable std::mutex m_;
     std::unordered_map<std::size_t, std::vector<entry>> by_id_;
     std::list<waiting> waiting_;
+    std::string ending_why_;  // set by end_detached: detached sessions end at once
     std::atomic<std::uint64_t> moved_{0};
 };
 
@@ -157,6 +164,11 @@ class session {
     void close(std::string reason) {
         local_reason_ = std::move(reason);
         close();
+    }
+    /// close(), reporting `code` and `reason` as how the session ended.
+    void close(std::error_code code, std::string reason) {
+        local_code_ = code;
+        close(std::move(reason));
     }
     /// Ends the session at once, reporting `code` and `reason`.
     void abort(std::error_code code = errc::closed) { abort(code, {}); }
@@ -262,8 +274,9 @@ class session {
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;
-    std::string local_reason_;  // why this side closed, when it said
-    std::string last_error_;    // why the last connection dropped (for the window's error)
+    std::string local_reason_;    // why this side closed, when it said
+    std::error_code local_code_;  // and with which code, when it said
+    std::string last_error_;      // why the last connection dropped (for the window's error)
 
     // Resumption.
     session_id id_{};

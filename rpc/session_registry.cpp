@@ -46,20 +46,42 @@ std::size_t session_registry::detached_count() const {
 
 void session_registry::detached(session* s, const session_id& id, const net::any_io_executor& ex) {
     std::vector<waiting> over;
+    std::string why;
     {
         std::lock_guard lock(m_);
         std::erase_if(waiting_, [&](const waiting& w) { return w.s == s; });
         waiting_.push_back({s, id, ex});
+        if (!ending_why_.empty()) {
+            why = ending_why_;
+            over.assign(waiting_.begin(), waiting_.end());
+            waiting_.clear();
+        }
         while (waiting_.size() > max_detached_) {
             over.push_back(waiting_.front());
             waiting_.pop_front();
         }
     }
-    const std::string why = "ordo: session given up: more than " + std::to_string(max_detached_) +
-                            " sessions were waiting to resume (max_detached_sessions)";
-    // Each on its own loop (at once when that is this one), if it is still there and still
-    // waiting by then.
-    for (const auto& w : over)
+    if (why.empty())
+        why = "ordo: session given up: more than " + std::to_string(max_detached_) +
+              " sessions were waiting to resume (max_detached_sessions)";
+    give_up(over, why);
+}
+
+void session_registry::end_detached(std::string why) {
+    std::vector<waiting> all;
+    {
+        std::lock_guard lock(m_);
+        ending_why_ = why;
+        all.assign(waiting_.begin(), waiting_.end());
+        waiting_.clear();
+    }
+    give_up(all, why);
+}
+
+// Each on its own loop (at once when that is this one), if it is still there and still
+// waiting by then.
+void session_registry::give_up(const std::vector<waiting>& sessions, const std::string& why) {
+    for (const auto& w : sessions)
         net::dispatch(w.ex, [self = shared_from_this(), w, why] {
             if (self->find(w.id).s != w.s || w.s->attached_) return;
             w.s->give_up(why);

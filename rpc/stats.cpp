@@ -80,7 +80,7 @@ void pack_method(msgpack::packer<buffer>& p, const method_stats& m) {
 }
 
 void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
-    p.pack_map(11);
+    p.pack_map(12);
     pack_kv(p, "connections", s.connections);
     pack_kv(p, "connections_accepted", s.connections_accepted);
     pack_kv(p, "connections_refused", s.connections_refused);
@@ -90,6 +90,7 @@ void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
     pack_kv(p, "running_handlers", s.running_handlers);
     pack_kv(p, "detached_sessions", s.detached_sessions);
     pack_kv(p, "sessions_moved", s.sessions_moved);
+    pack_kv(p, "connections_closed_by_grace", s.connections_closed_by_grace);
     pack_kv(p, "memory_used", s.memory_used);
     pack_kv(p, "memory_budget", s.memory_budget);
 }

@@ -24,6 +24,10 @@ struct resume_config;
 /// A peer whose session resumes as `rc` says (connect.cpp, server.cpp, router.cpp).
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o, const handlers* h,
                                 resume_config rc);
+/// The server's side of a drain (server::async_drain): sends the other side the reserved
+/// notification ordo.goaway [grace_ms, reason] (docs/protocol.md "Draining"), once; later calls
+/// do nothing. The peer goes on serving and calling as before. On the peer's executor.
+void send_goaway(peer& p, std::chrono::milliseconds grace, const std::string& reason);
 }  // namespace detail
 
 /// A notification taken for sending but not written when its connection ended.
@@ -55,6 +59,10 @@ struct session_event {
     std::error_code code;  ///< lost: errc::peer_lost (the window passed) or errc::session_lost
     std::string reason;
 };
+
+/// Told that the other side of a connection is going away (peer_options::on_goaway,
+/// peer::on_goaway): the grace it gives, and its reason.
+using goaway_fn = std::function<void(std::chrono::milliseconds grace, const std::string& reason)>;
 
 struct peer_options {
     comm_options comm;
@@ -106,6 +114,11 @@ struct peer_options {
     /// peer stays open, and the next call or notification opens a new session, in order after
     /// everything before it. Runs on the peer's executor; must not throw.
     std::function<void(const session_event&)> on_session;
+    /// Told when the other side says it is going away (ordo.goaway: a server that drains,
+    /// server::async_drain), with the grace it gives and its reason; see peer::on_goaway for
+    /// what the peer does then. Runs on the peer's executor, before the handlers given to
+    /// peer::on_goaway; must not throw.
+    goaway_fn on_goaway;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;
@@ -191,6 +204,21 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// Called once when the connection has ended (after pending calls have failed).
     void on_closed(std::function<void(const std::error_code&, const std::string&)> f);
 
+    /// Called when the other side says it is going away (ordo.goaway [grace_ms, reason], sent
+    /// by a server that drains; the first one counts, repeats are ignored). The peer then keeps
+    /// what it has running: its pending calls and open streams complete, calls made meanwhile
+    /// are still sent (the server serves them within its grace), handlers keep running. Once
+    /// nothing is pending either way (no call or stream waiting, no handler running or queued)
+    /// it closes the connection itself, so that the server can finish early; calls made after
+    /// that fail at once with errc::peer_lost, detail "the server is going away: <reason>". If
+    /// the grace passes first, the server closes the connection: calls still pending fail with
+    /// peer_lost and the server's reason. A resumable session that heard it does not resume.
+    /// `f` runs on the peer's executor, after peer_options::on_goaway, and at once if the peer
+    /// has already heard it; it must not throw.
+    void on_goaway(goaway_fn f);
+    /// True once the other side said it is going away (ordo.goaway): send it no new work.
+    bool going_away() const noexcept;
+
     bool is_open() const noexcept;
     /// True once the other side agreed to a resumable session (peer_options::resume).
     bool is_resumable() const noexcept;
@@ -200,6 +228,8 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     struct state;
 
   private:
+    friend void detail::send_goaway(peer& p, std::chrono::milliseconds grace,
+                                    const std::string& reason);
     std::unique_ptr<state> s_;
 };
 

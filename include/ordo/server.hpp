@@ -28,6 +28,11 @@ struct server_event {
         over_budget,    ///< the memory budget was found used up (again); `reason` has figures
         dropped,        ///< a notification was dropped: no such method, or its handler threw
                         ///< (`reason` names the method; peer_options::on_dropped)
+        draining,       ///< async_drain began: `reason` has the grace, the reason and how
+                        ///< many connections were told
+        drained,        ///< async_drain ended (the server is stopped): `reason` says how many
+                        ///< connections were still open when the grace passed and were closed
+                        ///< by the server (server_stats::connections_closed_by_grace)
     };
     kind what = kind::opened;
     std::string peer;  ///< the remote address (empty for accept_failed)
@@ -131,6 +136,21 @@ class server {
     /// every connection (flushing responses already queued; handlers still running are
     /// cancelled) and completes when all of them have ended.
     net::awaitable<void> async_stop();
+
+    /// Stops gracefully (docs/protocol.md "Draining"). At once: stops accepting (the
+    /// listeners close: new connections are refused), ends detached resumable sessions (their
+    /// callers cannot come back), and sends every connection, on every loop, the reserved
+    /// notification ordo.goaway [grace_ms, reason]. Then it keeps serving: running handlers,
+    /// queued calls, batches, streams, and requests that arrive after the goaway (sent before
+    /// the peer read it) all run and are answered as usual. An ordo peer closes its connection
+    /// once nothing is pending on it; a foreign peer does not know the notification. When every
+    /// connection has closed, or when `grace` has passed, whatever is left is closed as
+    /// async_stop() does (told why with ordo.closing; running handlers are cancelled; a peer
+    /// that does not close its side then is cut after comm_options::close_timeout), and the
+    /// drain completes: the server is then stopped, as after async_stop(). on_event hears
+    /// `draining` and `drained`. Called again while a drain or a stop runs: waits for it.
+    net::awaitable<void> async_drain(std::chrono::milliseconds grace,
+                                     std::string reason = "draining");
 
     /// Connections currently open.
     std::size_t peer_count() const noexcept;

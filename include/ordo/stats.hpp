@@ -69,6 +69,9 @@ struct server_stats {
     /// Resumes whose connection arrived on another loop than its session's and moved there
     /// (server_options::threads > 1), since construction.
     std::uint64_t sessions_moved = 0;
+    /// Connections still open when a drain's grace passed (server::async_drain), closed by
+    /// the server rather than by their peers, since construction.
+    std::uint64_t connections_closed_by_grace = 0;
     std::size_t memory_used = 0;              ///< charged to the memory budget
     std::size_t memory_budget = 0;            ///< its limit (0: none)
     std::uint64_t unknown_requests = 0;       ///< requests for a method with no handler

@@ -66,9 +66,66 @@ struct peer::state final : detail::call_table_host,
         message m = decode_message(bytes, o.comm.limits, read_zone);
         if (m.kind == message_kind::notification && m.method == "ordo.item")
             return calls.on_item(m, bytes.size());  // an item of one of this side's streams
-        if (m.kind != message_kind::response) return disp.on_message(m, bytes.size());
+        if (m.kind != message_kind::response) {
+            disp.on_message(m, bytes.size());
+            if (heard_goaway) [[unlikely]]
+                leave_when_idle();
+            return;
+        }
         auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
         calls.on_response(m);
+        if (heard_goaway) [[unlikely]]
+            leave_when_idle();
+    }
+
+    // ---- draining (ordo.goaway, docs/protocol.md "Draining") ----
+
+    bool told_goaway = false;   // this side said it is going away (a server draining)
+    bool heard_goaway = false;  // the other side said so
+    bool left = false;          // and this side closed the connection once nothing was pending
+    bool leave_posted = false;
+    std::chrono::milliseconds goaway_grace{0};
+    std::string goaway_reason;  // as the other side said it
+    std::string goaway_why;     // "the server is going away: <reason>": how calls fail after
+    std::vector<goaway_fn> goaway_fns;
+
+    void remote_going_away(std::chrono::milliseconds grace, std::string reason) override {
+        if (heard_goaway || !sess->is_open()) return;
+        heard_goaway = true;
+        goaway_grace = grace;
+        goaway_reason = std::move(reason);
+        goaway_why = "the server is going away: " + goaway_reason;
+        // Added to the reason if the server closes first (its grace passed); and a resumable
+        // session does not try to resume (the server's listeners are closed).
+        sess->note_remote_reason(goaway_why);
+        auto keep = self.shared_from_this();
+        if (o.on_goaway) o.on_goaway(goaway_grace, goaway_reason);
+        // Moved out: one that adds another handler has it run at once (peer::on_goaway).
+        auto fns = std::move(goaway_fns);
+        goaway_fns.clear();
+        for (auto& f : fns) f(goaway_grace, goaway_reason);
+        leave_when_idle();
+    }
+
+    // Once nothing is pending either way, this side closes the connection (the server may then
+    // finish its drain early). Checked on the next turn of the executor: a caller resumed by
+    // the last response may make another call at once, which is still sent and waited for.
+    void leave_when_idle() {
+        if (left || leave_posted) return;
+        leave_posted = true;
+        net::post(ex, [w = self.weak_from_this(), this] {
+            auto keep = w.lock();
+            if (!keep) return;
+            leave_posted = false;
+            if (left || !sess->is_open() || calls.waiting() > 0 || disp.running() > 0 ||
+                disp.queued() > 0)
+                return;
+            left = true;
+            sess->close(make_error_code(errc::peer_lost), goaway_why);
+        });
+    }
+    void handler_finished() override {
+        if (heard_goaway) leave_when_idle();
     }
 
     void on_ended(const close_result& r) {
@@ -120,6 +177,7 @@ struct peer::state final : detail::call_table_host,
     }
 
     void send_cancel(std::uint32_t msgid) override {
+        if (heard_goaway) leave_when_idle();  // a call withdrawn: maybe nothing is pending now
         if (!sess->is_open()) return;
         send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); });
     }

@@ -110,7 +110,19 @@ struct server::state : std::enable_shared_from_this<server::state> {
     // Counted on the server's executor, read from any loop (ordo.stats).
     std::atomic<std::uint64_t> accepted{0}, refused{0};
     std::atomic<bool> stopping{false};
+    // A drain (server::async_drain, rpc/server_drain.cpp): the reason and the grace's end are
+    // written before `draining` is set, and read on any loop after it is seen set.
+    std::atomic<bool> draining{false};
+    std::string drain_reason;
+    std::chrono::steady_clock::time_point drain_deadline;
+    std::atomic<std::uint64_t> closed_by_grace{0};
+    bool stopped = false;  // async_stop() has completed
     net::steady_timer changed;
+
+    // No new connection is served: stopping, or draining.
+    bool closed_to_new() const noexcept { return stopping || draining; }
+    // The grace a drain has left, for a connection told late (accepted just before it began).
+    std::chrono::milliseconds drain_left() const;
 
     std::size_t open_total() const noexcept {
         std::size_t n = 0;

@@ -179,7 +179,9 @@ def main():
         raw_bytes(host, port)
         streams(host, port)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        # SIGINT stops at once; SIGTERM would drain, waiting (--drain-ms) for the pynvim session,
+        # whose close() leaves its socket open.
+        proc.send_signal(signal.SIGINT)
         try:
             check(proc.wait(timeout=10) == 0, "server exit status")
         except subprocess.TimeoutExpired:
