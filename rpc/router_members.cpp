@@ -152,6 +152,13 @@ void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<tr
                                                              const std::string& why) {
             if (auto rep = wr.lock(); rep && rep->gen == gen) lose(*rep, why);
         });
+    // A server that drains says so first: no new calls there, those in flight finish.
+    r->conn->on_goaway([w = self.weak_from_this(), wr = std::weak_ptr<replica>(r), gen = r->gen](
+                           std::chrono::milliseconds, const std::string& reason) {
+        auto rt = w.lock();
+        auto rep = wr.lock();
+        if (rt && rep && rep->gen == gen) rt->s_->heard_goaway(*rep, reason);
+    });
     const bool again = r->connects > 0;
     ++r->connects;
     if (again) ++c.reconnects;

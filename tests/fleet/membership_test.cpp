@@ -285,6 +285,73 @@ TEST(Membership, WithWaitForReplicaACallOutlivesTheOnlyReplicasRestart) {
     });
 }
 
+TEST(Membership, AReplicaThatDrainsTakesNoNewCallsFinishesItsOwnAndIsReconnectedWhenBack) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        std::vector<std::pair<std::string, int>> log;
+        replica_server a(ex, 0, &log), b(ex, 1, &log);
+        a.seq_ms = b.seq_ms = 5;
+        router_options o;
+        o.reconnect_initial = 20ms;
+        o.reconnect_max = 200ms;
+        auto r = make_router(ex, o);
+        std::vector<std::string> events;
+        r->on_event([&](const std::string& e) { events.push_back(e); });
+        co_await r->async_add_replica(a.url);
+        co_await r->async_add_replica(b.url);
+        channel ch(r);
+        int done = 0, failed = 0;
+        std::string first_error;
+        std::map<std::string, int> next;
+        auto call = [&](int i) {
+            const std::string k = "k" + std::to_string(i % 8);
+            ch.async_call<int>("seq", k, next[k]++, ordo::key(k), [&](std::error_code ec, int) {
+                ++done;
+                if (ec && failed++ == 0) first_error = ec.message();
+            });
+        };
+        for (int i = 0; i < 200; ++i) call(i);
+        // a drains with calls in flight and queued; more calls keep coming meanwhile.
+        bool drained = false;
+        net::co_spawn(ex, [&]() -> net::awaitable<void> {
+            co_await a.srv->async_drain(10s);
+            drained = true;
+        }, net::detached);
+        for (int i = 200; i < 400; ++i) call(i);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return drained && done == 400; }, 30s));
+        EXPECT_EQ(failed, 0) << first_error;
+        EXPECT_EQ(r->counters().drains, 1u);
+        EXPECT_EQ(r->counters().replicas_lost, 0u);
+        // Each key's calls ran in order, over both replicas.
+        std::map<std::string, int> last;
+        for (auto& [k, n] : log) {
+            if (last.count(k)) {
+                EXPECT_GT(n, last[k]) << k;
+            }
+            last[k] = n;
+        }
+        EXPECT_EQ(log.size(), 400u);
+        // a is down: reconnecting. Back on its address, it is ready again and takes calls.
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] { return state_count(*r, replica_state::reconnecting) == 1; }, 10s));
+        a.start(a.url);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] { return state_count(*r, replica_state::ready) == 2; }, 10s));
+        const int before = a.seq_calls;
+        for (int i = 0; i < 64; ++i) co_await ch.async_call<int>("seq", std::string("x"), i);
+        EXPECT_GT(a.seq_calls, before);
+        std::string all;
+        for (auto& e : events) all += e + "\n";
+        EXPECT_NE(all.find("replica " + a.url + " is going away (draining): draining"),
+                  std::string::npos) << all;
+        EXPECT_NE(all.find("replica " + a.url + " drained; next try in "), std::string::npos) << all;
+        EXPECT_NE(all.find("replica " + a.url + " back"), std::string::npos) << all;
+        r->close();
+        co_await a.stop();
+        co_await b.stop();
+    });
+}
+
 // A source the test drives by hand.
 struct hand_source final : replica_source {
     std::function<void(std::vector<member>)> update;
