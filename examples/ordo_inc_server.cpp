@@ -16,6 +16,9 @@
 // and N - 1 more); add() and total() then take turns on a strand. --journal FILE also serves
 // note(key, n), which appends "key n" to FILE: replicas sharing one file show, in the file's
 // order, which calls ran and in what order (tests/fleet/fleet_test.cpp).
+// --register etcd://HOST:PORT/PREFIX keeps the first listen URL (with its real port) listed in
+// etcd as the key PREFIX + URL under a lease of --register-ttl-s seconds (ordo/fleet.hpp), prints
+// "registered etcd://HOST:PORT/PREFIXURL" once it is there, and revokes it first on SIGINT/SIGTERM.
 #include <asio/signal_set.hpp>
 #include <fcntl.h>
 #include <unistd.h>
@@ -28,11 +31,38 @@
 
 #include "cli.hpp"
 #include "inc_handlers.hpp"
+#include "ordo/fleet.hpp"
 #ifdef ORDO_HAS_PROMETHEUS
 #include "ordo/prometheus.hpp"
 #endif
 
 namespace net = ordo::net;
+
+// --register: etcd://HOST:PORT/PREFIX is the endpoint http://HOST:PORT and the key prefix
+// /PREFIX (everything from the first '/' after the host, kept as written).
+ordo::etcd_registration_options etcd_options(const std::string& where, long ttl_s) {
+    const std::string scheme = "etcd://";
+    const auto slash = where.find('/', scheme.size());
+    if (where.rfind(scheme, 0) != 0 || slash == std::string::npos || slash == scheme.size())
+        throw std::invalid_argument("--register: '" + where + "' is not etcd://HOST:PORT/PREFIX");
+    ordo::etcd_registration_options o;
+    o.endpoint = "http://" + where.substr(scheme.size(), slash - scheme.size());
+    o.prefix = where.substr(slash);
+    o.ttl = std::chrono::seconds(ttl_s);
+    o.on_event = [](const std::string& line) { std::cerr << line << std::endl; };
+    return o;
+}
+
+// Revokes the registration, if any, so that routers stop sending here, then runs `next` (the
+// server's stop).
+net::awaitable<void> leave_etcd_then(ordo::etcd_registration* r, net::awaitable<void> next) {
+    if (r) try {
+            co_await r->async_stop();
+        } catch (const std::exception& e) {
+            std::cerr << "error: " << e.what() << std::endl;
+        }
+    co_await std::move(next);
+}
 
 int main(int argc, char** argv) {
     std::vector<std::string> urls;
@@ -84,6 +114,17 @@ int main(int argc, char** argv) {
                    "serve note(key, n): append \"key n\" to FILE (O_APPEND, one write per call), "
                    "so that several replicas' order and counts can be checked")
         ->type_name("FILE");
+    std::string register_at;
+    long register_ttl_s = 10;
+    app.add_option("--register", register_at,
+                   "keep the first listen URL registered in etcd under this key prefix while "
+                   "serving (revoked on SIGINT/SIGTERM)")
+        ->type_name("etcd://HOST:PORT/PREFIX");
+    app.add_option("--register-ttl-s", register_ttl_s,
+                   "the etcd lease's time to live: a killed server leaves etcd this long after "
+                   "its last keep-alive")
+        ->check(ordo_cli::at_least(1))
+        ->type_name("N");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
     if (liveness_timeout_ms >= 0)
         options.peer.liveness_timeout = std::chrono::milliseconds(liveness_timeout_ms);
@@ -126,6 +167,9 @@ int main(int argc, char** argv) {
 #ifdef ORDO_HAS_PROMETHEUS
     std::unique_ptr<ordo::prometheus_exporter> exporter;  // stops serving before srv goes
 #endif
+    std::unique_ptr<ordo::etcd_registration> registration;  // --register
+    std::string registered_url;
+    int status = 0;
     try {
 #ifdef ORDO_HAS_PROMETHEUS
         if (!metrics.empty()) {
@@ -140,7 +184,17 @@ int main(int argc, char** argv) {
             return 1;
         }
 #endif
-        for (const auto& u : urls) std::cout << "listening on " << srv.listen(u) << std::endl;
+        ordo::etcd_registration_options reg;
+        if (!register_at.empty()) reg = etcd_options(register_at, register_ttl_s);
+        std::vector<std::string> listening;
+        for (const auto& u : urls) {
+            listening.push_back(srv.listen(u));
+            std::cout << "listening on " << listening.back() << std::endl;
+        }
+        if (!register_at.empty()) {
+            reg.url = registered_url = listening.front();
+            registration = std::make_unique<ordo::etcd_registration>(io.get_executor(), reg);
+        }
     } catch (const std::exception& e) {
         std::cerr << "error: " << e.what() << "\n";
         return 1;
@@ -151,11 +205,30 @@ int main(int argc, char** argv) {
         if (sig == SIGTERM) {
             // A graceful stop (ordo.goaway to every client; see server::async_drain).
             std::cout << "draining" << std::endl;
-            net::co_spawn(io, srv.async_drain(std::chrono::milliseconds(drain_ms)), net::detached);
+            net::co_spawn(io,
+                          leave_etcd_then(registration.get(),
+                                          srv.async_drain(std::chrono::milliseconds(drain_ms))),
+                          net::detached);
             return;
         }
-        net::co_spawn(io, srv.async_stop(), net::detached);
+        net::co_spawn(io, leave_etcd_then(registration.get(), srv.async_stop()), net::detached);
     });
+    if (registration) {
+        net::co_spawn(io, registration->async_start(), [&](std::exception_ptr e) {
+            if (!e) {
+                std::cout << "registered " << register_at << registered_url << std::endl;
+                return;
+            }
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& x) {
+                std::cerr << "error: " << x.what() << std::endl;
+            }
+            status = 1;
+            signals.cancel();
+            net::co_spawn(io, srv.async_stop(), net::detached);
+        });
+    }
     io.run();
-    return 0;
+    return status;
 }
