@@ -152,10 +152,56 @@ std::vector<std::string> split(std::string_view s, char sep) {
     }
 }
 
+// What makes the source of a `route+dns+SCHEME://`, `route+file://` or `route+etcd://` URL.
+std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_maker(
+    std::string_view url, const std::string& scheme, const std::string& rest,
+    const std::string& kept, const std::string& dns_server, std::chrono::milliseconds refresh,
+    std::chrono::milliseconds min_refresh) {
+    if (scheme.rfind("dns+", 0) == 0) {
+        dns_source_options d;
+        d.scheme = scheme.substr(4);
+        d.url_suffix = kept;
+        d.nameserver = dns_server;
+        d.refresh = refresh;
+        d.min_refresh = min_refresh;
+        if (!rest.empty() && rest[0] == '_') {
+            d.name = rest;  // SRV: the records carry the ports
+        } else {
+            const auto colon = rest.rfind(':');
+            if (colon == std::string::npos || colon == 0)
+                bad(url, "a dns+ router needs NAME:PORT, or an SRV name (_service._proto.name)");
+            d.name = rest.substr(0, colon);
+            const auto port = detail::number_parameter(url, "port", rest.substr(colon + 1));
+            if (port == 0 || port > 65535) bad(url, "the port must be 1-65535");
+            d.port = static_cast<std::uint16_t>(port);
+        }
+        parse_address(d.scheme + "://127.0.0.1:1" + kept);  // names a bad scheme or parameter
+        return [d](net::any_io_executor ex) { return make_dns_source(std::move(ex), d); };
+    }
+    if (scheme == "file") {
+        if (rest.empty() || rest[0] != '/') bad(url, "a file router needs an absolute path");
+        file_source_options f;
+        f.path = rest;
+        f.url_suffix = kept;
+        f.poll = refresh;
+        return [f](net::any_io_executor ex) { return make_file_source(std::move(ex), f); };
+    }
+    const auto slash = rest.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == rest.size())
+        bad(url, "an etcd router needs HOST:PORT/PREFIX");
+    etcd_source_options e;
+    e.endpoint = "http://" + rest.substr(0, slash);
+    e.prefix = rest.substr(slash);
+    e.url_suffix = kept;
+    e.retry = refresh;
+    return [e](net::any_io_executor ex) { return make_etcd_source(std::move(ex), e); };
+}
+
 net::awaitable<channel> connect_route(std::string_view url, peer_options o) {
     route_spec spec = parse_route_url(url, std::move(o));
     auto r = make_router(co_await net::this_coro::executor, spec.options);
     for (auto& rep : spec.replicas) co_await r->async_add_replica(rep.url, rep.weight, rep.group);
+    if (spec.source) co_await r->async_follow(spec.source(r->get_executor()));
     co_return channel(std::move(r));
 }
 
@@ -176,6 +222,11 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
     route_spec spec;
     std::vector<std::string> weights, shadows;
     std::string kept;  // transport parameters, passed on to every replica
+    // A source instead of a list: dns+SCHEME, file, etcd.
+    const bool dns = scheme.rfind("dns+", 0) == 0;
+    const bool sourced = dns || scheme == "file" || scheme == "etcd";
+    std::string dns_server;
+    std::chrono::milliseconds refresh{5'000}, min_refresh{500};
     for (const std::string& item : split(query, '&')) {
         if (item.empty()) continue;
         const auto eq = item.find('=');
@@ -220,6 +271,12 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.max_ejected_percent = std::min<std::size_t>(100, n());
         } else if (key == "wait_for_replica_ms") {
             ro.wait_for_replica = std::chrono::milliseconds(n());
+        } else if (dns && key == "dns_server") {
+            dns_server = value;
+        } else if (sourced && key == "refresh_ms") {
+            refresh = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
+        } else if (dns && key == "min_refresh_ms") {
+            min_refresh = std::chrono::milliseconds(n());
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (is_transport_parameter(key)) {
             kept += (kept.empty() ? "?" : "&") + item;
@@ -228,6 +285,13 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         }
     }
     spec.options.peer = std::move(o);
+    if (sourced) {
+        if (!weights.empty() || !shadows.empty())
+            bad(url, "weights and shadow name replicas of a list, not of a " + scheme + " source");
+        spec.source = source_maker(url, scheme, std::string(rest), kept, dns_server, refresh,
+                                   min_refresh);
+        return spec;
+    }
     auto replica_url = [&](const std::string& item) {
         if (item.empty()) bad(url, "empty replica address");
         const std::string u = scheme + "://" + item;
