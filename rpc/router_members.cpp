@@ -392,7 +392,13 @@ net::awaitable<void> router::async_add_replica(std::string url) {
 }
 
 void router::add_replica(std::string url, double weight, std::string group) {
-    auto r = s_->admit(std::move(url), weight, std::move(group), 0);
+    std::shared_ptr<state::replica> r;
+    try {
+        r = s_->admit(url, weight, std::move(group), 0);
+    } catch (const std::system_error& e) {  // already there, a bad weight, closed: as documented
+        s_->event("replica " + url + " not added: " + e.what());
+        return;
+    }
     if (r->ph == state::phase::connecting) s_->dial(r);
 }
 

@@ -175,7 +175,8 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     net::awaitable<void> async_add_replica(std::string url, double weight, std::string group);
     net::awaitable<void> async_add_replica(std::string url);
     /// The same without waiting: calls may wait for the replica while it connects; a failure
-    /// is reported to `on_event` and the replica, still a member, connects again with backoff.
+    /// to connect is reported to `on_event` and the replica, still a member, connects again
+    /// with backoff. A URL already present or a bad weight is reported there too ("not added").
     void add_replica(std::string url, double weight = 1.0, std::string group = {});
     /// Stops sending calls to `url`; calls in flight there complete, then its connection is
     /// closed. Its keys move to the next replica at once. Returns false if there is no such
