@@ -175,7 +175,11 @@ std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_make
             if (port == 0 || port > 65535) bad(url, "the port must be 1-65535");
             d.port = static_cast<std::uint16_t>(port);
         }
-        parse_address(d.scheme + "://127.0.0.1:1" + kept);  // names a bad scheme or parameter
+        try {  // a bad scheme or transport parameter, named now rather than at each lookup
+            parse_address(d.scheme + "://127.0.0.1:1" + kept);
+        } catch (const std::system_error& e) {
+            bad(url, std::string("its replicas' addresses would be refused: ") + e.what());
+        }
         return [d](net::any_io_executor ex) { return make_dns_source(std::move(ex), d); };
     }
     if (scheme == "file") {

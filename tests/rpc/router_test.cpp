@@ -422,6 +422,49 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
 }
 
 // An ordo-inc-server process (killed by PID) as a replica.
+TEST(Router, UrlsNameTheirSourceAndItsParametersAndBadOnesAreRefusedByName) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        const peer_options none{};
+        auto spec = parse_route_url(
+            "route+dns+tcp://svc.test:7000?dns_server=127.0.0.1:5353&refresh_ms=300"
+            "&reconnect_ms=50&reconnect_max_ms=800&eject_after=3&eject_ms=100&eject_max_ms=900"
+            "&max_ejected_percent=30&wait_for_replica_ms=2500",
+            none);
+        EXPECT_TRUE(spec.replicas.empty());
+        ORDO_CO_ASSERT_TRUE(bool(spec.source));
+        EXPECT_EQ(spec.source(ex)->describe().rfind("dns:svc.test", 0), 0u)
+            << spec.source(ex)->describe();
+        EXPECT_EQ(spec.options.reconnect_initial, 50ms);
+        EXPECT_EQ(spec.options.reconnect_max, 800ms);
+        EXPECT_EQ(spec.options.eject_after, 3u);
+        EXPECT_EQ(spec.options.eject_base, 100ms);
+        EXPECT_EQ(spec.options.eject_max, 900ms);
+        EXPECT_EQ(spec.options.max_ejected_percent, 30u);
+        EXPECT_EQ(spec.options.wait_for_replica, 2500ms);
+        spec = parse_route_url("route+dns+tls://_ordo._tcp.svc.test?ca=ca.pem", none);
+        EXPECT_NE(spec.source(ex)->describe().find("_ordo._tcp.svc.test"), std::string::npos);
+        spec = parse_route_url("route+file:///etc/ordo/replicas", none);
+        EXPECT_NE(spec.source(ex)->describe().find("/etc/ordo/replicas"), std::string::npos);
+        spec = parse_route_url("route+etcd://127.0.0.1:2379/ordo/svc/", none);
+        EXPECT_NE(spec.source(ex)->describe().find("/ordo/svc/"), std::string::npos);
+        for (const char* bad :
+             {"route+dns+tcp://svc.test", "route+dns+tcp://svc.test:0", "route+dns+tcp://:7000",
+              "route+dns+bogus://svc.test:7000", "route+dns+tcp://svc.test:7000?weights=1",
+              "route+file://relative/path", "route+etcd://127.0.0.1:2379",
+              "route+etcd://127.0.0.1:2379/", "route+tcp://a:1?dns_server=127.0.0.1"}) {
+            try {
+                parse_route_url(bad, none);
+                ADD_FAILURE() << bad << " was accepted";
+            } catch (const std::system_error& e) {
+                EXPECT_EQ(e.code(), errc::bad_address) << bad;
+                EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << bad << ": " << e.what();
+            }
+        }
+        co_return;
+    });
+}
+
 struct replica_process {
     std::string url;
     test::child* proc;
