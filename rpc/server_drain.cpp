@@ -64,9 +64,12 @@ net::awaitable<void> server::async_drain(std::chrono::milliseconds grace, std::s
     }
     co_await async_stop();
     s->event(server_event::kind::drained, {}, {},
-             std::to_string(left) + " of " + std::to_string(told) +
-                 " connections were still open when the grace of " + std::to_string(grace.count()) +
-                 " ms passed and were closed by the server");
+             left == 0 ? "every connection (" + std::to_string(told) +
+                             " told) was closed by its peer within the grace of " +
+                             std::to_string(grace.count()) + " ms"
+                       : std::to_string(left) + " of " + std::to_string(told) +
+                             " connections were still open when the grace of " +
+                             std::to_string(grace.count()) + " ms passed and were closed by the server");
 }
 
 }  // namespace ordo
