@@ -473,6 +473,23 @@ std::vector<replica_counters> router::replicas() const {
     return out;
 }
 
+router_view router::view(std::string name) const {
+    router_view v;
+    v.name = std::move(name);
+    const auto& c = counters();
+    v.calls = c.calls;
+    v.queued = c.queued;
+    v.replicas_lost = c.replicas_lost;
+    v.reconnects = c.reconnects;
+    v.ejections = c.ejections;
+    v.drains = c.drains;
+    v.source_problems = c.source_problems;
+    for (auto& rc : replicas())
+        v.replicas.push_back({rc.url, to_string(rc.state), rc.in_flight, rc.completed, rc.errors,
+                              rc.last_error});
+    return v;
+}
+
 std::vector<std::pair<std::string, source_counters>> router::sources() const {
     std::vector<std::pair<std::string, source_counters>> out;
     for (auto& s : s_->sources) out.emplace_back(s.name, s.src->counters());

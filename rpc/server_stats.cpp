@@ -5,6 +5,7 @@
 #include <future>
 
 #include "ordo/detail/memory_budget.hpp"
+#include "ordo/router.hpp"
 #include "rpc/detail/server_state.hpp"
 
 namespace ordo {
@@ -65,6 +66,20 @@ server_stats server::state::snapshot() const {
 }
 
 // snapshot() without blocking: each other loop is visited in turn (for ordo.stats).
+namespace {
+
+net::awaitable<router_view> read_router(std::shared_ptr<router> r, std::string name) {
+    co_return r->view(std::move(name));
+}
+
+net::awaitable<router_view> view_on_its_executor(std::shared_ptr<router> r, std::string name) {
+    auto ex = r->get_executor();
+    return net::co_spawn(std::move(ex), read_router(std::move(r), std::move(name)),
+                         net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable));
+}
+
+}  // namespace
+
 net::awaitable<server_stats> server::state::gather(std::shared_ptr<state> s) {
     if (!s) co_return server_stats{};
     server_stats st = s->base_snapshot();
@@ -83,7 +98,24 @@ net::awaitable<server_stats> server::state::gather(std::shared_ptr<state> s) {
             },
             net::bind_cancellation_slot(net::cancellation_slot(), net::use_awaitable));
     }
+    std::vector<std::pair<std::shared_ptr<router>, std::string>> shown;
+    {
+        std::lock_guard lock(s->routers_mu);
+        for (const auto& entry : s->routers)
+            if (auto r = entry.first.lock()) shown.emplace_back(std::move(r), entry.second);
+    }
+    // Each router is read on its own executor. (No structured bindings or braced temporaries
+    // in this coroutine: GCC 12 miscompiles them inside co_await expressions.)
+    for (std::size_t i = 0; i < shown.size(); ++i) {
+        router_view v = co_await view_on_its_executor(shown[i].first, shown[i].second);
+        st.routers.push_back(std::move(v));
+    }
     co_return st;
+}
+
+void server::show_router(std::shared_ptr<router> r, std::string name) {
+    std::lock_guard lock(s_->routers_mu);
+    s_->routers.emplace_back(std::move(r), std::move(name));
 }
 
 // snapshot() with the handlers' counters.

@@ -79,8 +79,35 @@ void pack_method(msgpack::packer<buffer>& p, const method_stats& m) {
     }
 }
 
+// {name: {"calls": n, ..., "replicas": [{"url": u, "state": s, ...}, ...]}}
+void pack_routers(msgpack::packer<buffer>& p, const std::vector<router_view>& routers) {
+    p.pack_map(static_cast<std::uint32_t>(routers.size()));
+    for (const auto& r : routers) {
+        p.pack(r.name);
+        p.pack_map(8);
+        pack_kv(p, "calls", r.calls);
+        pack_kv(p, "queued", r.queued);
+        pack_kv(p, "replicas_lost", r.replicas_lost);
+        pack_kv(p, "reconnects", r.reconnects);
+        pack_kv(p, "ejections", r.ejections);
+        pack_kv(p, "drains", r.drains);
+        pack_kv(p, "source_problems", r.source_problems);
+        p.pack("replicas");
+        p.pack_array(static_cast<std::uint32_t>(r.replicas.size()));
+        for (const auto& rep : r.replicas) {
+            p.pack_map(6);
+            pack_kv(p, "url", rep.url);
+            pack_kv(p, "state", rep.state);
+            pack_kv(p, "in_flight", rep.in_flight);
+            pack_kv(p, "completed", rep.completed);
+            pack_kv(p, "errors", rep.errors);
+            pack_kv(p, "last_error", rep.last_error);
+        }
+    }
+}
+
 void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
-    p.pack_map(12);
+    p.pack_map(s.routers.empty() ? 12 : 13);
     pack_kv(p, "connections", s.connections);
     pack_kv(p, "connections_accepted", s.connections_accepted);
     pack_kv(p, "connections_refused", s.connections_refused);
@@ -93,6 +120,10 @@ void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
     pack_kv(p, "connections_closed_by_grace", s.connections_closed_by_grace);
     pack_kv(p, "memory_used", s.memory_used);
     pack_kv(p, "memory_budget", s.memory_budget);
+    if (!s.routers.empty()) {  // a server that fronts routers (server::show_router)
+        p.pack("routers");
+        pack_routers(p, s.routers);
+    }
 }
 
 }  // namespace

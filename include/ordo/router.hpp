@@ -14,6 +14,7 @@
 #include "ordo/channel.hpp"
 #include "ordo/fleet.hpp"
 #include "ordo/peer.hpp"
+#include "ordo/stats.hpp"
 
 namespace ordo {
 
@@ -208,6 +209,8 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     const router_counters& counters() const noexcept;
     /// One entry per replica: every member in whatever state, and removed ones still draining.
     std::vector<replica_counters> replicas() const;
+    /// What a server shows of this router in ordo.stats (server::show_router).
+    router_view view(std::string name) const;
     /// The counters of each source followed, with what it watches.
     std::vector<std::pair<std::string, source_counters>> sources() const;
 

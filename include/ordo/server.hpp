@@ -15,6 +15,8 @@
 
 namespace ordo {
 
+class router;
+
 /// What a server tells its application about its connections (server_options::on_event).
 struct server_event {
     enum class kind {
@@ -151,6 +153,11 @@ class server {
     /// `draining` and `drained`. Called again while a drain or a stop runs: waits for it.
     net::awaitable<void> async_drain(std::chrono::milliseconds grace,
                                      std::string reason = "draining");
+
+    /// Shows `r` in ordo.stats (server.routers, under `name`) and stats(): its counts and each
+    /// replica's state, read on the router's executor when asked. For a server that fronts a
+    /// fleet (a gateway, a proxy). Holds the router weakly; any thread.
+    void show_router(std::shared_ptr<router> r, std::string name);
 
     /// Connections currently open.
     std::size_t peer_count() const noexcept;

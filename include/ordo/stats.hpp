@@ -57,6 +57,23 @@ struct batch_handler_stats {
 };
 
 /// A server's counters (server::stats()).
+/// A router that a server shows in ordo.stats (server::show_router): its counts and where each
+/// replica stands.
+struct router_view {
+    struct replica {
+        std::string url;
+        std::string state;  ///< connecting, ready, reconnecting, ejected, draining
+        std::size_t in_flight = 0;
+        std::uint64_t completed = 0, errors = 0;
+        std::string last_error;  ///< why it last lost or failed to open its connection
+    };
+    std::string name;
+    std::uint64_t calls = 0, replicas_lost = 0, reconnects = 0, ejections = 0, drains = 0,
+                  source_problems = 0;
+    std::size_t queued = 0;
+    std::vector<replica> replicas;
+};
+
 struct server_stats {
     std::size_t connections = 0;             ///< open now
     std::uint64_t connections_accepted = 0;  ///< since construction (refused ones included)
@@ -78,6 +95,7 @@ struct server_stats {
     std::uint64_t unknown_notifications = 0;  ///< notifications for a method with no handler
     std::vector<method_stats> methods;        ///< in name order
     std::vector<batch_handler_stats> batches;
+    std::vector<router_view> routers;  ///< those shown with server::show_router
 };
 
 namespace detail {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -191,6 +192,9 @@ struct server::state : std::enable_shared_from_this<server::state> {
     server_stats snapshot() const;
     static net::awaitable<server_stats> gather(std::shared_ptr<state> s);
     server_stats full_snapshot() const;
+    // Routers shown in ordo.stats (show_router), read on their own executors by gather().
+    std::mutex routers_mu;
+    std::vector<std::pair<std::weak_ptr<router>, std::string>> routers;
 };
 
 }  // namespace ordo

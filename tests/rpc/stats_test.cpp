@@ -112,6 +112,44 @@ TEST(Stats, CountRequestsAndNotificationsByMethodAndOutcome) {
     });
 }
 
+TEST(Stats, AServerShowsTheRoutersItFrontsWithEachReplicasState) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server backend(ex);
+        backend.on("inc", [](int x) { return x + 1; });
+        const std::string up = backend.listen("tcp://127.0.0.1:0");
+        router_options o;
+        o.reconnect_initial = std::chrono::milliseconds(5000);
+        auto r = make_router(ex, o);
+        co_await r->async_add_replica(up);
+        r->add_replica("tcp://127.0.0.1:1");  // nothing listens there
+        co_await channel(r).async_call<int>("inc", 1);
+        ORDO_CO_ASSERT_TRUE(co_await test::wait_until([&] {
+            return r->replicas()[1].state == replica_state::reconnecting;
+        }));
+        server front(ex);
+        front.show_router(r, "backend");
+        const std::string url = front.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        auto v = co_await ch.async_call<value>("ordo.stats");
+        const auto routers = field(field(v.get(), "server"), "routers");
+        const auto backend_part = field(routers, "backend");
+        EXPECT_EQ(field(backend_part, "calls").as<int>(), 1);
+        const auto reps = field(backend_part, "replicas");
+        ORDO_CO_ASSERT_EQ(reps.type, msgpack::type::ARRAY);
+        ORDO_CO_ASSERT_EQ(reps.via.array.size, 2u);
+        EXPECT_EQ(field(reps.via.array.ptr[0], "url").as<std::string>(), up);
+        EXPECT_EQ(field(reps.via.array.ptr[0], "state").as<std::string>(), "ready");
+        EXPECT_EQ(field(reps.via.array.ptr[0], "completed").as<int>(), 1);
+        EXPECT_EQ(field(reps.via.array.ptr[1], "state").as<std::string>(), "reconnecting");
+        EXPECT_NE(field(reps.via.array.ptr[1], "last_error").as<std::string>().find("refused"),
+                  std::string::npos);
+        r->close();
+        co_await front.async_stop();
+        co_await backend.async_stop();
+    });
+}
+
 TEST(Stats, TimedCallsFillTheLatencyHistogram) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
