@@ -60,9 +60,7 @@ bool router::state::any_usable() const {
 }
 
 std::shared_ptr<router::state::replica> router::state::shared(replica* r) const {
-    for (auto& p : reps)
-        if (p.get() == r) return p;
-    return nullptr;
+    return r->shared_from_this();
 }
 
 std::shared_ptr<router::state::replica> router::state::find(const std::string& url) const {
@@ -71,17 +69,39 @@ std::shared_ptr<router::state::replica> router::state::find(const std::string& u
     return nullptr;
 }
 
+// Computes `r`'s places on the ring (ring_points per unit of weight, at least one), once per
+// URL and weight, sorted: a membership change then only takes points off and merges new ones in.
+void router::state::place(replica& r) {
+    const auto n = std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::llround(static_cast<double>(o.ring_points) * r.weight)));
+    r.points.clear();
+    r.points.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) r.points.push_back(hash_of(r.url + "#" + std::to_string(i)));
+    std::sort(r.points.begin(), r.points.end());
+    r.replaced = r.in_ring;
+}
+
+// Brings the ring in line with who takes calls: the points of replicas that stopped (or whose
+// weight changed) come off in one pass, those of replicas that started are merged in. Linear
+// in the ring's size (64 points per replica by default), with no full sort.
 void router::state::rebuild_ring() {
-    ring.clear();
+    bool drop = false;
     for (auto& r : reps) {
-        if (!takes_calls(*r) || is_shadow(*r)) continue;
-        const auto points = std::max<std::size_t>(
-            1, static_cast<std::size_t>(
-                   std::llround(static_cast<double>(o.ring_points) * r->weight)));
-        for (std::size_t i = 0; i < points; ++i)
-            ring.emplace_back(hash_of(r->url + "#" + std::to_string(i)), r.get());
+        const bool keep = r->in_ring && !r->replaced && takes_calls(*r) && !is_shadow(*r);
+        drop = drop || (r->in_ring && !keep);
+        r->in_ring = keep;
+        r->replaced = false;
     }
-    std::sort(ring.begin(), ring.end());
+    if (drop) std::erase_if(ring, [](const auto& e) { return !e.second->in_ring; });
+    const auto old_end = static_cast<std::ptrdiff_t>(ring.size());
+    for (auto& r : reps) {
+        if (r->in_ring || !takes_calls(*r) || is_shadow(*r)) continue;
+        for (auto h : r->points) ring.emplace_back(h, r.get());
+        r->in_ring = true;
+    }
+    if (ring.size() == static_cast<std::size_t>(old_end)) return;
+    std::sort(ring.begin() + old_end, ring.end());
+    std::inplace_merge(ring.begin(), ring.begin() + old_end, ring.end());
 }
 
 router::state::replica* router::state::owner_of(const std::string& key) const {
@@ -116,6 +136,23 @@ router::state::replica* router::state::pick(const detail::pending_call& call) {
             }
         if (best) best->current -= total;
         return best;
+    }
+    if (o.policy == route_policy::least_loaded && n > many_replicas) {
+        // Many replicas: the less loaded of two drawn at random (the power of two choices, as
+        // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
+        // Only when neither draw finds room does the full scan below run.
+        auto draw = [&]() -> replica* {
+            for (int t = 0; t < 4; ++t) {
+                replica& r = *reps[std::uniform_int_distribution<std::size_t>(0, n - 1)(rng)];
+                if (!is_shadow(r) && has_room(r)) return &r;
+            }
+            return nullptr;
+        };
+        replica* a = draw();
+        replica* b = draw();
+        auto load = [](const replica* r) { return static_cast<double>(r->in_flight) / r->weight; };
+        if (a && b) return load(a) <= load(b) ? a : b;
+        if (a || b) return a ? a : b;
     }
     for (std::size_t k = 0; k < n; ++k) {
         const std::size_t i = (cursor + k) % n;

@@ -3,6 +3,9 @@
 // announced by their servers; removal. Where calls go is rpc/router.cpp.
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "rpc/detail/connecting.hpp"
 #include "rpc/detail/router_state.hpp"
@@ -61,6 +64,7 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
         r->source = source;
         r->weight = weight;
         r->group = std::move(group);
+        place(*r);
         if (r->ph == phase::draining && !r->goaway) r->ph = phase::live;
         rebuild_ring();
         rename();
@@ -72,9 +76,9 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
     r->group = std::move(group);
     r->weight = weight;
     r->source = source;
+    place(*r);
     reps.push_back(r);
-    rename();
-    return r;
+    return r;  // the caller renames the router once it has admitted what it had to
 }
 
 // One attempt to open `r`'s connection. Null when it is open, or when the attempt no longer
@@ -216,6 +220,8 @@ void router::state::leave(replica& r) {
     if (r.conn) retire(std::move(r.conn));
     r.conn = nullptr;
     retire(shared(&r));
+    if (r.in_ring) std::erase_if(ring, [&](const auto& e) { return e.second == &r; });
+    r.in_ring = false;
     std::erase_if(reps, [&](const auto& p) { return p.get() == &r; });
     rebuild_ring();
     rename();
@@ -284,6 +290,7 @@ void router::state::eject(replica& r) {
 net::awaitable<void> router::state::add(std::string url, double weight, std::string group) {
     auto keep = self.shared_from_this();
     auto r = admit(std::move(url), weight, std::move(group), 0);
+    rename();
     if (r->ph != phase::connecting) co_return;  // taken back while draining
     if (auto failure = co_await connect_once(r, true)) std::rethrow_exception(failure);
 }
@@ -311,19 +318,24 @@ bool router::state::remove(const std::string& url) {
 void router::state::apply(std::size_t source, std::vector<member> set) {
     if (closed) return;
     ++c.source_updates;
+    // By URL, so that a set of thousands applies in linear time.
+    std::unordered_set<std::string_view> listed;
+    for (auto& m : set) listed.insert(m.url);
     std::vector<std::string> dropped;
     for (auto& r : reps)
-        if (r->member && r->source == source &&
-            std::none_of(set.begin(), set.end(), [&](const member& m) { return m.url == r->url; }))
-            dropped.push_back(r->url);
+        if (r->member && r->source == source && !listed.count(r->url)) dropped.push_back(r->url);
     for (auto& u : dropped) remove(u);
+    std::unordered_map<std::string_view, std::shared_ptr<replica>> known;
+    for (auto& r : reps) known.emplace(r->url, r);
     for (auto& m : set) {
-        auto r = find(m.url);
+        auto it = known.find(m.url);
+        auto r = it == known.end() ? nullptr : it->second;
         if (r && r->member) {
             if (r->source != source) continue;
             if (r->weight != m.weight || r->group != m.group) {
                 r->weight = m.weight;
                 r->group = m.group;
+                place(*r);
                 rebuild_ring();
                 event("replica " + r->url + " now has weight " + std::to_string(m.weight) +
                       (m.group.empty() ? "" : " in group " + m.group));
@@ -395,6 +407,7 @@ void router::add_replica(std::string url, double weight, std::string group) {
     std::shared_ptr<state::replica> r;
     try {
         r = s_->admit(url, weight, std::move(group), 0);
+        s_->rename();
     } catch (const std::system_error& e) {  // already there, a bad weight, closed: as documented
         s_->event("replica " + url + " not added: " + e.what());
         return;

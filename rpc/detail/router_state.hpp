@@ -20,9 +20,12 @@ struct router::state {
     using clock_type = std::chrono::steady_clock;
     enum class phase { connecting, live, reconnecting, draining, gone };
 
-    struct replica {
+    struct replica : std::enable_shared_from_this<replica> {
         std::string url, group;
         double weight = 1;
+        std::vector<std::uint64_t> points;  // its places on the hash ring (place()), sorted
+        bool in_ring = false;               // its points are on the ring now
+        bool replaced = false;              // its points changed: take the old ones off
         phase ph = phase::connecting;
         bool member = true;       // false once removed: it drains, then leaves
         bool goaway = false;      // draining because its server is going away
@@ -41,9 +44,12 @@ struct router::state {
         std::size_t failures_in_a_row = 0;
         std::uint64_t ejections = 0;
         std::uint64_t streak = 0;  // ejections without a long stay in between
-        clock_type::time_point ejected_until{};  // in the future while ejected
+        clock_type::time_point ejected_until{};  // set while ejected ({} otherwise)
         clock_type::time_point last_ejected_end{};
-        bool ejected() const { return ejected_until > clock_type::now(); }
+        // (The clock is read only while an ejection is on: pick() asks every replica.)
+        bool ejected() const {
+            return ejected_until != clock_type::time_point{} && ejected_until > clock_type::now();
+        }
     };
 
     // The call as sent to one replica: books its outcome, then completes the caller's call
@@ -81,6 +87,9 @@ struct router::state {
     };
 
     state(router& r, net::any_io_executor e, router_options opt);
+
+    // Beyond this many replicas, least_loaded compares two drawn at random instead of all.
+    static constexpr std::size_t many_replicas = 16;
 
     router& self;
     net::any_io_executor ex;
@@ -123,6 +132,7 @@ struct router::state {
     std::shared_ptr<replica> find(const std::string& url) const;
 
     // rpc/router.cpp: calls.
+    void place(replica& r);
     void rebuild_ring();
     replica* owner_of(const std::string& key) const;
     bool key_may_go(const std::string& key, const replica* to) const;

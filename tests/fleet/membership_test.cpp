@@ -410,5 +410,57 @@ TEST(Membership, ASourcesSetsAddRemoveAndReweightReplicasAndItsProblemsKeepTheLa
     });
 }
 
+// The ring is kept up to date piece by piece (points off, points merged in): after adds,
+// removals and re-weights, every key lands where a router made with the final set puts it.
+TEST(Membership, AfterManyChangesEveryKeyLandsWhereAFreshRouterPutsIt) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        std::vector<std::unique_ptr<replica_server>> rs;
+        for (int i = 0; i < 6; ++i) rs.push_back(std::make_unique<replica_server>(ex, i, nullptr));
+        auto m = [&](int i, double w = 1) { return member{rs[i]->url, w, ""}; };
+        auto changed = make_router(ex);
+        auto owned = std::make_unique<hand_source>();
+        hand_source& src = *owned;
+        changed->follow(std::move(owned));
+        const std::vector<std::vector<member>> steps = {
+            {m(0), m(1), m(2), m(3)},
+            {m(0), m(1), m(2), m(3), m(4)},
+            {m(0), m(2), m(3), m(4)},
+            {m(0), m(2, 3), m(3), m(4)},
+            {m(0), m(2, 3), m(3), m(4), m(5)},
+            {m(2, 3), m(3), m(4), m(5)},
+        };
+        for (auto& set : steps) {
+            src.update(set);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until(
+                [&] {
+                    return changed->replicas().size() == set.size() &&
+                           state_count(*changed, replica_state::ready) == static_cast<int>(set.size());
+                },
+                10s));
+        }
+        auto fresh = make_router(ex);
+        auto owned2 = std::make_unique<hand_source>();
+        hand_source& src2 = *owned2;
+        fresh->follow(std::move(owned2));
+        src2.update(steps.back());
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] { return state_count(*fresh, replica_state::ready) == 4; }, 10s));
+        std::map<int, int> spread;
+        for (int k = 0; k < 300; ++k) {
+            const std::string key = "key-" + std::to_string(k);
+            const int a = co_await channel(changed).async_call<int>("whoami", ordo::key(key));
+            const int b = co_await channel(fresh).async_call<int>("whoami", ordo::key(key));
+            EXPECT_EQ(a, b) << key;
+            ++spread[a];
+        }
+        EXPECT_EQ(spread.size(), 4u);
+        EXPECT_GT(spread[2], spread[3]);  // weight 3 against 1
+        changed->close();
+        fresh->close();
+        for (auto& r : rs) co_await r->stop();
+    });
+}
+
 }  // namespace
 }  // namespace ordo
