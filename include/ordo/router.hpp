@@ -21,7 +21,8 @@ namespace ordo {
 /// How a call without a key picks its replica among those with room (keyed calls always go to
 /// their key's replica on the hash ring).
 enum class route_policy {
-    least_loaded,  ///< fewest calls in flight per unit of weight (ties: in turn)
+    least_loaded,  ///< fewest calls in flight per unit of weight (ties: in turn); beyond 16
+                   ///< replicas, the less loaded of two drawn at random (power of two choices)
     round_robin,   ///< in turn
     weighted,      ///< in proportion to the replicas' weights (smooth weighted round robin)
 };
