@@ -37,6 +37,7 @@
 
 #include <asio/posix/stream_descriptor.hpp>
 
+#include "fleet/source_handle.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
 
@@ -372,29 +373,12 @@ class file_state : public std::enable_shared_from_this<file_state> {
     source_counters counters_;
 };
 
-class file_source final : public replica_source {
-  public:
-    file_source(net::any_io_executor ex, file_source_options o)
-        : s_(std::make_shared<file_state>(ex, std::move(o))) {}
-    // Handlers still queued hold the state (they find it stopped).
-    ~file_source() override { s_->stop(); }
-    void start(std::function<void(std::vector<member>)> update,
-               std::function<void(const std::string&)> problem) override {
-        s_->start(std::move(update), std::move(problem));
-    }
-    void refresh_now() override { s_->refresh_now(); }
-    void stop() override { s_->stop(); }
-    std::string describe() const override { return s_->describe(); }
-    source_counters counters() const override { return s_->counters(); }
-
-  private:
-    std::shared_ptr<file_state> s_;
-};
-
 }  // namespace
 
 std::unique_ptr<replica_source> make_file_source(net::any_io_executor ex, file_source_options o) {
-    return std::make_unique<file_source>(ex, std::move(o));
+    // inotify and timers stay with the state, which handlers still queued may hold.
+    return std::make_unique<detail::source_handle<file_state>>(
+        std::make_shared<file_state>(ex, std::move(o)));
 }
 
 }  // namespace ordo

@@ -1,0 +1,30 @@
+// The replica_source a caller owns, over a state that Asio handlers still queued may outlive it
+// with (they hold the state and find it stopped). Shared by fleet/dns.cpp and
+// fleet/file_source.cpp, whose states have start, refresh_now, stop, describe and counters.
+#pragma once
+
+#include <memory>
+
+#include "ordo/fleet.hpp"
+
+namespace ordo::detail {
+
+template <class State>
+class source_handle final : public replica_source {
+  public:
+    explicit source_handle(std::shared_ptr<State> s) : s_(std::move(s)) {}
+    ~source_handle() override { s_->stop(); }
+    void start(std::function<void(std::vector<member>)> update,
+               std::function<void(const std::string&)> problem) override {
+        s_->start(std::move(update), std::move(problem));
+    }
+    void refresh_now() override { s_->refresh_now(); }
+    void stop() override { s_->stop(); }
+    std::string describe() const override { return s_->describe(); }
+    source_counters counters() const override { return s_->counters(); }
+
+  private:
+    std::shared_ptr<State> s_;
+};
+
+}  // namespace ordo::detail
