@@ -19,6 +19,7 @@
 
 #include "support/dnsmasq.hpp"
 #include "support/processes.hpp"
+#include "support/source_recorder.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
@@ -35,29 +36,7 @@ using test::dns_query;
 using test::dnsmasq;
 using test::free_udp_port;
 
-// What a source has told.
-struct recorder {
-    std::vector<std::vector<member>> updates;
-    std::vector<std::string> problems;
-    void start(replica_source& s) {
-        s.start([this](std::vector<member> m) { updates.push_back(std::move(m)); },
-                [this](const std::string& p) {
-                    std::printf("problem: %s\n", p.c_str());
-                    problems.push_back(p);
-                });
-    }
-    std::vector<std::string> urls() const {
-        std::vector<std::string> out;
-        if (!updates.empty())
-            for (const auto& m : updates.back()) out.push_back(m.url);
-        return out;
-    }
-    bool said(const std::string& part) const {
-        for (const auto& p : problems)
-            if (p.find(part) != std::string::npos) return true;
-        return false;
-    }
-};
+using test::recorder;
 
 std::uint64_t lookups(const replica_source& s) {
     const auto c = s.counters();

@@ -19,6 +19,7 @@
 #include "ordo/fleet.hpp"
 #include "support/etcd_server.hpp"
 #include "support/processes.hpp"
+#include "support/source_recorder.hpp"
 #include "support/run_test.hpp"
 
 namespace ordo {
@@ -55,29 +56,7 @@ std::string fresh_prefix() {
     return "/ordo-test/" + std::to_string(::getpid()) + "/" + std::to_string(++n) + "/";
 }
 
-// What a source has told: every update and every problem line.
-struct recorder {
-    std::vector<std::vector<member>> updates;
-    std::vector<std::string> problems;
-    void start(replica_source& s) {
-        s.start([this](std::vector<member> m) { updates.push_back(std::move(m)); },
-                [this](const std::string& p) { problems.push_back(p); });
-    }
-    std::vector<std::string> urls() const {
-        std::vector<std::string> out;
-        if (!updates.empty())
-            for (const auto& m : updates.back()) out.push_back(m.url);
-        return out;
-    }
-    bool has(const std::string& url) const {
-        const auto u = urls();
-        return std::find(u.begin(), u.end(), url) != u.end();
-    }
-    bool problem_with(const std::string& part) const {
-        return std::any_of(problems.begin(), problems.end(),
-                           [&](const std::string& p) { return p.find(part) != std::string::npos; });
-    }
-};
+using test::recorder;
 
 etcd_source_options source_options(const std::string& endpoint, const std::string& prefix) {
     etcd_source_options o;
@@ -287,7 +266,7 @@ TEST_F(Etcd, SourceFollowsPutsDeletesAndWeightChangesThroughTheWatch) {
         // The last key gone: a failed lookup, reported; the router keeps the last good set.
         co_await w.del(w.p + a);
         ORDO_CO_ASSERT_TRUE(
-            co_await wait_until([&] { return rec.problem_with("no usable key"); }, 20s));
+            co_await wait_until([&] { return rec.said("no usable key"); }, 20s));
         EXPECT_EQ(rec.updates.size(), 4u);
         EXPECT_EQ(src->counters().members, 1u);
         EXPECT_GE(src->counters().failures, 1u);
@@ -318,17 +297,17 @@ TEST_F(Etcd, SourceLeavesOutKeysItCannotUseAndKeepsTheRest) {
         auto src = w.source(rec);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !rec.updates.empty(); }, 20s));
         EXPECT_EQ(rec.urls(), std::vector<std::string>{good});
-        EXPECT_TRUE(rec.problem_with(w.p + "garbage-not-a-url"))
+        EXPECT_TRUE(rec.said(w.p + "garbage-not-a-url"))
             << ::testing::PrintToString(rec.problems);
-        EXPECT_TRUE(rec.problem_with(w.p + "tcp://127.0.0.1:7002' left out: its value is not JSON"))
+        EXPECT_TRUE(rec.said(w.p + "tcp://127.0.0.1:7002' left out: its value is not JSON"))
             << ::testing::PrintToString(rec.problems);
-        EXPECT_TRUE(rec.problem_with("weight is not a positive number"))
+        EXPECT_TRUE(rec.said("weight is not a positive number"))
             << ::testing::PrintToString(rec.problems);
         EXPECT_EQ(src->counters().rejected, 3u);
         // Through the watch too: a bad key is left out, the set stays.
         co_await w.put(w.p + "tcp://no-port", "");
         ORDO_CO_ASSERT_TRUE(
-            co_await wait_until([&] { return rec.problem_with("tcp://no-port"); }, 20s));
+            co_await wait_until([&] { return rec.said("tcp://no-port"); }, 20s));
         EXPECT_EQ(src->counters().rejected, 4u);
         EXPECT_EQ(rec.updates.size(), 1u);
         // A good key that turns bad leaves the set.
@@ -337,7 +316,7 @@ TEST_F(Etcd, SourceLeavesOutKeysItCannotUseAndKeepsTheRest) {
         co_await w.put(w.p + "tcp://127.0.0.1:7004", "[1]");
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rec.updates.size() == 3; }, 20s));
         EXPECT_EQ(rec.urls(), std::vector<std::string>{good});
-        EXPECT_TRUE(rec.problem_with("not a JSON object"));
+        EXPECT_TRUE(rec.said("not a JSON object"));
         src->stop();
     });
 }
@@ -378,7 +357,7 @@ TEST(EtcdDown, SourceKeepsTheLastGoodSetWhileEtcdIsDownAndRecovers) {
             rec.start(*src);
             // Unreachable from the start: failures reported, no set.
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rec.problems.size() >= 2; }, 20s));
-            EXPECT_TRUE(rec.problem_with(etcd.endpoint())) << rec.problems.front();
+            EXPECT_TRUE(rec.said(etcd.endpoint())) << rec.problems.front();
             EXPECT_TRUE(rec.updates.empty());
             EXPECT_GE(src->counters().failures, 2u);
 

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "support/run_test.hpp"
+#include "support/source_recorder.hpp"
 #include "support/sleep.hpp"
 
 namespace ordo {
@@ -45,26 +46,7 @@ void write_and_rename(const std::string& path, const std::string& text) {
     std::filesystem::rename(tmp, path);
 }
 
-// What a source has told.
-struct recorder {
-    std::vector<std::vector<member>> updates;
-    std::vector<std::string> problems;
-    void start(replica_source& s) {
-        s.start([this](std::vector<member> m) { updates.push_back(std::move(m)); },
-                [this](const std::string& p) { problems.push_back(p); });
-    }
-    std::vector<std::string> urls() const {
-        std::vector<std::string> out;
-        if (!updates.empty())
-            for (const auto& m : updates.back()) out.push_back(m.url);
-        return out;
-    }
-    bool said(const std::string& part) const {
-        for (const auto& p : problems)
-            if (p.find(part) != std::string::npos) return true;
-        return false;
-    }
-};
+using test::recorder;
 
 std::unique_ptr<replica_source> file_source(net::any_io_executor ex, const std::string& path,
                                             std::chrono::milliseconds poll = 60s,
