@@ -154,9 +154,10 @@ class server {
     net::awaitable<void> async_drain(std::chrono::milliseconds grace,
                                      std::string reason = "draining");
 
-    /// Shows `r` in ordo.stats (server.routers, under `name`) and stats(): its counts and each
-    /// replica's state, read on the router's executor when asked. For a server that fronts a
-    /// fleet (a gateway, a proxy). Holds the router weakly; any thread.
+    /// Shows `r` in ordo.stats (server.routers, under `name`): its counts and each replica's
+    /// state, read on the router's executor when asked. For a server that fronts a fleet (a
+    /// gateway, a proxy). stats() leaves routers out (it would have to block on their
+    /// executors); read r->view() there. Holds the router weakly; any thread.
     void show_router(std::shared_ptr<router> r, std::string name);
 
     /// Connections currently open.

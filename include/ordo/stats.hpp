@@ -95,7 +95,7 @@ struct server_stats {
     std::uint64_t unknown_notifications = 0;  ///< notifications for a method with no handler
     std::vector<method_stats> methods;        ///< in name order
     std::vector<batch_handler_stats> batches;
-    std::vector<router_view> routers;  ///< those shown with server::show_router
+    std::vector<router_view> routers;  ///< shown with server::show_router (ordo.stats only)
 };
 
 namespace detail {
