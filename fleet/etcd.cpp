@@ -395,12 +395,13 @@ class etcd_source final : public replica_source {
         }
 
         // Ends once refresh_now() asked for a read and `retry` has passed since the last one
-        // began; or at once when cancelled.
+        // began; once `reread` has passed since the last read; or at once when cancelled.
         net::awaitable<void> refresh_requested() {
             if (!refresh_wanted) {
-                wake.expires_at(steady::time_point::max());
+                wake.expires_at(o.reread.count() > 0 ? last_read + o.reread
+                                                     : steady::time_point::max());
                 co_await wake.async_wait(use_tuple);
-                if (!refresh_wanted) co_return;  // cancelled
+                if (!refresh_wanted) co_return;  // time for the periodic read, or cancelled
             }
             net::steady_timer t(ex, last_read + o.retry);
             co_await t.async_wait(use_tuple);

@@ -155,14 +155,14 @@ std::vector<std::string> split(std::string_view s, char sep) {
 // What makes the source of a `route+dns+SCHEME://`, `route+file://` or `route+etcd://` URL.
 std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_maker(
     std::string_view url, const std::string& scheme, const std::string& rest,
-    const std::string& kept, const std::string& dns_server, std::chrono::milliseconds refresh,
-    std::chrono::milliseconds min_refresh) {
+    const std::string& kept, const std::string& dns_server,
+    std::optional<std::chrono::milliseconds> refresh, std::chrono::milliseconds min_refresh) {
     if (scheme.rfind("dns+", 0) == 0) {
         dns_source_options d;
         d.scheme = scheme.substr(4);
         d.url_suffix = kept;
         d.nameserver = dns_server;
-        d.refresh = refresh;
+        if (refresh) d.refresh = *refresh;
         d.min_refresh = min_refresh;
         if (!rest.empty() && rest[0] == '_') {
             d.name = rest;  // SRV: the records carry the ports
@@ -187,7 +187,7 @@ std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_make
         file_source_options f;
         f.path = rest;
         f.url_suffix = kept;
-        f.poll = refresh;
+        if (refresh) f.poll = *refresh;
         return [f](net::any_io_executor ex) { return make_file_source(std::move(ex), f); };
     }
     const auto slash = rest.find('/');
@@ -197,7 +197,7 @@ std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_make
     e.endpoint = "http://" + rest.substr(0, slash);
     e.prefix = rest.substr(slash);
     e.url_suffix = kept;
-    e.retry = refresh;
+    if (refresh) e.reread = *refresh;
     return [e](net::any_io_executor ex) { return make_etcd_source(std::move(ex), e); };
 }
 
@@ -230,7 +230,8 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
     const bool dns = scheme.rfind("dns+", 0) == 0;
     const bool sourced = dns || scheme == "file" || scheme == "etcd";
     std::string dns_server;
-    std::chrono::milliseconds refresh{5'000}, min_refresh{500};
+    std::optional<std::chrono::milliseconds> refresh;
+    std::chrono::milliseconds min_refresh{500};
     for (const std::string& item : split(query, '&')) {
         if (item.empty()) continue;
         const auto eq = item.find('=');

@@ -91,6 +91,10 @@ struct etcd_source_options {
     /// One request to etcd may take this long; an unreachable etcd is tried again after `retry`.
     std::chrono::milliseconds timeout{2'000};
     std::chrono::milliseconds retry{1'000};
+    /// The whole set is read again this often, and the watch started over from there. This
+    /// catches a watch gone silent, which a hung or cut-off etcd leaves open with no error:
+    /// the re-read then times out and is reported. 0: only the watch.
+    std::chrono::milliseconds reread{30'000};
 };
 std::unique_ptr<replica_source> make_etcd_source(net::any_io_executor ex, etcd_source_options o);
 

@@ -252,9 +252,11 @@ struct route_spec {
 /// - `route+dns+SCHEME://NAME:PORT` (A and AAAA records of NAME) or
 ///   `route+dns+SCHEME://_service._proto.NAME` (SRV records: ports and weights), with
 ///   dns_server=IP[:PORT] (default: the system's), refresh_ms (5000), min_refresh_ms (500);
-/// - `route+file:///PATH`: one replica a line (fleet.hpp), watched;
+/// - `route+file:///PATH`: one replica a line (fleet.hpp), watched, with refresh_ms its poll
+///   (1000);
 /// - `route+etcd://HOST:PORT/PREFIX`: the keys under /PREFIX of etcd's v3 API at
-///   http://HOST:PORT, watched (what etcd_registration puts).
+///   http://HOST:PORT, watched (what etcd_registration puts), and read whole again every
+///   refresh_ms (30000).
 ///
 /// Throws std::system_error (errc::bad_address) naming what is wrong.
 route_spec parse_route_url(std::string_view url, peer_options base);

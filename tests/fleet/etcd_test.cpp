@@ -394,6 +394,40 @@ TEST(EtcdDown, SourceKeepsTheLastGoodSetWhileEtcdIsDownAndRecovers) {
         120s);
 }
 
+// A hung etcd (SIGSTOP) leaves the watch open and silent: the periodic re-read times out and is
+// reported, the set stays, and once etcd goes on a fresh read and watch see what changed.
+TEST(EtcdDown, AHungEtcdIsNoticedByThePeriodicReadAndTheWatchStartsOver) {
+    run_test(
+        []() -> net::awaitable<void> {
+            const auto ex = co_await net::this_coro::executor;
+            detail::curl_multi http(ex);
+            test::etcd_server etcd;
+            etcd.start();
+            ORDO_CO_ASSERT_TRUE(co_await etcd.async_ready(http));
+            const std::string p = "/hung/";
+            co_await test::etcd_put(http, etcd.endpoint(), p + "tcp://127.0.0.1:7001", "");
+            auto o = source_options(etcd.endpoint(), p);
+            o.timeout = 500ms;
+            o.retry = 300ms;
+            o.reread = 1000ms;
+            auto src = make_etcd_source(ex, o);
+            recorder rec;
+            rec.start(*src);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rec.updates.size() == 1; }, 20s));
+            etcd.pause();
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rec.said("timed out"); }, 20s));
+            EXPECT_EQ(rec.updates.size(), 1u);
+            EXPECT_EQ(src->counters().members, 1u);
+            etcd.resume();
+            ORDO_CO_ASSERT_TRUE(co_await etcd.async_ready(http));
+            co_await test::etcd_put(http, etcd.endpoint(), p + "tcp://127.0.0.1:7002", "");
+            ORDO_CO_ASSERT_TRUE(
+                co_await wait_until([&] { return rec.has("tcp://127.0.0.1:7002"); }, 20s));
+            src->stop();
+        },
+        120s);
+}
+
 etcd_registration_options registration_options(const std::string& endpoint,
                                                const std::string& prefix, const std::string& url) {
     etcd_registration_options o;

@@ -82,6 +82,9 @@ class etcd_server {
     }
     /// SIGKILLs etcd (by PID) and reaps it.
     void kill() { proc_.reset(); }
+    /// SIGSTOP / SIGCONT: a hung etcd, whose connections stay open and answer nothing.
+    void pause() { proc_->signal(SIGSTOP); }
+    void resume() { proc_->signal(SIGCONT); }
 
     /// Waits until etcd answers /health with true, within `limit`.
     net::awaitable<bool> async_ready(detail::curl_multi& http,
