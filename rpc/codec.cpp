@@ -73,18 +73,30 @@ namespace {
 // not only on what the framer cut.
 class object_reader {
   public:
-    object_reader(std::string_view bytes, const limits& l, msgpack::zone& zone, bool borrow)
+    /// `objects`: how many objects of the message were read before these bytes (the hand
+    /// decoder's envelope), so that max_objects counts the whole message.
+    object_reader(std::string_view bytes, const limits& l, msgpack::zone& zone, bool borrow,
+                  std::size_t objects = 0)
         : p_(reinterpret_cast<const unsigned char*>(bytes.data())),
           end_(p_ + bytes.size()),
           l_(l),
           zone_(zone),
-          borrow_(borrow) {}
+          borrow_(borrow),
+          objects_(objects) {}
 
     msgpack::object read_all() {
-        msgpack::object o;
-        read(o, 1);
-        if (p_ != end_) bad("bytes left after one msgpack object");
+        msgpack::object o = read_one(1);
+        expect_end();
         return o;
+    }
+    /// The next object, as one at `depth` (the message's root is at depth 1).
+    msgpack::object read_one(std::size_t depth) {
+        msgpack::object o;
+        read(o, depth);
+        return o;
+    }
+    void expect_end() const {
+        if (p_ != end_) bad("bytes left after one msgpack object");
     }
 
   private:
@@ -235,7 +247,7 @@ class object_reader {
     const limits& l_;
     msgpack::zone& zone_;
     bool borrow_;
-    std::size_t objects_ = 0;
+    std::size_t objects_;
 };
 
 msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack::zone& zone,
@@ -287,6 +299,99 @@ void read_fields(message& m) {
             type_name(m.params) + ")");
 }
 
+// The envelope that ordo and the msgpack-rpc libraries write, read by hand: a fixarray of 4
+// (request, response) or 3 (notification), the kind as a positive fixint, the msgid as a uint
+// of up to 32 bits, the method as a fixstr or str 8. The params, or the error and result, are
+// then read by object_reader, which counts objects and depth as if it had read the whole
+// message, so that a limit broken inside them throws what the general way throws. Anything
+// else, valid or not (a method sent as bin, a msgid as uint 64, an envelope over a limit),
+// returns false, and the general way decodes it, or says what is wrong with it.
+bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, message& m) {
+    const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+    const auto* const end = p + bytes.size();
+    if (bytes.size() < 4 || bytes.size() > l.max_message_bytes || l.max_container_length < 4 ||
+        l.max_depth < 1 || l.max_objects < 5)
+        return false;
+    const unsigned char kind = p[1];
+    if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2)) return false;
+    p += 2;
+    if (kind != 2) {  // the msgid
+        const unsigned char t = *p;
+        std::size_t n = 0;  // bytes after the type byte
+        if (t <= 0x7f) {
+            m.msgid = t;
+        } else if (t >= 0xcc && t <= 0xce) {
+            n = std::size_t(1) << (t - 0xcc);
+            if (static_cast<std::size_t>(end - p) < 1 + n) return false;
+            std::uint32_t v = 0;
+            for (std::size_t i = 1; i <= n; ++i) v = (v << 8) | p[i];
+            m.msgid = v;
+        } else {
+            return false;
+        }
+        p += 1 + n;
+    }
+    if (kind != 1) {  // the method
+        if (p == end) return false;
+        std::size_t n = 0;
+        if ((*p & 0xe0) == 0xa0) {
+            n = *p & 0x1f;
+            p += 1;
+        } else if (*p == 0xd9 && end - p >= 2) {
+            n = p[1];
+            p += 2;
+        } else {
+            return false;
+        }
+        if (n > l.max_string_bytes || static_cast<std::size_t>(end - p) < n) return false;
+        m.method = {reinterpret_cast<const char*>(p), n};
+        p += n;
+        // The params: an array (else the general way says that they are not).
+        if (p == end || !((*p & 0xf0) == 0x90 || *p == 0xdc || *p == 0xdd)) return false;
+    }
+    const std::string_view rest(reinterpret_cast<const char*>(p), static_cast<std::size_t>(end - p));
+    try {
+        // Read so far: the root, the kind, and the msgid and method that the kind has.
+        object_reader r(rest, l, z, true, kind == 0 ? 4 : 3);
+        m.kind = static_cast<message_kind>(kind);
+        if (m.kind == message_kind::response) {
+            m.error = r.read_one(2);
+            m.result = r.read_one(2);
+        } else {
+            m.params = r.read_one(2);
+        }
+        r.expect_end();
+        // The whole message as one array too (message::handle), as the general way gives it.
+        const std::uint32_t n = kind == 2 ? 3 : 4;
+        auto* items = static_cast<msgpack::object*>(
+            z.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
+        std::uint32_t i = 0;
+        items[i].type = msgpack::type::POSITIVE_INTEGER;
+        items[i++].via.u64 = kind;
+        if (m.kind != message_kind::notification) {
+            items[i].type = msgpack::type::POSITIVE_INTEGER;
+            items[i++].via.u64 = m.msgid;
+        }
+        if (m.kind == message_kind::response) {
+            items[i++] = m.error;
+            items[i] = m.result;
+        } else {
+            items[i].type = msgpack::type::STR;
+            items[i].via.str.ptr = m.method.data();
+            items[i++].via.str.size = static_cast<std::uint32_t>(m.method.size());
+            items[i] = m.params;
+        }
+        msgpack::object root;
+        root.type = msgpack::type::ARRAY;
+        root.via.array.size = n;
+        root.via.array.ptr = items;
+        m.handle.set(root);
+    } catch (const std::bad_alloc&) {
+        bad("message too large to decode");
+    }
+    return true;
+}
+
 }  // namespace
 
 message decode_message(std::string_view bytes, const limits& l) {
@@ -304,8 +409,11 @@ message decode_message(std::string_view bytes, const limits& l) {
 message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z) {
     z.clear();
     message m;
-    m.handle.set(unpack_checked(bytes, l, z, true));  // views into `bytes`
+    m.borrowed = true;  // views into `bytes` and `z`
+    if (decode_envelope(bytes, l, z, m)) return m;
+    m = message{};
     m.borrowed = true;
+    m.handle.set(unpack_checked(bytes, l, z, true));
     read_fields(m);
     return m;
 }
