@@ -213,6 +213,25 @@ void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string
     host_.send_response(b);
 }
 
+const handler_entry* dispatcher::find(std::string_view method) {
+    if (!h_) return nullptr;
+    const std::size_t n = method.size();
+    if (n == 0 || n > sizeof(method_slot::name)) return h_->find(method);
+    method_slot& s = methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
+    if (s.e && s.size == n) {
+        std::size_t i = 0;
+        while (i < n && s.name[i] == method[i]) ++i;
+        if (i == n) return s.e;
+    }
+    const handler_entry* e = h_->find(method);
+    if (e) {
+        s.e = e;
+        s.size = static_cast<std::uint8_t>(n);
+        std::copy(method.begin(), method.end(), s.name);
+    }
+    return e;
+}
+
 void dispatcher::dispatch(message& m) {
     const bool req = m.kind == message_kind::request;
     std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
@@ -220,7 +239,7 @@ void dispatcher::dispatch(message& m) {
     if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
         !unwrap_stream(m, window, window_bytes))
         return;
-    const handler_entry* e = h_ ? h_->find(m.method) : nullptr;
+    const handler_entry* e = find(m.method);
     if (!e) {
         if (h_) h_->count_unknown(req);
         if (req) {

@@ -7,6 +7,7 @@
 // cancelled and the queue dropped.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -114,6 +115,7 @@ class dispatcher {
                         const std::pair<errc, std::string>& why);
     void drain_queue();
     void drop_all();
+    const handler_entry* find(std::string_view method);
     struct queued_message {
         message m;
         std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
@@ -136,6 +138,16 @@ class dispatcher {
     std::list<run> runs_;
     std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
+    // The methods this connection called last, by the bytes of their names: most connections
+    // call a few methods over and over, and a hit costs a compare of a few bytes instead of a
+    // walk of the table comparing strings. Entries stay valid: handlers never erases one (a
+    // name registered again keeps its entry, with the new handler in it).
+    struct method_slot {
+        const handler_entry* e = nullptr;
+        std::uint8_t size = 0;
+        char name[23];
+    };
+    std::array<method_slot, 4> methods_{};
     bool serial_busy_ = false;
     bool paused_ = false;
     bool stopped_ = false;
