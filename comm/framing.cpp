@@ -96,7 +96,25 @@ std::size_t whole_message(const unsigned char* p, std::size_t avail, const limit
     std::size_t depth = 0, pos = 0, objects = 0;
     for (;;) {
         if (pos >= end) return 0;
-        const token_shape& s = shape_of(p[pos]);
+        const unsigned char b = p[pos];
+        // The tokens of most small messages first: one-byte ints, and fixstr (a method name,
+        // a short string).
+        if (b <= 0x7f || b >= 0xe0) {
+            ++pos;
+            if (++objects > l.max_objects) return 0;
+            while (depth > 0 && --left[depth - 1] == 0) --depth;
+            if (depth == 0) return pos;
+            continue;
+        }
+        if ((b & 0xe0) == 0xa0) {
+            const std::size_t n = b & 0x1f;
+            if (n > l.max_string_bytes || n >= end - pos || ++objects > l.max_objects) return 0;
+            pos += 1 + n;
+            while (depth > 0 && --left[depth - 1] == 0) --depth;
+            if (depth == 0) return pos;
+            continue;
+        }
+        const token_shape& s = shape_of(b);
         if (s.kind == token_shape::invalid || end - pos < std::size_t(s.header)) return 0;
         const std::uint64_t length =
             s.length_size == 0 ? s.fixed_length : load_be(p + pos + s.length_at, s.length_size);
