@@ -1,9 +1,14 @@
 // Fuzz target 1: the streaming decoder (framer + msgpack-rpc validation) fed arbitrary bytes in
 // arbitrary chunks. The first byte picks the chunk sizes. Any outcome but a clean message or a
-// protocol_error (a crash, another exception, a leak, a hang) is a finding.
+// protocol_error (a crash, another exception, a leak, a hang) is a finding. Then the whole input
+// is decoded as one message twice: by the hand decoder of the envelope (what connections use,
+// into a zone) and by the general way (decode_message without a zone); any difference between
+// the two (one throws and the other not, other error text, another message) is a finding too.
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "ordo/codec.hpp"
@@ -19,6 +24,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     l.max_container_length = 64;
     l.max_depth = 8;
     l.max_objects = 256;
+    std::string fast_error, general_error;
+    msgpack::zone z;
+    std::optional<ordo::message> fast, general;
+    try {
+        fast = ordo::decode_message(rest, l, z);
+    } catch (const std::system_error& e) {
+        if (e.code() != ordo::errc::protocol_error) __builtin_trap();
+        fast_error = e.what();
+    }
+    try {
+        general = ordo::decode_message(rest, l);
+    } catch (const std::system_error& e) {
+        if (e.code() != ordo::errc::protocol_error) __builtin_trap();
+        general_error = e.what();
+    }
+    if (fast_error != general_error || fast.has_value() != general.has_value()) __builtin_trap();
+    if (fast && (fast->kind != general->kind || fast->msgid != general->msgid ||
+                 fast->method != general->method ||
+                 !(fast->handle.get() == general->handle.get())))
+        __builtin_trap();
     ordo::decoder d(l);
     try {
         while (!rest.empty()) {

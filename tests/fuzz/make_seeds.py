@@ -139,9 +139,31 @@ takeovers = [
     two(p(*calls3), p(hello(placeholder, received=3, msgid=101), inc), reset_first=False),
 ]
 
+# The hand decoder of the envelope (rpc/codec.cpp, decode_envelope): each valid kind cut at
+# every byte, a wrong type in each slot, msgids at and past 32 bits in every uint width, methods
+# as bin, str 8 and str 16, envelopes as array 16, and bytes after a whole message.
+valid_envelopes = [p([0, 70000, "inc", [1, "x"]]), p([1, 300, None, [1]]),
+                   p([1, 5, {"code": 3, "message": "m"}, None]), p([2, "add", [3]])]
+envelopes = [v[:n] for v in valid_envelopes for n in range(1, len(v))]
+envelopes += [p([0, i, "m", []]) for i in (0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1,
+                                            2**32, 2**64 - 1)]
+envelopes += [p([k, 1, "m", []]) for k in ("0", None, 3, -1, 1.5)]
+envelopes += [p([0, m, "m", []]) for m in ("1", None, -1, 1.5, [1], b"\x01")]
+envelopes += [p([0, 1, m, []]) for m in (7, None, b"inc", [], "m" * 31, "m" * 32, "m" * 300)]
+envelopes += [p([0, 1, "m", q]) for q in ({}, "x", None, 5, {"a": 1})]
+envelopes += [p([2, m, [1]]) for m in (7, b"add", "a" * 255, "a" * 256)]
+envelopes += [p([1, 1, e, r]) for e in ("bad", 7, [1, 2]) for r in (None, 1)]
+envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]),
+              b"\xdc\x00\x04" + p(0, 1, "m", []), b"\xdd\x00\x00\x00\x03" + p(2, "m", []),
+              p([0, 1, "m", []]) + b"\x00", p([2, "m", [1]]) + p([2, "m", [1]]),
+              b"\x94\x00\xcf\x00\x00\x00\x00\x00\x00\x00\x01\xa1m\x90",
+              b"\x93\x02\xd9\x01m\x90", b"\x93\x02\xda\x00\x01m\x90",
+              b"\x93\x02\xa1m\xdc\x00\x01\x01", b"\x93\x02\xa1m\x91\xc1"]
+
 seeds = {
     "decoder": [bytes([s]) + data for s in (0, 1, 7, 63)
-                for data in [p(*requests), p(*notes), p(*responses)] + malformed],
+                for data in [p(*requests), p(*notes), p(*responses)] + malformed]
+               + [bytes([63]) + e for e in envelopes],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
               + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
               + sessions,
