@@ -349,13 +349,19 @@ bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, 
         // The params: an array (else the general way says that they are not).
         if (p == end || !((*p & 0xf0) == 0x90 || *p == 0xdc || *p == 0xdd)) return false;
     }
+    // Read so far: the root, the kind, and the msgid and method that the kind has.
+    std::size_t objects = kind == 0 ? 4 : 3;
+    const bool no_error = kind == 1 && p != end && *p == 0xc0;  // a success: nil, then the result
+    if (no_error) {
+        ++p;
+        ++objects;
+    }
     const std::string_view rest(reinterpret_cast<const char*>(p), static_cast<std::size_t>(end - p));
     try {
-        // Read so far: the root, the kind, and the msgid and method that the kind has.
-        object_reader r(rest, l, z, true, kind == 0 ? 4 : 3);
+        object_reader r(rest, l, z, true, objects);
         m.kind = static_cast<message_kind>(kind);
         if (m.kind == message_kind::response) {
-            m.error = r.read_one(2);
+            if (!no_error) m.error = r.read_one(2);  // else nil, as message's default
             m.result = r.read_one(2);
         } else {
             m.params = r.read_one(2);
