@@ -259,8 +259,9 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
     best->conn->start_call(std::move(sc));
 }
 
-// A replica's call ended. Runs inside the replica's peer: what starts new calls is posted.
-void router::state::finished(routed_call& rc, std::error_code ec, call_outcome out) {
+// A replica's call ended. Runs inside the replica's peer: what starts waiting calls is posted;
+// the caller's handler runs here when `now` (complete_inline) and the call allows it.
+void router::state::finished(routed_call& rc, std::error_code ec, call_outcome out, bool now) {
     replica& r = *rc.rep;
     --r.in_flight;
     if (!rc.options.key.empty()) {
@@ -298,7 +299,12 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome o
         });
     } else {
         if (ec) out.detail = "replica " + r.url + ": " + out.detail;
-        rc.inner->complete(ec, std::move(out));
+        schedule_pump();  // before the caller's handler, which may start calls of its own
+        if (now)
+            rc.inner->complete_inline(ec, std::move(out));
+        else
+            rc.inner->complete(ec, std::move(out));
+        return;
     }
     schedule_pump();
 }

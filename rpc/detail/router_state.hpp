@@ -59,8 +59,18 @@ struct router::state {
         routed_call(std::weak_ptr<router> r, std::shared_ptr<replica> rep)
             : router_(std::move(r)), rep(std::move(rep)), gen(this->rep->gen) {}
         void complete(std::error_code ec, call_outcome out) override {
-            if (auto r = router_.lock())
-                r->s_->finished(*this, ec, std::move(out));
+            end(false, ec, std::move(out));
+        }
+        // From the replica's read path: the caller's call completes inline too when it can
+        // (call_op: its handler runs on the router's executor), saving a post per call, and
+        // takes the outcome borrowed, saving a copy of it.
+        void complete_inline(std::error_code ec, call_outcome out) override {
+            end(true, ec, std::move(out));
+        }
+        bool takes_borrowed() const noexcept override { return !inner || inner->takes_borrowed(); }
+        void end(bool now, std::error_code ec, call_outcome out) {
+            if (auto r = router_.lock())  // kept alive until the caller's handler has run
+                r->s_->finished(*this, ec, std::move(out), now);
             else if (inner)
                 inner->complete(ec, std::move(out));
         }
@@ -143,7 +153,7 @@ struct router::state {
     void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
-    void finished(routed_call& rc, std::error_code ec, call_outcome out);
+    void finished(routed_call& rc, std::error_code ec, call_outcome out, bool now);
     void schedule_pump();
     void pump();
     void arm_wait_timer();
