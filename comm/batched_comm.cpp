@@ -30,6 +30,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     std::unique_ptr<transport> t;
     comm_options o;
     message_fn on_message;
+    taker_fn taker;
     closed_fn on_closed;
     net::steady_timer writer_wake;  // the writer sleeps on it; cancel() wakes it
     net::steady_timer changed;      // drain and close waiters sleep on it
@@ -324,11 +325,25 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     bool deliver_some(bool& took) {
         std::size_t turn = 0;
         while (st != state::ended && !quitting) {
-            auto m = framer.next();
-            if (!m) return false;
-            took = true;
+            // The common message is taken whole by the taker, in one pass over its bytes; the
+            // framer cuts what the taker declines (a message not all there, in another shape,
+            // or breaking a limit, which the framer then reports).
+            // The count includes the message while it is handled, either way.
             ++c.messages_received;
-            if (!detached) on_message(*m);
+            std::size_t taken = 0;
+            if (taker && !detached && framer.at_message_start())
+                taken = taker(framer.unread(), o.limits);
+            if (taken > 0) {
+                framer.skip(taken);
+            } else {
+                auto m = framer.next();
+                if (!m) {
+                    --c.messages_received;
+                    return false;
+                }
+                if (!detached) on_message(*m);
+            }
+            took = true;
             if (handing) {
                 leftover.assign(framer.unread());
                 wake_writer();
@@ -494,6 +509,10 @@ batched_comm::~batched_comm() {
     if (!impl_->finished && !impl_->handing)
         impl_->fail(errc::closed,
                     "ordo: connection to " + impl_->t->remote_address() + " destroyed");
+}
+
+void batched_comm::take_messages_with(taker_fn f) {
+    impl_->taker = std::move(f);
 }
 
 void batched_comm::start() {

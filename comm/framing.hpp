@@ -43,6 +43,13 @@ class framer {
     /// nothing when more bytes are needed. Throws on malformed input or a broken limit.
     std::optional<std::string_view> next();
 
+    /// True when the unread bytes start a message that next() has not begun to scan: someone
+    /// that can cut and check a message on its own may take it (skip()).
+    bool at_message_start() const noexcept { return scan_ == begin_ && begin_ != end_; }
+    /// Drops the first `n` unread bytes, a whole message that someone else cut and checked
+    /// (only at_message_start()).
+    void skip(std::size_t n) noexcept { begin_ = scan_ = begin_ + n; }
+
     /// Call at end of stream: throws if an incomplete object is buffered ("truncated").
     void finish() const;
 

@@ -79,6 +79,7 @@ class object_reader {
                   std::size_t objects = 0)
         : p_(reinterpret_cast<const unsigned char*>(bytes.data())),
           end_(p_ + bytes.size()),
+          begin_(p_),
           l_(l),
           zone_(zone),
           borrow_(borrow),
@@ -92,11 +93,15 @@ class object_reader {
     /// The next object, as one at `depth` (the message's root is at depth 1).
     msgpack::object read_one(std::size_t depth) {
         msgpack::object o;
-        read(o, depth);
+        if (!read_flat_array(o, depth)) read(o, depth);
         return o;
     }
     void expect_end() const {
         if (p_ != end_) bad("bytes left after one msgpack object");
+    }
+    /// Bytes read so far.
+    std::size_t consumed() const noexcept {
+        return static_cast<std::size_t>(p_ - begin_);
     }
 
   private:
@@ -176,6 +181,64 @@ class object_reader {
         }
     }
 
+    // The params of most calls: a fixarray of ints, short strings, nil and bools, borrowed.
+    // Read in one loop, with every check read() makes; anything else (or a broken limit, or
+    // bytes missing) leaves nothing read and returns false, and read() takes it from the start.
+    bool read_flat_array(msgpack::object& o, std::size_t depth) {
+        if (!borrow_ || p_ == end_ || (*p_ & 0xf0) != 0x90) return false;
+        const std::size_t n = *p_ & 0x0f;
+        if (depth > l_.max_depth || n > l_.max_container_length ||
+            objects_ + 1 + n > l_.max_objects || static_cast<std::size_t>(end_ - p_) < 1 + n)
+            return false;
+        const unsigned char* p = p_ + 1;
+        msgpack::object* items = nullptr;
+        if (n > 0)
+            items = static_cast<msgpack::object*>(
+                zone_.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
+        for (std::size_t i = 0; i < n; ++i) {
+            if (p == end_) return false;
+            const unsigned char t = *p;
+            msgpack::object& it = items[i];
+            if (t <= 0x7f) {
+                it.type = msgpack::type::POSITIVE_INTEGER;
+                it.via.u64 = t;
+                ++p;
+            } else if (t >= 0xe0) {
+                it.type = msgpack::type::NEGATIVE_INTEGER;
+                it.via.i64 = static_cast<std::int8_t>(t);
+                ++p;
+            } else if ((t & 0xe0) == 0xa0 || t == 0xd9) {
+                std::size_t len = t & 0x1f, head = 1;
+                if (t == 0xd9) {
+                    if (end_ - p < 2) return false;
+                    len = p[1];
+                    head = 2;
+                }
+                if (len > l_.max_string_bytes || static_cast<std::size_t>(end_ - p) < head + len)
+                    return false;
+                it.type = msgpack::type::STR;
+                it.via.str.size = static_cast<std::uint32_t>(len);
+                it.via.str.ptr = reinterpret_cast<const char*>(p + head);
+                p += head + len;
+            } else if (t == 0xc0) {
+                it.type = msgpack::type::NIL;
+                ++p;
+            } else if (t == 0xc2 || t == 0xc3) {
+                it.type = msgpack::type::BOOLEAN;
+                it.via.boolean = t == 0xc3;
+                ++p;
+            } else {
+                return false;
+            }
+        }
+        o.type = msgpack::type::ARRAY;
+        o.via.array.size = static_cast<std::uint32_t>(n);
+        o.via.array.ptr = items;
+        objects_ += 1 + n;
+        p_ = p;
+        return true;
+    }
+
     void read(msgpack::object& o, std::size_t depth) {
         if (++objects_ > l_.max_objects) bad("message has more than max_objects objects");
         need(1);
@@ -244,6 +307,7 @@ class object_reader {
 
     const unsigned char* p_;
     const unsigned char* end_;
+    const unsigned char* begin_;
     const limits& l_;
     msgpack::zone& zone_;
     bool borrow_;
@@ -305,15 +369,21 @@ void read_fields(message& m) {
 // then read by object_reader, which counts objects and depth as if it had read the whole
 // message, so that a limit broken inside them throws what the general way throws. Anything
 // else, valid or not (a method sent as bin, a msgid as uint 64, an envelope over a limit),
-// returns false, and the general way decodes it, or says what is wrong with it.
-bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, message& m) {
-    const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+// returns 0, and the general way decodes it, or says what is wrong with it.
+// `whole`: `bytes` is one message (it throws what the general way throws for an error in the
+// params); else a message starts at `bytes` and may end before it or not be all there
+// (decode_prefix): the message's size is returned, and the caller declines on a throw.
+std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z,
+                            message& m, bool whole) {
+    if (whole && bytes.size() > l.max_message_bytes) return 0;
+    if (!whole && bytes.size() > l.max_message_bytes) bytes = bytes.substr(0, l.max_message_bytes);
+    const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
+    const auto* p = start;
     const auto* const end = p + bytes.size();
-    if (bytes.size() < 4 || bytes.size() > l.max_message_bytes || l.max_container_length < 4 ||
-        l.max_depth < 1 || l.max_objects < 5)
-        return false;
+    if (bytes.size() < 4 || l.max_container_length < 4 || l.max_depth < 1 || l.max_objects < 5)
+        return 0;
     const unsigned char kind = p[1];
-    if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2)) return false;
+    if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2)) return 0;
     p += 2;
     if (kind != 2) {  // the msgid
         const unsigned char t = *p;
@@ -322,17 +392,17 @@ bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, 
             m.msgid = t;
         } else if (t >= 0xcc && t <= 0xce) {
             n = std::size_t(1) << (t - 0xcc);
-            if (static_cast<std::size_t>(end - p) < 1 + n) return false;
+            if (static_cast<std::size_t>(end - p) < 1 + n) return 0;
             std::uint32_t v = 0;
             for (std::size_t i = 1; i <= n; ++i) v = (v << 8) | p[i];
             m.msgid = v;
         } else {
-            return false;
+            return 0;
         }
         p += 1 + n;
     }
     if (kind != 1) {  // the method
-        if (p == end) return false;
+        if (p == end) return 0;
         std::size_t n = 0;
         if ((*p & 0xe0) == 0xa0) {
             n = *p & 0x1f;
@@ -341,13 +411,13 @@ bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, 
             n = p[1];
             p += 2;
         } else {
-            return false;
+            return 0;
         }
-        if (n > l.max_string_bytes || static_cast<std::size_t>(end - p) < n) return false;
+        if (n > l.max_string_bytes || static_cast<std::size_t>(end - p) < n) return 0;
         m.method = {reinterpret_cast<const char*>(p), n};
         p += n;
         // The params: an array (else the general way says that they are not).
-        if (p == end || !((*p & 0xf0) == 0x90 || *p == 0xdc || *p == 0xdd)) return false;
+        if (p == end || !((*p & 0xf0) == 0x90 || *p == 0xdc || *p == 0xdd)) return 0;
     }
     // Read so far: the root, the kind, and the msgid and method that the kind has.
     std::size_t objects = kind == 0 ? 4 : 3;
@@ -366,8 +436,10 @@ bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, 
         } else {
             m.params = r.read_one(2);
         }
-        r.expect_end();
-        // The whole message as one array too (message::handle), as the general way gives it.
+        if (whole) r.expect_end();
+        // The whole message as one array too (message::handle), as the general way gives it;
+        // decode_prefix leaves it to own(), the only one that needs it then.
+        if (!whole) return static_cast<std::size_t>(p - start) + r.consumed();
         const std::uint32_t n = kind == 2 ? 3 : 4;
         auto* items = static_cast<msgpack::object*>(
             z.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
@@ -395,10 +467,25 @@ bool decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, 
     } catch (const std::bad_alloc&) {
         bad("message too large to decode");
     }
-    return true;
+    return bytes.size();
 }
 
 }  // namespace
+
+namespace detail {
+
+std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+                          message& m) noexcept {
+    z.clear();
+    m.borrowed = true;
+    try {
+        return decode_envelope(bytes, l, z, m, false);
+    } catch (...) {  // not all there, or something to say: the framer's way says it
+        return 0;
+    }
+}
+
+}  // namespace detail
 
 message decode_message(std::string_view bytes, const limits& l) {
     // A zone sized to the message: msgpack's default first chunk is 8 KiB, and one per small
@@ -416,7 +503,7 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
     z.clear();
     message m;
     m.borrowed = true;  // views into `bytes` and `z`
-    if (decode_envelope(bytes, l, z, m)) return m;
+    if (decode_envelope(bytes, l, z, m, true) != 0) return m;
     m = message{};
     m.borrowed = true;
     m.handle.set(unpack_checked(bytes, l, z, true));
@@ -426,7 +513,34 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
 
 void own(message& m) {
     if (!m.borrowed) return;
-    m.handle = msgpack::clone(m.handle.get());
+    if (m.handle.get().type != msgpack::type::ARRAY) {
+        // From detail::decode_prefix, which makes no array of the whole message: one on the
+        // stack, from the fields, is copied.
+        msgpack::object items[4];
+        std::uint32_t n = 0;
+        items[n].type = msgpack::type::POSITIVE_INTEGER;
+        items[n++].via.u64 = static_cast<std::uint64_t>(m.kind);
+        if (m.kind != message_kind::notification) {
+            items[n].type = msgpack::type::POSITIVE_INTEGER;
+            items[n++].via.u64 = m.msgid;
+        }
+        if (m.kind == message_kind::response) {
+            items[n++] = m.error;
+            items[n++] = m.result;
+        } else {
+            items[n].type = msgpack::type::STR;
+            items[n].via.str.ptr = m.method.data();
+            items[n++].via.str.size = static_cast<std::uint32_t>(m.method.size());
+            items[n++] = m.params;
+        }
+        msgpack::object root;
+        root.type = msgpack::type::ARRAY;
+        root.via.array.size = n;
+        root.via.array.ptr = items;
+        m.handle = msgpack::clone(root);
+    } else {
+        m.handle = msgpack::clone(m.handle.get());
+    }
     m.borrowed = false;
     read_fields(m);  // the same checks pass on the copy; the views now point into it
 }

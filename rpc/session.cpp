@@ -101,6 +101,9 @@ std::unique_ptr<batched_comm> session::make_comm(std::unique_ptr<transport> t,
 void session::attach(std::unique_ptr<transport> t) {
     auto l = std::make_shared<link>(link{this});
     comm_ = make_comm(std::move(t), l);
+    comm_->take_messages_with([l](std::string_view bytes, const limits& lim) -> std::size_t {
+        return l->s ? l->s->take_message(bytes, lim) : 0;
+    });
     link_ = std::move(l);
     if (paused_) comm_->pause_reading(true);
 }

@@ -110,6 +110,10 @@ class session_host {
     /// Receives each incoming message, in order (valid during the call only). May throw: the
     /// connection then ends with the exception's code (protocol_error for others).
     virtual void on_message(std::string_view bytes) = 0;
+    /// On a plain session, offered the unread bytes first (batched_comm::take_messages_with):
+    /// takes the message at their start, decoding it in one pass, and returns its size, or 0
+    /// to have it cut and passed to on_message.
+    virtual std::size_t take_message(std::string_view, const limits&) { return 0; }
     /// The caller's side: the session cannot resume (`r.code` peer_lost: its window passed;
     /// session_lost: the other side no longer has it). What was in flight is lost (`r` holds
     /// the unacknowledged messages); the session opens a new one with the next message sent.
@@ -218,6 +222,9 @@ class session {
     void attach(std::unique_ptr<transport> t);
     void drop_comm();
     void on_comm_message(std::string_view bytes);
+    std::size_t take_message(std::string_view bytes, const limits& l) {
+        return mode_ == mode::plain ? host_.take_message(bytes, l) : 0;
+    }
     void on_session_message(std::string_view bytes);
     void on_comm_closed(const close_result& r);
     bool on_control(std::string_view bytes);

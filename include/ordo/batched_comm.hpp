@@ -153,6 +153,16 @@ class batched_comm {
     /// Starts the reader and writer coroutines. Messages sent before start() are queued.
     void start();
 
+    /// Takes the message at the start of `bytes` (the unread bytes, which may hold less or
+    /// more than one message) when it can cut and check it on its own, within `limits` (the
+    /// connection's): returns its size, having handled it as on_message would. 0 declines, with
+    /// nothing done: the connection cuts the message itself and passes it to on_message. It
+    /// must accept only what the connection's own checks would (a layer that decodes messages
+    /// anyway saves the connection's pass over them: ordo's rpc layer). It may throw as
+    /// on_message does.
+    using taker_fn = std::function<std::size_t(std::string_view bytes, const limits& limits)>;
+    void take_messages_with(taker_fn f);
+
     /// Bytes an earlier owner read from the transport past its last message (hand_over()):
     /// delivered before anything read. Before start() only.
     void preload(std::string_view bytes);

@@ -78,6 +78,18 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
 /// Makes a borrowed message own its memory (a deep copy); no-op for one that owns it already.
 void own(message& m);
 
+namespace detail {
+/// The message at the start of `bytes`, decoded into `z` (cleared first) as decode_message with
+/// a zone does, when it is all there, in the shape ordo and the msgpack-rpc libraries write
+/// (fixarray envelope, msgid up to uint32, fixstr or str 8 method), and within every limit the
+/// framer checks: returns its size. Else 0, with nothing said: the framer cuts it and
+/// decode_message decodes it (or says what is wrong). Connections use it to decode the common
+/// message in one pass, without cutting it first. `m` is a message as default-constructed; its
+/// handle is left empty (own() copes).
+std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+                          message& m) noexcept;
+}  // namespace detail
+
 /// Streaming decoder: feed() byte chunks split anywhere, take whole messages in order with
 /// next(). Memory stays within the limits whatever the length headers announce.
 class decoder {

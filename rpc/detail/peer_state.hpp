@@ -64,10 +64,19 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_zone: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_zone);
+        handle(m, bytes.size());
+    }
+    std::size_t take_message(std::string_view bytes, const limits& l) override {
+        message m;
+        const std::size_t n = detail::decode_prefix(bytes, l, read_zone, m);
+        if (n > 0) handle(m, n);
+        return n;
+    }
+    void handle(message& m, std::size_t wire_bytes) {
         if (m.kind == message_kind::notification && m.method == "ordo.item")
-            return calls.on_item(m, bytes.size());  // an item of one of this side's streams
+            return calls.on_item(m, wire_bytes);  // an item of one of this side's streams
         if (m.kind != message_kind::response) {
-            disp.on_message(m, bytes.size());
+            disp.on_message(m, wire_bytes);
             if (heard_goaway) [[unlikely]]
                 leave_when_idle();
             return;

@@ -3,7 +3,9 @@
 // protocol_error (a crash, another exception, a leak, a hang) is a finding. Then the whole input
 // is decoded as one message twice: by the hand decoder of the envelope (what connections use,
 // into a zone) and by the general way (decode_message without a zone); any difference between
-// the two (one throws and the other not, other error text, another message) is a finding too.
+// the two (one throws and the other not, other error text, another message) is a finding too,
+// as is a message that the one-pass decoder of connections takes and the framer would not cut
+// or would decode otherwise.
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
@@ -44,6 +46,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                  fast->method != general->method ||
                  !(fast->handle.get() == general->handle.get())))
         __builtin_trap();
+    // The one-pass decoder connections use first (detail::decode_prefix): whatever it takes
+    // must be the first message the framer cuts, of that size, decoded alike.
+    {
+        msgpack::zone pz;
+        ordo::message pm;
+        const std::size_t n = ordo::detail::decode_prefix(rest, l, pz, pm);
+        if (n > 0) {
+            ordo::decoder first(l);
+            first.feed(rest.substr(0, n));
+            std::optional<ordo::message> cut;
+            try {
+                cut = first.next();
+            } catch (const std::system_error&) {
+                __builtin_trap();  // taken, yet the framer's way refuses it
+            }
+            if (!cut || pm.kind != cut->kind || pm.msgid != cut->msgid ||
+                pm.method != cut->method || !(pm.params == cut->params) ||
+                !(pm.error == cut->error) || !(pm.result == cut->result))
+                __builtin_trap();
+        }
+    }
     ordo::decoder d(l);
     try {
         while (!rest.empty()) {

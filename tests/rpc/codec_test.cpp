@@ -259,5 +259,40 @@ TEST(Codec, OwnReaderRefusesEveryTruncationAndLyingLengths) {
     EXPECT_THROW((void)decode_message(deep, small, z), std::system_error);
 }
 
+
+// What connections decode in one pass (detail::decode_prefix): the message at the start of the
+// bytes, its size, and fields that own() makes a copy of.
+TEST(Codec, OnePassDecodeTakesTheFirstMessageAndOwnCopiesIt) {
+    buffer b;
+    encode_request(b, 70000, "inc", 41, std::string("x"));
+    const std::size_t first = b.size();
+    encode_notification(b, "add", 5);
+    const std::string bytes = bytes_of(b);
+    msgpack::zone z;
+    message m;
+    ASSERT_EQ(detail::decode_prefix(bytes, limits{}, z, m), first);
+    EXPECT_EQ(m.kind, message_kind::request);
+    EXPECT_EQ(m.msgid, 70000u);
+    EXPECT_EQ(m.method, "inc");
+    own(m);
+    EXPECT_FALSE(m.borrowed);
+    EXPECT_EQ(m.method, "inc");
+    EXPECT_EQ(m.msgid, 70000u);
+    EXPECT_EQ((m.params.as<std::tuple<int, std::string>>()), std::make_tuple(41, std::string("x")));
+    EXPECT_EQ(m.handle.get(), decode_message(bytes.substr(0, first)).handle.get());
+    // Cut short anywhere, or over a limit, it is left to the framer.
+    msgpack::zone z2;
+    for (std::size_t n = 0; n < first; ++n) {
+        message part;
+        EXPECT_EQ(detail::decode_prefix(std::string_view(bytes).substr(0, n), limits{}, z2, part),
+                  0u)
+            << n;
+    }
+    limits small;
+    small.max_string_bytes = 2;
+    message over;
+    EXPECT_EQ(detail::decode_prefix(bytes, small, z2, over), 0u);
+}
+
 }  // namespace
 }  // namespace ordo
