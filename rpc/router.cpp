@@ -38,6 +38,8 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
           "cancelled by the caller while waiting for a replica", [this] { update(); }),
       wait_timer(ex) {
     o.max_concurrent = std::max<std::size_t>(1, o.max_concurrent);
+    queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
+                                                 : detail::wait_order::earliest_deadline);
     rename();
 }
 
@@ -314,7 +316,7 @@ void router::state::schedule_pump() {
     });
 }
 
-// Sends waiting calls, oldest first, while some replica they may use has room.
+// Sends waiting calls, in the queue's order (earliest deadline first), while some replica they may use has room.
 void router::state::pump() {
     if (!any_usable()) {
         if (o.wait_for_replica.count() == 0) {

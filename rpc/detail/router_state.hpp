@@ -113,7 +113,10 @@ struct router::state {
     // inside the peer's close): owned here until the executor comes back to release them.
     std::vector<std::shared_ptr<void>> retired;
 
-    void update() { c.queued = queue.size(); }
+    void update() {
+        c.queued = queue.size();
+        c.expired_in_queue = queue.expired();
+    }
     void event(const std::string& line) {
         if (on_event) on_event(line);
     }
