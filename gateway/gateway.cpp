@@ -84,6 +84,15 @@ std::optional<std::string> read_body(mg_connection* c, const mg_request_info* ri
     return body;
 }
 
+// The request line and headers as received, give or take the separators' bytes.
+std::size_t header_bytes(const mg_request_info* ri) {
+    auto len = [](const char* p) { return p ? std::strlen(p) : 0; };
+    std::size_t n = len(ri->request_method) + len(ri->request_uri) + len(ri->query_string) + 12;
+    for (int i = 0; i < ri->num_headers; ++i)
+        n += len(ri->http_headers[i].name) + len(ri->http_headers[i].value) + 4;
+    return n + 2;
+}
+
 int respond(mg_connection* c, gateway::state& s, const gw::reply& r) {
     s.count_status(r.status);
     gw::send_reply(c, r);
@@ -103,6 +112,16 @@ int handle(mg_connection* c, gateway::state& s) {
     const std::string_view verb = ri->request_method;
     const std::string_view path = ri->local_uri ? ri->local_uri : "/";
     const bool get = verb == "GET" || verb == "HEAD";
+    if (const auto n = header_bytes(ri); n > s.o.max_header_bytes)
+        return limit_close(c, 431,
+                           "ordo gateway: the request line and headers (" + std::to_string(n) +
+                               " bytes) are over max_header_bytes (" +
+                               std::to_string(s.o.max_header_bytes) + ")");
+    if (path == "/metrics" && !s.o.metrics)
+        return respond(c, s,
+                       gw::request_error(404, "not_found",
+                                         "ordo gateway: /metrics is off (gateway_options::metrics, "
+                                         "ordo gateway --metrics)"));
     if (path == "/-/routes" || path == "/-/healthz" || (path == "/metrics" && s.o.metrics)) {
         if (!get)
             return respond(c, s,
@@ -170,11 +189,12 @@ void on_connection_close(const mg_connection* c) {
 int on_http_error(mg_connection* c, int status, const char* msg) {
     auto& s = state_of(c);
     const std::string_view m = msg ? msg : "";
-    if (status == 413 && m.starts_with("Message too large"))
-        return limit_close(c, 431,
-                           "ordo gateway: the request line and headers are over "
-                           "max_header_bytes (" +
-                               std::to_string(s.o.max_header_bytes) + ")") == 0;
+    // civetweb reads headers into a buffer of 4 x max_header_bytes (header_buffer()): beyond
+    // that it gives up with "Message too large" (413), or "Malformed message" (400).
+    const std::string over = "ordo gateway: a malformed request, or its request line and headers "
+                             "over 4 x max_header_bytes (" +
+                             std::to_string(s.o.max_header_bytes) + ")";
+    if (status == 413 && m.starts_with("Message too large")) return limit_close(c, 431, over) == 0;
     if (status == 400 && m.starts_with("Malformed message")) {
         // civetweb says so for bad bytes and for headers that stopped arriving alike; the time
         // tells them apart (its clock starts when the previous response was written).
@@ -184,7 +204,7 @@ int on_http_error(mg_connection* c, int status, const char* msg) {
             return limit_close(c, 408,
                                "ordo gateway: the request's headers did not arrive within " +
                                    std::to_string(limit.count()) + " ms (request_timeout)") == 0;
-        return close_with(c, 400, "ordo gateway: malformed HTTP request") == 0;
+        return limit_close(c, 400, over) == 0;
     }
     s.count_status(status);
     return 1;  // civetweb's own page
@@ -198,13 +218,15 @@ int on_log(const mg_connection* c, const char* message) {
 std::string listen_address(const std::string& url) {
     constexpr std::string_view scheme = "http://";
     if (url.rfind(scheme, 0) != 0 || url.size() == scheme.size())
-        throw rpc_error(make_error_code(errc::bad_address), {}, url,
-                        "ordo gateway: the listen address must be http://HOST:PORT, not " + url);
+        throw std::system_error(make_error_code(errc::bad_address),
+                                "ordo gateway: the listen address must be http://HOST:PORT, not " +
+                                    url);
     std::string hp = url.substr(scheme.size());
     if (!hp.empty() && hp.back() == '/') hp.pop_back();
     if (hp.find_first_of("/?#,") != std::string::npos || hp.rfind(':') == std::string::npos)
-        throw rpc_error(make_error_code(errc::bad_address), {}, url,
-                        "ordo gateway: the listen address must be http://HOST:PORT, not " + url);
+        throw std::system_error(make_error_code(errc::bad_address),
+                                "ordo gateway: the listen address must be http://HOST:PORT, not " +
+                                    url);
     return hp;
 }
 
@@ -219,7 +241,9 @@ gateway::gateway(channel ch, gateway_options o)
     const std::vector<std::string> opts = {
         "listening_ports", hp,
         "num_threads", num(s_->o.max_connections + 4),
-        "max_request_size", num(s_->o.max_header_bytes),
+        // Headers up to 4 x max_header_bytes are read, so that those over max_header_bytes are
+        // refused by name (431); beyond, civetweb refuses them itself (on_http_error).
+        "max_request_size", num(4 * s_->o.max_header_bytes),
         "request_timeout_ms", num(s_->o.request_timeout.count()),
         "keep_alive_timeout_ms", num(s_->o.idle_timeout.count()),
         "enable_keep_alive", "yes",
@@ -249,9 +273,9 @@ gateway::gateway(channel ch, gateway_options o)
     s_->ctx = mg_start2(&init, &err);
     if (!s_->ctx) {
         mg_exit_library();
-        throw rpc_error(make_error_code(errc::bad_address), {}, s_->o.listen,
-                        "ordo gateway: cannot listen on " + s_->o.listen + ": " +
-                            (text[0] ? std::string(text) : "civetweb did not start"));
+        throw std::system_error(make_error_code(errc::bad_address),
+                                "ordo gateway: cannot listen on " + s_->o.listen + ": " +
+                                    (text[0] ? std::string(text) : "civetweb did not start"));
     }
     mg_set_request_handler(s_->ctx, "/", on_request, nullptr);
     mg_server_port ports[4] = {};

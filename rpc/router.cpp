@@ -271,7 +271,11 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome o
     }
     if (!ec) {
         ++r.completed;
-        r.latency.record(clock_type::now() - rc.started);
+        const auto took = clock_type::now() - rc.started;
+        r.latency.record(took);
+        if (rc.inner)
+            service_estimate += (std::chrono::duration_cast<std::chrono::microseconds>(took) -
+                                 service_estimate) / 8;
     } else {
         ++r.errors;
     }
@@ -332,7 +336,8 @@ void router::state::pump() {
         return;
     }
     while (auto t = queue.take_first(
-               [this](const detail::pending_call& call) { return peek(call) != nullptr; })) {
+               [this](const detail::pending_call& call) { return peek(call) != nullptr; },
+               2 * service_estimate)) {
         replica* r = pick(*t->call);
         const bool retry = t->call->attempt > 0;
         send(shared(r), std::move(t->call), t->timeout, retry);

@@ -84,6 +84,10 @@ int run_gateway(gateway_args a) {
             return finish(1);
         }
         ch = connecting.get();
+    } catch (const ordo::rpc_error& e) {
+        std::cerr << "ordo: gateway to " << a.to << " failed: "
+                  << (e.detail().empty() ? e.what() : e.detail()) << '\n';
+        return finish(1);
     } catch (const std::exception& e) {
         std::cerr << "ordo: gateway to " << a.to << " failed: " << e.what() << '\n';
         return finish(1);

@@ -82,7 +82,7 @@ std::string code_name(std::error_code ec);
 /// Not copyable or movable.
 class gateway {
   public:
-    /// Listens at once. Throws ordo::rpc_error (errc::bad_address) for a bad listen URL or
+    /// Listens at once. Throws std::system_error (errc::bad_address) for a bad listen URL or
     /// one that cannot be bound, naming it.
     gateway(channel ch, gateway_options o);
     /// stop().

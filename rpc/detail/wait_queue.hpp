@@ -97,8 +97,10 @@ class wait_queue {
 
     /// Takes out the first call, in the queue's order, for which `fits(call)` holds (any,
     /// without `fits`). For a keyed call, the oldest waiting call of its key is the one asked
-    /// and taken. Calls found past their deadline on the way are failed, never taken.
-    std::optional<taken> take_first(const std::function<bool(const pending_call&)>& fits = {}) {
+    /// and taken. Calls found past their deadline on the way, or with less than `needed` of it
+    /// left (they would not finish in time), are failed timed_out, never taken.
+    std::optional<taken> take_first(const std::function<bool(const pending_call&)>& fits = {},
+                                    std::chrono::microseconds needed = {}) {
         const auto now = clock::now();
         std::vector<std::string_view> refused;  // keys `fits` said no to, in this pass
         for (auto it = q_.begin(); it != q_.end();) {
@@ -111,11 +113,18 @@ class wait_queue {
                 }
                 at = q_.find(by_key_.at(k).front());
             }
-            if (at->second.watch.deadline() <= now) {
-                // Due, but its timer has not run yet (the loop was busy): never send it.
+            if (at->second.watch.deadline() <= now + needed) {
+                // Due (its timer has not run yet: the loop was busy), or too close to it for
+                // the time calls take: never send it.
                 const place p = at->first;
+                const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+                    at->second.watch.deadline() - now);
                 it = (at == it) ? std::next(it) : it;
-                withdraw(p, errc::timed_out);
+                withdraw(p, errc::timed_out,
+                         left.count() <= 0 ? std::string()
+                                           : "not sent: " + std::to_string(left.count() / 1000) +
+                                                 " ms of its deadline left, and calls take " +
+                                                 std::to_string(needed.count() / 1000) + " ms");
                 continue;
             }
             if (fits && !fits(*at->second.call)) {
@@ -200,15 +209,16 @@ class wait_queue {
         return e;
     }
 
-    void withdraw(place at, errc why) {
+    void withdraw(place at, errc why, std::string reason = {}) {
         auto it = q_.find(at);
         if (it == q_.end()) return;
         entry e = remove(it);
         e.watch.disarm(*e.call);
         if (why == errc::timed_out) ++expired_;
         if (on_change_) on_change_();
-        fail_call(*e.call, why,
-                  why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_);
+        if (reason.empty())
+            reason = why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_;
+        fail_call(*e.call, why, std::move(reason));
     }
 
     net::any_io_executor ex_;

@@ -185,6 +185,29 @@ TEST(Edf, CallsWithADeadlineGoFirstThenTheOthersInArrivalOrder) {
     });
 }
 
+// Calls take ~40 ms here; a waiting call whose turn comes with less of its deadline left than
+// twice that would time out on the replica: it fails at once, unsent, saying why.
+TEST(Edf, ACallThatCouldNotFinishInTimeIsNotSent) {
+    run_test([]() -> net::awaitable<void> {
+        bench_setup s(co_await net::this_coro::executor, 1);
+        co_await s.start(queue_order::earliest_deadline);
+        for (int i = 0; i < 24; ++i) {  // the router learns how long calls take
+            s.take(100 + i, 40, 10s);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == std::size_t(i + 1); }));
+        }
+        ORDO_CO_ASSERT_TRUE(co_await s.fill(1));
+        s.take(1, 40, 60ms);  // at most 60 ms left when its turn comes: calls take ~40
+        s.take(2, 0, 10s);
+        s.gate.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 26; }));
+        EXPECT_EQ(s.outcome(1), errc::timed_out);
+        EXPECT_EQ(s.outcome(2), std::error_code());
+        EXPECT_EQ(std::count(s.log.ids.begin(), s.log.ids.end(), 1), 0);
+        EXPECT_EQ(s.rt->counters().expired_in_queue, 1u);
+        co_await s.stop();
+    });
+}
+
 // EDF across keys, never within one: key k's calls (deadlines 30 s, 20 s, 10 s) keep their
 // order; key j's single 5 s call, made last, goes before all of them; k's turn comes at 10 s.
 TEST(Edf, AKeysCallsKeepTheirOrderWhileKeysAreServedByDeadline) {
