@@ -11,7 +11,7 @@ set -u
 ordo=$1 server=$2 bench=$3 secs=${4:-10} conns=${5:-64} low=${6:-5}
 dir=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"; }
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$dir"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v wrk >/dev/null || fail "wrk is not installed (apt-get install wrk)"
@@ -52,7 +52,7 @@ wrk -c "$conns" -t 2 -d "${secs}s" --latency -s "$dir/post.lua" "$http/inc" >"$d
 rps=$(awk '/^Requests\/sec/ {print $2}' "$dir/wrk")
 p50=$(awk '$1 == "50%" {print $2}' "$dir/wrk")
 wrong=$(awk '/^wrong:/ {print $2}' "$dir/wrk")
-sockerr=$(grep -c 'Socket errors' "$dir/wrk")
+sockerr=$(grep -c 'Socket errors\|Non-2xx' "$dir/wrk")
 [ -n "$rps" ] || fail "no Requests/sec from wrk: $(cat "$dir/wrk")"
 [ "$wrong" = 0 ] && [ "$sockerr" = 0 ] || fail "errors under load: $(cat "$dir/wrk")"
 echo "throughput: wrk -c $conns -t 2 -d ${secs}s: $rps requests/s, p50 $p50"

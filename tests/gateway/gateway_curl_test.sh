@@ -6,7 +6,7 @@ ordo=$1
 server=$2
 dir=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"; }
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$dir"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v curl >/dev/null || fail "curl is not installed (apt-get install curl)"

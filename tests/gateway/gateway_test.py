@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import unittest
 
 ORDO = INC_SERVER = None
 procs = []
+gateways = []
 
 
 def start(argv, pattern, limit=15.0):
@@ -49,6 +51,7 @@ def replica():
 def gateway(to, *flags):
     p, url = start([ORDO, "gateway", "--listen", "http://127.0.0.1:0", "--to", to, *flags],
                    r"listening on http://(\S+) for")
+    gateways.append(p)
     host, port = url.rsplit(":", 1)
     return p, (host, int(port))
 
@@ -79,8 +82,21 @@ def setUpModule():
 
 
 def tearDownModule():
+    # Gateways stop on SIGTERM and exit 0 (under ASan, a leak or an error makes it 1).
+    bad = []
+    for p in gateways:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                bad.append(f"{p.args}: still running 30 s after SIGTERM")
+        if p.returncode not in (0, None):
+            bad.append(f"{p.args}: exit status {p.returncode}")
     for p in procs:
         stop(p)
+    if bad:
+        raise AssertionError("; ".join(bad))
 
 
 def request(addr, method, path, body=None, headers=None, timeout=10):
