@@ -32,8 +32,9 @@ struct waiter {
 
 class http_call final : public detail::pending_call {
   public:
-    explicit http_call(std::shared_ptr<waiter> w) : w_(std::move(w)) {}
+    http_call(std::shared_ptr<waiter> w, gateway::state& s) : w_(std::move(w)), s_(s) {}
     void complete(std::error_code ec, call_outcome out) override {
+        s_.note_remote();  // on the channel's executor: its name may be read here
         {
             std::lock_guard lk(w_->m);
             w_->ec = ec;
@@ -45,6 +46,7 @@ class http_call final : public detail::pending_call {
 
   private:
     std::shared_ptr<waiter> w_;
+    gateway::state& s_;  // outlives its calls: stop() waits for them
 };
 
 // Makes the call on the channel's executor and waits for it here (an HTTP thread). While the
@@ -52,7 +54,7 @@ class http_call final : public detail::pending_call {
 std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
                              detail::params_buffer params, call_options o) {
     auto w = std::make_shared<waiter>();
-    auto c = std::make_unique<http_call>(w);
+    auto c = std::make_unique<http_call>(w, s);
     c->method = method;
     c->params = std::move(params);
     c->options = std::move(o);
@@ -75,7 +77,7 @@ std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
 
 std::string failure_text(gateway::state& s, const std::string& method, std::error_code ec,
                          const std::string& detail) {
-    return rpc_error(ec, method, s.ch.remote_address(), detail).what();
+    return rpc_error(ec, method, s.remote(), detail).what();
 }
 
 // A number of milliseconds, > 0, finite: e.g. "50", "12.5" (rounded up to whole ms).
@@ -298,17 +300,20 @@ int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
     }
     auto o = options_of(s, r);
     auto st = std::make_shared<detail::stream_state<value>>(
-        r.method, s.ch.remote_address(), s.ch.get_executor(), default_stream_window,
+        r.method, s.remote(), s.ch.get_executor(), default_stream_window,
         default_stream_window_bytes);
     ++s.calls;
     detail::start_stream(s.ch.impl(), st, std::move(params), std::move(o));
-    bool started = false;
+    bool started = false, cancelled = false;
     for (;;) {
         std::optional<value> v;
         try {
             // In slices, so that a stopping gateway cancels a stream that sends nothing.
             if (!st->next_until(v, clock_type::now() + std::chrono::milliseconds(200))) {
-                if (s.stopping) st->cancel();
+                if (s.stopping && !cancelled) {
+                    cancelled = true;
+                    st->cancel();
+                }
                 continue;
             }
         } catch (const rpc_error& e) {
@@ -355,11 +360,11 @@ std::map<std::string, std::string> read_methods(gateway::state& s) {
     call_options o;
     o.timeout = std::chrono::milliseconds(5'000);
     auto w = call(s, "ordo.methods", json_codec::pack_params(json::array()), std::move(o));
-    if (w->ec) throw rpc_error(w->ec, "ordo.methods", s.ch.remote_address(), w->out.detail);
+    if (w->ec) throw rpc_error(w->ec, "ordo.methods", s.remote(), w->out.detail);
     std::map<std::string, std::string> m;
     const msgpack::object& obj = w->out.result;
     if (obj.type != msgpack::type::MAP)
-        throw rpc_error(make_error_code(errc::bad_result), "ordo.methods", s.ch.remote_address(),
+        throw rpc_error(make_error_code(errc::bad_result), "ordo.methods", s.remote(),
                         "the answer is not a map");
     for (const auto& kv : obj.via.map) {
         if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) continue;
@@ -411,7 +416,7 @@ reply routes(gateway::state& s) {
         s.methods = m;
         s.methods_at = clock_type::now();
     }
-    json j = {{"to", s.ch.remote_address()}, {"routes", std::move(list)}};
+    json j = {{"to", s.remote()}, {"routes", std::move(list)}};
     return {200, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
 
@@ -422,7 +427,7 @@ reply healthz(gateway::state& s) {
     // A foreign msgpack-rpc server answers ordo.ping with an error: it is alive.
     const bool alive = !w->ec || w->ec == errc::method_not_found || w->ec == errc::remote_error ||
                        w->ec == errc::bad_arguments;
-    json j = {{"status", alive ? "ok" : "unavailable"}, {"to", s.ch.remote_address()}};
+    json j = {{"status", alive ? "ok" : "unavailable"}, {"to", s.remote()}};
     if (!alive) j["message"] = failure_text(s, "ordo.ping", w->ec, w->out.detail);
     return {alive ? 200 : 503, "application/json", j.dump() + "\n"};
 }

@@ -19,7 +19,20 @@ namespace ordo {
 struct gateway::state {
     using clock = std::chrono::steady_clock;
 
-    state(channel c, gateway_options opt) : ch(std::move(c)), o(std::move(opt)) {}
+    state(channel c, gateway_options opt)
+        : ch(std::move(c)), o(std::move(opt)), remote_(ch.remote_address()) {}
+
+    /// The channel's name for messages. A router's changes with its members and may only be
+    /// read on its executor: note_remote() copies it from there, after each call.
+    std::string remote() const {
+        std::lock_guard lk(remote_mu_);
+        return remote_;
+    }
+    void note_remote() {
+        const std::string& now = ch.impl()->remote_address();
+        std::lock_guard lk(remote_mu_);
+        if (remote_ != now) remote_ = now;
+    }
 
     channel ch;
     gateway_options o;
@@ -37,6 +50,11 @@ struct gateway::state {
     std::map<std::string, std::string> methods;
     std::optional<clock::time_point> methods_at;
 
+  private:
+    mutable std::mutex remote_mu_;
+    std::string remote_;
+
+  public:
     void event(const std::string& line) const {
         if (o.on_event) o.on_event(line);
     }

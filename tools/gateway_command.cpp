@@ -95,7 +95,7 @@ int run_gateway(gateway_args a) {
     a.options.on_event = [](const std::string& line) { std::cerr << line << std::endl; };
     try {
         ordo::gateway gw(ch, a.options);
-        std::cout << "listening on " << gw.url() << " for " << ch.remote_address() << std::endl;
+        std::cout << "listening on " << gw.url() << " for " << a.to << std::endl;
         int sig = 0;
         sigwait(&stop_signals, &sig);
         gw.stop();

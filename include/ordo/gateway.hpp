@@ -83,7 +83,9 @@ std::string code_name(std::error_code ec);
 class gateway {
   public:
     /// Listens at once. Throws std::system_error (errc::bad_address) for a bad listen URL or
-    /// one that cannot be bound, naming it.
+    /// one that cannot be bound, naming it. Reads the channel's name (remote_address()): make
+    /// it where that is safe (on the channel's executor, or while the router's members do not
+    /// change); later names are read on the executor.
     gateway(channel ch, gateway_options o);
     /// stop().
     ~gateway();
