@@ -3,6 +3,8 @@
 // The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
 // body within the limits, writing responses. What a request does on the channel is in
 // gateway/calls.cpp.
+#include <strings.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -378,6 +380,7 @@ void send_reply(mg_connection* c, const reply& r) {
     out += "\r\nContent-Length: ";
     out += std::to_string(r.body.size());
     if (v10 && conn && strcasecmp(conn, "keep-alive") == 0) out += "\r\nConnection: keep-alive";
+    if (!v10 && conn && strcasecmp(conn, "close") == 0) out += "\r\nConnection: close";
     out += "\r\n\r\n";
     const bool head = std::strcmp(ri->request_method, "HEAD") == 0;
     if (!head) out += r.body;
