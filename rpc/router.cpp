@@ -273,9 +273,10 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome o
         ++r.completed;
         const auto took = clock_type::now() - rc.started;
         r.latency.record(took);
-        if (rc.inner)
-            service_estimate += (std::chrono::duration_cast<std::chrono::microseconds>(took) -
-                                 service_estimate) / 8;
+        if (rc.inner) {
+            auto& e = service_estimates[rc.method];
+            e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
+        }
     } else {
         ++r.errors;
     }
@@ -320,7 +321,8 @@ void router::state::schedule_pump() {
     });
 }
 
-// Sends waiting calls, in the queue's order (earliest deadline first), while some replica they may use has room.
+// Sends waiting calls, in the queue's order (earliest deadline first), while some replica they
+// may use has room.
 void router::state::pump() {
     if (!any_usable()) {
         if (o.wait_for_replica.count() == 0) {
@@ -337,7 +339,11 @@ void router::state::pump() {
     }
     while (auto t = queue.take_first(
                [this](const detail::pending_call& call) { return peek(call) != nullptr; },
-               2 * service_estimate)) {
+               [this](const detail::pending_call& call) {
+                   auto it = service_estimates.find(call.method);
+                   return it == service_estimates.end() ? std::chrono::microseconds(0)
+                                                        : 2 * it->second;
+               })) {
         replica* r = pick(*t->call);
         const bool retry = t->call->attempt > 0;
         send(shared(r), std::move(t->call), t->timeout, retry);

@@ -43,8 +43,9 @@ struct router_options {
     /// `queue` order). One more fails at once with errc::overloaded. A waiting call's deadline
     /// runs while it waits: one that passes there fails with errc::timed_out and is never sent
     /// (router_counters::expired_in_queue); so does one that, when its turn comes, has less of
-    /// its deadline left than calls have recently taken from send to response (a moving
-    /// average): it would time out on the replica, in the room of a call that could finish.
+    /// its deadline left than twice what calls of its method have recently taken from send to
+    /// response (a moving average): it would time out on the replica, in the room of a call
+    /// that could finish.
     std::size_t max_queued_calls = 65'536;
     queue_order queue = queue_order::earliest_deadline;
     route_policy policy = route_policy::least_loaded;

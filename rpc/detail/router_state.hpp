@@ -105,10 +105,10 @@ struct router::state {
     std::size_t cursor = 0;  // round robin and least-loaded ties
     double shadow_credit = 0;
     bool pump_posted = false;
-    // Recent time from send to response (a moving average): a waiting call with less of its
-    // deadline left is not sent (it would time out on the replica, taking the room of one that
-    // could finish: the overload collapse of earliest-deadline-first).
-    std::chrono::microseconds service_estimate{0};
+    // Recent time from send to response per method (a moving average): a waiting call with
+    // less than twice that left of its deadline is not sent (it would time out on the
+    // replica, taking the room of one that could finish: the overload collapse of EDF).
+    std::unordered_map<std::string, std::chrono::microseconds> service_estimates;
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
     std::vector<followed> sources;

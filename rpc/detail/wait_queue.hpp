@@ -97,10 +97,11 @@ class wait_queue {
 
     /// Takes out the first call, in the queue's order, for which `fits(call)` holds (any,
     /// without `fits`). For a keyed call, the oldest waiting call of its key is the one asked
-    /// and taken. Calls found past their deadline on the way, or with less than `needed` of it
-    /// left (they would not finish in time), are failed timed_out, never taken.
-    std::optional<taken> take_first(const std::function<bool(const pending_call&)>& fits = {},
-                                    std::chrono::microseconds needed = {}) {
+    /// and taken. Calls found past their deadline on the way, or with less of it left than
+    /// `needed(call)` (they would not finish in time), are failed timed_out, never taken.
+    std::optional<taken> take_first(
+        const std::function<bool(const pending_call&)>& fits = {},
+        const std::function<std::chrono::microseconds(const pending_call&)>& needed = {}) {
         const auto now = clock::now();
         std::vector<std::string_view> refused;  // keys `fits` said no to, in this pass
         for (auto it = q_.begin(); it != q_.end();) {
@@ -113,7 +114,10 @@ class wait_queue {
                 }
                 at = q_.find(by_key_.at(k).front());
             }
-            if (at->second.watch.deadline() <= now + needed) {
+            const auto need = needed && at->second.watch.deadline() != clock::time_point::max()
+                                  ? needed(*at->second.call)
+                                  : std::chrono::microseconds(0);
+            if (at->second.watch.deadline() <= now + need) {
                 // Due (its timer has not run yet: the loop was busy), or too close to it for
                 // the time calls take: never send it.
                 const place p = at->first;
@@ -123,8 +127,9 @@ class wait_queue {
                 withdraw(p, errc::timed_out,
                          left.count() <= 0 ? std::string()
                                            : "not sent: " + std::to_string(left.count() / 1000) +
-                                                 " ms of its deadline left, and calls take " +
-                                                 std::to_string(needed.count() / 1000) + " ms");
+                                                 " ms of its deadline left, and calls of it "
+                                                 "took " + std::to_string(need.count() / 2000) +
+                                                 " ms lately");
                 continue;
             }
             if (fits && !fits(*at->second.call)) {
