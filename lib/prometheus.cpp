@@ -166,6 +166,9 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
               double(r.totals.calls));
     f.gauge("ordo_router_queued_calls", "Calls waiting for a replica with room", base,
             double(r.totals.queued));
+    f.counter("ordo_router_expired_in_queue_total",
+              "Calls whose deadline passed while they waited for a replica (never sent)", base,
+              double(r.totals.expired_in_queue));
     f.counter("ordo_router_retried_total", "Idempotent calls sent again after a replica died", base,
               double(r.totals.retried));
     f.counter("ordo_router_replicas_lost_total", "Replicas whose connection ended", base,

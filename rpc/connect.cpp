@@ -243,6 +243,13 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.max_concurrent = std::max<std::size_t>(1, n());
         } else if (key == "max_queued") {
             ro.max_queued_calls = n();
+        } else if (key == "queue") {
+            if (value == "edf")
+                ro.queue = queue_order::earliest_deadline;
+            else if (value == "fifo")
+                ro.queue = queue_order::fifo;
+            else
+                bad(url, "queue must be edf or fifo");
         } else if (key == "policy") {
             if (value == "least_loaded")
                 ro.policy = route_policy::least_loaded;

@@ -79,6 +79,7 @@ struct pool::state {
         c.idle = idle.size();
         c.connecting = connecting;
         c.queued_calls = queue.size();
+        c.expired_in_queue = queue.expired();
     }
 
     void start_call(std::unique_ptr<detail::pending_call> call) {
@@ -116,9 +117,13 @@ struct pool::state {
         conn->start_call(std::move(lent));
     }
 
-    void lend_waiting(const std::shared_ptr<peer>& conn) {
+    // Lends `conn` to the first waiting call (earliest deadline first); false if none was
+    // left (those found past their deadline fail instead of being sent).
+    bool lend_waiting(const std::shared_ptr<peer>& conn) {
         auto w = queue.take_first();
+        if (!w) return false;
         lend(conn, std::move(w->call), w->timeout);
+        return true;
     }
 
     void release(const std::shared_ptr<peer>& conn, bool ok) {
@@ -133,7 +138,7 @@ struct pool::state {
             maybe_connect();
             return;
         }
-        if (!queue.empty()) return lend_waiting(conn);
+        if (!queue.empty() && lend_waiting(conn)) return;
         if (idle.size() >= o.max_idle) {
             discard(conn);
             return;
@@ -220,10 +225,7 @@ struct pool::state {
         auto waiting_notes = std::move(notes);
         notes.clear();
         for (auto& [method, params] : waiting_notes) send_note(*conn, method, params);
-        if (!queue.empty())
-            lend_waiting(conn);
-        else
-            release(conn, true);
+        if (queue.empty() || !lend_waiting(conn)) release(conn, true);
         update();
         return conn;
     }

@@ -7,6 +7,8 @@
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
+//   ordo gateway --listen http://H:P --to URL [...]      serves HTTP in front of URL's channel
+//                                                          (README.md, "HTTP gateway")
 //   ordo replicas route+URL [--timeout MS]                 a router's view of its replicas: one
 //                                                          line each (URL, state, weight, ...),
 //                                                          then its sources; exits 1 if none is
@@ -43,8 +45,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <ordo/connect.hpp>
+
 #include <ordo/peer.hpp>
 #include <ordo/router.hpp>
+
+#include "gateway/json_codec.hpp"
+#ifdef ORDO_WITH_GATEWAY
+#include "tools/gateway_command.hpp"
+#endif
 
 namespace net = ordo::net;
 using json = nlohmann::json;
@@ -66,40 +74,7 @@ struct failure : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// ---- JSON -> msgpack ----------------------------------------------------------------------
-
-using packer = msgpack::packer<ordo::detail::params_buffer>;
-
-void pack_json(packer& p, const json& j) {
-    switch (j.type()) {
-        case json::value_t::null: p.pack_nil(); break;
-        case json::value_t::boolean: p.pack(j.get<bool>()); break;
-        // nlohmann keeps non-negative integers unsigned, so the full uint64 range survives.
-        case json::value_t::number_unsigned: p.pack(j.get<std::uint64_t>()); break;
-        case json::value_t::number_integer: p.pack(j.get<std::int64_t>()); break;
-        case json::value_t::number_float: p.pack(j.get<double>()); break;
-        case json::value_t::string: p.pack(j.get_ref<const std::string&>()); break;
-        case json::value_t::array:
-            p.pack_array(static_cast<std::uint32_t>(j.size()));
-            for (const auto& e : j) pack_json(p, e);
-            break;
-        case json::value_t::object:
-            p.pack_map(static_cast<std::uint32_t>(j.size()));
-            for (const auto& [k, v] : j.items()) {
-                p.pack(k);
-                pack_json(p, v);
-            }
-            break;
-        case json::value_t::binary: {
-            const auto& b = j.get_binary();
-            p.pack_bin(static_cast<std::uint32_t>(b.size()));
-            p.pack_bin_body(reinterpret_cast<const char*>(b.data()),
-                            static_cast<std::uint32_t>(b.size()));
-            break;
-        }
-        case json::value_t::discarded: p.pack_nil(); break;
-    }
-}
+// ---- JSON <-> msgpack (gateway/json_codec.hpp) ---------------------------------------------
 
 // One command-line word as a value: JSON if it parses, else the word itself as a string, so
 // that plain words need no shell-quoted JSON quotes.
@@ -109,67 +84,12 @@ json parse_arg(const std::string& word) {
 }
 
 ordo::detail::params_buffer pack_args(const std::vector<std::string>& args) {
-    ordo::detail::params_buffer params;
-    packer p(params);
-    p.pack_array(static_cast<std::uint32_t>(args.size()));
-    for (const auto& a : args) pack_json(p, parse_arg(a));
-    return params;
-}
-
-// ---- msgpack -> JSON ----------------------------------------------------------------------
-
-bool valid_utf8(std::string_view s) {
-    // nlohmann checks UTF-8 when it writes a string: reuse that instead of another decoder.
-    try {
-        (void)json(std::string(s)).dump();
-        return true;
-    } catch (const json::type_error&) {
-        return false;
-    }
-}
-
-json byte_array(const char* p, std::size_t n) {
     json a = json::array();
-    for (std::size_t i = 0; i < n; ++i) a.push_back(static_cast<unsigned char>(p[i]));
-    return a;
+    for (const auto& w : args) a.push_back(parse_arg(w));
+    return ordo::json_codec::pack_params(a);
 }
 
-json to_json(const msgpack::object& o) {
-    switch (o.type) {
-        case msgpack::type::NIL: return nullptr;
-        case msgpack::type::BOOLEAN: return o.via.boolean;
-        case msgpack::type::POSITIVE_INTEGER: return o.via.u64;
-        case msgpack::type::NEGATIVE_INTEGER: return o.via.i64;
-        case msgpack::type::FLOAT32:
-        case msgpack::type::FLOAT64: return o.via.f64;
-        case msgpack::type::STR: return std::string(o.via.str.ptr, o.via.str.size);
-        case msgpack::type::BIN:
-            // Many peers (neovim among them) send text as bin: show it as text when it is.
-            if (valid_utf8({o.via.bin.ptr, o.via.bin.size}))
-                return std::string(o.via.bin.ptr, o.via.bin.size);
-            return byte_array(o.via.bin.ptr, o.via.bin.size);
-        case msgpack::type::ARRAY: {
-            json a = json::array();
-            for (std::uint32_t i = 0; i < o.via.array.size; ++i)
-                a.push_back(to_json(o.via.array.ptr[i]));
-            return a;
-        }
-        case msgpack::type::MAP: {
-            json m = json::object();
-            for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
-                const auto& kv = o.via.map.ptr[i];
-                // JSON keys are strings: any other key is written as its JSON text.
-                json k = to_json(kv.key);
-                m[k.is_string() ? k.get<std::string>() : k.dump()] = to_json(kv.val);
-            }
-            return m;
-        }
-        case msgpack::type::EXT:
-            return {{"ext", o.via.ext.type()},
-                    {"data", byte_array(o.via.ext.data(), o.via.ext.size)}};
-    }
-    return nullptr;
-}
+using ordo::json_codec::to_json;
 
 std::string render(const msgpack::object& o, bool raw) {
     if (raw) {
@@ -177,8 +97,7 @@ std::string render(const msgpack::object& o, bool raw) {
         s << o;
         return s.str();
     }
-    // A msgpack str need not be UTF-8: replace bad bytes rather than fail on output.
-    return to_json(o).dump(-1, ' ', false, json::error_handler_t::replace);
+    return ordo::json_codec::dump(o);
 }
 
 // ---- the commands -------------------------------------------------------------------------
@@ -527,6 +446,15 @@ int main(int argc, char** argv) {
         "ejected, draining) and its sources, once each replica has had its first try");
     common(replicas);
 
+#ifdef ORDO_WITH_GATEWAY
+    ordo_tool::gateway_args gw;
+    auto* gateway = app.add_subcommand(
+        "gateway",
+        "serve HTTP/1.1 in front of a channel: POST /METHOD with JSON params answers the "
+        "result as JSON (README.md, \"HTTP gateway\"), until SIGINT or SIGTERM");
+    ordo_tool::add_gateway_options(gateway, gw);
+#endif
+
     try {
         app.parse(marked_words(argc, argv));
     } catch (const CLI::ParseError& e) {
@@ -535,6 +463,9 @@ int main(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : 2;
     }
     r.command = app.get_subcommands().front()->get_name();
+#ifdef ORDO_WITH_GATEWAY
+    if (r.command == "gateway") return ordo_tool::run_gateway(std::move(gw));
+#endif
     unmark(r.url);
     unmark(r.method);
     for (auto& a : r.args) unmark(a);

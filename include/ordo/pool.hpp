@@ -25,8 +25,10 @@ struct pool_options {
     /// Opening one connection may take this long; then the calls waiting for it fail with
     /// errc::timed_out (if no other connection can serve them).
     std::chrono::milliseconds connect_timeout{10'000};
-    /// Calls waiting for a connection when all max_connections are busy (FIFO). One more fails at
-    /// once with errc::overloaded. A waiting call's deadline runs while it waits.
+    /// Calls waiting for a connection when all max_connections are busy, served earliest
+    /// deadline first (then calls without a deadline, oldest first). One more fails at once with
+    /// errc::overloaded. A waiting call's deadline runs while it waits: one that passes there
+    /// fails with errc::timed_out and is never sent.
     std::size_t max_queued_calls = 65'536;
     /// For each connection. Its default_timeout is the default deadline of pooled calls; its
     /// on_undelivered also hears of notifications that found no connection to go on.
@@ -40,10 +42,11 @@ struct pool_counters {
     std::size_t queued_calls = 0;
     std::uint64_t connections_opened = 0;
     std::uint64_t connections_discarded = 0;  ///< closed after a failed or cancelled call, or dead
+    std::uint64_t expired_in_queue = 0;  ///< calls whose deadline passed while they waited
 };
 
 /// Lends one connection (an ordo::peer) to each call in flight, opening connections up to
-/// max_connections; further calls wait in a bounded FIFO. After a successful call the connection
+/// max_connections; further calls wait in a bounded queue, earliest deadline first. After a successful call the connection
 /// goes back to the pool; after a failed, timed-out or cancelled call it is closed, never reused.
 /// Notifications go over any open connection: pooled notifications are NOT ordered, with each
 /// other or with calls. An idle connection that its server closed is discarded as soon as its end

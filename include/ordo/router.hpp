@@ -27,6 +27,15 @@ enum class route_policy {
     weighted,      ///< in proportion to the replicas' weights (smooth weighted round robin)
 };
 
+/// The order in which calls waiting for a replica with room are sent.
+enum class queue_order {
+    /// Earliest deadline first: calls with a deadline, soonest first, then calls without one,
+    /// oldest first. Keyed calls keep their order: a key's turn comes at the earliest deadline
+    /// among its waiting calls, and its oldest waiting call is the one sent.
+    earliest_deadline,
+    fifo,  ///< oldest first, deadline or not (for comparison: `queue=fifo` in a route+ URL)
+};
+
 struct router_options {
     /// Calls in flight on one replica at most. An ordered connection pipelines calls cheaply,
     /// so this is a bound on what piles up on one replica, not a parallelism setting: the
@@ -35,9 +44,15 @@ struct router_options {
     /// channel on 256 calls in flight, and at 100 (Ray Serve's old default) at 0.3x: calls
     /// waited in the router's queue and went out a few per completion (bench/README.md).
     std::size_t max_concurrent = 1024;
-    /// Calls waiting when no replica they may use has room (one FIFO for the router). One more
-    /// fails at once with errc::overloaded. A waiting call's deadline runs while it waits.
+    /// Calls waiting when no replica they may use has room (one queue for the router, in
+    /// `queue` order). One more fails at once with errc::overloaded. A waiting call's deadline
+    /// runs while it waits: one that passes there fails with errc::timed_out and is never sent
+    /// (router_counters::expired_in_queue); so does one that, when its turn comes, has less of
+    /// its deadline left than twice what calls of its method have recently taken from send to
+    /// response (a moving average): it would time out on the replica, in the room of a call
+    /// that could finish.
     std::size_t max_queued_calls = 65'536;
+    queue_order queue = queue_order::earliest_deadline;
     route_policy policy = route_policy::least_loaded;
     /// Methods that are safe to run twice: a call in flight on a replica that dies is retried
     /// once on another replica instead of failing with errc::peer_lost.
@@ -125,6 +140,7 @@ struct router_counters {
     std::uint64_t reconnects = 0;        ///< connections opened again to a member
     std::uint64_t ejections = 0;
     std::uint64_t drains = 0;            ///< replicas whose server said it was going away
+    std::uint64_t expired_in_queue = 0;  ///< calls failed timed_out while waiting, never sent
     std::uint64_t key_waits = 0;         ///< keyed calls held until their key's calls on its
                                          ///< previous replica finished
     std::uint64_t source_updates = 0;    ///< sets applied from sources
@@ -137,7 +153,9 @@ struct router_counters {
 
 /// One channel over several replicas. Each replica is reached over its own ordered connection
 /// (an ordo::peer) with at most max_concurrent calls in flight; calls that find no room wait in
-/// one bounded FIFO and are sent as room frees up, oldest first.
+/// one bounded queue and are sent as room frees up, earliest deadline first (calls without a
+/// deadline after those with one, oldest first; router_options::queue). A call whose deadline
+/// passes while it waits fails with errc::timed_out and never reaches a replica.
 ///
 /// Order: calls with one key (call_options::key, `ordo::key("user-42")`) go to one replica,
 /// chosen by a consistent hash of the key, and wait for it in the order made, so they reach the
@@ -246,7 +264,7 @@ struct route_spec {
 /// Parses `route+SCHEME://a,b,...?params` (e.g.
 /// `route+tcp://h1:7000,h2:7000?max_concurrent=8&policy=least_loaded`): each replica is
 /// `SCHEME://item` plus the URL's transport parameters (cert, key, ca, ...). Router
-/// parameters: max_concurrent, max_queued, policy (least_loaded, round_robin, weighted),
+/// parameters: max_concurrent, max_queued, queue (edf, the default, or fifo), policy (least_loaded, round_robin, weighted),
 /// weights (one per replica, comma-separated), idempotent (comma-separated method names),
 /// shadow (comma-separated replica items, put in group "shadow") with shadow_fraction,
 /// connect_timeout_ms, reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms,

@@ -61,6 +61,8 @@ class call_watch {
     std::chrono::milliseconds timeout() const noexcept { return timeout_; }
     /// What is left of it now (0: no deadline).
     std::chrono::milliseconds left() const { return time_left(deadline_); }
+    /// When the deadline passes (time_point::max(): none).
+    clock::time_point deadline() const noexcept { return deadline_; }
 
   private:
     std::unique_ptr<net::steady_timer> timer_;

@@ -115,6 +115,10 @@ struct router::state {
     std::size_t cursor = 0;  // round robin and least-loaded ties
     double shadow_credit = 0;
     bool pump_posted = false;
+    // Recent time from send to response per method (a moving average): a waiting call with
+    // less than twice that left of its deadline is not sent (it would time out on the
+    // replica, taking the room of one that could finish: the overload collapse of EDF).
+    std::unordered_map<std::string, std::chrono::microseconds> service_estimates;
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
     std::vector<followed> sources;
@@ -123,7 +127,10 @@ struct router::state {
     // inside the peer's close): owned here until the executor comes back to release them.
     std::vector<std::shared_ptr<void>> retired;
 
-    void update() { c.queued = queue.size(); }
+    void update() {
+        c.queued = queue.size();
+        c.expired_in_queue = queue.expired();
+    }
     void event(const std::string& line) {
         if (on_event) on_event(line);
     }

@@ -1,15 +1,20 @@
-// Calls waiting for capacity (a pool's connections, a router's replicas): one FIFO, each call
-// with its deadline and its caller's cancellation (call_watch, as in the peer's call table).
-// Shared by rpc/pool.cpp and rpc/router.cpp.
+// Calls waiting for capacity (a pool's connections, a router's replicas): one queue, earliest
+// deadline first (or FIFO), each call with its deadline and its caller's cancellation
+// (call_watch, as in the peer's call table). Shared by rpc/pool.cpp and rpc/router.cpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "ordo/channel.hpp"
 #include "rpc/detail/call_watch.hpp"
@@ -34,8 +39,18 @@ inline void fail_call(pending_call& call, std::error_code ec, std::string detail
     call.complete(ec, std::move(out));
 }
 
+/// Which waiting call goes first when room frees up.
+enum class wait_order {
+    /// Earliest deadline first: calls with a deadline, soonest first; then calls without one,
+    /// oldest first. A keyed call takes its turn at the earliest deadline among the waiting
+    /// calls of its key, but the oldest of them goes: never reordered within a key.
+    earliest_deadline,
+    fifo,  ///< oldest first
+};
+
 /// Belongs to the executor given at construction; every member runs there. Timers and
-/// cancellation handlers that fire after the queue is gone do nothing.
+/// cancellation handlers that fire after the queue is gone do nothing. A call whose deadline
+/// passes while it waits is failed with errc::timed_out and never taken (counted by expired()).
 class wait_queue {
   public:
     using clock = std::chrono::steady_clock;
@@ -58,48 +73,100 @@ class wait_queue {
     wait_queue(const wait_queue&) = delete;
     wait_queue& operator=(const wait_queue&) = delete;
 
+    /// Applies to calls pushed from now on (set it before the first).
+    void set_order(wait_order o) noexcept { order_ = o; }
     std::size_t size() const noexcept { return q_.size(); }
     bool empty() const noexcept { return q_.empty(); }
+    /// Calls failed with errc::timed_out because their deadline passed while they waited.
+    std::uint64_t expired() const noexcept { return expired_; }
 
-    /// Appends `call`. A deadline (`timeout` > 0) or a cancellation through the call's slot
+    /// Adds `call`. A deadline (`timeout` > 0) or a cancellation through the call's slot
     /// takes it out and fails it with errc::timed_out or errc::cancelled.
     void push(std::unique_ptr<pending_call> call, std::chrono::milliseconds timeout) {
-        const std::uint64_t seq = next_seq_++;
-        entry& e = q_[seq];
-        e.since = clock::now();
-        e.watch.arm(ex_, timeout, *call, alive_, [this, seq](errc why) { withdraw(seq, why); });
+        const auto now = clock::now();
+        const place at{order_ == wait_order::earliest_deadline && timeout.count() > 0
+                           ? now + timeout
+                           : clock::time_point::max(),
+                       next_seq_++};
+        entry& e = q_[at];
+        e.since = now;
+        e.watch.arm(ex_, timeout, *call, alive_, [this, at](errc why) { withdraw(at, why); });
+        if (!call->options.key.empty()) by_key_[call->options.key].push_back(at);
         e.call = std::move(call);
     }
 
-    /// Takes out the oldest call for which `fits(call)` holds (all, without `fits`).
-    std::optional<taken> take_first(const std::function<bool(const pending_call&)>& fits = {}) {
-        for (auto it = q_.begin(); it != q_.end(); ++it) {
-            if (fits && !fits(*it->second.call)) continue;
-            entry e = std::move(it->second);
-            q_.erase(it);
+    /// Takes out the first call, in the queue's order, for which `fits(call)` holds (any,
+    /// without `fits`). For a keyed call, the oldest waiting call of its key is the one asked
+    /// and taken. Calls found past their deadline on the way, or with less of it left than
+    /// `needed(call)` (they would not finish in time), are failed timed_out, never taken.
+    std::optional<taken> take_first(
+        const std::function<bool(const pending_call&)>& fits = {},
+        const std::function<std::chrono::microseconds(const pending_call&)>& needed = {}) {
+        const auto now = clock::now();
+        std::vector<std::string_view> refused;  // keys `fits` said no to, in this pass
+        for (auto it = q_.begin(); it != q_.end();) {
+            auto at = it;
+            const std::string& k = it->second.call->options.key;
+            if (!k.empty()) {
+                if (std::find(refused.begin(), refused.end(), k) != refused.end()) {
+                    ++it;
+                    continue;
+                }
+                at = q_.find(by_key_.at(k).front());
+            }
+            const auto need = needed && at->second.watch.deadline() != clock::time_point::max()
+                                  ? needed(*at->second.call)
+                                  : std::chrono::microseconds(0);
+            if (at->second.watch.deadline() <= now + need) {
+                // Due (its timer has not run yet: the loop was busy), or too close to it for
+                // the time calls take: never send it.
+                const place p = at->first;
+                const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+                    at->second.watch.deadline() - now);
+                it = (at == it) ? std::next(it) : it;
+                withdraw(p, errc::timed_out,
+                         left.count() <= 0 ? std::string()
+                                           : "not sent: " + std::to_string(left.count() / 1000) +
+                                                 " ms of its deadline left, and calls of it "
+                                                 "took " + std::to_string(need.count() / 2000) +
+                                                 " ms lately");
+                continue;
+            }
+            if (fits && !fits(*at->second.call)) {
+                if (!k.empty()) refused.push_back(k);
+                ++it;
+                continue;
+            }
+            entry e = remove(at);
             e.watch.disarm(*e.call);  // the slot held the queue's handler; the connection sets its own
             return taken{std::move(e.call), e.watch.left()};
         }
         return std::nullopt;
     }
 
-    /// Calls `f` on each waiting call, oldest first.
+    /// Calls `f` on each waiting call, in the queue's order.
     void for_each(const std::function<void(const pending_call&)>& f) const {
-        for (const auto& [seq, e] : q_) f(*e.call);
+        for (const auto& [at, e] : q_) f(*e.call);
     }
 
     /// When the oldest waiting call was pushed (nothing if none waits).
     std::optional<clock::time_point> oldest_since() const {
-        if (q_.empty()) return std::nullopt;
-        return q_.begin()->second.since;
+        std::optional<clock::time_point> t;
+        for (const auto& [at, e] : q_)
+            if (!t || e.since < *t) t = e.since;
+        return t;
     }
 
-    /// Fails the calls pushed at or before `t` with `ec` and `why` (oldest first: push times
-    /// follow the FIFO's order).
+    /// Fails the calls pushed at or before `t` with `ec` and `why`, oldest first.
     void fail_waiting_since(clock::time_point t, std::error_code ec, const std::string& why) {
-        while (!q_.empty() && q_.begin()->second.since <= t) {
-            entry e = std::move(q_.begin()->second);
-            q_.erase(q_.begin());
+        std::vector<place> due;
+        for (const auto& [at, e] : q_)
+            if (e.since <= t) due.push_back(at);
+        std::sort(due.begin(), due.end(), [](const place& a, const place& b) { return a.seq < b.seq; });
+        for (const place& p : due) {
+            auto it = q_.find(p);
+            if (it == q_.end()) continue;
+            entry e = remove(it);
             e.watch.disarm(*e.call);
             fail_call(*e.call, ec, why);
         }
@@ -109,28 +176,54 @@ class wait_queue {
     void fail_all(std::error_code ec, const std::string& why) {
         auto all = std::move(q_);
         q_.clear();
-        for (auto& [seq, e] : all) {
+        by_key_.clear();
+        for (auto& [at, e] : all) {
             e.watch.disarm(*e.call);
             fail_call(*e.call, ec, why);
         }
     }
 
   private:
+    // Where a call stands: by deadline (max: none, or FIFO order), then by arrival.
+    struct place {
+        clock::time_point deadline;
+        std::uint64_t seq;
+        bool operator<(const place& o) const noexcept {
+            return deadline != o.deadline ? deadline < o.deadline : seq < o.seq;
+        }
+    };
     struct entry {
         std::unique_ptr<pending_call> call;
         call_watch watch;
         clock::time_point since;
     };
+    using queue_map = std::map<place, entry>;
 
-    void withdraw(std::uint64_t seq, errc why) {
-        auto it = q_.find(seq);
-        if (it == q_.end()) return;
+    entry remove(typename queue_map::iterator it) {
+        const std::string& k = it->second.call->options.key;
+        if (!k.empty()) {
+            auto kit = by_key_.find(k);
+            auto& d = kit->second;
+            d.erase(std::find_if(d.begin(), d.end(), [&](const place& p) {
+                return p.seq == it->first.seq;
+            }));
+            if (d.empty()) by_key_.erase(kit);
+        }
         entry e = std::move(it->second);
         q_.erase(it);
+        return e;
+    }
+
+    void withdraw(place at, errc why, std::string reason = {}) {
+        auto it = q_.find(at);
+        if (it == q_.end()) return;
+        entry e = remove(it);
         e.watch.disarm(*e.call);
+        if (why == errc::timed_out) ++expired_;
         if (on_change_) on_change_();
-        fail_call(*e.call, why,
-                  why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_);
+        if (reason.empty())
+            reason = why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_;
+        fail_call(*e.call, why, std::move(reason));
     }
 
     net::any_io_executor ex_;
@@ -138,8 +231,12 @@ class wait_queue {
     std::function<std::string(std::chrono::milliseconds)> timed_out_reason_;
     std::string cancelled_reason_;
     std::function<void()> on_change_;
-    std::map<std::uint64_t, entry> q_;  // FIFO by sequence number
+    wait_order order_ = wait_order::earliest_deadline;
+    queue_map q_;
+    // Each key's waiting calls, oldest first (a key's turn goes to its oldest call).
+    std::unordered_map<std::string, std::deque<place>> by_key_;
     std::uint64_t next_seq_ = 0;
+    std::uint64_t expired_ = 0;
 };
 
 }  // namespace ordo::detail

@@ -1,0 +1,479 @@
+// What a gateway request does on the channel: its options (deadline, notification, stream,
+// key), the call handed to the channel's executor and awaited by the HTTP thread, streams as
+// NDJSON, and the introspection routes.
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include "gateway/gateway_state.hpp"
+#include "gateway/json_codec.hpp"
+#include "ordo/router.hpp"
+#include "ordo/stream.hpp"
+
+namespace ordo::gw {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+// One call's completion, awaited by the HTTP thread that made it. The channel completes it on
+// its executor (complete()); the thread may ask to cancel it through `signal`, also there.
+struct waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::error_code ec;
+    call_outcome out;
+    net::cancellation_signal signal;
+};
+
+class http_call final : public detail::pending_call {
+  public:
+    http_call(std::shared_ptr<waiter> w, gateway::state& s) : w_(std::move(w)), s_(s) {}
+    void complete(std::error_code ec, call_outcome out) override {
+        s_.note_remote();  // on the channel's executor: its name may be read here
+        {
+            std::lock_guard lk(w_->m);
+            w_->ec = ec;
+            w_->out = std::move(out);
+            w_->done = true;
+        }
+        w_->cv.notify_one();
+    }
+
+  private:
+    std::shared_ptr<waiter> w_;
+    gateway::state& s_;  // outlives its calls: stop() waits for them
+};
+
+// Makes the call on the channel's executor and waits for it here (an HTTP thread). While the
+// gateway stops, the call is cancelled (on the executor) and its cancellation awaited.
+std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
+                             detail::params_buffer params, call_options o) {
+    auto w = std::make_shared<waiter>();
+    auto c = std::make_unique<http_call>(w, s);
+    c->method = method;
+    c->params = std::move(params);
+    c->options = std::move(o);
+    c->slot = w->signal.slot();
+    ++s.calls;
+    net::post(s.ch.get_executor(), [impl = s.ch.impl(), c = std::move(c)]() mutable {
+        impl->start_call(std::move(c));
+    });
+    std::unique_lock lk(w->m);
+    bool cancel_sent = false;
+    while (!w->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w->done; })) {
+        if (s.stopping && !cancel_sent) {
+            cancel_sent = true;
+            net::post(s.ch.get_executor(),
+                      [w] { w->signal.emit(net::cancellation_type::terminal); });
+        }
+    }
+    return w;
+}
+
+std::string failure_text(gateway::state& s, const std::string& method, std::error_code ec,
+                         const std::string& detail) {
+    return rpc_error(ec, method, s.remote(), detail).what();
+}
+
+// A number of milliseconds, > 0, finite: e.g. "50", "12.5" (rounded up to whole ms).
+std::optional<double> positive_ms(std::string_view text) {
+    if (text.empty() || text.size() > 32) return std::nullopt;
+    const std::string t(text);
+    char* end = nullptr;
+    const double v = std::strtod(t.c_str(), &end);
+    if (end != t.c_str() + t.size() || !std::isfinite(v) || v <= 0 || v > 1e13) return std::nullopt;
+    return v;
+}
+
+std::string url_decoded(std::string_view in) {
+    std::string out(in.size() + 1, '\0');
+    const int n = mg_url_decode(in.data(), static_cast<int>(in.size()), out.data(),
+                                static_cast<int>(out.size()), 1);
+    out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    return out;
+}
+
+bool flag_value(std::string_view v) {
+    return v.empty() || v == "1" || v == "true" || v == "yes";
+}
+
+// Sets r.timeout (or r.already_due) from one deadline given as `name` = `value`.
+std::optional<reply> apply_deadline(call_request& r, const std::string& name,
+                                    const std::string& value, bool absolute) {
+    auto ms = positive_ms(value);
+    if (!ms)
+        return request_error(400, "bad_deadline",
+                             "ordo gateway: " + name + " must be a positive number of "
+                             "milliseconds, not \"" + value + "\"");
+    if (!absolute) {
+        r.timeout = std::chrono::milliseconds(static_cast<long long>(std::ceil(*ms)));
+        return std::nullopt;
+    }
+    // Milliseconds since the Unix epoch, on the wall clock (Ray Serve's absolute_slo_ms).
+    const double now = std::chrono::duration<double, std::milli>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+    if (*ms <= now) {
+        r.already_due = true;
+        return std::nullopt;
+    }
+    r.timeout = std::chrono::milliseconds(static_cast<long long>(std::ceil(*ms - now)));
+    return std::nullopt;
+}
+
+}  // namespace
+
+reply request_error(int status, std::string_view code, const std::string& message) {
+    json j = {{"code", code}, {"message", message}};
+    return {status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+}
+
+reply error_reply(std::error_code ec, const std::string& message, const std::string& detail) {
+    return request_error(http_status(ec, detail), code_name(ec), message);
+}
+
+std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
+    const mg_request_info* ri = mg_get_request_info(c);
+    std::vector<std::string> deadlines;  // where each deadline came from
+    auto deadline = [&](const std::string& name, const std::string& value,
+                        bool absolute) -> std::optional<reply> {
+        deadlines.push_back(name);
+        if (deadlines.size() > 1)
+            return request_error(400, "bad_deadline",
+                                 "ordo gateway: give one deadline, not both " + deadlines[0] +
+                                     " and " + name);
+        return apply_deadline(r, name, value, absolute);
+    };
+    std::string_view q = ri->query_string ? ri->query_string : "";
+    while (!q.empty()) {
+        const auto amp = q.find('&');
+        const std::string_view item = q.substr(0, amp);
+        q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
+        if (item.empty()) continue;
+        const auto eq = item.find('=');
+        const std::string name = url_decoded(item.substr(0, eq));
+        const std::string value =
+            eq == std::string_view::npos ? std::string() : url_decoded(item.substr(eq + 1));
+        std::optional<reply> bad;
+        if (name == "relative_slo_ms" || name == "absolute_slo_ms")
+            bad = deadline(name, value, name == "absolute_slo_ms");
+        else if (name == "notify")
+            r.notify = flag_value(value);
+        else if (name == "stream")
+            r.stream = flag_value(value);
+        else if (name == "key")
+            r.key = value;
+        else
+            bad = request_error(400, "bad_parameter",
+                                "ordo gateway: unknown query parameter \"" + name +
+                                    "\" (relative_slo_ms, absolute_slo_ms, notify, stream, key)");
+        if (bad) return bad;
+    }
+    for (const char* h : {"Ordo-Relative-Slo-Ms", "Ordo-Absolute-Slo-Ms"})
+        if (const char* v = mg_get_header(c, h))
+            if (auto bad = deadline(std::string("header ") + h, v,
+                                    std::strcmp(h, "Ordo-Absolute-Slo-Ms") == 0))
+                return bad;
+    if (const char* v = mg_get_header(c, "Ordo-Notify")) r.notify = flag_value(v);
+    if (const char* v = mg_get_header(c, "Ordo-Stream")) r.stream = flag_value(v);
+    if (const char* v = mg_get_header(c, "Ordo-Key")) r.key = v;
+    return std::nullopt;
+}
+
+namespace {
+
+// The body as a params array: a JSON array is the params; any other value is the only param;
+// no body, none.
+std::optional<reply> params_of(const call_request& r, detail::params_buffer& out) {
+    if (r.body.find_first_not_of(" \t\r\n") == std::string::npos) {
+        out = json_codec::pack_params(json::array());
+        return std::nullopt;
+    }
+    json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+        // Parse again for the reason (where, what).
+        try {
+            json again = json::parse(r.body);
+        } catch (const json::parse_error& e) {
+            return request_error(400, "bad_json",
+                                 "ordo gateway: call " + r.method + ": the body is not JSON (" +
+                                     e.what() + ")");
+        }
+    }
+    out = json_codec::pack_params(j.is_array() ? j : json::array({std::move(j)}));
+    return std::nullopt;
+}
+
+call_options options_of(gateway::state& s, const call_request& r) {
+    call_options o;
+    o.timeout = r.timeout.count() > 0 ? r.timeout : s.o.default_timeout;
+    o.key = r.key;
+    return o;
+}
+
+reply timed_out_before(gateway::state& s, const call_request& r) {
+    const auto ec = make_error_code(errc::timed_out);
+    const std::string why = "absolute_slo_ms had passed when the request arrived";
+    return error_reply(ec, failure_text(s, r.method, ec, why), why);
+}
+
+reply notify(gateway::state& s, const call_request& r, detail::params_buffer params) {
+    // notify_raw runs on the channel's executor; its refusal (overloaded, closed) comes back.
+    struct result {
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        std::error_code ec;
+        std::string why;
+    };
+    auto res = std::make_shared<result>();
+    ++s.notifications;
+    net::post(s.ch.get_executor(),
+              [impl = s.ch.impl(), res, method = r.method, p = std::move(params)] {
+                  std::error_code ec;
+                  std::string why;
+                  try {
+                      impl->notify_raw(method, std::string_view(p.data(), p.size()));
+                  } catch (const std::system_error& e) {
+                      ec = e.code();
+                      why = e.what();
+                  }
+                  {
+                      std::lock_guard lk(res->m);
+                      res->ec = ec;
+                      res->why = std::move(why);
+                      res->done = true;
+                  }
+                  res->cv.notify_one();
+              });
+    std::unique_lock lk(res->m);
+    res->cv.wait(lk, [&] { return res->done; });
+    if (res->ec) return error_reply(res->ec, res->why, res->why);
+    return {202, "application/json", ""};
+}
+
+}  // namespace
+
+reply run_call(gateway::state& s, const call_request& r) {
+    detail::params_buffer params;
+    if (auto bad = params_of(r, params)) return *bad;
+    if (r.already_due) return timed_out_before(s, r);
+    if (r.notify) return notify(s, r, std::move(params));
+    auto w = call(s, r.method, std::move(params), options_of(s, r));
+    if (w->ec) return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
+    std::string body = json_codec::dump(w->out.result);
+    body += '\n';
+    return {200, "application/json", std::move(body)};
+}
+
+namespace {
+
+// One HTTP chunk in one write: its size, the data, CRLF. False once the client has gone.
+bool write_chunk(mg_connection* c, std::string_view data) {
+    char head[24];
+    const int n = std::snprintf(head, sizeof head, "%zx\r\n", data.size());
+    std::string out;
+    out.reserve(static_cast<std::size_t>(n) + data.size() + 2);
+    out.append(head, static_cast<std::size_t>(n));
+    out.append(data);
+    out += "\r\n";
+    return mg_write(c, out.data(), out.size()) == static_cast<int>(out.size());
+}
+
+}  // namespace
+
+int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
+    detail::params_buffer params;
+    if (auto bad = params_of(r, params)) {
+        send_reply(c, *bad);
+        return bad->status;
+    }
+    if (r.already_due) {
+        auto rep = timed_out_before(s, r);
+        send_reply(c, rep);
+        return rep.status;
+    }
+    auto o = options_of(s, r);
+    auto st = std::make_shared<detail::stream_state<value>>(
+        r.method, s.remote(), s.ch.get_executor(), default_stream_window,
+        default_stream_window_bytes);
+    ++s.calls;
+    detail::start_stream(s.ch.impl(), st, std::move(params), std::move(o));
+    bool started = false, cancelled = false;
+    for (;;) {
+        std::optional<value> v;
+        try {
+            // In slices, so that a stopping gateway cancels a stream that sends nothing.
+            if (!st->next_until(v, clock_type::now() + std::chrono::milliseconds(200))) {
+                if (s.stopping && !cancelled) {
+                    cancelled = true;
+                    st->cancel();
+                }
+                continue;
+            }
+        } catch (const rpc_error& e) {
+            auto rep = error_reply(e.code(), e.what(), e.detail());
+            if (!started) {
+                send_reply(c, rep);
+                return rep.status;
+            }
+            // Mid-stream: the status is sent; the failure is the last line.
+            json line = {{"error", json::parse(rep.body)}};
+            write_chunk(c, line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+            write_chunk(c, "");
+            return 200;
+        }
+        if (!started) {
+            started = true;
+            static constexpr std::string_view head =
+                "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n";
+            if (mg_write(c, head.data(), head.size()) != static_cast<int>(head.size())) {
+                st->cancel();
+                ++s.abandoned;
+                return 200;
+            }
+        }
+        if (!v) {
+            write_chunk(c, "");
+            return 200;
+        }
+        if (!write_chunk(c, json_codec::dump(v->get()) + "\n")) {
+            // The client went away: the handler is cancelled (ordo.cancel).
+            st->cancel();
+            ++s.abandoned;
+            s.event("ordo gateway: stream " + r.method + " cancelled: its client went away");
+            return 200;
+        }
+    }
+}
+
+namespace {
+
+// ordo.methods as {name: signature}; throws rpc_error.
+std::map<std::string, std::string> read_methods(gateway::state& s) {
+    call_options o;
+    o.timeout = std::chrono::milliseconds(5'000);
+    auto w = call(s, "ordo.methods", json_codec::pack_params(json::array()), std::move(o));
+    if (w->ec) throw rpc_error(w->ec, "ordo.methods", s.remote(), w->out.detail);
+    std::map<std::string, std::string> m;
+    const msgpack::object& obj = w->out.result;
+    if (obj.type != msgpack::type::MAP)
+        throw rpc_error(make_error_code(errc::bad_result), "ordo.methods", s.remote(),
+                        "the answer is not a map");
+    for (const auto& kv : obj.via.map) {
+        if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) continue;
+        m.emplace(std::string(kv.key.via.str.ptr, kv.key.via.str.size),
+                  std::string(kv.val.via.str.ptr, kv.val.via.str.size));
+    }
+    return m;
+}
+
+bool is_stream(const std::string& signature) {
+    return signature.size() >= 7 && signature.compare(signature.size() - 7, 7, "stream]") == 0;
+}
+
+}  // namespace
+
+bool method_streams(gateway::state& s, const std::string& method) {
+    std::lock_guard lk(s.methods_mu);
+    const auto now = clock_type::now();
+    auto it = s.methods.find(method);
+    const bool fresh = s.methods_at && now - *s.methods_at < std::chrono::seconds(10);
+    const bool recent = s.methods_at && now - *s.methods_at < std::chrono::seconds(1);
+    if (!(fresh && (it != s.methods.end() || recent))) {
+        s.methods_at = now;
+        try {
+            s.methods = read_methods(s);
+        } catch (const rpc_error&) {
+            s.methods.clear();  // not an ordo server, or unreachable: calls say why
+        }
+        it = s.methods.find(method);
+    }
+    return it != s.methods.end() && is_stream(it->second);
+}
+
+reply routes(gateway::state& s) {
+    std::map<std::string, std::string> m;
+    try {
+        m = read_methods(s);
+    } catch (const rpc_error& e) {
+        return error_reply(e.code(), e.what(), e.detail());
+    }
+    json list = json::array();
+    for (const auto& [name, sig] : m)
+        list.push_back({{"path", "/" + name},
+                        {"method", name},
+                        {"params", sig.substr(0, sig.find(')') + 1)},
+                        {"stream", is_stream(sig)}});
+    {
+        std::lock_guard lk(s.methods_mu);
+        s.methods = m;
+        s.methods_at = clock_type::now();
+    }
+    json j = {{"to", s.remote()}, {"routes", std::move(list)}};
+    return {200, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+}
+
+reply healthz(gateway::state& s) {
+    call_options o;
+    o.timeout = std::chrono::milliseconds(2'000);
+    auto w = call(s, "ordo.ping", json_codec::pack_params(json::array()), std::move(o));
+    // A foreign msgpack-rpc server answers ordo.ping with an error: it is alive.
+    const bool alive = !w->ec || w->ec == errc::method_not_found || w->ec == errc::remote_error ||
+                       w->ec == errc::bad_arguments;
+    json j = {{"status", alive ? "ok" : "unavailable"}, {"to", s.remote()}};
+    if (!alive) j["message"] = failure_text(s, "ordo.ping", w->ec, w->out.detail);
+    return {alive ? 200 : 503, "application/json", j.dump() + "\n"};
+}
+
+reply metrics(gateway::state& s) {
+    std::string t;
+    auto line = [&](const char* name, const char* type, const char* help,
+                    std::initializer_list<std::pair<const char*, double>> values) {
+        t += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+        for (const auto& [labels, v] : values) {
+            char num[48];
+            std::snprintf(num, sizeof num, "%.17g", v);
+            t += std::string(name) + labels + " " + num + "\n";
+        }
+    };
+    line("ordo_gateway_requests_total", "counter", "HTTP requests answered, by status class",
+         {{"{status=\"2xx\"}", double(s.s2xx)},
+          {"{status=\"4xx\"}", double(s.s4xx)},
+          {"{status=\"5xx\"}", double(s.s5xx)}});
+    line("ordo_gateway_calls_total", "counter", "Calls and streams started on the channel",
+         {{"", double(s.calls)}});
+    line("ordo_gateway_notifications_total", "counter", "Notifications sent",
+         {{"", double(s.notifications)}});
+    line("ordo_gateway_refused_connections_total", "counter",
+         "Connections refused over max_connections", {{"", double(s.refused)}});
+    line("ordo_gateway_limit_closes_total", "counter",
+         "Connections closed by a size or time limit", {{"", double(s.limit_closes)}});
+    line("ordo_gateway_streams_abandoned_total", "counter",
+         "Streams cancelled because their client went away", {{"", double(s.abandoned)}});
+    line("ordo_gateway_connections", "gauge", "HTTP connections open",
+         {{"", double(s.connections.load())}});
+    line("ordo_gateway_in_flight", "gauge", "HTTP requests being served",
+         {{"", double(s.in_flight.load())}});
+    // A router's queue, read on its executor.
+    if (auto rt = std::dynamic_pointer_cast<router>(s.ch.impl())) {
+        auto p = std::make_shared<std::promise<router_counters>>();
+        auto f = p->get_future();
+        net::post(rt->get_executor(), [rt, p] { p->set_value(rt->counters()); });
+        const auto c = f.get();
+        line("ordo_gateway_router_queued_calls", "gauge", "Calls waiting for a replica with room",
+             {{"", double(c.queued)}});
+        line("ordo_gateway_router_expired_in_queue_total", "counter",
+             "Calls whose deadline passed while they waited for a replica (never sent)",
+             {{"", double(c.expired_in_queue)}});
+    }
+    return {200, "text/plain; version=0.0.4", std::move(t)};
+}
+
+}  // namespace ordo::gw

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `ordo gateway` with curl, as a user would try it: curl -d '[41]' .../inc prints 42; an error's
+# status and body; a stream's lines; /-/routes; and a bad --listen or --to exits 1 with a line.
+set -u
+ordo=$1
+server=$2
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$dir"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v curl >/dev/null || fail "curl is not installed (apt-get install curl)"
+
+"$server" --listen tcp://127.0.0.1:0 >"$dir/srv" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/srv" && break; sleep 0.1; done
+url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/srv" | head -1)
+[ -n "$url" ] || fail "ordo-inc-server did not start: $(cat "$dir/srv")"
+"$ordo" gateway --listen http://127.0.0.1:0 --to "route+$url" >"$dir/gw" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/gw" && break; sleep 0.1; done
+http=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$dir/gw" | head -1)
+[ -n "$http" ] || fail "the gateway did not start: $(cat "$dir/gw")"
+
+out=$(curl -s -d '[41]' "$http/inc") || fail "curl failed"
+[ "$out" = 42 ] || fail "curl -d '[41]' $http/inc printed '$out'"
+out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[1]' "$http/nope")
+[ "$out" = 404 ] || fail "/nope answered $out"
+grep -q '"code":"method_not_found"' "$dir/body" || fail "/nope body: $(cat "$dir/body")"
+out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[2000]' "$http/sleep_ms?relative_slo_ms=20")
+[ "$out" = 504 ] || fail "sleep_ms over its SLO answered $out: $(cat "$dir/body")"
+out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[1]' "$http/inc?relative_slo_ms=-1")
+[ "$out" = 400 ] || fail "a negative SLO answered $out"
+out=$(curl -s -N -d 4 "$http/count_to" | tr '\n' ' ')
+[ "$out" = "0 1 2 3 " ] || fail "count_to 4 streamed '$out'"
+curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":"/count_to","stream":true' ||
+    fail "/-/routes: $(curl -s "$http/-/routes")"
+out=$(curl -s -o /dev/null -w '%{http_code}' -d 5 "$http/add?notify=1")
+[ "$out" = 202 ] || fail "a notification answered $out"
+
+"$ordo" gateway --listen http://127.0.0.1:0 --to tcp://127.0.0.1:1 >"$dir/o" 2>&1
+[ $? = 1 ] || fail "a gateway to a closed port did not exit 1"
+grep -q 'ordo: gateway to tcp://127.0.0.1:1 failed: .*refused' "$dir/o" || fail "$(cat "$dir/o")"
+"$ordo" gateway --listen ftp://x --to "$url" >"$dir/o" 2>&1
+[ $? = 1 ] || fail "a bad --listen did not exit 1"
+grep -q 'must be http://HOST:PORT' "$dir/o" || fail "$(cat "$dir/o")"
+echo "ok"

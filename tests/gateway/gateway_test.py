@@ -1,0 +1,442 @@
+#!/usr/bin/python3
+"""`ordo gateway` driven over HTTP with Python's http.client, raw sockets and aiohttp.
+
+Starts three ordo-inc-server replicas and gateways on loopback (free ports), all stopped by PID:
+  main    -> route+ over the three replicas
+  single  -> one ordered tcp:// channel (notification order, a lost peer)
+  tight   -> the same route, with small limits (headers, body, time, connections)
+  narrow  -> a route with max_concurrent=1&max_queued=1 (overloaded)
+
+usage: gateway_test.py ORDO INC_SERVER
+"""
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+ORDO = INC_SERVER = None
+procs = []
+gateways = []
+
+
+def start(argv, pattern, limit=15.0):
+    """Starts argv, returns (process, first match of pattern in its stdout)."""
+    # stderr (the gateway's event lines) goes to the test's log; stdout is read here.
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return p, m.group(1)
+    raise RuntimeError(f"{argv[0]} did not print {pattern!r}: {''.join(seen)}")
+
+
+def replica():
+    return start([INC_SERVER, "--listen", "tcp://127.0.0.1:0"], r"listening on (tcp://\S+)")
+
+
+def gateway(to, *flags):
+    p, url = start([ORDO, "gateway", "--listen", "http://127.0.0.1:0", "--to", to, *flags],
+                   r"listening on http://(\S+) for")
+    gateways.append(p)
+    host, port = url.rsplit(":", 1)
+    return p, (host, int(port))
+
+
+def stop(p):
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+    p.stdout.close()
+
+
+class gw:
+    pass
+
+
+def setUpModule():
+    reps = [replica() for _ in range(3)]
+    gw.replicas = reps
+    items = ",".join(url[len("tcp://"):] for _, url in reps)
+    gw.route = "route+tcp://" + items
+    _, gw.main = gateway(gw.route + "?max_concurrent=64", "--metrics", "--max-connections", "64")
+    _, gw.single = gateway(reps[0][1], "--max-connections", "8")
+    _, gw.tight = gateway(gw.route, "--max-connections", "4", "--max-header-bytes", "2048",
+                          "--max-body-bytes", "1024", "--request-timeout-ms", "500",
+                          "--idle-timeout-ms", "700")
+    _, gw.narrow = gateway(gw.route.split(",")[0] + "?max_concurrent=1&max_queued=1",
+                           "--max-connections", "8")
+
+
+def tearDownModule():
+    # Gateways stop on SIGTERM and exit 0 (under ASan, a leak or an error makes it 1).
+    bad = []
+    for p in gateways:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                bad.append(f"{p.args}: still running 30 s after SIGTERM")
+        if p.returncode not in (0, None):
+            bad.append(f"{p.args}: exit status {p.returncode}")
+    for p in procs:
+        stop(p)
+    if bad:
+        raise AssertionError("; ".join(bad))
+
+
+def request(addr, method, path, body=None, headers=None, timeout=10):
+    c = http.client.HTTPConnection(*addr, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.getheader("Content-Type"), r.read().decode()
+    finally:
+        c.close()
+
+
+def post(addr, path, body=None, headers=None, timeout=10):
+    return request(addr, "POST", path, body, headers, timeout)
+
+
+def error_of(text):
+    j = json.loads(text)
+    return j["code"], j["message"]
+
+
+def raw_exchange(addr, data, limit=10.0):
+    """Sends data on a fresh connection; returns everything read until the server closes it
+    (or limit passes: then the connection was left open, and None is returned)."""
+    s = socket.create_connection(addr, timeout=limit)
+    try:
+        s.sendall(data)
+        out = b""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+        return None
+    except socket.timeout:
+        return None
+    finally:
+        s.close()
+
+
+class Calls(unittest.TestCase):
+    def test_a_call_returns_its_result_as_json(self):
+        self.assertEqual(post(gw.main, "/inc", "[41]"), (200, "application/json", "42\n"))
+        # One value for a one-parameter method; an array argument inside the params array.
+        self.assertEqual(post(gw.main, "/inc", "41")[2], "42\n")
+        self.assertEqual(json.loads(post(gw.main, "/echo", '[{"a":[1,2.5,"x",null,true]}]')[2]),
+                         {"a": [1, 2.5, "x", None, True]})
+        self.assertEqual(json.loads(post(gw.main, "/echo", "[[1,2]]")[2]), [1, 2])
+        # No body: no params.
+        status, _, text = post(gw.single, "/total")
+        self.assertEqual(status, 200)
+        int(text)
+
+    def test_every_error_has_its_status_and_names_method_and_peer(self):
+        status, _, text = post(gw.main, "/nope", "[1]")
+        self.assertEqual(status, 404)
+        code, msg = error_of(text)
+        self.assertEqual(code, "method_not_found")
+        self.assertIn("nope", msg)
+        self.assertIn("route:", msg)
+        status, _, text = post(gw.main, "/inc", '["x"]')
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_arguments"))
+        self.assertIn("inc(int)", error_of(text)[1])
+        status, _, text = post(gw.main, "/fail", '"account 42 is frozen"')
+        self.assertEqual((status, error_of(text)[0]), (500, "remote_error"))
+        self.assertIn("account 42 is frozen", error_of(text)[1])
+        status, _, text = post(gw.main, "/sleep_ms?relative_slo_ms=50", "[3000]")
+        self.assertEqual((status, error_of(text)[0]), (504, "timed_out"))
+        # Not calls at all.
+        status, _, text = post(gw.main, "/inc", "[41")
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_json"))
+        self.assertEqual(request(gw.main, "GET", "/inc")[0], 405)
+        self.assertEqual(request(gw.main, "GET", "/a/b")[0], 404)
+        status, _, text = post(gw.main, "/inc?colour=red", "[1]")
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_parameter"))
+
+    def test_a_full_router_queue_is_503_overloaded(self):
+        async def go():
+            import aiohttp
+            async with aiohttp.ClientSession() as s:
+                async def one():
+                    async with s.post(f"http://{gw.narrow[0]}:{gw.narrow[1]}/sleep_ms",
+                                      data="[400]") as r:
+                        return r.status, await r.text()
+                return await asyncio.gather(*[one() for _ in range(4)])
+        results = asyncio.run(go())
+        over = [t for s, t in results if s == 503]
+        self.assertTrue(over, results)
+        self.assertEqual(error_of(over[0])[0], "overloaded")
+        self.assertIn("max_queued_calls", error_of(over[0])[1])
+
+    def test_a_lost_peer_is_502_and_no_live_replica_503(self):
+        p, url = replica()
+        _, lone = gateway(url, "--max-connections", "8")
+        _, routed = gateway("route+" + url, "--max-connections", "8")
+        self.assertEqual(post(lone, "/inc", "[1]")[0], 200)
+        self.assertEqual(post(routed, "/inc", "[1]")[0], 200)
+        stop(p)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status, _, text = post(lone, "/inc", "[1]")
+            if status != 200:
+                break
+        self.assertEqual((status, error_of(text)[0]), (502, "peer_lost"), text)
+        while time.monotonic() < deadline:
+            status, _, text = post(routed, "/inc", "[1]")
+            if status == 503:
+                break
+        self.assertEqual((status, error_of(text)[0]), (503, "peer_lost"), text)
+        self.assertIn("no live replica", error_of(text)[1])
+        self.assertEqual(request(lone, "GET", "/-/healthz")[0], 503)
+
+
+class Deadlines(unittest.TestCase):
+    def test_relative_and_absolute_slos_become_the_deadline(self):
+        self.assertEqual(post(gw.main, "/sleep_ms?relative_slo_ms=5000", "[10]")[0], 200)
+        self.assertEqual(post(gw.main, "/sleep_ms?relative_slo_ms=12.5", "[1000]")[0], 504)
+        now_ms = time.time() * 1000
+        self.assertEqual(post(gw.main, f"/sleep_ms?absolute_slo_ms={now_ms + 5000:.0f}",
+                              "[10]")[0], 200)
+        self.assertEqual(post(gw.main, f"/sleep_ms?absolute_slo_ms={now_ms + 100:.0f}",
+                              "[3000]")[0], 504)
+        status, _, text = post(gw.main, f"/inc?absolute_slo_ms={now_ms - 1000:.0f}", "[1]")
+        self.assertEqual((status, error_of(text)[0]), (504, "timed_out"))
+        self.assertIn("absolute_slo_ms had passed", text)
+        self.assertEqual(post(gw.main, "/sleep_ms", "[3000]",
+                              {"Ordo-Relative-Slo-Ms": "50"})[0], 504)
+        self.assertEqual(post(gw.main, "/sleep_ms", "[3000]",
+                              {"Ordo-Absolute-Slo-Ms": f"{now_ms + 100:.0f}"})[0], 504)
+
+    def test_two_negative_zero_or_malformed_deadlines_are_400_with_the_reason(self):
+        cases = [
+            ("/inc?relative_slo_ms=10&absolute_slo_ms=99999999999999", {}, "not both"),
+            ("/inc?relative_slo_ms=10", {"Ordo-Relative-Slo-Ms": "10"}, "not both"),
+            ("/inc?relative_slo_ms=-5", {}, "positive"),
+            ("/inc?relative_slo_ms=0", {}, "positive"),
+            ("/inc?relative_slo_ms=abc", {}, "\"abc\""),
+            ("/inc?absolute_slo_ms=", {}, "positive"),
+            ("/inc?relative_slo_ms=1e400", {}, "positive"),
+            ("/inc", {"Ordo-Absolute-Slo-Ms": "12x"}, "12x"),
+        ]
+        for path, headers, why in cases:
+            status, _, text = post(gw.main, path, "[1]", headers)
+            self.assertEqual((status, error_of(text)[0]), (400, "bad_deadline"), path)
+            self.assertIn(why, error_of(text)[1], path)
+
+
+class Notifications(unittest.TestCase):
+    def test_a_notification_is_202_and_takes_effect_in_order(self):
+        before = int(post(gw.single, "/total")[2])
+        self.assertEqual(post(gw.single, "/add?notify=1", "[5]")[:1], (202,))
+        self.assertEqual(post(gw.single, "/add", "[7]", {"Ordo-Notify": "1"})[0], 202)
+        # The channel is ordered: the call after them sees both.
+        self.assertEqual(int(post(gw.single, "/total")[2]), before + 12)
+
+
+class Streams(unittest.TestCase):
+    def test_a_stream_is_chunked_ndjson(self):
+        c = http.client.HTTPConnection(*gw.main, timeout=10)
+        c.request("POST", "/count_to", body="[5]")
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.getheader("Content-Type"), "application/x-ndjson")
+        self.assertEqual(r.getheader("Transfer-Encoding"), "chunked")
+        self.assertEqual([json.loads(x) for x in r.read().decode().splitlines()], [0, 1, 2, 3, 4])
+        # The connection stays for the next request.
+        c.request("POST", "/inc", body="[1]")
+        self.assertEqual(c.getresponse().read(), b"2\n")
+        c.close()
+
+    def test_a_stream_that_fails_before_its_first_item_is_an_error_status(self):
+        status, _, text = post(gw.main, "/count_to", '["x"]')
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_arguments"))
+
+    def test_a_client_that_goes_away_cancels_its_stream(self):
+        def abandoned():
+            text = request(gw.main, "GET", "/metrics")[2]
+            return int(re.search(r"ordo_gateway_streams_abandoned_total (\d+)", text).group(1))
+        before = abandoned()
+        s = socket.create_connection(gw.main, timeout=10)
+        s.sendall(b"POST /count_to HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n[100000000]")
+        got = b""
+        while got.count(b"\n") < 12:
+            got += s.recv(4096)
+        s.close()
+        deadline = time.monotonic() + 20
+        while abandoned() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(abandoned(), before + 1)
+        self.assertEqual(post(gw.main, "/inc", "[1]")[0], 200)
+
+
+class Introspection(unittest.TestCase):
+    def test_routes_lists_methods_and_marks_streams(self):
+        status, _, text = request(gw.main, "GET", "/-/routes")
+        self.assertEqual(status, 200)
+        routes = {r["method"]: r for r in json.loads(text)["routes"]}
+        self.assertEqual(routes["inc"], {"method": "inc", "path": "/inc", "params": "(int)",
+                                         "stream": False})
+        self.assertTrue(routes["count_to"]["stream"])
+        self.assertFalse(routes["echo"]["stream"])
+
+    def test_healthz_and_metrics(self):
+        status, _, text = request(gw.main, "GET", "/-/healthz")
+        self.assertEqual((status, json.loads(text)["status"]), (200, "ok"))
+        status, ctype, text = request(gw.main, "GET", "/metrics")
+        self.assertEqual(status, 200)
+        self.assertTrue(ctype.startswith("text/plain"))
+        self.assertRegex(text, r'ordo_gateway_requests_total\{status="2xx"\} [1-9]')
+        self.assertIn("ordo_gateway_router_expired_in_queue_total", text)
+        # Not served unless asked for.
+        self.assertEqual(request(gw.single, "GET", "/metrics")[0], 404)
+
+
+class Connections(unittest.TestCase):
+    def test_keep_alive_serves_many_calls_on_one_connection(self):
+        c = http.client.HTTPConnection(*gw.main, timeout=10)
+        c.connect()
+        sock = c.sock
+        for i in range(200):
+            c.request("POST", "/inc", body=str(i))
+            self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
+        self.assertIs(c.sock, sock)
+        c.close()
+
+    def test_pipelined_requests_are_answered_in_order(self):
+        s = socket.create_connection(gw.main, timeout=10)
+        s.sendall(b"".join(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%d"
+                           % (len(str(i)), i) for i in range(3)))
+        got = b""
+        deadline = time.monotonic() + 10
+        while got.count(b"HTTP/1.1 200") < 3 or not got.endswith(b"\n"):
+            if time.monotonic() > deadline:
+                break
+            got += s.recv(4096)
+        s.close()
+        self.assertEqual(re.findall(rb"\r\n\r\n(\d+)\n", got), [b"1", b"2", b"3"])
+
+    def test_calls_from_many_connections_run_at_once_through_the_channel(self):
+        async def go():
+            import aiohttp
+            conn = aiohttp.TCPConnector(limit=30)
+            async with aiohttp.ClientSession(connector=conn) as s:
+                async def one():
+                    async with s.post(f"http://{gw.main[0]}:{gw.main[1]}/sleep_ms",
+                                      data="[200]") as r:
+                        return r.status
+                t0 = time.monotonic()
+                statuses = await asyncio.gather(*[one() for _ in range(30)])
+                return statuses, time.monotonic() - t0
+        statuses, took = asyncio.run(go())
+        self.assertEqual(statuses, [200] * 30)
+        # sleep_ms is a serial handler: each replica runs one at a time, so 30 calls take
+        # 2 s over the three replicas, and 6 s one after another.
+        self.assertLess(took, 4.5)
+
+
+class Limits(unittest.TestCase):
+    def assert_closed_with(self, reply, status, why):
+        self.assertIsNotNone(reply, "the connection was left open")
+        # civetweb answers HTTP/1.0 when it could not read the request line.
+        self.assertRegex(reply[:12], rb"^HTTP/1\.[01] %d" % status, reply[:200])
+        self.assertIn(why.encode(), reply)
+
+    def test_headers_over_the_limit_close_that_connection_with_431(self):
+        other = http.client.HTTPConnection(*gw.tight, timeout=10)
+        other.request("POST", "/inc", body="1")
+        self.assertEqual(other.getresponse().read(), b"2\n")
+        big = b"POST /inc HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
+        self.assert_closed_with(raw_exchange(gw.tight, big), 431, "max_header_bytes")
+        huge = b"POST /inc HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n"
+        # Beyond civetweb's buffer (4 x the limit) it cannot tell too long from malformed: 400.
+        self.assert_closed_with(raw_exchange(gw.tight, huge), 400, "4 x max_header_bytes")
+        # The other connection is untouched.
+        other.request("POST", "/inc", body="2")
+        self.assertEqual(other.getresponse().read(), b"3\n")
+        other.close()
+
+    def test_a_body_over_the_limit_closes_that_connection_with_413(self):
+        req = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + b"1" * 5000
+        self.assert_closed_with(raw_exchange(gw.tight, req), 413, "max_body_bytes")
+        chunk = b"[" + b"1," * 600 + b"1]"
+        req = (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"%x\r\n" % len(chunk) + chunk + b"\r\n0\r\n\r\n")
+        self.assert_closed_with(raw_exchange(gw.tight, req), 413, "max_body_bytes")
+
+    def test_slow_headers_and_slow_bodies_are_closed_with_408(self):
+        s = socket.create_connection(gw.tight, timeout=10)
+        t0 = time.monotonic()
+        s.sendall(b"POST /inc HTTP/1.1\r\n")
+        got = b""
+        try:
+            for _ in range(60):  # a header byte every 100 ms, never finishing
+                s.sendall(b"X")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        try:
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
+            pass
+        s.close()
+        self.assertRegex(got[:12], rb"^HTTP/1\.[01] 408", got[:200])
+        self.assertIn(b"request_timeout", got)
+        self.assertLess(time.monotonic() - t0, 8)
+        req = b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n[4"
+        self.assert_closed_with(raw_exchange(gw.tight, req), 408, "request_timeout")
+
+    def test_connections_over_the_limit_are_refused_with_503(self):
+        held = []
+        for i in range(4):
+            c = http.client.HTTPConnection(*gw.tight, timeout=10)
+            c.request("POST", "/inc", body=str(i))
+            self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
+            held.append(c)
+        reply = raw_exchange(gw.tight, b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+        self.assert_closed_with(reply, 503, "max_connections")
+        for i, c in enumerate(held):
+            c.request("POST", "/inc", body=str(i))
+            self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
+            c.close()
+
+    def test_an_idle_connection_is_closed_after_idle_timeout(self):
+        s = socket.create_connection(gw.tight, timeout=10)
+        s.sendall(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+        got = b""
+        while not got.endswith(b"2\n"):
+            got += s.recv(4096)
+        t0 = time.monotonic()
+        self.assertEqual(s.recv(4096), b"")  # closed by the server, not by the 10 s timeout
+        self.assertLess(time.monotonic() - t0, 5)
+        s.close()
+
+
+if __name__ == "__main__":
+    ORDO, INC_SERVER = sys.argv[1], sys.argv[2]
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)

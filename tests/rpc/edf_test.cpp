@@ -1,0 +1,248 @@
+// The router's waiting queue, earliest deadline first (router_options::queue): urgent calls go
+// before relaxed ones, calls without a deadline last and in order, a call whose deadline passes
+// while it waits never reaches a replica, and a key's calls keep their order. Replicas are
+// ordo::servers in the test's io_context; each records the calls its handlers ran.
+#include "ordo/ordo.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "support/run_test.hpp"
+#include "support/sleep.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+// What every replica's handlers ran, in the order they started (one io_context: one order).
+struct served_log {
+    std::vector<int> ids;
+    std::chrono::steady_clock::time_point first_at{};  // when the first take() ran
+    int holding = 0;
+};
+
+// A replica: hold() waits until the gate opens (it keeps the replica busy); take(id, ms)
+// records id, then works ms.
+struct replica_server {
+    replica_server(net::any_io_executor ex, served_log& log, net::steady_timer& gate) : srv(ex) {
+        srv.on("hold", [&log, &gate]() -> net::awaitable<int> {
+            ++log.holding;
+            co_await gate.async_wait(use_tuple);
+            --log.holding;
+            co_return 0;
+        });
+        srv.on("take", [&log](int id, int ms) -> net::awaitable<int> {
+            if (log.ids.empty()) log.first_at = std::chrono::steady_clock::now();
+            log.ids.push_back(id);
+            if (ms > 0) co_await test::sleep_for(std::chrono::milliseconds(ms));
+            co_return id;
+        });
+        srv.on("quick", [&log](int id) {
+            log.ids.push_back(id);
+            return id;
+        });
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    server srv;
+    std::string url;
+};
+
+// n replicas with max_concurrent = 1, a router over them, and the gate their hold() waits on.
+struct bench_setup {
+    bench_setup(net::any_io_executor ex, int n) : gate(ex, net::steady_timer::time_point::max()) {
+        for (int i = 0; i < n; ++i) reps.push_back(std::make_unique<replica_server>(ex, log, gate));
+    }
+    net::awaitable<void> start(queue_order order) {
+        router_options o;
+        o.max_concurrent = 1;
+        o.queue = order;
+        rt = make_router(co_await net::this_coro::executor, o);
+        for (auto& r : reps) co_await rt->async_add_replica(r->url);
+        ch = channel(rt);
+    }
+    // Occupies every replica with a hold() call (key: none) and waits until each runs.
+    net::awaitable<bool> fill(std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+            ch.async_call<int>("hold", [this](std::error_code ec, int) { held_ok += !ec; });
+        co_return co_await wait_until([&] { return log.holding == static_cast<int>(n); });
+    }
+    // take(id, ms) with `deadline` (0: none) and `key`; its outcome lands in outcomes[id].
+    void take(int id, int ms, std::chrono::milliseconds deadline, std::string key = {}) {
+        call_options o;
+        o.timeout = deadline;
+        o.key = std::move(key);
+        ch.async_call<int>("take", id, ms, o, [this, id](std::error_code ec, int) {
+            outcomes.emplace_back(id, ec);
+        });
+    }
+    // quick(id): a method that takes no time, with `deadline`.
+    void quick(int id, std::chrono::milliseconds deadline) {
+        call_options o;
+        o.timeout = deadline;
+        ch.async_call<int>("quick", id, o, [this, id](std::error_code ec, int) {
+            outcomes.emplace_back(id, ec);
+        });
+    }
+    std::error_code outcome(int id) const {
+        for (auto& [i, ec] : outcomes)
+            if (i == id) return ec;
+        return make_error_code(errc::closed);  // not finished
+    }
+    net::awaitable<void> stop() {
+        rt->close();
+        for (auto& r : reps) co_await r->srv.async_stop();
+    }
+
+    served_log log;
+    net::steady_timer gate;
+    std::vector<std::unique_ptr<replica_server>> reps;
+    std::shared_ptr<router> rt;
+    channel ch;
+    int held_ok = 0;
+    std::vector<std::pair<int, std::error_code>> outcomes;
+};
+
+// The scenario: 3 saturated replicas, 1,000 calls with 10 s deadlines waiting, then one
+// with 20 ms. Returns 1 if the urgent call was served first, 0 if it expired unsent before any
+// relaxed call ran (a machine too slow for 20 ms: inconclusive), -1 otherwise. In FIFO order:
+// 1 if the urgent call expired unsent, -1 otherwise.
+net::awaitable<int> urgent_scenario(queue_order order) {
+    bench_setup s(co_await net::this_coro::executor, 3);
+    co_await s.start(order);
+    EXPECT_TRUE(co_await s.fill(3));
+    for (int i = 0; i < 1000; ++i) s.take(i, 1, 10s);
+    s.take(-1, 0, 20ms);
+    const auto urgent_due = std::chrono::steady_clock::now() + 20ms;
+    EXPECT_EQ(s.rt->counters().queued, 1001u);
+    s.gate.cancel();  // the replicas free up: the queue is served
+    EXPECT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 1001; }, 60s));
+    const bool never_sent = std::find(s.log.ids.begin(), s.log.ids.end(), -1) == s.log.ids.end();
+    const bool expired = s.outcome(-1) == errc::timed_out && never_sent;
+    int verdict = -1;
+    if (order == queue_order::fifo)
+        verdict = expired ? 1 : -1;
+    else if (!s.log.ids.empty() && s.log.ids.front() == -1 && !s.outcome(-1))
+        verdict = 1;
+    else if (expired && s.log.first_at >= urgent_due)
+        verdict = 0;
+    if (verdict < 0 && !s.log.ids.empty())
+        ADD_FAILURE() << "first served: " << s.log.ids.front() << ", urgent call: "
+                      << s.outcome(-1).message();
+    co_await s.stop();
+    co_return verdict;
+}
+
+TEST(Edf, AnUrgentCallIsServedBeforeAThousandRelaxedOnes) {
+    run_test([]() -> net::awaitable<void> {
+        // A loaded machine may take more than 20 ms from the gate's opening to the first send:
+        // then the urgent call expires unsent, which proves nothing either way; try again.
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            const int v = co_await urgent_scenario(queue_order::earliest_deadline);
+            if (v == 1) co_return;
+            ORDO_CO_ASSERT_TRUE(v == 0);  // -1: a relaxed call went first
+        }
+        ADD_FAILURE() << "the urgent call expired unsent three times (machine too slow)";
+    }, 180s);
+}
+
+// The same load in FIFO order: the urgent call waits behind the thousand and expires unsent.
+TEST(Edf, InFifoOrderTheUrgentCallExpiresUnsent) {
+    run_test([]() -> net::awaitable<void> {
+        EXPECT_EQ(co_await urgent_scenario(queue_order::fifo), 1);
+    }, 120s);
+}
+
+TEST(Edf, CallsWhoseDeadlinePassesWhileWaitingNeverReachAReplica) {
+    run_test([]() -> net::awaitable<void> {
+        bench_setup s(co_await net::this_coro::executor, 3);
+        co_await s.start(queue_order::earliest_deadline);
+        ORDO_CO_ASSERT_TRUE(co_await s.fill(3));
+        for (int i = 0; i < 100; ++i) s.take(i, 0, 30ms);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 100; }));
+        for (auto& [id, ec] : s.outcomes) EXPECT_EQ(ec, errc::timed_out) << id;
+        EXPECT_EQ(s.rt->counters().expired_in_queue, 100u);
+        EXPECT_EQ(s.rt->counters().queued, 0u);
+        s.gate.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.held_ok == 3; }));
+        // A call after them runs: the replicas were free, and none of the expired ones came.
+        s.take(1000, 0, 10s);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 101; }));
+        EXPECT_EQ(s.log.ids, std::vector<int>{1000});
+        co_await s.stop();
+    });
+}
+
+TEST(Edf, CallsWithADeadlineGoFirstThenTheOthersInArrivalOrder) {
+    run_test([]() -> net::awaitable<void> {
+        bench_setup s(co_await net::this_coro::executor, 1);
+        co_await s.start(queue_order::earliest_deadline);
+        ORDO_CO_ASSERT_TRUE(co_await s.fill(1));
+        s.take(1, 0, 0ms);
+        s.take(2, 0, 20s);
+        s.take(3, 0, 0ms);
+        s.take(4, 0, 10s);
+        s.take(5, 0, 30s);
+        s.take(6, 0, 0ms);
+        s.gate.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 6; }));
+        EXPECT_EQ(s.log.ids, (std::vector<int>{4, 2, 5, 1, 3, 6}));
+        EXPECT_EQ(s.rt->counters().expired_in_queue, 0u);
+        co_await s.stop();
+    });
+}
+
+// take() calls take ~40 ms here; a waiting one whose turn comes with less of its deadline left
+// than twice that would time out on the replica: it fails at once, unsent. The estimate is per
+// method: a quick() call with the same deadline goes.
+TEST(Edf, ACallThatCouldNotFinishInTimeIsNotSent) {
+    run_test([]() -> net::awaitable<void> {
+        bench_setup s(co_await net::this_coro::executor, 1);
+        co_await s.start(queue_order::earliest_deadline);
+        for (int i = 0; i < 24; ++i) {  // the router learns how long calls take
+            s.take(100 + i, 40, 10s);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == std::size_t(i + 1); }));
+        }
+        ORDO_CO_ASSERT_TRUE(co_await s.fill(1));
+        s.take(1, 40, 60ms);  // at most 60 ms left when its turn comes: calls take ~40
+        s.take(2, 0, 10s);
+        s.quick(3, 60ms);
+        s.gate.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 27; }));
+        EXPECT_EQ(s.outcome(1), errc::timed_out);
+        EXPECT_EQ(s.outcome(2), std::error_code());
+        EXPECT_EQ(s.outcome(3), std::error_code());
+        EXPECT_EQ(std::count(s.log.ids.begin(), s.log.ids.end(), 1), 0);
+        EXPECT_EQ(s.rt->counters().expired_in_queue, 1u);
+        co_await s.stop();
+    });
+}
+
+// EDF across keys, never within one: key k's calls (deadlines 30 s, 20 s, 10 s) keep their
+// order; key j's single 5 s call, made last, goes before all of them; k's turn comes at 10 s.
+TEST(Edf, AKeysCallsKeepTheirOrderWhileKeysAreServedByDeadline) {
+    run_test([]() -> net::awaitable<void> {
+        bench_setup s(co_await net::this_coro::executor, 1);
+        co_await s.start(queue_order::earliest_deadline);
+        ORDO_CO_ASSERT_TRUE(co_await s.fill(1));
+        s.take(1, 0, 30s, "k");
+        s.take(2, 0, 20s, "k");
+        s.take(3, 0, 10s, "k");
+        s.take(4, 0, 15s);
+        s.take(5, 0, 5s, "j");
+        s.gate.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.outcomes.size() == 5; }));
+        // j (5 s); then k's oldest, at k's earliest deadline (10 s): 1; then k's next, whose
+        // turn (10 s still) comes before 4 (15 s): 2, 3; then 4.
+        EXPECT_EQ(s.log.ids, (std::vector<int>{5, 1, 2, 3, 4}));
+        co_await s.stop();
+    });
+}
+
+}  // namespace
+}  // namespace ordo

@@ -1,0 +1,109 @@
+#include "tools/gateway_command.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <future>
+#include <iostream>
+#include <thread>
+
+#include <ordo/connect.hpp>
+
+namespace ordo_tool {
+
+namespace net = ordo::net;
+
+void add_gateway_options(CLI::App* sub, gateway_args& a) {
+    auto& o = a.options;
+    sub->add_option("--listen", o.listen, "http://HOST:PORT to serve HTTP on (PORT 0: any)")
+        ->capture_default_str();
+    sub->add_option("--to", a.to, "the channel: tcp://, unix://, tls://, route+..., ?mode=pooled")
+        ->required();
+    auto ms = [&](const char* name, std::chrono::milliseconds& d, const char* what) {
+        sub->add_option_function<long>(
+               name, [&d](long v) { d = std::chrono::milliseconds(v); }, what)
+            ->check(CLI::NonNegativeNumber)
+            ->default_str(std::to_string(d.count()));
+    };
+    sub->add_option("--max-connections", o.max_connections,
+                    "connections served at once; one more is answered 503")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--max-header-bytes", o.max_header_bytes, "request line and headers (431)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--max-body-bytes", o.max_body_bytes, "request body (413)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    ms("--request-timeout-ms", o.request_timeout,
+       "headers, then body, must arrive within this (408)");
+    ms("--idle-timeout-ms", o.idle_timeout, "an idle keep-alive connection is closed after this");
+    ms("--timeout-ms", o.default_timeout, "deadline of calls that give none (0: none)");
+    sub->add_flag("--metrics", o.metrics, "serve GET /metrics (Prometheus text format)");
+    sub->add_option("--connect-timeout-ms", a.connect_timeout_ms,
+                    "opening the channel may take this long")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+}
+
+int run_gateway(gateway_args a) {
+    // SIGINT and SIGTERM are taken by sigwait() below, in this thread only: every thread
+    // started from here (the loop's, civetweb's) inherits the blocked mask.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    // The channel's loop runs on its own thread: stopping the gateway waits for calls in
+    // flight, which complete there.
+    net::io_context io;
+    auto work = net::make_work_guard(io);
+    std::thread loop([&io] { io.run(); });
+    ordo::channel ch;
+    // The channel is released on its loop's thread, then the loop stops.
+    auto finish = [&](int status) {
+        std::promise<void> released;
+        net::post(io, [&] {
+            ch = ordo::channel();
+            released.set_value();
+        });
+        released.get_future().wait();
+        work.reset();
+        io.stop();
+        loop.join();
+        return status;
+    };
+    try {
+        auto connecting = net::co_spawn(io, ordo::async_connect(a.to), net::use_future);
+        if (connecting.wait_for(std::chrono::milliseconds(a.connect_timeout_ms)) !=
+            std::future_status::ready) {
+            std::cerr << "ordo: gateway to " << a.to << " failed: not connected within "
+                      << a.connect_timeout_ms << " ms\n";
+            return finish(1);
+        }
+        ch = connecting.get();
+    } catch (const ordo::rpc_error& e) {
+        std::cerr << "ordo: gateway to " << a.to << " failed: "
+                  << (e.detail().empty() ? e.what() : e.detail()) << '\n';
+        return finish(1);
+    } catch (const std::exception& e) {
+        std::cerr << "ordo: gateway to " << a.to << " failed: " << e.what() << '\n';
+        return finish(1);
+    }
+    a.options.on_event = [](const std::string& line) { std::cerr << line << std::endl; };
+    try {
+        ordo::gateway gw(ch, a.options);
+        std::cout << "listening on " << gw.url() << " for " << a.to << std::endl;
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        gw.stop();
+    } catch (const std::exception& e) {
+        std::cerr << e.what() << '\n';
+        return finish(1);
+    }
+    return finish(0);
+}
+
+}  // namespace ordo_tool
