@@ -199,14 +199,20 @@ async def _wait(lh: _LoopHub, token: int, fut: asyncio.Future):
 
 # ---- client -------------------------------------------------------------------------------
 
-async def connect(url: str) -> Channel:
+async def connect(url: str, *, handlers=None) -> Channel:
     """Connects to `url` (tcp://, unix://, tls://, route+..., ?mode=pooled, ?resume_ms=...:
-    every form ordo::async_connect takes) on the running loop's ordo hub."""
+    every form ordo::async_connect takes) on the running loop's ordo hub. `handlers` (an
+    ordo.Server, listening or not) serves what the remote side calls back over this
+    connection (ordered channels)."""
     lh = _hub()
     token = next(_tokens)
     fut = lh.loop.create_future()
     lh.futures[token] = fut
-    lh.hub.connect(token, url)
+    server = 0
+    if handlers is not None:
+        handlers._attach(lh)
+        server = handlers._id
+    lh.hub.connect(token, url, server)
     chan, remote = await _wait(lh, token, fut)
     return Channel(lh, chan, remote)
 

@@ -112,11 +112,23 @@ class py_stream final : public detail::stream_core {
     std::uint64_t token_;
 };
 
-net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, std::string url) {
+net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                                  std::uint64_t server) {
     completion c{kind::connected, token};
     try {
-        channel ch = co_await async_connect(url);
+        std::shared_ptr<const handlers> table;
+        if (server) {
+            table = server_handlers(server, h);
+            if (!table) throw_error(errc::closed, "ordo: connect to " + url +
+                                                      ": the handlers' server has stopped");
+        }
+        // A named lvalue: GCC 12 relocates a temporary passed by value to a coroutine
+        // bitwise (README.md, "GCC 12 note"), which breaks its strings.
+        const peer_options po;
+        channel ch = co_await async_connect(url, po, table.get());
         auto& rt = runtime::get();
+        // The table must outlive the connection: kept with the channel.
+        if (table) rt.channel_handlers[rt.next_id] = table;
         c.a = rt.next_id++;
         c.text = ch.remote_address();
         rt.channels.emplace(c.a, std::move(ch));
@@ -148,8 +160,9 @@ void describe_failure(completion& c, std::error_code ec, const std::string& meth
     c.detail = detail;
 }
 
-void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url) {
-    net::co_spawn(runtime::get().io, connect_into(std::move(h), token, std::move(url)),
+void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                   std::uint64_t server) {
+    net::co_spawn(runtime::get().io, connect_into(std::move(h), token, std::move(url), server),
                   net::detached);  // connect_into catches everything
 }
 
@@ -239,6 +252,14 @@ void close_channel(std::uint64_t chan) {
     if (it == rt.channels.end()) return;
     const auto impl = it->second.impl();
     rt.channels.erase(it);
+    auto table = rt.channel_handlers.find(chan);
+    if (table != rt.channel_handlers.end()) {
+        // Kept until the connection has ended: its handlers may still run meanwhile.
+        auto keep = std::move(table->second);
+        rt.channel_handlers.erase(table);
+        if (auto p = std::dynamic_pointer_cast<peer>(impl))
+            p->on_closed([keep](const std::error_code&, const std::string&) {});
+    }
     if (auto p = std::dynamic_pointer_cast<peer>(impl))
         p->close();  // sends what is queued first
     else if (auto q = std::dynamic_pointer_cast<pool>(impl))

@@ -95,6 +95,8 @@ class runtime {
     std::unordered_map<std::uint64_t, std::unique_ptr<net::cancellation_signal>> calls;
     std::unordered_map<std::uint64_t, std::shared_ptr<detail::stream_core>> streams;
     std::unordered_map<std::uint64_t, std::shared_ptr<server_binding>> servers;
+    /// The handler tables serving connected channels' callbacks (ordo.connect(handlers=)).
+    std::unordered_map<std::uint64_t, std::shared_ptr<const handlers>> channel_handlers;
     /// Server-side peers (handlers' callers) by address and by id, held weakly: the server
     /// owns them. Forgotten once gone (swept when the maps grow).
     std::unordered_map<const void*, std::pair<std::uint64_t, std::weak_ptr<channel_impl>>>
@@ -117,7 +119,9 @@ class runtime {
 };
 
 // ---- client (_client.cpp); each runs on the io thread ----
-void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url);
+/// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
+void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                   std::uint64_t server);
 void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                 std::string method, std::string params, long timeout_ms, std::string key);
 void cancel_call(std::uint64_t token);
@@ -137,6 +141,9 @@ void describe_failure(completion& c, std::error_code ec, const std::string& meth
 
 // ---- server (_server.cpp); each runs on the io thread ----
 void server_create(std::uint64_t id);
+/// The handler table of server `id` (kept alive by the returned pointer), or null; its
+/// requests go to `h` if no loop listens for it yet.
+std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h);
 /// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming.
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
                 std::string signature);

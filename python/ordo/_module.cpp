@@ -61,10 +61,12 @@ PYBIND11_MODULE(_ordo, m) {
         .def("drain", &drain)
         .def(
             "connect",
-            [](std::shared_ptr<hub> h, std::uint64_t token, std::string url) {
-                runtime::get().submit([h = std::move(h), token, url = std::move(url)]() mutable {
-                    op::start_connect(std::move(h), token, std::move(url));
-                });
+            [](std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+               std::uint64_t server) {
+                runtime::get().submit(
+                    [h = std::move(h), token, url = std::move(url), server]() mutable {
+                        op::start_connect(std::move(h), token, std::move(url), server);
+                    });
             },
             release())
         .def(

@@ -96,11 +96,28 @@ net::awaitable<void> run_unary(server_binding* b, std::uint64_t hid, std::string
     out.write(st->data.data(), st->data.size());
 }
 
+net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st,
+                                 detail::stream_out& out, std::uint64_t& written);
+
 net::awaitable<void> run_stream(server_binding* b, std::uint64_t hid, std::string method, peer& p,
                                 msgpack::object params, detail::stream_out& out) {
     std::shared_ptr<request_state> st;
     const std::uint64_t id = announce(*b, hid, method, p, params, true, st);
     std::uint64_t written = 0;
+    try {
+        co_await write_items(*b, id, *st, out, written);
+    } catch (...) {  // cancelled while it waited for credit or sent: Python's task goes too
+        if (requests().erase(id)) b->h->push(completion{kind::request_gone, id});
+        throw;
+    }
+    requests().erase(id);
+    throw_answer(*st);
+}
+
+// Writes what Python gives, in order, until it ends the stream.
+net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st_,
+                                 detail::stream_out& out, std::uint64_t& written) {
+    auto* st = &st_;
     for (;;) {
         while (!st->items.empty()) {
             // As ordo::writer<T>::write: wait for credit, write the item, let it go out.
@@ -111,13 +128,11 @@ net::awaitable<void> run_stream(server_binding* b, std::uint64_t hid, std::strin
             if (!out.end_item()) co_await out.hand_over();
             completion c{kind::item_written, id};
             c.a = ++written;
-            b->h->push(std::move(c));
+            b.h->push(std::move(c));
         }
-        if (st->done) break;
-        if (!co_await wait_for_python(*st)) cancelled(*b, id);
+        if (st->done) co_return;
+        if (!co_await wait_for_python(*st)) cancelled(b, id);
     }
-    requests().erase(id);
-    throw_answer(*st);
 }
 
 server_binding* find_server(std::uint64_t id) {
@@ -139,6 +154,15 @@ net::awaitable<void> stop_then(std::shared_ptr<server_binding> b, std::shared_pt
 
 void server_create(std::uint64_t id) {
     runtime::get().servers[id] = std::make_shared<server_binding>();
+}
+
+std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h) {
+    auto& rt = runtime::get();
+    auto it = rt.servers.find(id);
+    if (it == rt.servers.end()) return nullptr;
+    auto b = it->second;
+    if (!b->h) b->h = h;
+    return std::shared_ptr<const handlers>(b, &b->srv.handlers());  // aliasing: holds b
 }
 
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,

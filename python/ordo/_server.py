@@ -149,8 +149,9 @@ class _Writer:
 async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
     w = _Writer(lh)
     lh.written[token] = w
+    agen = h.fn(*args)
     try:
-        async for item in h.fn(*args):
+        async for item in agen:
             lh.hub.stream_write(token, _packb(item))
             w.sent += 1
             if w.sent - w.acked >= w.window:
@@ -169,6 +170,7 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
         lh.hub.respond(token, 0, b"")
     finally:
         lh.written.pop(token, None)
+        await agen.aclose()  # a cancelled or failed stream's generator runs its finally now
 
 
 class _Batcher:
@@ -406,19 +408,24 @@ class Server:
         flags = (1 if h.concurrent else 0) | (2 if h.stream else 0)
         self._lh.hub.server_add(self._id, h.name, h.hid, flags, h.signature)
 
-    async def listen(self, url: str) -> str:
-        """Binds `url` (tcp://host:port, port 0 for any; unix:///path; tls://...) and serves
-        it; returns the bound address. Requests are handled on this loop."""
+    def _attach(self, lh: _LoopHub) -> None:
         if self._stopped:
-            raise OrdoError(f"ordo: listen on {url}: the server has stopped", 10)
-        lh = _hub()
+            raise OrdoError("ordo: the server has stopped", 10)
         if self._lh is None:
             self._lh = lh
             lh.hub.server_create(self._id)
             for h in self._registered.values():
                 self._add(h)
         elif self._lh is not lh:
-            raise RuntimeError("ordo: a server listens on one loop only")
+            raise RuntimeError("ordo: a server serves one loop only")
+
+    async def listen(self, url: str) -> str:
+        """Binds `url` (tcp://host:port, port 0 for any; unix:///path; tls://...) and serves
+        it; returns the bound address. Requests are handled on this loop."""
+        if self._stopped:
+            raise OrdoError(f"ordo: listen on {url}: the server has stopped", 10)
+        lh = _hub()
+        self._attach(lh)
         token = next(_tokens)
         fut = lh.loop.create_future()
         lh.futures[token] = fut
