@@ -119,7 +119,31 @@ class _LoopHub:
         self.channels: weakref.WeakValueDictionary[int, Channel] = weakref.WeakValueDictionary()
         self.requests: dict[int, object] = {}  # request id -> task (server side)
         self.written: dict[int, object] = {}  # request id -> its item writer
+        # Calls and notifications made in one turn of the loop go to the io thread together,
+        # in order, in one hand-over (flush), as BatchedSend gathers messages. Every other
+        # operation flushes first, so that it comes after them.
+        self.out: list = []
+        self._pack_out = msgpack.Packer(use_bin_type=True, autoreset=True).pack
         loop.add_reader(self.hub.fileno(), self._ready)
+
+    def queue(self, entry: tuple) -> None:
+        out = self.out
+        out.append(entry)
+        if len(out) == 1:
+            self.loop.call_soon(self.flush)
+
+    def respond(self, token: int, code: int, data: bytes) -> None:
+        # Queued with calls and notifications: what the handler sent before it answered
+        # goes first, and the answers of one turn of the loop go over together.
+        self.queue((2, token, code, data))
+
+    def stream_write(self, token: int, item: bytes) -> None:
+        self.queue((3, token, item))
+
+    def flush(self) -> None:
+        if self.out:
+            batch, self.out = self.out, []
+            self.hub.submit(self._pack_out(batch))
 
     def _ready(self) -> None:
         futures = self.futures
@@ -160,6 +184,7 @@ class _LoopHub:
                 ch = self.channels.get(token)
                 if ch is not None and ch._failed is None:
                     ch._failed = _error(code, text, None)
+        self.flush()  # answers given during this drain go now, not a turn later
 
     def close(self) -> None:
         try:
@@ -188,12 +213,35 @@ def _timeout_ms(timeout: float | None) -> int:
     return max(1, math.ceil(timeout * 1000))
 
 
+class _Call(asyncio.Future):
+    """A call's result. Cancelling it (or the task awaiting it) withdraws the call and sends
+    ordo.cancel to the server."""
+
+    __slots__ = ("_lh", "_token")
+
+    def cancel(self, msg=None) -> bool:
+        lh = self._lh
+        if lh.futures.pop(self._token, None) is not None:
+            lh.flush()
+            lh.hub.cancel(self._token)
+        return super().cancel(msg)
+
+
+def _new_call(lh: _LoopHub, token: int) -> _Call:
+    fut = _Call(loop=lh.loop)
+    fut._lh = lh
+    fut._token = token
+    lh.futures[token] = fut
+    return fut
+
+
 async def _wait(lh: _LoopHub, token: int, fut: asyncio.Future):
     try:
         return await fut
     except asyncio.CancelledError:
         if lh.futures.pop(token, None) is not None:
-            lh.hub.cancel(token)  # withdraws the call; ordo.cancel tells the server
+            lh.flush()
+            lh.hub.cancel(token)  # withdraws the connect
         raise
 
 
@@ -252,12 +300,12 @@ class Channel:
             raise RuntimeError("ordo: a channel is used on the loop that connected it")
         if self._closed:
             raise Closed(f"ordo: call {method} to {self.remote_address} failed: closed")
+        params = _packb(args)  # raises TypeError for what msgpack cannot carry
         token = next(_tokens)
-        fut = lh.loop.create_future()
-        lh.futures[token] = fut
-        lh.hub.call(self._id, token, method, _packb(args),
-                    _timeout_ms(timeout) if timeout is not None else 0, key)
-        return _wait(lh, token, fut)
+        fut = _new_call(lh, token)
+        lh.queue((1, self._id, token, method, params,
+                  _timeout_ms(timeout) if timeout is not None else 0, key))
+        return fut
 
     def notify(self, method: str, *args) -> None:
         """Sends a one-way message, in order with the calls. Raises the reason a previous
@@ -266,7 +314,7 @@ class Channel:
             raise self._failed
         if self._closed:
             raise Closed(f"ordo: notify {method} to {self.remote_address}: closed")
-        self._lh.hub.notify(self._id, method, _packb(args))
+        self._lh.queue((0, self._id, method, _packb(args)))
 
     def stream(self, method: str, *args, timeout: float | None = None, key: str = "",
                window: int = 0) -> Stream:
@@ -276,12 +324,14 @@ class Channel:
         token = next(_tokens)
         st = Stream(lh, token, method)
         lh.streams[token] = st
+        lh.flush()
         lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window)
         return st
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._lh.flush()
             self._lh.hub.close_channel(self._id)
 
     def __del__(self):
@@ -303,8 +353,7 @@ class Peer(Channel):
 
     def close(self) -> None:
         if not self._closed:
-            self._closed = True
-            self._lh.hub.close_channel(self._id)  # forgets the handle only
+            self._closed = True  # the connection is the server's: nothing to close here
 
 
 class Stream:
@@ -359,6 +408,7 @@ class Stream:
         """Ends the call: the server's handler is cancelled; later reads raise Cancelled
         once the items already here are read."""
         if not self._finished and self._outcome is None:
+            self._lh.flush()
             self._lh.hub.stream_cancel(self._token)
 
     def __del__(self):

@@ -19,15 +19,15 @@ std::string pack(const msgpack::object& o) {
 // (posted: the channel may still touch the slot while it completes the call).
 class py_call final : public detail::pending_call {
   public:
-    py_call(std::shared_ptr<hub> h, std::uint64_t token, std::string remote)
-        : hub_(std::move(h)), token_(token), remote_(std::move(remote)) {}
+    py_call(std::shared_ptr<hub> h, std::uint64_t token, std::string method, std::string remote)
+        : hub_(std::move(h)), token_(token), method_(std::move(method)), remote_(std::move(remote)) {}
 
     void complete(std::error_code ec, call_outcome out) override {
         completion c{kind::call_done, token_};
         if (!ec)
             c.data = pack(out.result);
         else
-            describe_failure(c, ec, method, remote_, out.detail);
+            describe_failure(c, ec, method_, remote_, out.detail);  // `method` may be moved
         hub_->push(std::move(c));
         auto& rt = runtime::get();
         net::post(rt.io, [token = token_] { runtime::get().calls.erase(token); });
@@ -37,6 +37,7 @@ class py_call final : public detail::pending_call {
   private:
     std::shared_ptr<hub> hub_;
     std::uint64_t token_;
+    std::string method_;
     std::string remote_;
 };
 
@@ -175,7 +176,7 @@ void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
         h->push(std::move(c));
         return;
     }
-    auto op = std::make_unique<py_call>(std::move(h), token, impl->remote_address());
+    auto op = std::make_unique<py_call>(std::move(h), token, method, impl->remote_address());
     auto& rt = runtime::get();
     auto sig = std::make_unique<net::cancellation_signal>();
     op->slot = sig->slot();
@@ -184,6 +185,39 @@ void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
     op->params.write(params.data(), params.size());
     op->options = options(timeout_ms, std::move(key));
     impl->start_call(std::move(op));  // `impl` keeps it alive across a completion at once
+}
+
+namespace {
+
+std::string_view str(const msgpack::object& o) {
+    if (o.type == msgpack::type::STR) return {o.via.str.ptr, o.via.str.size};
+    if (o.type == msgpack::type::BIN) return {o.via.bin.ptr, o.via.bin.size};
+    throw std::invalid_argument("ordo: a batch entry's string is not a string");
+}
+
+}  // namespace
+
+void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
+    auto handle = msgpack::unpack(batch.data(), batch.size());
+    const auto& all = handle.get();
+    if (all.type != msgpack::type::ARRAY) return;
+    for (std::uint32_t i = 0; i < all.via.array.size; ++i) {
+        const auto& e = all.via.array.ptr[i];
+        if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
+        const auto* f = e.via.array.ptr;
+        if (f[0].as<int>() == 0 && e.via.array.size == 4) {
+            send_notify(h, f[1].as<std::uint64_t>(), std::string(str(f[2])),
+                        std::string(str(f[3])));
+        } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
+            respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
+        } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
+            stream_write(f[1].as<std::uint64_t>(), std::string(str(f[2])));
+        } else if (e.via.array.size == 7) {
+            start_call(h, f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),
+                       std::string(str(f[3])), std::string(str(f[4])), f[5].as<long>(),
+                       std::string(str(f[6])));
+        }
+    }
 }
 
 void cancel_call(std::uint64_t token) {

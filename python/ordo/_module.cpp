@@ -82,6 +82,14 @@ PYBIND11_MODULE(_ordo, m) {
             },
             release())
         .def(
+            "submit",
+            [](std::shared_ptr<hub> h, std::string batch) {
+                runtime::get().submit([h = std::move(h), batch = std::move(batch)] {
+                    op::run_batch(h, batch);
+                });
+            },
+            release())
+        .def(
             "cancel",
             [](const hub&, std::uint64_t token) {
                 runtime::get().submit([token] { op::cancel_call(token); });

@@ -10,6 +10,7 @@ import asyncio
 import collections
 import inspect
 import itertools
+import types
 
 from ._api import (BadArguments, OrdoError, Peer, _hub, _packb, _tokens, _unpackb, _LoopHub)
 
@@ -84,7 +85,7 @@ def _describe(e: BaseException, h: _Handler) -> tuple[int, bytes]:
 def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
               stream: bool) -> None:
     h = _handlers.get(hid)
-    hub = lh.hub
+    hub = lh
     if h is None:
         hub.respond(token, 9, b"ordo: the handler's server has stopped")
         return
@@ -102,7 +103,23 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
     if h.stream:
         lh.requests[token] = lh.loop.create_task(_run_stream(lh, token, h, args))
     elif h.coro:
-        lh.requests[token] = lh.loop.create_task(_run(lh, token, h, args))
+        # The coroutine's first step runs here: one that does not suspend (most handlers that
+        # compute) is answered without a task; one that does goes on in a task from there.
+        coro = h.fn(*args)
+        try:
+            yielded = coro.send(None)
+        except StopIteration as done:
+            try:
+                data = _packb(done.value)
+            except Exception as e:
+                hub.respond(token, *_describe(e, h))
+            else:
+                hub.respond(token, 0, data)
+            return
+        except (Exception, asyncio.CancelledError) as e:
+            hub.respond(token, *_describe(e, h))
+            return
+        lh.requests[token] = lh.loop.create_task(_run(lh, token, h, _resume(coro, yielded)))
     else:  # a plain function runs here, in the loop's drain
         try:
             data = _packb(h.fn(*args))
@@ -112,20 +129,39 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
             hub.respond(token, 0, data)
 
 
-async def _run(lh: _LoopHub, token: int, h: _Handler, args) -> None:
+@types.coroutine
+def _resume(coro, yielded):
+    """Goes on with a coroutine whose first step has run (it yielded `yielded`, the future it
+    waits for), inside the task that awaits this: what the task sends or throws goes to it."""
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as e:  # the task's cancellation, or the future's failure
+            try:
+                yielded = coro.throw(e)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+async def _run(lh: _LoopHub, token: int, h: _Handler, rest) -> None:
     try:
-        r = await h.fn(*args)
+        r = await rest
         data = _packb(r)
     except asyncio.CancelledError:
         if lh.requests.pop(token, None) is not None:  # not ordo's cancel: say so to the caller
-            lh.hub.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
         raise
     except Exception as e:
         lh.requests.pop(token, None)
-        lh.hub.respond(token, *_describe(e, h))
+        lh.respond(token, *_describe(e, h))
     else:
         lh.requests.pop(token, None)
-        lh.hub.respond(token, 0, data)
+        lh.respond(token, 0, data)
 
 
 class _Writer:
@@ -152,7 +188,7 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
     agen = h.fn(*args)
     try:
         async for item in agen:
-            lh.hub.stream_write(token, _packb(item))
+            lh.stream_write(token, _packb(item))
             w.sent += 1
             if w.sent - w.acked >= w.window:
                 w.waiter = lh.loop.create_future()
@@ -160,14 +196,14 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
                 w.waiter = None
     except asyncio.CancelledError:
         if lh.requests.pop(token, None) is not None:
-            lh.hub.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
         raise
     except Exception as e:
         lh.requests.pop(token, None)
-        lh.hub.respond(token, *_describe(e, h))
+        lh.respond(token, *_describe(e, h))
     else:
         lh.requests.pop(token, None)
-        lh.hub.respond(token, 0, b"")
+        lh.respond(token, 0, b"")
     finally:
         lh.written.pop(token, None)
         await agen.aclose()  # a cancelled or failed stream's generator runs its finally now
