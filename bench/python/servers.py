@@ -36,7 +36,10 @@ async def serve_ordo() -> None:
     srv = ordo.Server()
     state = {"total": 0}
 
-    @srv.method
+    # Concurrent, as Dask's handlers are: inc has no order to keep between the calls of one
+    # connection, so the server takes every call in flight at once (serial handlers answer
+    # one call per connection at a time: a round trip through the loop each).
+    @srv.method(concurrent=True)
     async def inc(x: int) -> int:
         return x + 1
 

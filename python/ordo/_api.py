@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import math
 import weakref
@@ -21,8 +22,7 @@ _tokens = itertools.count(1)
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
-def _unpackb(data: bytes):
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+_unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=False)
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -132,6 +132,9 @@ class _LoopHub:
         if len(out) == 1:
             self.loop.call_soon(self.flush)
 
+    def schedule_flush(self) -> None:
+        self.loop.call_soon(self.flush)
+
     def respond(self, token: int, code: int, data: bytes) -> None:
         # Queued with calls and notifications: what the handler sent before it answered
         # goes first, and the answers of one turn of the loop go over together.
@@ -141,13 +144,43 @@ class _LoopHub:
         self.queue((3, token, item))
 
     def flush(self) -> None:
-        if self.out:
-            batch, self.out = self.out, []
-            self.hub.submit(self._pack_out(batch))
+        out = self.out  # one list for the hub's life: channels hold it
+        if out:
+            try:
+                data = self._pack_out(out)
+            except Exception:  # a notification's arguments that msgpack cannot carry
+                data = self._pack_out(self._drop_unpackable(out))
+            out.clear()
+            self.hub.submit(data)
+
+    def _drop_unpackable(self, out: list) -> list:
+        """The entries that pack; a notification that does not is reported by the next
+        notify() on its channel (TypeError), as one the connection did not take."""
+        kept = []
+        for e in out:
+            try:
+                self._pack_out(e)
+            except Exception as err:
+                ch = self.channels.get(e[1])
+                if ch is not None and ch._failed is None:
+                    ch._failed = TypeError(f"ordo: notify {e[2]}: arguments msgpack cannot "
+                                           f"carry: {err}")
+                continue
+            kept.append(e)
+        return kept
 
     def _ready(self) -> None:
         futures = self.futures
-        for kind, token, code, a, b, data, text, detail in self.hub.drain():
+        for c in self.hub.drain():
+            if len(c) == 2:  # the common case, a call's result: (token, data)
+                fut = futures.pop(c[0], None)
+                if fut is not None and not fut.done():
+                    try:
+                        fut.set_result(_unpackb(c[1]))
+                    except Exception as e:  # not msgpack we can read
+                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", 12))
+                continue
+            kind, token, code, a, b, data, text, detail = c
             if kind == _CALL or kind == _DONE or kind == _CONNECTED:
                 fut = futures.pop(token, None)
                 if fut is None or fut.done():
@@ -275,6 +308,7 @@ class Channel:
 
     def __init__(self, lh: _LoopHub, chan: int, remote: str, owned: bool = True):
         self._lh = lh
+        self._out = lh.out
         self._id = chan
         self.remote_address = remote
         self._failed: OrdoError | None = None
@@ -285,9 +319,7 @@ class Channel:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        def stub(*args, timeout: float | None = None, key: str = ""):
-            return self.call(name, *args, timeout=timeout, key=key)
-        stub.__name__ = name
+        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="")
         self.__dict__[name] = stub
         return stub
 
@@ -302,19 +334,26 @@ class Channel:
             raise Closed(f"ordo: call {method} to {self.remote_address} failed: closed")
         params = _packb(args)  # raises TypeError for what msgpack cannot carry
         token = next(_tokens)
-        fut = _new_call(lh, token)
+        fut = _Call(loop=lh.loop)
+        fut._lh = lh
+        fut._token = token
+        lh.futures[token] = fut
         lh.queue((1, self._id, token, method, params,
                   _timeout_ms(timeout) if timeout is not None else 0, key))
         return fut
 
     def notify(self, method: str, *args) -> None:
         """Sends a one-way message, in order with the calls. Raises the reason a previous
-        notification was not taken (Overloaded, Closed), if any."""
-        if self._failed is not None:
-            raise self._failed
-        if self._closed:
+        notification was not taken (Overloaded, Closed; TypeError for arguments msgpack
+        cannot carry, found when the turn's messages are packed together), if any."""
+        if self._failed is not None or self._closed:
+            if self._failed is not None:
+                raise self._failed
             raise Closed(f"ordo: notify {method} to {self.remote_address}: closed")
-        self._lh.queue((0, self._id, method, _packb(args)))
+        out = self._out  # _LoopHub.queue, inlined: this is the one-way hot path
+        out.append((0, self._id, method, args))  # packed with the batch (flush)
+        if len(out) == 1:
+            self._lh.schedule_flush()
 
     def stream(self, method: str, *args, timeout: float | None = None, key: str = "",
                window: int = 0) -> Stream:

@@ -206,8 +206,9 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
         if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
         const auto* f = e.via.array.ptr;
         if (f[0].as<int>() == 0 && e.via.array.size == 4) {
+            // Notifications carry their params array inline (packed with the batch).
             send_notify(h, f[1].as<std::uint64_t>(), std::string(str(f[2])),
-                        std::string(str(f[3])));
+                        f[3].type == msgpack::type::ARRAY ? pack(f[3]) : std::string(str(f[3])));
         } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
         } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item

@@ -120,7 +120,7 @@ class runtime {
 
 // ---- client (_client.cpp); each runs on the io thread ----
 /// Runs a batch of calls and notifications, in order: a msgpack array of
-/// [0, chan, method, params] (notify), [1, chan, token, method, params, timeout_ms, key]
+/// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params, timeout_ms, key]
 /// (call), [2, request, code, data] (respond) and [3, request, item] (stream_write); params,
 /// data and item are msgpack bytes, as bin. Made by ordo/_api.py (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, const std::string& batch);

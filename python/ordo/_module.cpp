@@ -25,7 +25,8 @@ pyb::object text(const std::string& s) {
     return pyb::reinterpret_steal<pyb::object>(o);
 }
 
-// (kind, token, code, a, b, data, text, detail) per completion.
+// (kind, token, code, a, b, data, text, detail) per completion; a call's result, the common
+// case, as (token, data) alone.
 pyb::list drain(hub& h) {
     std::vector<ordo::py::completion> done;
     {
@@ -35,6 +36,15 @@ pyb::list drain(hub& h) {
     pyb::list out(done.size());
     std::size_t i = 0;
     for (auto& c : done) {
+        if (c.what == ordo::py::kind::call_done && c.code == 0) {  // (token, result)
+            PyObject* t = PyTuple_New(2);
+            if (!t) throw pyb::error_already_set();
+            PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(c.token));
+            PyTuple_SET_ITEM(t, 1, PyBytes_FromStringAndSize(c.data.data(),
+                                                             static_cast<Py_ssize_t>(c.data.size())));
+            out[i++] = pyb::reinterpret_steal<pyb::object>(t);
+            continue;
+        }
         pyb::tuple t(8);
         t[0] = pyb::int_(static_cast<int>(c.what));
         t[1] = pyb::int_(c.token);

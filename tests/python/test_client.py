@@ -119,6 +119,10 @@ async def test_errors_carry_ordo_code_and_message(cpp_server):
         await ch.no_such_method()
     with pytest.raises(TypeError):  # not msgpack: refused before anything is sent
         await ch.echo(object())
+    ch.notify("add", object())  # not msgpack: reported by the next notify, nothing sent
+    assert await ch.echo(1) == 1
+    with pytest.raises(TypeError):
+        ch.notify("add", 1)
     assert await ch.echo({"a": [1, 2.5, "x", b"y", None]}) == {"a": [1, 2.5, "x", b"y", None]}
     with pytest.raises(ordo.PeerLost):
         await ordo.connect("tcp://127.0.0.1:1")
