@@ -32,6 +32,7 @@ async def test_a_resumed_session_delivers_every_message_exactly_once(cpp_server)
     finally:
         proxy.proc.stdin.close()
         out = proxy.proc.stdout.read()
+        proxy.proc.stdout.close()
         proxy.proc.wait(timeout=30)
     cuts = int(out.split()[-1])
     assert cuts >= 3, out
