@@ -1,6 +1,8 @@
 """The Python client against ordo's C++ server (examples/ordo-inc-server)."""
 import asyncio
+import pathlib
 import subprocess
+import sys
 import time
 
 import pytest
@@ -143,3 +145,15 @@ async def test_a_killed_server_fails_every_pending_call_with_peer_lost(cpp_serve
                for r in results), results
     with pytest.raises(ordo.PeerLost):
         await ch.inc(1)
+
+
+def test_the_readme_example_runs_as_written(cpp_server):
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Python\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "res = await peer.inc(1)" in code and "assert res == 2" in code
+    code = code.replace("tcp://127.0.0.1:7000", cpp_server.url)
+    p = subprocess.run([sys.executable, "-X", "dev", "-W", "error", "-c", code],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(i) for i in range(10)]
