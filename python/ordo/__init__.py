@@ -26,7 +26,9 @@ __all__ = ["connect", "Channel", "Peer", "Stream", "Server", "END", "OrdoError",
 
 def shutdown(wait_s: float = 2.0) -> None:
     """Closes every channel and server and ends ordo's io thread, waiting up to `wait_s` for
-    queued messages to go out. Runs at exit; later calls fail with Closed."""
+    queued messages to go out. Runs at exit; what is started later fails with Closed."""
+    from . import _api
+    _api._shut = True
     _ordo.shutdown(int(wait_s * 1000))
 
 

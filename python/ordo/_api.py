@@ -19,6 +19,7 @@ import msgpack
 from . import _ordo
 
 _tokens = itertools.count(1)
+_shut = False  # set by ordo.shutdown()
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
@@ -145,6 +146,12 @@ class _LoopHub:
 
     def flush(self) -> None:
         out = self.out  # one list for the hub's life: channels hold it
+        if out and _shut:  # ordo.shutdown() has run: nothing reaches the io thread any more
+            for e in out:
+                fut = self.futures.pop(e[2], None) if e[0] == 1 else None
+                if fut is not None and not fut.done():
+                    fut.set_exception(Closed(f"ordo: call {e[3]} failed: ordo was shut down"))
+            out.clear()
         if out:
             try:
                 data = self._pack_out(out)
@@ -238,6 +245,11 @@ def _hub() -> _LoopHub:
     return h
 
 
+def _check_running(what: str) -> None:
+    if _shut:
+        raise Closed(f"ordo: {what} failed: ordo was shut down", 10)
+
+
 def _timeout_ms(timeout: float | None) -> int:
     if timeout is None:
         return 0
@@ -285,6 +297,7 @@ async def connect(url: str, *, handlers=None) -> Channel:
     every form ordo::async_connect takes) on the running loop's ordo hub. `handlers` (an
     ordo.Server, listening or not) serves what the remote side calls back over this
     connection (ordered channels)."""
+    _check_running(f"connect to {url}")
     lh = _hub()
     token = next(_tokens)
     fut = lh.loop.create_future()
@@ -359,6 +372,7 @@ class Channel:
                window: int = 0) -> Stream:
         """A streaming call: `async for x in ch.stream("count_to", 10)`. `window` is the
         credit in items (0: ordo's default, 8192); a reader that stops holds the server."""
+        _check_running(f"stream {method}")
         lh = self._lh
         token = next(_tokens)
         st = Stream(lh, token, method)

@@ -12,7 +12,8 @@ import inspect
 import itertools
 import types
 
-from ._api import (BadArguments, OrdoError, Peer, _hub, _packb, _tokens, _unpackb, _LoopHub)
+from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens,
+                   _unpackb, _LoopHub)
 
 _handlers: dict = {}  # handler id -> _Handler (ids are unique in the process)
 _SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool: (bool,),
@@ -458,6 +459,7 @@ class Server:
     async def listen(self, url: str) -> str:
         """Binds `url` (tcp://host:port, port 0 for any; unix:///path; tls://...) and serves
         it; returns the bound address. Requests are handled on this loop."""
+        _check_running(f"listen on {url}")
         if self._stopped:
             raise OrdoError(f"ordo: listen on {url}: the server has stopped", 10)
         lh = _hub()

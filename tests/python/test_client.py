@@ -157,3 +157,19 @@ def test_the_readme_example_runs_as_written(cpp_server):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(i) for i in range(10)]
+
+
+async def test_a_key_keeps_a_routers_calls_on_one_replica():
+    from conftest import inc_server
+    a, b = (inc_server("--listen", "tcp://127.0.0.1:0") for _ in range(2))
+    try:
+        hosts = ",".join(s.url.removeprefix("tcp://") for s in (a, b))
+        ch = await ordo.connect(f"route+tcp://{hosts}?policy=round_robin")
+        # add() returns its replica's own total: one replica counts every keyed call.
+        assert [await ch.add(1, key="user-42") for _ in range(20)] == list(range(1, 21))
+        unkeyed = [await ch.add(1) for _ in range(20)]
+        assert unkeyed != list(range(21, 41)), unkeyed  # round robin: both replicas count
+        ch.close()
+    finally:
+        a.stop()
+        b.stop()

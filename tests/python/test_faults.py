@@ -113,3 +113,25 @@ def test_a_process_with_calls_pending_exits_without_hanging(mode):
     # -X dev reports tasks destroyed while pending, unclosed resources, and futures whose
     # exception nobody read (here: the bare calls, failed as the loop ended).
     assert "Task was destroyed" not in p.stderr and "ResourceWarning" not in p.stderr, p.stderr
+
+
+def test_calls_after_shutdown_fail_with_closed():
+    script = textwrap.dedent("""
+        import asyncio, ordo
+        async def main(url):
+            srv = ordo.Server()
+            srv.method(lambda x: x, name="echo")
+            ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+            assert await ch.echo(1) == 1
+            ordo.shutdown()
+            for attempt in (ch.echo(2), ordo.connect("tcp://127.0.0.1:1")):
+                try:
+                    await asyncio.wait_for(attempt, 10)
+                except ordo.Closed as e:
+                    print("closed:", e)
+        asyncio.run(main(None))
+    """)
+    p = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("closed: ordo: ") == 2, p.stdout
