@@ -13,7 +13,8 @@ run (bench/README.md, "Python"):
   (asyncio_rpc.py) to the C++ server.
 - Python servers, 256 in flight: ordo.Server against Dask's Server, each in a process of its own,
   each driven by its own Python client (ordo's client; Dask's ConnectionPool), and ordo.Server
-  also driven by ordo-inc-client (C++).
+  also driven by ordo-inc-client (C++). ordo's inc is concurrent=True (as Dask's handlers have
+  no order between the calls of one connection); the same handler serial is shown too.
 Every server runs in its own process; the clients run here, one after the other.
 """
 import argparse
@@ -105,6 +106,14 @@ async def ordo_client(url, n):
     return out
 
 
+async def ordo_w3(url, n):
+    ch = await ordo.connect(url)
+    w3 = await in_flight(ch.inc, n["w3"])
+    serial = await in_flight(ch.inc_serial, n["w3"] // 4)
+    ch.close()
+    return w3, serial
+
+
 async def dask_client(addr, n):
     from distributed.batched import BatchedSend
     from distributed.comm import connect
@@ -167,7 +176,8 @@ def main():
         res["ordo"] = asyncio.run(ordo_client(cpp.url, n))
         res["asyncio_w3"] = asyncio.run(asyncio_client(cpp.url, n))
         res["dask"] = asyncio.run(dask_client(dask.url, n))
-        res["ordo_py_server_w3"] = asyncio.run(ordo_client(pyo.url, n))["w3"]
+        res["ordo_py_server_w3"], res["ordo_py_server_serial_w3"] = \
+            asyncio.run(ordo_w3(pyo.url, n))
         res["ordo_py_server_cpp_client_w3"] = cpp_client_on(build, pyo.url, n["w3"])
     finally:
         for p in (cpp, dask, pyo):
@@ -187,6 +197,8 @@ def main():
          f"{d['w3']:,.0f} (Dask Server)", f"{res['ordo_py_server_w3'] / d['w3']:.1f}x", ">= 5x"),
         ("Python server, 256 in flight (ordo-inc-client)",
          f"{res['ordo_py_server_cpp_client_w3']:,.0f}", "", "", ""),
+        ("Python server, serial handler, 256 in flight on one connection",
+         f"{res['ordo_py_server_serial_w3']:,.0f}", "", "", ""),
     ]
     print("| workload | ordo (Python) | other | ratio | target |")
     print("| --- | --- | --- | --- | --- |")

@@ -43,6 +43,10 @@ async def serve_ordo() -> None:
     async def inc(x: int) -> int:
         return x + 1
 
+    @srv.method  # the same, serial: one call of the connection at a time
+    async def inc_serial(x: int) -> int:
+        return x + 1
+
     @srv.method
     async def total() -> int:
         return state["total"]
