@@ -351,8 +351,11 @@ class Channel:
         fut._lh = lh
         fut._token = token
         lh.futures[token] = fut
-        lh.queue((1, self._id, token, method, params,
-                  _timeout_ms(timeout) if timeout is not None else 0, key))
+        out = self._out  # _LoopHub.queue, inlined
+        out.append((1, self._id, token, method, params,
+                    _timeout_ms(timeout) if timeout is not None else 0, key))
+        if len(out) == 1:
+            lh.schedule_flush()
         return fut
 
     def notify(self, method: str, *args) -> None:
