@@ -29,6 +29,12 @@ struct pool::state {
                 net::post(ex, [pl = std::move(pl), conn = std::move(conn_), ok = !ec] {
                     pl->s_->release(conn, ok);
                 });
+            } else if (conn_) {
+                // The pool has gone: this may hold the connection's last reference, and this
+                // may run inside the connection's own end (failing its calls). Let it go
+                // afterwards, on the connection's executor, not under its feet.
+                auto ex = conn_->get_executor();
+                net::post(ex, [conn = std::move(conn_)] {});
             }
             inner_->complete(ec, std::move(out));
         }

@@ -257,6 +257,13 @@ class handlers {
         return batch_handle(core);
     }
 
+    /// Registers a handler already reduced to its type-erased entry: for bindings to other
+    /// languages (python/ordo), whose handlers take and give msgpack bytes. The entry's
+    /// signature is shown by ordo.methods; its counters are set here.
+    handlers& on_entry(std::string name, detail::handler_entry e) {
+        add(std::move(name), std::move(e));
+        return *this;
+    }
     /// Gives every batch handler without a home executor `ex` as its home (a server over
     /// several loops calls it before it listens).
     void home_batches(const net::any_io_executor& ex) const {

@@ -246,6 +246,28 @@ TEST(Pool, AConnectionWhoseServerWentAwayIsDiscardedAndTheNextCallOpensANewOne) 
     });
 }
 
+// A pool closed and dropped with a call in flight: the call completes when its connection ends,
+// after the pool has gone, and must not let the connection go while the connection is still
+// failing its calls (a use after free, seen by ASan, when a Python process exited so).
+TEST(Pool, APoolDroppedWithACallInFlightLetsItsConnectionEndSafely) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url + "?mode=pooled");
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);  // one idle connection
+        bool done = false;
+        std::error_code got;
+        ch.async_call<int>("sleep_ms", 30'000, [&](std::error_code ec, int) {
+            got = ec;
+            done = true;
+        });
+        static_cast<pool&>(*ch.impl()).close();
+        ch = channel();  // the pool goes; its connection ends with the call pending
+        EXPECT_TRUE(co_await wait_until([&] { return done; }));
+        EXPECT_TRUE(got);
+        co_await f.srv.async_stop();
+    });
+}
+
 TEST(Connect, UnknownParametersAndBadValuesAreRejectedByName) {
     run_test([]() -> net::awaitable<void> {
         fixture f(co_await net::this_coro::executor);

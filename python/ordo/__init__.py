@@ -1,0 +1,35 @@
+"""ordo for Python: ordered, batched msgpack-rpc calls on asyncio, over ordo's C++ core.
+
+    ch = await ordo.connect("tcp://127.0.0.1:7000?resume_ms=10000")
+    assert await ch.inc(1) == 2
+    ch.notify("add", 5)
+    async for x in ch.stream("count_to", 10): ...
+
+Threading: ordo's io_context runs on a thread of its own, which never takes the GIL nor touches
+a Python object; calls are handed to it as msgpack bytes with the GIL released, and their
+completions come back to each asyncio loop through one eventfd (loop.add_reader), one
+wake-up draining every completion queued meanwhile. See README.md, "Python".
+"""
+import atexit as _atexit
+
+from . import _ordo
+from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Closed,
+                   MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, ProtocolError,
+                   RemoteError, SessionLost, ShuttingDown, Stream, TimedOut, connect)
+from ._server import END, Server
+
+__all__ = ["connect", "Channel", "Peer", "Stream", "Server", "END", "OrdoError", "PeerLost",
+           "TimedOut", "Cancelled", "ProtocolError", "MethodNotFound", "BadArguments",
+           "RemoteError", "Overloaded", "ShuttingDown", "Closed", "BadAddress", "BadResult",
+           "SessionLost", "shutdown"]
+
+
+def shutdown(wait_s: float = 2.0) -> None:
+    """Closes every channel and server and ends ordo's io thread, waiting up to `wait_s` for
+    queued messages to go out. Runs at exit; what is started later fails with Closed."""
+    from . import _api
+    _api._shut = True
+    _ordo.shutdown(int(wait_s * 1000))
+
+
+_atexit.register(shutdown)

@@ -1,0 +1,475 @@
+"""The caller's side: errors, the per-loop hub, connect(), Channel and Stream.
+
+Threading: ordo's io thread (C++) never takes the GIL. Every call here hands bytes to it
+(with the GIL released) and gets its answer through the loop's hub: one eventfd watched
+with loop.add_reader; one wake-up drains every completion queued meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import itertools
+import math
+import weakref
+from asyncio import events
+
+import msgpack
+
+from . import _ordo
+
+_tokens = itertools.count(1)
+_shut = False  # set by ordo.shutdown()
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+_unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=False)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+class OrdoError(Exception):
+    """A failed ordo operation. `code` is ordo's errc value (include/ordo/error.hpp; 0 when
+    not ordo's), `message` the whole text, `detail` the remote message or local reason."""
+
+    code = 0
+
+    def __init__(self, message: str, code: int | None = None, detail: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.detail = detail if detail is not None else message
+
+
+class PeerLost(OrdoError, ConnectionError):
+    code = 1
+
+
+class TimedOut(OrdoError, TimeoutError):
+    code = 2
+
+
+class Cancelled(OrdoError):
+    code = 3
+
+
+class ProtocolError(OrdoError):
+    code = 4
+
+
+class MethodNotFound(OrdoError):
+    code = 5
+
+
+class BadArguments(OrdoError, TypeError):
+    code = 6
+
+
+class RemoteError(OrdoError):
+    """The remote handler raised; `detail` is its message."""
+    code = 7
+
+
+class Overloaded(OrdoError):
+    code = 8
+
+
+class ShuttingDown(OrdoError):
+    code = 9
+
+
+class Closed(OrdoError, ConnectionError):
+    code = 10
+
+
+class BadAddress(OrdoError, ValueError):
+    code = 11
+
+
+class BadResult(OrdoError):
+    code = 12
+
+
+class SessionLost(PeerLost):
+    code = 13
+
+
+_by_code = {c.code: c for c in (PeerLost, TimedOut, Cancelled, ProtocolError, MethodNotFound,
+                                BadArguments, RemoteError, Overloaded, ShuttingDown, Closed,
+                                BadAddress, BadResult, SessionLost)}
+
+
+def _error(code: int, text: str | None, detail: str | None) -> OrdoError:
+    return _by_code.get(code, OrdoError)(text or "ordo: failed", code, detail)
+
+
+# ---- the hub of one asyncio loop ----------------------------------------------------------
+
+_CALL, _CONNECTED, _ITEM, _END, _REQUEST, _GONE, _WRITTEN, _DONE, _NOTIFY_FAILED = range(9)
+
+
+class _LoopHub:
+    """One asyncio loop's end of ordo: its completion queue (an eventfd) and what waits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.hub = _ordo.Hub()
+        self.futures: dict[int, asyncio.Future] = {}  # calls, connects, listens, stops
+        self.streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+        self.channels: weakref.WeakValueDictionary[int, Channel] = weakref.WeakValueDictionary()
+        self.requests: dict[int, object] = {}  # request id -> task (server side)
+        self.written: dict[int, object] = {}  # request id -> its item writer
+        # Calls and notifications made in one turn of the loop go to the io thread together,
+        # in order, in one hand-over (flush), as BatchedSend gathers messages. Every other
+        # operation flushes first, so that it comes after them.
+        self.out: list = []
+        self._pack_out = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+        loop.add_reader(self.hub.fileno(), self._ready)
+
+    def queue(self, entry: tuple) -> None:
+        out = self.out
+        out.append(entry)
+        if len(out) == 1:
+            self.loop.call_soon(self.flush)
+
+    def schedule_flush(self) -> None:
+        self.loop.call_soon(self.flush)
+
+    def respond(self, token: int, code: int, data: bytes) -> None:
+        # Queued with calls and notifications: what the handler sent before it answered
+        # goes first, and the answers of one turn of the loop go over together.
+        self.queue((2, token, code, data))
+
+    def stream_write(self, token: int, item: bytes) -> None:
+        self.queue((3, token, item))
+
+    def flush(self) -> None:
+        out = self.out  # one list for the hub's life: channels hold it
+        if out and _shut:  # ordo.shutdown() has run: nothing reaches the io thread any more
+            for e in out:
+                fut = self.futures.pop(e[2], None) if e[0] == 1 else None
+                if fut is not None and not fut.done():
+                    fut.set_exception(Closed(f"ordo: call {e[3]} failed: ordo was shut down"))
+            out.clear()
+        if out:
+            try:
+                data = self._pack_out(out)
+            except Exception:  # a notification's arguments that msgpack cannot carry
+                data = self._pack_out(self._drop_unpackable(out))
+            out.clear()
+            self.hub.submit(data)
+
+    def _drop_unpackable(self, out: list) -> list:
+        """The entries that pack; a notification that does not is reported by the next
+        notify() on its channel (TypeError), as one the connection did not take."""
+        kept = []
+        for e in out:
+            try:
+                self._pack_out(e)
+            except Exception as err:
+                ch = self.channels.get(e[1])
+                if ch is not None and ch._failed is None:
+                    ch._failed = TypeError(f"ordo: notify {e[2]}: arguments msgpack cannot "
+                                           f"carry: {err}")
+                continue
+            kept.append(e)
+        return kept
+
+    def _ready(self) -> None:
+        futures = self.futures
+        for c in self.hub.drain():
+            if len(c) == 2:  # the common case, a call's result: (token, data)
+                fut = futures.pop(c[0], None)
+                if fut is not None and not fut.done():
+                    try:
+                        fut.set_result(_unpackb(c[1]))
+                    except Exception as e:  # not msgpack we can read
+                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", 12))
+                continue
+            kind, token, code, a, b, data, text, detail = c
+            if kind == _CALL or kind == _DONE or kind == _CONNECTED:
+                fut = futures.pop(token, None)
+                if fut is None or fut.done():
+                    continue
+                if code:
+                    fut.set_exception(_error(code, text, detail))
+                elif kind == _CALL:
+                    try:
+                        fut.set_result(_unpackb(data))
+                    except Exception as e:  # not msgpack we can read
+                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", 12))
+                else:
+                    fut.set_result((a, text))
+            elif kind == _REQUEST:
+                from ._server import _dispatch
+                _dispatch(self, token, a, b, data, text, code == 1)
+            elif kind == _ITEM:
+                st = self.streams.get(token)
+                if st is not None:
+                    st._item(data, a)
+            elif kind == _END:
+                st = self.streams.pop(token, None)
+                if st is not None:
+                    st._ended(code, text, detail)
+            elif kind == _WRITTEN:
+                w = self.written.get(token)
+                if w is not None:
+                    w._written(a)
+            elif kind == _GONE:
+                task = self.requests.pop(token, None)
+                if task is not None:
+                    task.cancel()
+            elif kind == _NOTIFY_FAILED:
+                ch = self.channels.get(token)
+                if ch is not None and ch._failed is None:
+                    ch._failed = _error(code, text, None)
+        self.flush()  # answers given during this drain go now, not a turn later
+
+    def close(self) -> None:
+        try:
+            self.loop.remove_reader(self.hub.fileno())
+        except Exception:  # the loop is closed already
+            pass
+
+
+_hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _hub() -> _LoopHub:
+    loop = events.get_running_loop()
+    h = _hubs.get(loop)
+    if h is None or h.loop.is_closed():
+        h = _LoopHub(loop)
+        _hubs[loop] = h
+    return h
+
+
+def _check_running(what: str) -> None:
+    if _shut:
+        raise Closed(f"ordo: {what} failed: ordo was shut down", 10)
+
+
+def _timeout_ms(timeout: float | None) -> int:
+    if timeout is None:
+        return 0
+    if timeout <= 0:
+        raise ValueError("ordo: timeout must be positive (None: no deadline)")
+    return max(1, math.ceil(timeout * 1000))
+
+
+class _Call(asyncio.Future):
+    """A call's result. Cancelling it (or the task awaiting it) withdraws the call and sends
+    ordo.cancel to the server."""
+
+    __slots__ = ("_lh", "_token")
+
+    def cancel(self, msg=None) -> bool:
+        lh = self._lh
+        if lh.futures.pop(self._token, None) is not None:
+            lh.flush()
+            lh.hub.cancel(self._token)
+        return super().cancel(msg)
+
+
+def _new_call(lh: _LoopHub, token: int) -> _Call:
+    fut = _Call(loop=lh.loop)
+    fut._lh = lh
+    fut._token = token
+    lh.futures[token] = fut
+    return fut
+
+
+async def _wait(lh: _LoopHub, token: int, fut: asyncio.Future):
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        if lh.futures.pop(token, None) is not None:
+            lh.flush()
+            lh.hub.cancel(token)  # withdraws the connect
+        raise
+
+
+# ---- client -------------------------------------------------------------------------------
+
+async def connect(url: str, *, handlers=None) -> Channel:
+    """Connects to `url` (tcp://, unix://, tls://, route+..., ?mode=pooled, ?resume_ms=...:
+    every form ordo::async_connect takes) on the running loop's ordo hub. `handlers` (an
+    ordo.Server, listening or not) serves what the remote side calls back over this
+    connection (ordered channels)."""
+    _check_running(f"connect to {url}")
+    lh = _hub()
+    token = next(_tokens)
+    fut = lh.loop.create_future()
+    lh.futures[token] = fut
+    server = 0
+    if handlers is not None:
+        handlers._attach(lh)
+        server = handlers._id
+    lh.hub.connect(token, url, server)
+    chan, remote = await _wait(lh, token, fut)
+    return Channel(lh, chan, remote)
+
+
+class Channel:
+    """What call sites hold: an ordered peer, a pool or a router, as the URL chose.
+
+    `await ch.inc(1)` is `await ch.call("inc", 1)`. On an ordered channel, calls and
+    notifications reach the server in the order they were made. Use it on the loop that
+    connected it. `close()` (or dropping it) closes the connection after sending what is queued.
+    """
+
+    def __init__(self, lh: _LoopHub, chan: int, remote: str, owned: bool = True):
+        self._lh = lh
+        self._out = lh.out
+        self._id = chan
+        self.remote_address = remote
+        self._failed: OrdoError | None = None
+        self._closed = False
+        lh.channels[chan] = self
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="")
+        self.__dict__[name] = stub
+        return stub
+
+    def call(self, method: str, *args, timeout: float | None = None, key: str = ""):
+        """Calls `method(*args)`; an awaitable of its result. `timeout` (seconds) fails it
+        with TimedOut; `key` is the affinity key of routers. Cancelling the awaiting task
+        withdraws the call and sends ordo.cancel to the server."""
+        lh = self._lh
+        if lh.loop is not events._get_running_loop():
+            raise RuntimeError("ordo: a channel is used on the loop that connected it")
+        if self._closed:
+            raise Closed(f"ordo: call {method} to {self.remote_address} failed: closed")
+        params = _packb(args)  # raises TypeError for what msgpack cannot carry
+        token = next(_tokens)
+        fut = _Call(loop=lh.loop)
+        fut._lh = lh
+        fut._token = token
+        lh.futures[token] = fut
+        out = self._out  # _LoopHub.queue, inlined
+        out.append((1, self._id, token, method, params,
+                    _timeout_ms(timeout) if timeout is not None else 0, key))
+        if len(out) == 1:
+            lh.schedule_flush()
+        return fut
+
+    def notify(self, method: str, *args) -> None:
+        """Sends a one-way message, in order with the calls. Raises the reason a previous
+        notification was not taken (Overloaded, Closed; TypeError for arguments msgpack
+        cannot carry, found when the turn's messages are packed together), if any."""
+        if self._failed is not None or self._closed:
+            if self._failed is not None:
+                raise self._failed
+            raise Closed(f"ordo: notify {method} to {self.remote_address}: closed")
+        out = self._out  # _LoopHub.queue, inlined: this is the one-way hot path
+        out.append((0, self._id, method, args))  # packed with the batch (flush)
+        if len(out) == 1:
+            self._lh.schedule_flush()
+
+    def stream(self, method: str, *args, timeout: float | None = None, key: str = "",
+               window: int = 0) -> Stream:
+        """A streaming call: `async for x in ch.stream("count_to", 10)`. `window` is the
+        credit in items (0: ordo's default, 8192); a reader that stops holds the server."""
+        _check_running(f"stream {method}")
+        lh = self._lh
+        token = next(_tokens)
+        st = Stream(lh, token, method)
+        lh.streams[token] = st
+        lh.flush()
+        lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window)
+        return st
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._lh.flush()
+            self._lh.hub.close_channel(self._id)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    async def __aenter__(self) -> Channel:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
+class Peer(Channel):
+    """The caller of a handler, as a channel back to it over the same ordered connection.
+    Dropping it does not close the connection (the server owns it)."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True  # the connection is the server's: nothing to close here
+
+
+class Stream:
+    """The items of a streaming call, in order: `async for x in stream`. Leaving the loop
+    early does not end the call: `cancel()` (or dropping the stream) does (ordo.cancel)."""
+
+    def __init__(self, lh: _LoopHub, token: int, method: str):
+        self._lh = lh
+        self._token = token
+        self.method = method
+        self._items: collections.deque = collections.deque()
+        self._outcome: tuple | None = None
+        self._waiter: asyncio.Future | None = None
+        self._finished = False
+
+    def _item(self, data: bytes, size: int) -> None:
+        self._items.append((data, size))
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _ended(self, code: int, text, detail) -> None:
+        self._outcome = (code, text, detail)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self):
+        while not self._items:
+            if self._outcome is not None:
+                self._finished = True
+                code, text, detail = self._outcome
+                if code:
+                    raise _error(code, text, detail)
+                raise StopAsyncIteration
+            self._waiter = self._lh.loop.create_future()
+            try:
+                await self._waiter
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+            finally:
+                self._waiter = None
+        data, size = self._items.popleft()
+        self._lh.hub.stream_took(self._token, size)
+        return _unpackb(data)
+
+    def cancel(self) -> None:
+        """Ends the call: the server's handler is cancelled; later reads raise Cancelled
+        once the items already here are read."""
+        if not self._finished and self._outcome is None:
+            self._lh.flush()
+            self._lh.hub.stream_cancel(self._token)
+
+    def __del__(self):
+        try:
+            if self._outcome is None:
+                self._lh.hub.stream_forget(self._token)
+        except Exception:
+            pass

@@ -1,0 +1,306 @@
+// The caller's side of the Python binding, on the io thread: connect, calls, notifications,
+// streams. Results go to the caller's hub as msgpack bytes (see _core.hpp).
+#include "_core.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+
+namespace ordo::py {
+
+namespace {
+
+std::string pack(const msgpack::object& o) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, o);
+    return std::string(b.data(), b.size());
+}
+
+// One call in flight: completes into its hub, and lets its cancellation signal go afterwards
+// (posted: the channel may still touch the slot while it completes the call).
+class py_call final : public detail::pending_call {
+  public:
+    py_call(std::shared_ptr<hub> h, std::uint64_t token, std::string method, std::string remote)
+        : hub_(std::move(h)), token_(token), method_(std::move(method)), remote_(std::move(remote)) {}
+
+    void complete(std::error_code ec, call_outcome out) override {
+        completion c{kind::call_done, token_};
+        if (!ec)
+            c.data = pack(out.result);
+        else
+            describe_failure(c, ec, method_, remote_, out.detail);  // `method` may be moved
+        hub_->push(std::move(c));
+        auto& rt = runtime::get();
+        net::post(rt.io, [token = token_] { runtime::get().calls.erase(token); });
+    }
+    bool takes_borrowed() const noexcept override { return true; }  // packed at once
+
+  private:
+    std::shared_ptr<hub> hub_;
+    std::uint64_t token_;
+    std::string method_;
+    std::string remote_;
+};
+
+// A stream whose items go to a hub as they arrive; the reader (Python) gives credit back with
+// stream_took as it takes them, so the window bounds what waits in Python too.
+class py_stream final : public detail::stream_core {
+  public:
+    class end_waiter final : public detail::parked {
+      public:
+        end_waiter(std::shared_ptr<hub> h, std::uint64_t token)
+            : hub_(std::move(h)), token_(token) {}
+        // Called once, when the stream ends (with or without stream_core's mutex held): the
+        // outcome was set before, and is read by finish() on the io thread.
+        void wake() override {
+            net::post(runtime::get().io, [h = hub_, token = token_] {
+                auto& rt = runtime::get();
+                auto it = rt.streams.find(token);
+                if (it == rt.streams.end()) return;  // the reader has gone
+                auto s = std::move(it->second);
+                rt.streams.erase(it);
+                static_cast<py_stream&>(*s).finish(*h);
+            });
+        }
+
+      private:
+        std::shared_ptr<hub> hub_;
+        std::uint64_t token_;
+    };
+
+    py_stream(std::shared_ptr<hub> h, std::uint64_t token, std::string method,
+              const channel_impl& ch, std::uint32_t window)
+        : stream_core(std::move(method), ch.remote_address(), ch.get_executor(), window,
+                      default_stream_window_bytes),
+          hub_(std::move(h)),
+          token_(token) {
+        std::lock_guard lk(mu_);
+        waiter_ = std::make_unique<end_waiter>(hub_, token_);
+    }
+
+    void on_item(const msgpack::object& item, std::size_t wire_bytes) override {
+        {
+            std::lock_guard lk(mu_);
+            if (ended_) return;
+            if (!within_credit()) return over_credit();
+            count_item(wire_bytes);
+        }
+        completion c{kind::stream_item, token_};
+        c.a = wire_bytes;
+        c.data = pack(item);
+        hub_->push(std::move(c));
+    }
+
+    void took(std::uint64_t bytes) {
+        credit c;
+        {
+            std::lock_guard lk(mu_);
+            c = took_one(bytes);
+        }
+        if (c.items) grant(c);
+    }
+
+    void finish(hub& h) {
+        completion c{kind::stream_end, token_};
+        std::lock_guard lk(mu_);
+        if (ec_) describe_failure(c, ec_, method(), remote(), detail_);
+        h.push(std::move(c));
+    }
+
+  private:
+    bool ready_locked() const noexcept override { return ended_; }
+
+    std::shared_ptr<hub> hub_;
+    std::uint64_t token_;
+};
+
+net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                                  std::uint64_t server) {
+    completion c{kind::connected, token};
+    try {
+        std::shared_ptr<const handlers> table;
+        if (server) {
+            table = server_handlers(server, h);
+            if (!table) throw_error(errc::closed, "ordo: connect to " + url +
+                                                      ": the handlers' server has stopped");
+        }
+        // A named lvalue: GCC 12 relocates a temporary passed by value to a coroutine
+        // bitwise (README.md, "GCC 12 note"), which breaks its strings.
+        const peer_options po;
+        channel ch = co_await async_connect(url, po, table.get());
+        auto& rt = runtime::get();
+        // The table must outlive the connection: kept with the channel.
+        if (table) rt.channel_handlers[rt.next_id] = table;
+        c.a = rt.next_id++;
+        c.text = ch.remote_address();
+        rt.channels.emplace(c.a, std::move(ch));
+    } catch (const rpc_error& e) {
+        c.code = e.code().category() == error_category() ? e.code().value() : 0;
+        c.text = e.what();
+        c.detail = e.detail();
+    } catch (const std::exception& e) {
+        c.code = static_cast<int>(errc::bad_address);
+        c.text = e.what();
+    }
+    h->push(std::move(c));
+}
+
+call_options options(long timeout_ms, std::string key, std::uint32_t window = 0) {
+    call_options o;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.key = std::move(key);
+    o.window = window;
+    return o;
+}
+
+}  // namespace
+
+void describe_failure(completion& c, std::error_code ec, const std::string& method,
+                      const std::string& peer, const std::string& detail) {
+    c.code = ec.category() == error_category() ? ec.value() : 0;
+    c.text = rpc_error(ec, method, peer, detail).what();
+    c.detail = detail;
+}
+
+void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                   std::uint64_t server) {
+    net::co_spawn(runtime::get().io, connect_into(std::move(h), token, std::move(url), server),
+                  net::detached);  // connect_into catches everything
+}
+
+void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+                std::string method, std::string params, long timeout_ms, std::string key) {
+    auto impl = runtime::get().find_channel(chan);
+    if (!impl) {
+        completion c{kind::call_done, token};
+        describe_failure(c, make_error_code(errc::closed), method, "", "the channel is closed");
+        h->push(std::move(c));
+        return;
+    }
+    auto op = std::make_unique<py_call>(std::move(h), token, method, impl->remote_address());
+    auto& rt = runtime::get();
+    auto sig = std::make_unique<net::cancellation_signal>();
+    op->slot = sig->slot();
+    rt.calls[token] = std::move(sig);
+    op->method = std::move(method);
+    op->params.write(params.data(), params.size());
+    op->options = options(timeout_ms, std::move(key));
+    impl->start_call(std::move(op));  // `impl` keeps it alive across a completion at once
+}
+
+namespace {
+
+std::string_view str(const msgpack::object& o) {
+    if (o.type == msgpack::type::STR) return {o.via.str.ptr, o.via.str.size};
+    if (o.type == msgpack::type::BIN) return {o.via.bin.ptr, o.via.bin.size};
+    throw std::invalid_argument("ordo: a batch entry's string is not a string");
+}
+
+}  // namespace
+
+void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
+    auto handle = msgpack::unpack(batch.data(), batch.size());
+    const auto& all = handle.get();
+    if (all.type != msgpack::type::ARRAY) return;
+    for (std::uint32_t i = 0; i < all.via.array.size; ++i) {
+        const auto& e = all.via.array.ptr[i];
+        if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
+        const auto* f = e.via.array.ptr;
+        if (f[0].as<int>() == 0 && e.via.array.size == 4) {
+            // Notifications carry their params array inline (packed with the batch).
+            send_notify(h, f[1].as<std::uint64_t>(), std::string(str(f[2])),
+                        f[3].type == msgpack::type::ARRAY ? pack(f[3]) : std::string(str(f[3])));
+        } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
+            respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
+        } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
+            stream_write(f[1].as<std::uint64_t>(), std::string(str(f[2])));
+        } else if (e.via.array.size == 7) {
+            start_call(h, f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),
+                       std::string(str(f[3])), std::string(str(f[4])), f[5].as<long>(),
+                       std::string(str(f[6])));
+        }
+    }
+}
+
+void cancel_call(std::uint64_t token) {
+    auto& rt = runtime::get();
+    auto it = rt.calls.find(token);
+    if (it != rt.calls.end()) it->second->emit(net::cancellation_type::terminal);
+}
+
+void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
+                 const std::string& params) {
+    completion c{kind::notify_failed, chan};
+    auto impl = runtime::get().find_channel(chan);
+    try {
+        if (!impl) throw_error(errc::closed, "ordo: notify " + method + ": the channel is closed");
+        impl->notify_raw(method, params);
+        return;
+    } catch (const std::system_error& e) {
+        c.code = e.code().category() == error_category() ? e.code().value() : 0;
+        c.text = e.what();
+    }
+    h->push(std::move(c));
+}
+
+void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+                  std::string method, std::string params, long timeout_ms, std::string key,
+                  std::uint32_t window) {
+    auto impl = runtime::get().find_channel(chan);
+    if (!impl) {
+        completion c{kind::stream_end, token};
+        describe_failure(c, make_error_code(errc::closed), method, "", "the channel is closed");
+        h->push(std::move(c));
+        return;
+    }
+    auto o = options(timeout_ms, std::move(key), window);
+    auto s = std::make_shared<py_stream>(std::move(h), token, method, *impl,
+                                         o.window ? o.window : default_stream_window);
+    runtime::get().streams[token] = s;
+    detail::params_buffer p;
+    p.write(params.data(), params.size());
+    detail::start_stream(impl, std::move(s), std::move(p), std::move(o));
+}
+
+void stream_took(std::uint64_t token, std::uint64_t bytes) {
+    auto& rt = runtime::get();
+    auto it = rt.streams.find(token);
+    if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).took(bytes);
+}
+
+void stream_cancel(std::uint64_t token) {
+    auto& rt = runtime::get();
+    auto it = rt.streams.find(token);
+    if (it != rt.streams.end()) it->second->cancel();
+}
+
+void stream_forget(std::uint64_t token) {
+    auto& rt = runtime::get();
+    auto it = rt.streams.find(token);
+    if (it == rt.streams.end()) return;
+    it->second->cancel();  // does nothing once it has ended
+    rt.streams.erase(it);
+}
+
+void close_channel(std::uint64_t chan) {
+    auto& rt = runtime::get();
+    auto it = rt.channels.find(chan);
+    if (it == rt.channels.end()) return;
+    const auto impl = it->second.impl();
+    rt.channels.erase(it);
+    auto table = rt.channel_handlers.find(chan);
+    if (table != rt.channel_handlers.end()) {
+        // Kept until the connection has ended: its handlers may still run meanwhile.
+        auto keep = std::move(table->second);
+        rt.channel_handlers.erase(table);
+        if (auto p = std::dynamic_pointer_cast<peer>(impl))
+            p->on_closed([keep](const std::error_code&, const std::string&) {});
+    }
+    if (auto p = std::dynamic_pointer_cast<peer>(impl))
+        p->close();  // sends what is queued first
+    else if (auto q = std::dynamic_pointer_cast<pool>(impl))
+        q->close();
+    else if (auto r = std::dynamic_pointer_cast<router>(impl))
+        r->close();
+}
+
+}  // namespace ordo::py

@@ -1,0 +1,165 @@
+// The C++ half of the Python binding: one process-wide io thread that runs ordo (runtime), and
+// one completion queue per asyncio loop (hub). Nothing here touches a Python object: the
+// pybind11 layer (_module.cpp) converts bytes, ints and strings at the edge.
+//
+// Threading (README.md, "Python"):
+// - runtime::io runs on one thread of its own; it never takes the GIL. Everything keyed by id
+//   below (channels, calls, streams, servers, requests) is touched on that thread only.
+// - Python submits work with submit() (GIL released by the caller): the closures queue under a
+//   mutex and one post to the io thread runs all that queued meanwhile, in order.
+// - Results go back through hub::push: a queue under a mutex and one eventfd, written only when
+//   the queue goes from empty to non-empty, so one wake-up of the asyncio loop drains many.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+
+#include "ordo/ordo.hpp"
+
+namespace ordo::py {
+
+/// What the io thread tells Python. `kind` says which fields mean what.
+enum class kind : int {
+    call_done = 0,     ///< token: the call; code 0: data = msgpack result; else text, detail
+    connected = 1,     ///< token: the connect; code 0: a = channel id, text = remote address
+    stream_item = 2,   ///< token: the stream; data = one msgpack item; a = its wire bytes
+    stream_end = 3,    ///< token: the stream; code 0: ended well; else text, detail
+    request = 4,       ///< token: request id; a = handler id; b = peer's channel id;
+                       ///< data = msgpack params array; text = method
+    request_gone = 5,  ///< token: request id: cancelled (ordo.cancel, deadline, peer lost)
+    item_written = 6,  ///< token: request id of a streaming handler; a = items written so far
+    done = 7,          ///< token: a listen or stop; code 0: text = bound address; else text
+    notify_failed = 8, ///< token: channel id; code, text: why a notification was not taken
+};
+
+struct completion {
+    completion(kind w, std::uint64_t t) : what(w), token(t) {}
+    kind what;
+    std::uint64_t token = 0;
+    int code = 0;
+    std::uint64_t a = 0, b = 0;
+    std::string data;
+    std::string text;    ///< the whole message (what() of ordo's rpc_error)
+    std::string detail;  ///< the remote message or local reason alone
+};
+
+/// One asyncio loop's completion queue.
+class hub {
+  public:
+    hub();
+    ~hub();
+    hub(const hub&) = delete;
+    hub& operator=(const hub&) = delete;
+    /// Any thread. Writes the eventfd when the queue was empty.
+    void push(completion c);
+    /// Python's side: clears the eventfd and takes everything queued.
+    std::vector<completion> drain();
+    int fd() const noexcept { return fd_; }
+
+  private:
+    int fd_;
+    std::mutex mu_;
+    std::vector<completion> q_;
+};
+
+class server_binding;
+
+/// The process-wide io thread and the state it owns.
+class runtime {
+  public:
+    /// Started on first use; never destroyed (stop() at exit ends its thread).
+    static runtime& get();
+
+    /// Any thread: runs `f` on the io thread, after everything submitted before it.
+    void submit(std::function<void()> f);
+    /// Closes every channel and server, then ends the io thread (waiting up to `wait_ms` for
+    /// connections to flush). Later submissions are dropped. Idempotent.
+    void stop(int wait_ms);
+    bool stopped() const noexcept { return stopped_; }
+
+    net::io_context io;
+
+    // ---- io thread only ----
+    std::uint64_t next_id = 1;
+    std::unordered_map<std::uint64_t, channel> channels;
+    std::unordered_map<std::uint64_t, std::unique_ptr<net::cancellation_signal>> calls;
+    std::unordered_map<std::uint64_t, std::shared_ptr<detail::stream_core>> streams;
+    std::unordered_map<std::uint64_t, std::shared_ptr<server_binding>> servers;
+    /// The handler tables serving connected channels' callbacks (ordo.connect(handlers=)).
+    std::unordered_map<std::uint64_t, std::shared_ptr<const handlers>> channel_handlers;
+    /// Server-side peers (handlers' callers) by address and by id, held weakly: the server
+    /// owns them. Forgotten once gone (swept when the maps grow).
+    std::unordered_map<const void*, std::pair<std::uint64_t, std::weak_ptr<channel_impl>>>
+        peer_ids;
+    std::unordered_map<std::uint64_t, std::weak_ptr<channel_impl>> peers_by_id;
+    std::uint64_t peer_channel(channel_impl& p);
+    /// A connected channel's or a live server peer's implementation, or null.
+    std::shared_ptr<channel_impl> find_channel(std::uint64_t id);
+
+  private:
+    runtime();
+    void run_queued();
+
+    net::executor_work_guard<net::io_context::executor_type> work_;
+    std::thread thread_;
+    std::future<void> ran_out_;  ///< ready when io.run() has returned
+    std::mutex mu_;
+    std::vector<std::function<void()>> queued_;
+    bool stopped_ = false;
+};
+
+// ---- client (_client.cpp); each runs on the io thread ----
+/// Runs a batch of calls and notifications, in order: a msgpack array of
+/// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params, timeout_ms, key]
+/// (call), [2, request, code, data] (respond) and [3, request, item] (stream_write); params,
+/// data and item are msgpack bytes, as bin. Made by ordo/_api.py (_LoopHub.flush).
+void run_batch(const std::shared_ptr<hub>& h, const std::string& batch);
+/// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
+void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+                   std::uint64_t server);
+void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+                std::string method, std::string params, long timeout_ms, std::string key);
+void cancel_call(std::uint64_t token);
+void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
+                 const std::string& params);
+void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+                  std::string method, std::string params, long timeout_ms, std::string key,
+                  std::uint32_t window);
+/// The reader took an item of `bytes` wire bytes: credit goes back (half a window at a time).
+void stream_took(std::uint64_t token, std::uint64_t bytes);
+void stream_cancel(std::uint64_t token);
+void stream_forget(std::uint64_t token);
+void close_channel(std::uint64_t chan);
+/// Fills `c` (code, text, detail) for a failure `ec` of `method` on `peer`.
+void describe_failure(completion& c, std::error_code ec, const std::string& method,
+                      const std::string& peer, const std::string& detail);
+
+// ---- server (_server.cpp); each runs on the io thread ----
+void server_create(std::uint64_t id);
+/// The handler table of server `id` (kept alive by the returned pointer), or null; its
+/// requests go to `h` if no loop listens for it yet.
+std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h);
+/// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming.
+void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
+                std::string signature);
+void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token,
+                   std::string url, long resume_window_ms);
+void server_stop(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token);
+/// A handler's answer: code 0: `data` is the msgpack result; else an ordo::errc and message.
+void respond(std::uint64_t request, int code, std::string data);
+/// One item of a streaming handler (msgpack bytes), written in order.
+void stream_write(std::uint64_t request, std::string item);
+/// At exit: every server stopped.
+void stop_servers();
+
+}  // namespace ordo::py

@@ -1,0 +1,207 @@
+// ordo._ordo: the pybind11 edge. Python objects are converted here, with the GIL held; the
+// work itself is submitted to the io thread with the GIL released (py::gil_scoped_release).
+// ordo/__init__.py builds the public API on it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "_core.hpp"
+
+namespace pyb = pybind11;
+using ordo::py::hub;
+using ordo::py::runtime;
+
+namespace {
+
+using release = pyb::call_guard<pyb::gil_scoped_release>;
+
+std::shared_ptr<hub> make_hub() {
+    runtime::get();  // the io thread starts with the first hub
+    return std::make_shared<hub>();
+}
+
+pyb::object text(const std::string& s) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (!o) throw pyb::error_already_set();
+    return pyb::reinterpret_steal<pyb::object>(o);
+}
+
+// (kind, token, code, a, b, data, text, detail) per completion; a call's result, the common
+// case, as (token, data) alone.
+pyb::list drain(hub& h) {
+    std::vector<ordo::py::completion> done;
+    {
+        pyb::gil_scoped_release nogil;
+        done = h.drain();
+    }
+    pyb::list out(done.size());
+    std::size_t i = 0;
+    for (auto& c : done) {
+        if (c.what == ordo::py::kind::call_done && c.code == 0) {  // (token, result)
+            PyObject* t = PyTuple_New(2);
+            if (!t) throw pyb::error_already_set();
+            PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(c.token));
+            PyTuple_SET_ITEM(t, 1, PyBytes_FromStringAndSize(c.data.data(),
+                                                             static_cast<Py_ssize_t>(c.data.size())));
+            out[i++] = pyb::reinterpret_steal<pyb::object>(t);
+            continue;
+        }
+        pyb::tuple t(8);
+        t[0] = pyb::int_(static_cast<int>(c.what));
+        t[1] = pyb::int_(c.token);
+        t[2] = pyb::int_(c.code);
+        t[3] = pyb::int_(c.a);
+        t[4] = pyb::int_(c.b);
+        t[5] = pyb::bytes(c.data);
+        t[6] = c.text.empty() ? pyb::none() : text(c.text);
+        t[7] = c.detail.empty() ? pyb::none() : text(c.detail);
+        out[i++] = std::move(t);
+    }
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ordo, m) {
+    m.doc() = "ordo's C++ core; use the ordo package, not this module";
+    namespace op = ordo::py;
+
+    pyb::class_<hub, std::shared_ptr<hub>>(m, "Hub")
+        .def(pyb::init(&make_hub))
+        .def("fileno", &hub::fd)
+        .def("drain", &drain)
+        .def(
+            "connect",
+            [](std::shared_ptr<hub> h, std::uint64_t token, std::string url,
+               std::uint64_t server) {
+                runtime::get().submit(
+                    [h = std::move(h), token, url = std::move(url), server]() mutable {
+                        op::start_connect(std::move(h), token, std::move(url), server);
+                    });
+            },
+            release())
+        .def(
+            "call",
+            [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+               std::string method, std::string params, long timeout_ms, std::string key) {
+                runtime::get().submit([h = std::move(h), chan, token, method = std::move(method),
+                                       params = std::move(params), timeout_ms,
+                                       key = std::move(key)]() mutable {
+                    op::start_call(std::move(h), chan, token, std::move(method),
+                                   std::move(params), timeout_ms, std::move(key));
+                });
+            },
+            release())
+        .def(
+            "submit",
+            [](std::shared_ptr<hub> h, std::string batch) {
+                runtime::get().submit([h = std::move(h), batch = std::move(batch)] {
+                    op::run_batch(h, batch);
+                });
+            },
+            release())
+        .def(
+            "cancel",
+            [](const hub&, std::uint64_t token) {
+                runtime::get().submit([token] { op::cancel_call(token); });
+            },
+            release())
+        .def(
+            "notify",
+            [](std::shared_ptr<hub> h, std::uint64_t chan, std::string method,
+               std::string params) {
+                runtime::get().submit([h = std::move(h), chan, method = std::move(method),
+                                       params = std::move(params)] {
+                    op::send_notify(h, chan, method, params);
+                });
+            },
+            release())
+        .def(
+            "stream",
+            [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
+               std::string method, std::string params, long timeout_ms, std::string key,
+               std::uint32_t window) {
+                runtime::get().submit([h = std::move(h), chan, token, method = std::move(method),
+                                       params = std::move(params), timeout_ms,
+                                       key = std::move(key), window]() mutable {
+                    op::start_stream(std::move(h), chan, token, std::move(method),
+                                     std::move(params), timeout_ms, std::move(key), window);
+                });
+            },
+            release())
+        .def(
+            "stream_took",
+            [](const hub&, std::uint64_t token, std::uint64_t bytes) {
+                runtime::get().submit([token, bytes] { op::stream_took(token, bytes); });
+            },
+            release())
+        .def(
+            "stream_cancel",
+            [](const hub&, std::uint64_t token) {
+                runtime::get().submit([token] { op::stream_cancel(token); });
+            },
+            release())
+        .def(
+            "stream_forget",
+            [](const hub&, std::uint64_t token) {
+                runtime::get().submit([token] { op::stream_forget(token); });
+            },
+            release())
+        .def(
+            "close_channel",
+            [](const hub&, std::uint64_t chan) {
+                runtime::get().submit([chan] { op::close_channel(chan); });
+            },
+            release())
+        .def(
+            "server_create",
+            [](const hub&, std::uint64_t id) {
+                runtime::get().submit([id] { op::server_create(id); });
+            },
+            release())
+        .def(
+            "server_add",
+            [](const hub&, std::uint64_t id, std::string name, std::uint64_t hid, int flags,
+               std::string signature) {
+                runtime::get().submit([id, name = std::move(name), hid, flags,
+                                       sig = std::move(signature)]() mutable {
+                    op::server_add(id, std::move(name), hid, flags, std::move(sig));
+                });
+            },
+            release())
+        .def(
+            "listen",
+            [](std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token, std::string url) {
+                runtime::get().submit([h = std::move(h), id, token, url = std::move(url)]() mutable {
+                    op::server_listen(std::move(h), id, token, std::move(url), 0);
+                });
+            },
+            release())
+        .def(
+            "server_stop",
+            [](std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token) {
+                runtime::get().submit([h = std::move(h), id, token]() mutable {
+                    op::server_stop(std::move(h), id, token);
+                });
+            },
+            release())
+        .def(
+            "respond",
+            [](const hub&, std::uint64_t request, int code, std::string data) {
+                runtime::get().submit([request, code, data = std::move(data)]() mutable {
+                    op::respond(request, code, std::move(data));
+                });
+            },
+            release())
+        .def(
+            "stream_write",
+            [](const hub&, std::uint64_t request, std::string item) {
+                runtime::get().submit([request, item = std::move(item)]() mutable {
+                    op::stream_write(request, std::move(item));
+                });
+            },
+            release());
+
+    m.def(
+        "shutdown", [](int wait_ms) { runtime::get().stop(wait_ms); }, release(),
+        "Closes every channel and server and ends ordo's io thread (at exit).");
+}

@@ -1,0 +1,239 @@
+// The serving side of the Python binding, on the io thread: an ordo::server whose handlers are
+// Python coroutines. Each request goes to the listening loop's hub as msgpack bytes; the
+// handler's coroutine here waits (a timer) until Python answers with respond(), so that a
+// serial handler keeps its connection serial exactly as a C++ coroutine handler does.
+#include "_core.hpp"
+
+#include <chrono>
+#include <deque>
+#include <limits>
+
+#include <asio/co_spawn.hpp>
+#include <asio/steady_timer.hpp>
+
+namespace ordo::py {
+
+class server_binding {
+  public:
+    server_binding() : srv(runtime::get().io.get_executor()) {}
+    ordo::server srv;
+    std::shared_ptr<hub> h;  ///< the hub of the loop that listened first
+};
+
+namespace {
+
+// One request waiting for its Python handler.
+struct request_state {
+    explicit request_state(net::any_io_executor ex) : timer(std::move(ex)) {}
+    net::steady_timer timer;
+    bool done = false;  ///< Python answered (or the stream ended)
+    int code = 0;
+    std::string data;               ///< the result, or the error message
+    std::deque<std::string> items;  ///< streaming: items not yet written
+};
+
+std::unordered_map<std::uint64_t, std::shared_ptr<request_state>>& requests() {
+    static std::unordered_map<std::uint64_t, std::shared_ptr<request_state>> m;  // io thread
+    return m;
+}
+
+std::string pack(const msgpack::object& o) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, o);
+    return std::string(b.data(), b.size());
+}
+
+// Hands the request to Python; returns its id.
+std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& method, peer& p,
+                       const msgpack::object& params, bool stream,
+                       std::shared_ptr<request_state>& st) {
+    auto& rt = runtime::get();
+    st = std::make_shared<request_state>(rt.io.get_executor());
+    const std::uint64_t id = rt.next_id++;
+    requests()[id] = st;
+    completion c{kind::request, id};
+    c.a = hid;
+    c.b = rt.peer_channel(p);
+    c.code = stream ? 1 : 0;
+    c.data = pack(params);
+    c.text = method;
+    b.h->push(std::move(c));
+    return id;
+}
+
+// Waits until respond() or stream_write() wakes the timer. False: this handler was cancelled
+// (ordo.cancel, the caller's deadline, the connection ending, the server stopping).
+net::awaitable<bool> wait_for_python(request_state& st) {
+    st.timer.expires_at(net::steady_timer::time_point::max());
+    try {
+        co_await st.timer.async_wait(net::experimental::as_tuple(net::use_awaitable));
+    } catch (const std::system_error&) {  // cancelled before it began
+        co_return false;
+    }
+    auto cs = co_await net::this_coro::cancellation_state;
+    co_return cs.cancelled() == net::cancellation_type::none;
+}
+
+[[noreturn]] void cancelled(server_binding& b, std::uint64_t id) {
+    requests().erase(id);
+    b.h->push(completion{kind::request_gone, id});
+    throw std::system_error(make_error_code(errc::cancelled), "ordo: handler cancelled");
+}
+
+void throw_answer(const request_state& st) {
+    if (st.code)
+        throw std::system_error(make_error_code(static_cast<errc>(st.code)), st.data);
+}
+
+net::awaitable<void> run_unary(server_binding* b, std::uint64_t hid, std::string method, peer& p,
+                               msgpack::object params, buffer& out) {
+    std::shared_ptr<request_state> st;
+    const std::uint64_t id = announce(*b, hid, method, p, params, false, st);
+    while (!st->done)
+        if (!co_await wait_for_python(*st)) cancelled(*b, id);
+    requests().erase(id);
+    throw_answer(*st);
+    out.write(st->data.data(), st->data.size());
+}
+
+net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st,
+                                 detail::stream_out& out, std::uint64_t& written);
+
+net::awaitable<void> run_stream(server_binding* b, std::uint64_t hid, std::string method, peer& p,
+                                msgpack::object params, detail::stream_out& out) {
+    std::shared_ptr<request_state> st;
+    const std::uint64_t id = announce(*b, hid, method, p, params, true, st);
+    std::uint64_t written = 0;
+    try {
+        co_await write_items(*b, id, *st, out, written);
+    } catch (...) {  // cancelled while it waited for credit or sent: Python's task goes too
+        if (requests().erase(id)) b->h->push(completion{kind::request_gone, id});
+        throw;
+    }
+    requests().erase(id);
+    throw_answer(*st);
+}
+
+// Writes what Python gives, in order, until it ends the stream.
+net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st_,
+                                 detail::stream_out& out, std::uint64_t& written) {
+    auto* st = &st_;
+    for (;;) {
+        while (!st->items.empty()) {
+            // As ordo::writer<T>::write: wait for credit, write the item, let it go out.
+            if (!out.has_credit()) co_await out.wait_credit();
+            const std::string item = std::move(st->items.front());
+            st->items.pop_front();
+            out.begin_item().write(item.data(), item.size());
+            if (!out.end_item()) co_await out.hand_over();
+            completion c{kind::item_written, id};
+            c.a = ++written;
+            b.h->push(std::move(c));
+        }
+        if (st->done) co_return;
+        if (!co_await wait_for_python(*st)) cancelled(b, id);
+    }
+}
+
+server_binding* find_server(std::uint64_t id) {
+    auto& rt = runtime::get();
+    auto it = rt.servers.find(id);
+    return it == rt.servers.end() ? nullptr : it->second.get();
+}
+
+net::awaitable<void> stop_then(std::shared_ptr<server_binding> b, std::shared_ptr<hub> h,
+                               std::uint64_t token) {
+    try {
+        co_await b->srv.async_stop();
+    } catch (const std::exception&) {  // async_stop does not fail; nothing is left to stop
+    }
+    if (h) h->push(completion{kind::done, token});
+}
+
+}  // namespace
+
+void server_create(std::uint64_t id) {
+    runtime::get().servers[id] = std::make_shared<server_binding>();
+}
+
+std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h) {
+    auto& rt = runtime::get();
+    auto it = rt.servers.find(id);
+    if (it == rt.servers.end()) return nullptr;
+    auto b = it->second;
+    if (!b->h) b->h = h;
+    return std::shared_ptr<const handlers>(b, &b->srv.handlers());  // aliasing: holds b
+}
+
+void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
+                std::string signature) {
+    auto* b = find_server(id);
+    if (!b) return;
+    detail::handler_entry e;
+    e.signature = std::move(signature);
+    e.concurrent = (flags & 1) != 0;
+    if (flags & 2) {
+        e.signature += " [stream]";
+        e.stream = [b, hid, name](peer& p, msgpack::object params, detail::stream_out& out) {
+            return run_stream(b, hid, name, p, params, out);
+        };
+    } else {
+        e.async = [b, hid, name](peer& p, msgpack::object params, buffer& out) {
+            return run_unary(b, hid, name, p, params, out);
+        };
+    }
+    b->srv.handlers().on_entry(std::move(name), std::move(e));
+}
+
+void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token,
+                   std::string url, long) {
+    completion c{kind::done, token};
+    auto* b = find_server(id);
+    try {
+        if (!b) throw_error(errc::closed, "ordo: listen on " + url + ": the server has stopped");
+        if (!b->h) b->h = h;
+        c.text = b->srv.listen(url);
+    } catch (const std::system_error& e) {
+        c.code = e.code().category() == error_category() ? e.code().value()
+                                                          : static_cast<int>(errc::bad_address);
+        c.text = e.what();
+    }
+    h->push(std::move(c));
+}
+
+void server_stop(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token) {
+    auto& rt = runtime::get();
+    auto it = rt.servers.find(id);
+    if (it == rt.servers.end()) {
+        h->push(completion{kind::done, token});
+        return;
+    }
+    auto b = std::move(it->second);
+    rt.servers.erase(it);
+    net::co_spawn(rt.io, stop_then(std::move(b), std::move(h), token), net::detached);
+}
+
+void stop_servers() {
+    auto& rt = runtime::get();
+    for (auto& [id, b] : rt.servers) net::co_spawn(rt.io, stop_then(b, nullptr, 0), net::detached);
+    rt.servers.clear();
+}
+
+void respond(std::uint64_t request, int code, std::string data) {
+    auto it = requests().find(request);
+    if (it == requests().end()) return;  // cancelled meanwhile: the caller was told
+    auto& st = *it->second;
+    st.done = true;
+    st.code = code;
+    st.data = std::move(data);
+    st.timer.cancel();
+}
+
+void stream_write(std::uint64_t request, std::string item) {
+    auto it = requests().find(request);
+    if (it == requests().end()) return;
+    it->second->items.push_back(std::move(item));
+    it->second->timer.cancel();
+}
+
+}  // namespace ordo::py

@@ -1,0 +1,494 @@
+"""The serving side: Server, handlers (coroutines, plain functions, async generators) and
+batch handlers. Requests arrive through the loop's hub (_api._LoopHub) as msgpack bytes; each
+handler's answer goes back the same way. ordo's C++ server keeps a serial handler's connection
+waiting until the answer is back, so handlers run one at a time per connection unless they are
+registered with concurrent=True.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import itertools
+import types
+
+from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens,
+                   _unpackb, _LoopHub)
+
+_handlers: dict = {}  # handler id -> _Handler (ids are unique in the process)
+_SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool: (bool,),
+           list: (list,), dict: (dict,)}
+
+
+class _End:
+    """ordo.END: in a step of a streaming batch handler, ends that caller's stream."""
+
+    def __repr__(self) -> str:
+        return "ordo.END"
+
+
+END = _End()
+
+
+class _Handler:
+    def __init__(self, name: str, fn, concurrent: bool, with_peer: bool):
+        self.name = name
+        self.fn = fn
+        self.concurrent = concurrent
+        self.with_peer = with_peer
+        self.stream = inspect.isasyncgenfunction(fn)
+        self.coro = inspect.iscoroutinefunction(fn)
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        if with_peer:
+            params = params[1:]
+        self.signature = "(" + ", ".join(str(p) for p in params) + ")"
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.min_args = sum(1 for p in positional if p.default is p.empty)
+        self.max_args = None if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+        self.types = [(i, _SIMPLE[p.annotation], p.annotation.__name__)
+                      for i, p in enumerate(positional) if p.annotation in _SIMPLE]
+        if any(isinstance(p.annotation, str) for p in positional):  # postponed annotations
+            hints = {}
+            try:
+                import typing
+                hints = typing.get_type_hints(fn)
+            except Exception:
+                pass
+            self.types = [(i, _SIMPLE[hints[p.name]], hints[p.name].__name__)
+                          for i, p in enumerate(positional) if hints.get(p.name) in _SIMPLE]
+
+    def check(self, params) -> None:
+        n = len(params)
+        if n < self.min_args or (self.max_args is not None and n > self.max_args):
+            raise BadArguments(f"{self.name}{self.signature} takes "
+                               f"{self._count()} arguments, got {n}", 6)
+        for i, types, tname in self.types:
+            if i < n and (not isinstance(params[i], types) or
+                          (tname != "bool" and isinstance(params[i], bool))):
+                raise BadArguments(f"{self.name}{self.signature}: argument {i + 1} is "
+                                   f"{type(params[i]).__name__}, not {tname}", 6)
+
+    def _count(self) -> str:
+        if self.max_args is None:
+            return f"at least {self.min_args}"
+        if self.max_args == self.min_args:
+            return str(self.min_args)
+        return f"{self.min_args} to {self.max_args}"
+
+
+def _describe(e: BaseException, h: _Handler) -> tuple[int, bytes]:
+    if isinstance(e, OrdoError):
+        return (e.code or 7), e.detail.encode()
+    return 7, f"{h.name}: {type(e).__name__}: {e}".encode()
+
+
+def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
+              stream: bool) -> None:
+    h = _handlers.get(hid)
+    hub = lh
+    if h is None:
+        hub.respond(token, 9, b"ordo: the handler's server has stopped")
+        return
+    try:
+        args = _unpackb(data)
+        h.check(args)
+    except BadArguments as e:
+        hub.respond(token, 6, e.detail.encode())
+        return
+    except Exception as e:
+        hub.respond(token, 6, f"{h.name}: params do not decode: {e}".encode())
+        return
+    if h.with_peer:
+        args = [Peer(lh, peer_chan, "(the caller of " + h.name + ")")] + args
+    if h.stream:
+        lh.requests[token] = lh.loop.create_task(_run_stream(lh, token, h, args))
+    elif h.coro:
+        # The coroutine's first step runs here: one that does not suspend (most handlers that
+        # compute) is answered without a task; one that does goes on in a task from there.
+        coro = h.fn(*args)
+        try:
+            yielded = coro.send(None)
+        except StopIteration as done:
+            try:
+                data = _packb(done.value)
+            except Exception as e:
+                hub.respond(token, *_describe(e, h))
+            else:
+                hub.respond(token, 0, data)
+            return
+        except (Exception, asyncio.CancelledError) as e:
+            hub.respond(token, *_describe(e, h))
+            return
+        lh.requests[token] = lh.loop.create_task(_run(lh, token, h, _resume(coro, yielded)))
+    else:  # a plain function runs here, in the loop's drain
+        try:
+            data = _packb(h.fn(*args))
+        except Exception as e:
+            hub.respond(token, *_describe(e, h))
+        else:
+            hub.respond(token, 0, data)
+
+
+@types.coroutine
+def _resume(coro, yielded):
+    """Goes on with a coroutine whose first step has run (it yielded `yielded`, the future it
+    waits for), inside the task that awaits this: what the task sends or throws goes to it."""
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as e:  # the task's cancellation, or the future's failure
+            try:
+                yielded = coro.throw(e)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+async def _run(lh: _LoopHub, token: int, h: _Handler, rest) -> None:
+    try:
+        r = await rest
+        data = _packb(r)
+    except asyncio.CancelledError:
+        if lh.requests.pop(token, None) is not None:  # not ordo's cancel: say so to the caller
+            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+        raise
+    except Exception as e:
+        lh.requests.pop(token, None)
+        lh.respond(token, *_describe(e, h))
+    else:
+        lh.requests.pop(token, None)
+        lh.respond(token, 0, data)
+
+
+class _Writer:
+    """A streaming handler's items in flight: at most `window` written and not yet sent."""
+
+    window = 64
+
+    def __init__(self, lh: _LoopHub):
+        self.lh = lh
+        self.sent = 0
+        self.acked = 0
+        self.waiter: asyncio.Future | None = None
+
+    def _written(self, n: int) -> None:
+        self.acked = n
+        w = self.waiter
+        if w is not None and not w.done() and self.sent - n < self.window // 2:
+            w.set_result(None)
+
+
+async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
+    w = _Writer(lh)
+    lh.written[token] = w
+    agen = h.fn(*args)
+    try:
+        async for item in agen:
+            lh.stream_write(token, _packb(item))
+            w.sent += 1
+            if w.sent - w.acked >= w.window:
+                w.waiter = lh.loop.create_future()
+                await w.waiter
+                w.waiter = None
+    except asyncio.CancelledError:
+        if lh.requests.pop(token, None) is not None:
+            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+        raise
+    except Exception as e:
+        lh.requests.pop(token, None)
+        lh.respond(token, *_describe(e, h))
+    else:
+        lh.requests.pop(token, None)
+        lh.respond(token, 0, b"")
+    finally:
+        lh.written.pop(token, None)
+        await agen.aclose()  # a cancelled or failed stream's generator runs its finally now
+
+
+class _Batcher:
+    """Single calls gathered into lists for `fn` (Ray Serve's @serve.batch)."""
+
+    def __init__(self, name: str, fn, max_batch_size: int, batch_wait_timeout_s: float):
+        if max_batch_size < 1:
+            raise ValueError("ordo: max_batch_size must be at least 1")
+        if batch_wait_timeout_s < 0:
+            raise ValueError("ordo: batch_wait_timeout_s must not be negative")
+        self.name = name
+        self.fn = fn
+        self.max = max_batch_size
+        self.wait = batch_wait_timeout_s
+        self.queue: list = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.tasks: set = set()
+
+    def _add(self, entry) -> None:
+        loop = asyncio.get_running_loop()
+        self.queue.append(entry)
+        if len(self.queue) >= self.max:
+            self._flush()
+        elif self.timer is None:
+            self.timer = loop.call_later(self.wait, self._flush)
+
+    def _flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        entries = [e for e in self.queue if not e[1].done()]  # cancelled callers leave
+        self.queue = []
+        if entries:
+            task = asyncio.get_running_loop().create_task(self._run(entries))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def call(self, arg):
+        fut = asyncio.get_running_loop().create_future()
+        self._add((arg, fut))
+        return await fut
+
+    async def _run(self, entries) -> None:
+        futs = [f for _, f in entries]
+        try:
+            results = self.fn([a for a, _ in entries])
+            if inspect.isawaitable(results):
+                results = await results
+            results = list(results)
+            if len(results) != len(entries):
+                raise ValueError(f"returned {len(results)} results for {len(entries)} calls")
+        except Exception as e:
+            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}", 7)
+            for f in futs:
+                if not f.done():
+                    f.set_exception(err)
+            return
+        for f, r in zip(futs, results):
+            if f.done():
+                continue
+            if isinstance(r, BaseException):
+                f.set_exception(r)
+            else:
+                f.set_result(r)
+
+
+class _StreamCaller:
+    def __init__(self, arg):
+        self.arg = arg
+        self.items: collections.deque = collections.deque()
+        self.done = False  # ended, failed, or its caller left
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.space: asyncio.Future | None = None
+        self.left: asyncio.Future | None = None
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def put(self, x) -> None:
+        self.items.append(x)
+        self._wake()
+
+    def finish(self, error: BaseException | None) -> None:
+        if not self.done:
+            self.done = True
+            self.error = error
+            self.items.append(END)
+            self._wake()
+
+
+class _StreamBatcher(_Batcher):
+    """Streaming batches: `fn(args)` is an async generator yielding, per step, a list with one
+    entry per caller of the batch: an item, ordo.END (that caller's stream ends) or an
+    exception (that caller's stream fails). A step waits while a caller holds 16 unread items."""
+
+    async def stream(self, arg):
+        c = _StreamCaller(arg)
+        fut = asyncio.get_running_loop().create_future()  # done: the caller has left
+        c.left = fut
+        self._add((c, fut))
+        try:
+            while True:
+                while not c.items:
+                    c.waiter = asyncio.get_running_loop().create_future()
+                    await c.waiter
+                x = c.items.popleft()
+                if c.space is not None and not c.space.done() and len(c.items) < 8:
+                    c.space.set_result(None)
+                if x is END:
+                    if c.error is not None:
+                        raise c.error
+                    return
+                yield x
+        finally:
+            c.done = True
+            if not fut.done():
+                fut.set_result(None)
+            if c.space is not None and not c.space.done():
+                c.space.set_result(None)
+
+    async def _run(self, entries) -> None:
+        callers = [c for c, _ in entries]
+        try:
+            agen = self.fn([c.arg for c in callers])
+            async for step in agen:
+                step = list(step)
+                if len(step) != len(callers):
+                    raise ValueError(f"a step gave {len(step)} entries for {len(callers)} "
+                                     "callers")
+                for c, x in zip(callers, step):
+                    if c.done:
+                        continue
+                    if x is END:
+                        c.finish(None)
+                    elif isinstance(x, BaseException):
+                        c.finish(x)
+                    else:
+                        c.put(x)
+                if all(c.done for c in callers):
+                    break
+                for c in callers:  # bounded: a caller that does not read holds the batch
+                    while not c.done and len(c.items) >= 16:
+                        c.space = asyncio.get_running_loop().create_future()
+                        await c.space
+            await agen.aclose()
+        except Exception as e:
+            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}", 7)
+            for c in callers:
+                c.finish(err)
+        for c in callers:
+            c.finish(None)
+
+
+class Server:
+    """Serves the registered handlers on every URL it listens on, from the loop that listens.
+
+        srv = ordo.Server()
+
+        @srv.method
+        async def inc(x: int) -> int:
+            return x + 1
+
+        await srv.listen("tcp://127.0.0.1:7000")
+
+    Handlers are coroutine functions, plain functions (run at once on the loop) or async
+    generators (streaming methods). Arguments are checked against the handler's signature
+    (count, and the annotations int, float, str, bytes, bool, list, dict): a mismatch answers
+    BadArguments naming the method; an exception answers RemoteError with its message (an
+    ordo.OrdoError keeps its code). Handlers run serially per connection (a handler's next
+    message waits for it) unless registered with concurrent=True; with_peer=True passes the
+    caller as an ordo.Peer first, to call it back over the same connection (a serial handler
+    that awaits a call back to a serial handler of its caller deadlocks until a deadline).
+    """
+
+    def __init__(self):
+        self._id = next(_tokens)
+        self._lh: _LoopHub | None = None
+        self._registered: dict[str, _Handler] = {}
+        self._batchers: list = []
+        self._stopped = False
+
+    def method(self, fn=None, *, name: str | None = None, concurrent: bool = False,
+               with_peer: bool = False):
+        """Registers `fn` under its name (or `name`); usable as @srv.method or
+        @srv.method(concurrent=True)."""
+        def register(f):
+            self._register(_Handler(name or f.__name__, f, concurrent, with_peer))
+            return f
+        return register(fn) if fn is not None else register
+
+    def batch(self, fn=None, *, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.005,
+              name: str | None = None):
+        """Registers a batch handler (Ray Serve's @serve.batch): callers make single calls
+        with one argument (several: a tuple); `fn` takes the list of arguments of up to
+        max_batch_size calls (gathered from every connection for at most batch_wait_timeout_s
+        after the first) and returns a list of the same length; an element that is an
+        exception fails its call alone; a raise or a wrong length fails the whole batch. An
+        async generator function makes a streaming batch handler (see _StreamBatcher)."""
+        def register(f):
+            n = name or f.__name__
+            if inspect.isasyncgenfunction(f):
+                b = _StreamBatcher(n, f, max_batch_size, batch_wait_timeout_s)
+
+                async def one_stream(*args):
+                    async for x in b.stream(args[0] if len(args) == 1 else tuple(args)):
+                        yield x
+                one = one_stream
+            else:
+                b = _Batcher(n, f, max_batch_size, batch_wait_timeout_s)
+
+                async def one_call(*args):
+                    return await b.call(args[0] if len(args) == 1 else tuple(args))
+                one = one_call
+            self._batchers.append(b)
+            h = _Handler(n, one, True, False)
+            h.signature = "(*args) [batch]"
+            self._register(h)
+            return f
+        return register(fn) if fn is not None else register
+
+    def _register(self, h: _Handler) -> None:
+        old = self._registered.get(h.name)
+        hid = next(_tokens)
+        if old is not None:
+            _handlers.pop(old.hid, None)
+        h.hid = hid
+        _handlers[hid] = h
+        self._registered[h.name] = h
+        if self._lh is not None:
+            self._add(h)
+
+    def _add(self, h: _Handler) -> None:
+        flags = (1 if h.concurrent else 0) | (2 if h.stream else 0)
+        self._lh.hub.server_add(self._id, h.name, h.hid, flags, h.signature)
+
+    def _attach(self, lh: _LoopHub) -> None:
+        if self._stopped:
+            raise OrdoError("ordo: the server has stopped", 10)
+        if self._lh is None:
+            self._lh = lh
+            lh.hub.server_create(self._id)
+            for h in self._registered.values():
+                self._add(h)
+        elif self._lh is not lh:
+            raise RuntimeError("ordo: a server serves one loop only")
+
+    async def listen(self, url: str) -> str:
+        """Binds `url` (tcp://host:port, port 0 for any; unix:///path; tls://...) and serves
+        it; returns the bound address. Requests are handled on this loop."""
+        _check_running(f"listen on {url}")
+        if self._stopped:
+            raise OrdoError(f"ordo: listen on {url}: the server has stopped", 10)
+        lh = _hub()
+        self._attach(lh)
+        token = next(_tokens)
+        fut = lh.loop.create_future()
+        lh.futures[token] = fut
+        lh.hub.listen(self._id, token, url)
+        _, address = await fut
+        return address
+
+    async def stop(self) -> None:
+        """Stops accepting, closes every connection (queued answers are sent first; running
+        handlers are cancelled) and waits until they have ended."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._lh is not None:
+            lh = self._lh
+            token = next(_tokens)
+            fut = lh.loop.create_future()
+            lh.futures[token] = fut
+            lh.hub.server_stop(self._id, token)
+            await fut
+        for h in self._registered.values():
+            _handlers.pop(h.hid, None)
+
+    async def __aenter__(self) -> "Server":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()

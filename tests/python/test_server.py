@@ -1,0 +1,258 @@
+"""ordo.Server: Python handlers served to Python callers and to ordo's C++ client."""
+import asyncio
+
+import pytest
+
+import ordo
+from conftest import BUILD
+
+
+def counter_server():
+    srv = ordo.Server()
+    state = {"total": 0}
+
+    @srv.method
+    async def inc(x: int) -> int:
+        return x + 1
+
+    @srv.method
+    def add(x: int) -> int:  # a plain function: run at once on the loop
+        state["total"] += x
+        return state["total"]
+
+    @srv.method
+    async def total() -> int:
+        return state["total"]
+
+    return srv, state
+
+
+async def test_seed_example_against_a_python_server():
+    srv, _ = counter_server()
+    peer = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    res = await peer.inc(1)
+    assert res == 2
+    calls = []
+    for i in range(1, 201):
+        peer.notify("add", 1)
+        calls.append(peer.total())
+    assert await asyncio.gather(*calls) == list(range(1, 201))
+    peer.close()
+    await srv.stop()
+
+
+async def test_the_cpp_client_calls_a_python_server_in_order():
+    srv, state = counter_server()
+    url = await srv.listen("tcp://127.0.0.1:0")
+    # ordo-inc-client checks every inc result and that total() grew by exactly --adds.
+    p = await asyncio.create_subprocess_exec(
+        str(BUILD / "examples" / "ordo-inc-client"), "--connect", url, "--calls", "3000",
+        "--inflight", "16", "--adds", "300", "--timeout-ms", "30000",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(p.communicate(), 60)
+    assert p.returncode == 0, err.decode()
+    assert out.startswith(b"ok 3000 calls") and b"total grew by 300" in out, out
+    assert state["total"] == 300
+    await srv.stop()
+
+
+async def test_handlers_run_serially_per_connection_unless_concurrent():
+    srv = ordo.Server()
+    running = {"serial": 0, "concurrent": 0}
+    peak = {"serial": 0, "concurrent": 0}
+
+    def tracked(kind):
+        async def handler(i: int) -> int:
+            running[kind] += 1
+            peak[kind] = max(peak[kind], running[kind])
+            await asyncio.sleep(0.002)
+            running[kind] -= 1
+            return i
+        return handler
+
+    srv.method(tracked("serial"), name="serial")
+    srv.method(tracked("concurrent"), name="concurrent", concurrent=True)
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    assert await asyncio.gather(*(ch.serial(i) for i in range(30))) == list(range(30))
+    assert await asyncio.gather(*(ch.concurrent(i) for i in range(30))) == list(range(30))
+    assert peak["serial"] == 1 and peak["concurrent"] > 1, peak
+    ch.close()
+    await srv.stop()
+
+
+async def test_a_handler_that_raises_answers_an_error_and_the_server_goes_on():
+    srv = ordo.Server()
+
+    @srv.method
+    async def boom(why: str):
+        raise ValueError(why)
+
+    @srv.method
+    def sync_boom():
+        raise KeyError("k")
+
+    @srv.method
+    async def lost():
+        raise ordo.Overloaded("too busy", 8)
+
+    @srv.method
+    async def unpackable():
+        return object()
+
+    @srv.method
+    async def echo(*args):
+        return list(args)
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    with pytest.raises(ordo.RemoteError) as e:
+        await ch.boom("bad input")
+    assert e.value.detail == "boom: ValueError: bad input"
+    with pytest.raises(ordo.RemoteError, match="sync_boom: KeyError"):
+        await ch.sync_boom()
+    with pytest.raises(ordo.Overloaded, match="too busy"):
+        await ch.lost()
+    with pytest.raises(ordo.RemoteError, match="unpackable"):
+        await ch.unpackable()
+    with pytest.raises(ordo.BadArguments, match=r"boom\(why: str\) takes 1 arguments, got 2"):
+        await ch.boom("a", "b")
+    with pytest.raises(ordo.BadArguments, match="argument 1 is int, not str"):
+        await ch.boom(5)
+    with pytest.raises(ordo.MethodNotFound):
+        await ch.nothing()
+    assert await ch.echo(1, "a", [2]) == [1, "a", [2]]
+    ch.close()
+    await srv.stop()
+
+
+async def test_a_handler_calls_back_over_the_same_peer():
+    srv = ordo.Server()
+
+    @srv.method(with_peer=True)
+    async def relay(peer, x: int) -> int:
+        return await peer.inc(x, timeout=20) * 10
+
+    mine = ordo.Server()  # the caller's own handlers, never listening
+
+    @mine.method
+    def inc(x: int) -> int:
+        return x + 1
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"), handlers=mine)
+    assert await asyncio.gather(*(ch.relay(i) for i in range(20))) == \
+        [(i + 1) * 10 for i in range(20)]
+    ch.close()
+    await srv.stop()
+    await mine.stop()
+
+
+async def test_a_cancelled_call_cancels_the_python_handler():
+    srv = ordo.Server()
+    seen = asyncio.Event()
+
+    @srv.method
+    async def wait_forever():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.set()
+            raise
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    with pytest.raises(ordo.TimedOut):
+        await ch.wait_forever(timeout=0.1)
+    await asyncio.wait_for(seen.wait(), 20)
+    seen.clear()
+    task = asyncio.ensure_future(ch.wait_forever())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.wait_for(seen.wait(), 20)
+    ch.close()
+    await srv.stop()
+
+
+async def test_a_streaming_handler_streams_and_stops_when_cancelled():
+    srv = ordo.Server()
+    ended = asyncio.Event()
+
+    @srv.method
+    async def count_to(n: int):
+        try:
+            for i in range(n):
+                yield i
+        finally:
+            ended.set()
+
+    @srv.method
+    async def broken(n: int):
+        for i in range(n):
+            yield i
+        raise RuntimeError("ran dry")
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    assert [x async for x in ch.stream("count_to", 500, window=8)] == list(range(500))
+    await asyncio.wait_for(ended.wait(), 20)
+    ended.clear()
+    st = ch.stream("count_to", 10**9, window=4)
+    got = []
+    with pytest.raises(ordo.Cancelled):
+        async for x in st:
+            got.append(x)
+            if x == 10:
+                st.cancel()
+    assert got[:11] == list(range(11))
+    await asyncio.wait_for(ended.wait(), 20)
+    got = []
+    with pytest.raises(ordo.RemoteError, match="ran dry"):
+        async for x in ch.stream("broken", 3):
+            got.append(x)
+    assert got == [0, 1, 2]
+    ch.close()
+    await srv.stop()
+
+
+async def test_batches_gather_calls_and_answer_each():
+    srv = ordo.Server()
+    sizes = []
+
+    @srv.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def square(xs):
+        sizes.append(len(xs))
+        return [ValueError(f"no {x}") if x == 13 else x * x for x in xs]
+
+    @srv.batch(max_batch_size=4, batch_wait_timeout_s=0.01)
+    def wrong_length(xs):
+        return xs[:-1]
+
+    @srv.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
+    async def count(ns):
+        for k in range(max(ns) + 1):
+            yield [k if k < n else ordo.END for n in ns]
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    results = await asyncio.gather(*(ch.square(i) for i in range(40)), return_exceptions=True)
+    assert [r for i, r in enumerate(results) if i != 13] == [i * i for i in range(40) if i != 13]
+    assert isinstance(results[13], ordo.RemoteError) and "no 13" in str(results[13])
+    assert max(sizes) <= 8 and len(sizes) < 40, sizes
+    with pytest.raises(ordo.RemoteError, match="returned 1 results for 2 calls"):
+        await asyncio.gather(ch.wrong_length(1), ch.wrong_length(2))
+
+    async def read(n):
+        return [x async for x in ch.stream("count", n)]
+    assert await asyncio.gather(*(read(n) for n in (0, 3, 1))) == [[], [0, 1, 2], [0]]
+    ch.close()
+    await srv.stop()
+
+
+async def test_stopping_a_server_ends_its_calls():
+    srv = ordo.Server()
+
+    @srv.method
+    async def wait_forever():
+        await asyncio.sleep(3600)
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    call = asyncio.ensure_future(ch.wait_forever())
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(srv.stop(), 20)
+    with pytest.raises(ordo.OrdoError):
+        await asyncio.wait_for(call, 20)
