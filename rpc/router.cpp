@@ -274,9 +274,9 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome o
         ++r.completed;
         const auto took = clock_type::now() - rc.started;
         r.latency.record(took);
-        // Kept while calls wait (only a waiting call is judged by it): a router with room to
-        // spare pays no lookup per call.
-        if (rc.inner && !queue.empty()) {
+        // Only a waiting call with a deadline is judged by it: calls without one pay no
+        // lookup.
+        if (rc.inner && rc.deadline != clock_type::time_point::max()) {
             auto& e = service_estimates[rc.method];
             e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
         }
