@@ -149,20 +149,30 @@ def _resume(coro, yielded):
                 return done.value
 
 
+def _cancelled(lh: _LoopHub, token: int, h: _Handler) -> None:
+    if lh.requests.pop(token, None) is not None:  # not ordo's cancel: say so to the caller
+        lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+
+
+def _answer(lh: _LoopHub, token: int, h: _Handler, e: Exception | None, data: bytes) -> None:
+    lh.requests.pop(token, None)
+    if e is None:
+        lh.respond(token, 0, data)
+    else:
+        lh.respond(token, *_describe(e, h))
+
+
 async def _run(lh: _LoopHub, token: int, h: _Handler, rest) -> None:
     try:
         r = await rest
         data = _packb(r)
     except asyncio.CancelledError:
-        if lh.requests.pop(token, None) is not None:  # not ordo's cancel: say so to the caller
-            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+        _cancelled(lh, token, h)
         raise
     except Exception as e:
-        lh.requests.pop(token, None)
-        lh.respond(token, *_describe(e, h))
+        _answer(lh, token, h, e, b"")
     else:
-        lh.requests.pop(token, None)
-        lh.respond(token, 0, data)
+        _answer(lh, token, h, None, data)
 
 
 class _Writer:
@@ -196,15 +206,12 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
                 await w.waiter
                 w.waiter = None
     except asyncio.CancelledError:
-        if lh.requests.pop(token, None) is not None:
-            lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+        _cancelled(lh, token, h)
         raise
     except Exception as e:
-        lh.requests.pop(token, None)
-        lh.respond(token, *_describe(e, h))
+        _answer(lh, token, h, e, b"")
     else:
-        lh.requests.pop(token, None)
-        lh.respond(token, 0, b"")
+        _answer(lh, token, h, None, b"")
     finally:
         lh.written.pop(token, None)
         await agen.aclose()  # a cancelled or failed stream's generator runs its finally now
