@@ -384,6 +384,8 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
         return 0;
     const unsigned char kind = p[1];
     if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2)) return 0;
+    // The general way first checks that the entries can fit in the bytes left (one byte each).
+    if (bytes.size() - 1 < static_cast<std::size_t>(p[0] & 0x0f)) return 0;
     p += 2;
     if (kind != 2) {  // the msgid
         const unsigned char t = *p;
