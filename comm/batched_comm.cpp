@@ -325,10 +325,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     bool deliver_some(bool& took) {
         std::size_t turn = 0;
         while (st != state::ended && !quitting) {
-            // The common message is taken whole by the taker, in one pass over its bytes; the
-            // framer cuts what the taker declines (a message not all there, in another shape,
-            // or breaking a limit, which the framer then reports).
-            // The count includes the message while it is handled, either way.
+            // The taker takes the common message in one pass; the framer cuts what it declines
+            // (not all there, another shape, over a limit). Counted while handled, either way.
             ++c.messages_received;
             std::size_t taken = 0;
             if (taker && !detached && framer.at_message_start())
