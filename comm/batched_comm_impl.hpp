@@ -1,0 +1,175 @@
+// batched_comm::impl: the state a batched_comm shares with its two coroutines. The writer's
+// side is in batched_comm.cpp, the reader's in batched_read.cpp.
+#pragma once
+
+#include "ordo/batched_comm.hpp"
+
+#include <algorithm>
+
+#include "comm/framing.hpp"
+#include "comm/transports.hpp"
+#include "ordo/detail/memory_budget.hpp"
+#include "ordo/error.hpp"
+
+namespace ordo {
+
+
+// The state shared by the public object and the two coroutines; the coroutines hold it alive
+struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
+    using clock = std::chrono::steady_clock;
+    enum class state { open, closing, ended };
+    enum class wait { none, idle, interval, peer_eof };
+
+    impl(std::unique_ptr<transport> tr, comm_options opt, message_fn m, closed_fn c)
+        : t(std::move(tr)),
+          o(std::move(opt)),
+          on_message(std::move(m)),
+          on_closed(std::move(c)),
+          writer_wake(t->get_executor(), clock::time_point::max()),
+          changed(t->get_executor(), clock::time_point::max()),
+          framer(o.limits) {}
+
+    std::unique_ptr<transport> t;
+    comm_options o;
+    message_fn on_message;
+    taker_fn taker;
+    closed_fn on_closed;
+    net::steady_timer writer_wake;  // the writer sleeps on it; cancel() wakes it
+    net::steady_timer changed;      // drain and close waiters sleep on it
+
+    // Messages are kept back to back in one byte vector, with their end offsets beside: one
+    // allocation per batch rather than per message, and one contiguous buffer per write.
+    std::vector<char> queue, writing;
+    std::vector<std::size_t> queue_ends, writing_ends;
+
+    state st = state::open;
+    wait writer_wait = wait::none;
+    bool started = false, finished = false, detached = false, reader_done = false;
+    bool paused = false, reader_paused = false;
+    net::steady_timer reader_wake{t->get_executor(), clock::time_point::max()};
+    bool has_reason = false;
+    // hand_over(): where the connection goes once both loops have stopped, and the bytes read
+    // past the last message delivered. preload(): bytes to deliver before reading.
+    handed_fn handing;
+    std::string leftover;
+    bool preloaded = false;
+    int drain_waiters = 0;
+    clock::time_point last_write_start{};
+    close_result result;
+    comm_counters c;
+    detail::framer framer;
+    // Reads adapt between these (adapt_read_size).
+    const std::size_t max_read_size = std::max<std::size_t>(1, o.read_chunk_bytes);
+    const std::size_t min_read_size = std::min<std::size_t>(2048, max_read_size);
+    std::size_t read_size = min_read_size;
+    // message_timeout: since when the incomplete message now buffered has been waited for
+    // (epoch: none is), and the timer that checks it.
+    clock::time_point partial_since{};
+    net::steady_timer partial_timer{t->get_executor()};
+    bool partial_armed = false;
+    // comm_options::budget: what this connection has charged to it, whether the reader waits
+    // for it, and whether a wake-up is registered with it.
+    static constexpr std::size_t budget_floor = 32 * 1024;
+    static constexpr std::size_t out_step = 64 * 1024;  // output is charged in these steps
+    std::size_t charged_read = 0, charged_out = 0;
+    bool budget_wait = false, budget_registered = false;
+
+    void charge_read() {
+        if (o.budget) o.budget->adjust(charged_read, framer.capacity());
+    }
+    // Output is charged in whole steps, so that send() touches the shared counter once per
+    // out_step bytes rather than once per message.
+    void charge_out() {
+        if (!o.budget) return;
+        // What the two output vectors hold, not what is in them: they grow by doubling.
+        const std::size_t held = queue.capacity() + writing.capacity();
+        const std::size_t want = (held + out_step - 1) / out_step * out_step;
+        if (want != charged_out) o.budget->adjust(charged_out, want);
+    }
+
+    void set_reason(std::error_code code, std::string reason) {
+        if (has_reason) return;
+        has_reason = true;
+        result.code = code;
+        result.reason = std::move(reason);
+    }
+
+    // Ends the connection now: both loops see it at their next step.
+    void fail(std::error_code code, std::string reason);
+
+    // fail() for a fault of the peer's (protocol error, broken limit): with comm_options::
+    // farewell, tells the peer why first (after what is queued), reads nothing more, and ends
+    // once that is written or close_timeout has passed.
+    bool quitting = false;
+    net::steady_timer quit_timer{t->get_executor()};
+    void fail_telling(std::error_code code, std::string reason);
+
+    void wake_writer() {
+        writer_wait = wait::none;
+        writer_wake.cancel();
+    }
+
+    net::awaitable<void> sleep_writer(wait why, clock::time_point until) {
+        writer_wait = why;
+        writer_wake.expires_at(until);
+        co_await writer_wake.async_wait(use_tuple);
+        writer_wait = wait::none;
+    }
+
+    void send(std::string_view m, std::string_view body = {});
+
+    // Moves messages [first, ends.size()) of a batch to the undelivered list.
+    void hand_back(const std::vector<char>& bytes, const std::vector<std::size_t>& ends,
+                   std::size_t first) {
+        std::size_t begin = first == 0 ? 0 : ends[first - 1];
+        for (std::size_t i = first; i < ends.size(); ++i) {
+            const std::string_view m(bytes.data() + begin, ends[i] - begin);
+            if (!o.keep_undelivered || o.keep_undelivered(m)) result.undelivered.emplace_back(m);
+            begin = ends[i];
+        }
+    }
+
+    // The two coroutines: the writer (batched_comm.cpp) and the reader (batched_read.cpp).
+    net::awaitable<void> write_loop();
+    net::awaitable<void> write_batches();
+    net::awaitable<void> read_loop();
+    net::awaitable<void> read_messages();
+
+    // Passes on the whole messages the framer holds (`took`: any). True when it stopped after
+    // messages_per_turn of them so that the writer may run first: yield, then call it again.
+    bool deliver_some(bool& took);
+
+    // After the messages of a read were passed on.
+    void delivered(bool took);
+
+    // Both loops stopped for hand_over(): the transport goes to its new owner, not closed.
+    void hand_over_now();
+
+    struct read_plan {
+        std::size_t size;                     // to ask of the transport
+        std::size_t max_capacity = SIZE_MAX;  // for the read buffer, if it has to grow
+    };
+
+    // What the next read may take under comm_options::budget (see there); waits while it may
+    // take nothing. Returns size 0 only when the connection has ended.
+    net::awaitable<read_plan> budgeted_read();
+
+    // A full read means a burst: the next read takes up to read_chunk_bytes, so that a burst
+    // after an idle spell costs two reads, not a doubling series. Reads under a quarter full
+    // halve it, down to 2 KiB: an idle connection waits with a small buffer.
+    void adapt_read_size(std::size_t n) {
+        if (n == read_size)
+            read_size = max_read_size;
+        else if (n < read_size / 4)
+            read_size = std::max(read_size / 2, min_read_size);
+    }
+
+    // After a read: starts or ends the wait for the incomplete message left in the framer (a
+    // new one if this read completed others).
+    void watch_partial(bool took);
+    void check_partial();
+
+    void finish();
+};
+
+}  // namespace ordo
