@@ -228,10 +228,11 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
         }
     }
     auto rc = std::make_unique<routed_call>(self.weak_from_this(), r);
-    if (!retry && !call->stream && o.idempotent_methods.count(call->method))
+    if (!retry && !call->stream && !o.idempotent_methods.empty() &&
+        o.idempotent_methods.count(call->method))
         rc->saved_params = call->params.copy();
     detail::move_call_fields(*call, *rc, timeout);
-    if (timeout.count() > 0) rc->deadline = clock_type::now() + timeout;
+    if (timeout.count() > 0) rc->deadline = rc->started + timeout;
     rc->inner = std::move(call);
     if (!rc->options.key.empty()) {
         key_flight& k = keys[rc->options.key];
@@ -263,7 +264,7 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
 
 // A replica's call ended. Runs inside the replica's peer: what starts waiting calls is posted;
 // the caller's handler runs here when `now` (complete_inline) and the call allows it.
-void router::state::finished(routed_call& rc, std::error_code ec, call_outcome out, bool now) {
+void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now) {
     replica& r = *rc.rep;
     --r.in_flight;
     if (!rc.options.key.empty()) {
@@ -272,7 +273,11 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome o
     }
     if (!ec) {
         ++r.completed;
-        const auto took = clock_type::now() - rc.started;
+        // A response arrives only by a read of the replica's connection, which noted the time:
+        // its latency costs no second clock read.
+        const auto arrived = r.conn && rc.gen == r.gen ? r.conn->comm().last_receive
+                                                      : clock_type::now();
+        const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
         r.latency.record(took);
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.

@@ -68,7 +68,7 @@ struct router::state {
             end(true, ec, std::move(out));
         }
         bool takes_borrowed() const noexcept override { return !inner || inner->takes_borrowed(); }
-        void end(bool now, std::error_code ec, call_outcome out) {
+        void end(bool now, std::error_code ec, call_outcome&& out) {
             if (auto r = router_.lock())  // kept alive until the caller's handler has run
                 r->s_->finished(*this, ec, std::move(out), now);
             else if (inner)
@@ -160,7 +160,7 @@ struct router::state {
     void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
-    void finished(routed_call& rc, std::error_code ec, call_outcome out, bool now);
+    void finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now);
     void schedule_pump();
     void pump();
     void arm_wait_timer();

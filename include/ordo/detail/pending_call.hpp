@@ -8,6 +8,7 @@
 
 #include "ordo/call.hpp"
 #include "ordo/detail/params_buffer.hpp"
+#include "ordo/detail/recycle.hpp"
 #include "ordo/net.hpp"
 
 namespace ordo::detail {
@@ -19,6 +20,10 @@ class stream_core;
 class pending_call {
   public:
     virtual ~pending_call() = default;
+    /// A pending call is made and freed once per call: its memory is recycled on the thread
+    /// (detail::recycled_new), not returned to malloc each time. Not for over-aligned types.
+    static void* operator new(std::size_t size) { return recycled_new(size); }
+    static void operator delete(void* p, std::size_t size) noexcept { recycled_delete(p, size); }
     /// Never runs the caller's handler inline: posts it to the handler's executor. Safe
     /// anywhere, the call's own initiation included.
     virtual void complete(std::error_code ec, call_outcome out) = 0;
