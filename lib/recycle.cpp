@@ -37,7 +37,8 @@ struct cleanup {
     bool armed = false;
     ~cleanup() {
         for (std::size_t c = 0; c < classes; ++c)
-            while (tl_cache.count[c] > 0) ::operator delete(tl_cache.blocks[c][--tl_cache.count[c]]);
+            while (tl_cache.count[c] > 0)
+                ::operator delete(tl_cache.blocks[c][--tl_cache.count[c]]);
         tl_cache.closed = true;
     }
 };
@@ -66,7 +67,8 @@ void recycled_delete(void* p, std::size_t size) noexcept {
     }
     if (!k.registered) {
         k.registered = true;
-        tl_cleanup.armed = true;  // constructs it on this thread, so that it runs at the thread's end
+        // Constructs it on this thread, so that it runs at the thread's end.
+        tl_cleanup.armed = true;
     }
     k.blocks[c][k.count[c]++] = p;
 }

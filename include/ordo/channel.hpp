@@ -120,7 +120,7 @@ class channel {
     auto call_with(std::string_view method, call_options o, Token&& token, Tuple& all,
                    std::index_sequence<I...>) const {
         return detail::call<R>(impl_, std::string(method), detail::pack_params(std::get<I>(all)...),
-                               o, std::forward<Token>(token));
+                               std::move(o), std::forward<Token>(token));
     }
 
     std::shared_ptr<channel_impl> impl_;

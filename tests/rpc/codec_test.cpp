@@ -1,5 +1,7 @@
 #include "ordo/codec.hpp"
 
+#include "ordo/detail/message_heads.hpp"
+
 #include <limits>
 #include <map>
 #include <string>
@@ -170,6 +172,26 @@ TEST(Codec, StreamingDecoderRejectsA4GiBStringAtOnce) {
             d.next();
         },
         std::system_error);
+}
+
+
+// request_head writes the common head (a fixstr method that fits inline) in place; its bytes
+// must be write_request_head's, for every method length on both sides of the inline limit and
+// msgids in every byte.
+TEST(Codec, RequestHeadInPlaceIsTheGeneralEncodersBytes) {
+    struct bytes {
+        std::string s;
+        void write(const char* p, std::size_t n) { s.append(p, n); }
+    };
+    for (std::size_t len = 0; len <= 300; len += len < 48 ? 1 : 50) {
+        const std::string method(len, 'm');
+        for (std::uint32_t id : {0u, 1u, 0x7fu, 0x80u, 0xffu, 0x100u, 0x12345678u, 0xffffffffu}) {
+            bytes want;
+            detail::write_request_head(want, id, method);
+            EXPECT_EQ(std::string_view(detail::request_head(id, method)), want.s)
+                << "method length " << len << ", msgid " << id;
+        }
+    }
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_
                     ch->start_call(std::move(op));
                 });
         },
-        token, std::move(ch), std::move(method), std::move(params), o);
+        token, std::move(ch), std::move(method), std::move(params), std::move(o));
 }
 
 /// Starts the call and yields its error code once it has completed: the untyped half of a
@@ -109,9 +109,10 @@ template <class R, class Token>
 auto call(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
           call_options o, Token&& token) {
     if constexpr (is_use_awaitable<std::decay_t<Token>>::value)
-        return call_awaitable<R>(std::move(ch), std::move(method), std::move(params), o);
+        return call_awaitable<R>(std::move(ch), std::move(method), std::move(params),
+                                 std::move(o));
     else
-        return async_call_op<R>(std::move(ch), std::move(method), std::move(params), o,
+        return async_call_op<R>(std::move(ch), std::move(method), std::move(params), std::move(o),
                                 std::forward<Token>(token));
 }
 

@@ -4,6 +4,7 @@
 #include "ordo/config.hpp"
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -25,6 +26,12 @@ template <class R>
 R convert_result(call_outcome& out) {
     if constexpr (std::is_same_v<R, value>) {
         return value(out.result, std::move(out.message.zone()));
+    } else if constexpr (std::is_same_v<R, std::string>) {
+        // What msgpack's conversion does (str or bin), built at once rather than assigned.
+        const auto& o = out.result;
+        if (o.type == msgpack::type::STR) return std::string(o.via.str.ptr, o.via.str.size);
+        if (o.type == msgpack::type::BIN) return std::string(o.via.bin.ptr, o.via.bin.size);
+        throw_bad_result(typeid(R), o);
     } else {
         try {
             return out.result.as<R>();
@@ -101,15 +108,16 @@ class call_op final : public pending_call {
         } else if constexpr (std::is_void_v<R>) {
             deliver(now, ec);
         } else {
-            R r{};
             if (!ec) {
+                std::optional<R> r;  // built by the conversion, not assigned over a default
                 try {
-                    r = convert_result<R>(out);
+                    r.emplace(convert_result<R>(out));
                 } catch (const std::system_error& e) {
                     ec = e.code();
                 }
+                if (r) return deliver(now, ec, std::move(*r));
             }
-            deliver(now, ec, std::move(r));
+            deliver(now, ec, R{});
         }
     }
 

@@ -105,6 +105,7 @@ class small_head {
     }
 
   private:
+    friend small_head request_head(std::uint32_t msgid, std::string_view method);
     char inline_[48];
     std::size_t n_ = 0;
     std::optional<std::string> long_;
@@ -112,6 +113,22 @@ class small_head {
 
 inline small_head request_head(std::uint32_t msgid, std::string_view method) {
     small_head h;
+    // The common method name (a fixstr that fits inline), written in place: the same bytes as
+    // write_request_head, in one copy instead of four appends.
+    if (method.size() < 32 && 8 + method.size() <= sizeof h.inline_) {
+        char* p = h.inline_;
+        p[0] = '\x94';
+        p[1] = '\x00';
+        p[2] = '\xce';
+        p[3] = char(msgid >> 24);
+        p[4] = char((msgid >> 16) & 0xff);
+        p[5] = char((msgid >> 8) & 0xff);
+        p[6] = char(msgid & 0xff);
+        p[7] = char(0xa0 | method.size());
+        std::memcpy(p + 8, method.data(), method.size());
+        h.n_ = 8 + method.size();
+        return h;
+    }
     write_request_head(h, msgid, method);
     return h;
 }
