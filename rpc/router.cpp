@@ -227,11 +227,14 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
             shadow(*call, timeout);
         }
     }
-    auto rc = std::make_unique<routed_call>(self.weak_from_this(), r);
+    std::optional<detail::params_buffer> saved;
     if (!retry && !call->stream && !o.idempotent_methods.empty() &&
         o.idempotent_methods.count(call->method))
-        rc->saved_params = call->params.copy();
-    detail::move_call_fields(*call, *rc, timeout);
+        saved = call->params.copy();
+    auto rc = std::make_unique<routed_call>(r, std::move(*call));
+    rc->options.timeout = timeout;
+    rc->attempt = 0;
+    rc->saved_params = std::move(saved);
     if (timeout.count() > 0) rc->deadline = rc->started + timeout;
     rc->inner = std::move(call);
     if (!rc->options.key.empty()) {
@@ -252,7 +255,7 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
         ++c.shadow_skipped;
         return;
     }
-    auto sc = std::make_unique<routed_call>(self.weak_from_this(), shared(best));
+    auto sc = std::make_unique<routed_call>(shared(best));
     sc->method = call.method;
     sc->params = call.params.copy();
     sc->options.timeout = timeout;
@@ -289,13 +292,13 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         ++r.errors;
     }
     if (rc.gen == r.gen) {
-        if (ec == errc::peer_lost && r.conn && !r.conn->is_open()) lose(r, out.detail);
+        if (ec && ec == errc::peer_lost && r.conn && !r.conn->is_open()) lose(r, out.detail);
         note_outcome(r, ec);
     }
     if (r.ph == phase::draining && r.in_flight == 0 && r.conn) r.conn->close();
     if (!rc.inner) {  // shadow
         ++(ec ? c.shadow_errors : c.shadow_ok);
-    } else if (ec == errc::peer_lost && rc.saved_params) {
+    } else if (ec && rc.saved_params && ec == errc::peer_lost) {
         // The caller's own call comes back for its second (and last) try.
         auto again = std::move(rc.inner);
         again->method = std::move(rc.method);
@@ -392,6 +395,7 @@ router::router(private_tag, net::any_io_executor ex, router_options o)
     : s_(std::make_unique<state>(*this, std::move(ex), std::move(o))) {}
 
 router::~router() {
+    *s_->anchor = nullptr;  // calls that end from here on complete their callers directly
     s_->close_all();
 }
 

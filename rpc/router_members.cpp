@@ -72,6 +72,7 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
         return r;
     }
     auto r = std::make_shared<replica>();
+    r->owner = anchor;
     r->url = std::move(url);
     r->group = std::move(group);
     r->weight = weight;

@@ -31,6 +31,10 @@ struct router::state {
         bool goaway = false;      // draining because its server is going away
         std::size_t source = 0;   // 0: the URL or add_replica; else sources[source - 1]
         std::shared_ptr<peer> conn;
+        // The router's state while the router lives (null once its destruction began), shared
+        // by all its replicas: a routed call reaches the router through its replica, without a
+        // weak_ptr to lock per call.
+        std::shared_ptr<state*> owner;
         std::uint64_t gen = 0;    // which connection: calls of an earlier one are not its news
         std::size_t in_flight = 0;
         double current = 0;  // smooth weighted round robin
@@ -56,8 +60,11 @@ struct router::state {
     // (`inner`; none for shadow calls).
     class routed_call final : public detail::pending_call {
       public:
-        routed_call(std::weak_ptr<router> r, std::shared_ptr<replica> rep)
-            : router_(std::move(r)), rep(std::move(rep)), gen(this->rep->gen) {}
+        explicit routed_call(std::shared_ptr<replica> rep)
+            : rep(std::move(rep)), gen(this->rep->gen) {}
+        // Takes over `call`'s fields (moved, not assigned: this is once per call).
+        routed_call(std::shared_ptr<replica> rep, pending_call&& call)
+            : pending_call(std::move(call)), rep(std::move(rep)), gen(this->rep->gen) {}
         void complete(std::error_code ec, call_outcome out) override {
             end(false, ec, std::move(out));
         }
@@ -69,13 +76,13 @@ struct router::state {
         }
         bool takes_borrowed() const noexcept override { return !inner || inner->takes_borrowed(); }
         void end(bool now, std::error_code ec, call_outcome&& out) {
-            if (auto r = router_.lock())  // kept alive until the caller's handler has run
-                r->s_->finished(*this, ec, std::move(out), now);
+            // The caller's handler runs last in finished(): it may destroy the router.
+            if (state* s = *rep->owner)
+                s->finished(*this, ec, std::move(out), now);
             else if (inner)
                 inner->complete(ec, std::move(out));
         }
 
-        std::weak_ptr<router> router_;
         std::shared_ptr<replica> rep;
         std::uint64_t gen;
         std::unique_ptr<pending_call> inner;
@@ -102,6 +109,7 @@ struct router::state {
     static constexpr std::size_t many_replicas = 16;
 
     router& self;
+    std::shared_ptr<state*> anchor = std::make_shared<state*>(this);  // replica::owner
     net::any_io_executor ex;
     router_options o;
     std::vector<std::shared_ptr<replica>> reps;            // in the order added

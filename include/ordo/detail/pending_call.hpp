@@ -47,6 +47,12 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
+
+  protected:
+    pending_call() = default;
+    /// Takes over `from`'s call (its method, params, options, slot, attempt and stream), as a
+    /// router or pool does when it hands the call on under a wrapper of its own.
+    pending_call(pending_call&& from) = default;
 };
 
 }  // namespace ordo::detail
