@@ -24,10 +24,10 @@ void call_table::count() {
 
 void call_table::add(std::uint32_t msgid, std::unique_ptr<pending_call> call) {
     auto& e = pending_.insert(msgid);
-    const auto timeout =
-        call->options.timeout.count() > 0 ? call->options.timeout : o_.default_timeout;
-    if (timeout.count() > 0 || call->slot.is_connected())
-        e.watch.arm(ex_, timeout, *call, host_.owner(),
+    auto& f = call->fields();
+    const auto timeout = f.options.timeout.count() > 0 ? f.options.timeout : o_.default_timeout;
+    if (timeout.count() > 0 || f.slot.is_connected())
+        e.watch.arm(ex_, timeout, f, host_.owner(),
                     [this, msgid](errc why) { withdraw(msgid, why); });
     e.call = std::move(call);
     count();
@@ -54,7 +54,7 @@ void call_table::withdraw(std::uint32_t msgid, errc why) {
     if (!taken) return;
     entry e = std::move(*taken);
     count();
-    e.watch.disarm(*e.call);
+    e.watch.disarm(e.call->fields());
     abandon(msgid);
     host_.send_cancel(msgid);
     fail(*e.call, why,
@@ -83,7 +83,7 @@ void call_table::on_response(message& m) {
         --pings_;
         return;
     }
-    e.watch.disarm(*e.call);
+    e.watch.disarm(e.call->fields());
     if (!e.call->takes_borrowed()) own(m);
     call_outcome out;
     std::error_code ec;
@@ -111,10 +111,10 @@ void call_table::on_item(const message& m, std::size_t wire_bytes) {
                                               std::to_string(msgid) +
                                               ", which no stream is waiting for");
     }
-    if (!e->call || !e->call->stream)
+    if (!e->call || !e->call->fields().stream)
         throw_error(errc::protocol_error, "ordo: protocol error: stream item for msgid " +
                                               std::to_string(msgid) + ", which is not a stream");
-    e->call->stream->on_item(a.ptr[1], wire_bytes);
+    e->call->fields().stream->on_item(a.ptr[1], wire_bytes);
 }
 
 void call_table::fail_all(std::error_code ec, const std::string& why) {
@@ -125,7 +125,7 @@ void call_table::fail_all(std::error_code ec, const std::string& why) {
     c_.pending_calls = 0;
     for (auto& [id, e] : calls) {
         if (e.is_ping) continue;
-        e.watch.disarm(*e.call);
+        e.watch.disarm(e.call->fields());
         fail(*e.call, ec, why);
     }
     count();

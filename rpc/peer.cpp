@@ -27,17 +27,18 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     if (!s.sess->is_open())
         return s.calls.fail(*call, s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
+    auto& f = call->fields();
     try {
-        if (call->stream) {
-            s.send_stream_request(id, *call);
+        if (f.stream) {
+            s.send_stream_request(id, f);
         } else {
-            s.sess->send(detail::request_head(id, call->method),
-                         std::string_view(call->params.data(), call->params.size()));
+            s.sess->send(detail::request_head(id, f.method),
+                         std::string_view(f.params.data(), f.params.size()));
         }
     } catch (const std::system_error& e) {
         return s.calls.fail(*call, e.code(), e.what());
     }
-    call->params.clear();  // sent: the copy in the batch is enough
+    f.params.clear();  // sent: the copy in the batch is enough
     s.calls.add(id, std::move(call));
     s.live.note_work();
 }

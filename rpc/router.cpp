@@ -227,21 +227,18 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
             shadow(*call, timeout);
         }
     }
-    std::optional<detail::params_buffer> saved;
+    auto rc = std::make_unique<routed_call>(r);
     if (!retry && !call->stream && !o.idempotent_methods.empty() &&
         o.idempotent_methods.count(call->method))
-        saved = call->params.copy();
-    auto rc = std::make_unique<routed_call>(r, std::move(*call));
-    rc->options.timeout = timeout;
-    rc->attempt = 0;
-    rc->saved_params = std::move(saved);
+        rc->saved_params = call->params.copy();
+    call->options.timeout = timeout;
     if (timeout.count() > 0) rc->deadline = rc->started + timeout;
-    rc->inner = std::move(call);
-    if (!rc->options.key.empty()) {
-        key_flight& k = keys[rc->options.key];
+    if (!call->options.key.empty()) {
+        key_flight& k = keys[call->options.key];
         k.at = r.get();
         ++k.calls;
     }
+    rc->inner = std::move(call);
     ++r->in_flight;
     r->conn->start_call(std::move(rc));
 }
@@ -270,8 +267,9 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
 void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now) {
     replica& r = *rc.rep;
     --r.in_flight;
-    if (!rc.options.key.empty()) {
-        auto it = keys.find(rc.options.key);
+    const detail::pending_call& call = rc.fields();
+    if (!call.options.key.empty()) {
+        auto it = keys.find(call.options.key);
         if (it != keys.end() && --it->second.calls == 0) keys.erase(it);
     }
     if (!ec) {
@@ -285,7 +283,7 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
         if (rc.inner && rc.deadline != clock_type::time_point::max()) {
-            auto& e = service_estimates[rc.method];
+            auto& e = service_estimates[call.method];
             e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
         }
     } else {
@@ -300,12 +298,10 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         ++(ec ? c.shadow_errors : c.shadow_ok);
     } else if (ec && rc.saved_params && ec == errc::peer_lost) {
         // The caller's own call comes back for its second (and last) try.
+        // Its method, options and slot are as it went out; its params were sent and cleared.
         auto again = std::move(rc.inner);
-        again->method = std::move(rc.method);
         again->params = std::move(*rc.saved_params);
-        again->options = std::move(rc.options);
         again->options.timeout = detail::time_left(rc.deadline);
-        again->slot = rc.slot;
         again->attempt = 1;
         ++c.retried;
         net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {

@@ -62,9 +62,9 @@ struct router::state {
       public:
         explicit routed_call(std::shared_ptr<replica> rep)
             : rep(std::move(rep)), gen(this->rep->gen) {}
-        // Takes over `call`'s fields (moved, not assigned: this is once per call).
-        routed_call(std::shared_ptr<replica> rep, pending_call&& call)
-            : pending_call(std::move(call)), rep(std::move(rep)), gen(this->rep->gen) {}
+        // The caller's call goes out as it is (its fields are not moved here); a shadow call
+        // has fields of its own.
+        pending_call& fields() noexcept override { return inner ? *inner : *this; }
         void complete(std::error_code ec, call_outcome out) override {
             end(false, ec, std::move(out));
         }

@@ -38,6 +38,10 @@ class pending_call {
     /// True if complete*() copes with a borrowed outcome (copies what it keeps before it
     /// returns); else the channel makes the outcome own its memory first.
     virtual bool takes_borrowed() const noexcept { return false; }
+    /// The call as the connection sends and watches it (method, params, options, slot,
+    /// stream): this call's own fields, or, for a wrapper that books a router's view of a
+    /// call, those of the call it wraps, which then need not be moved into it.
+    virtual pending_call& fields() noexcept { return *this; }
 
     std::string method;
     params_buffer params;  ///< the encoded params array
@@ -47,12 +51,6 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
-
-  protected:
-    pending_call() = default;
-    /// Takes over `from`'s call (its method, params, options, slot, attempt and stream), as a
-    /// router or pool does when it hands the call on under a wrapper of its own.
-    pending_call(pending_call&& from) = default;
 };
 
 }  // namespace ordo::detail
