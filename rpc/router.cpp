@@ -156,8 +156,9 @@ router::state::replica* router::state::pick(const detail::pending_call& call) {
         if (a && b) return load(a) <= load(b) ? a : b;
         if (a || b) return a ? a : b;
     }
-    for (std::size_t k = 0; k < n; ++k) {
-        const std::size_t i = (cursor + k) % n;
+    // From the cursor on, wrapping (no division per replica: this runs once per call).
+    std::size_t i = cursor < n ? cursor : 0;
+    for (std::size_t k = 0; k < n; ++k, i = i + 1 == n ? 0 : i + 1) {
         replica& r = *reps[i];
         if (is_shadow(r) || !has_room(r)) continue;
         if (o.policy == route_policy::round_robin) {
@@ -165,8 +166,9 @@ router::state::replica* router::state::pick(const detail::pending_call& call) {
             best_at = i;
             break;
         }
-        if (!best || static_cast<double>(r.in_flight) / r.weight <
-                         static_cast<double>(best->in_flight) / best->weight) {
+        // in_flight / weight, compared by cross-multiplying (weights are positive).
+        if (!best || static_cast<double>(r.in_flight) * best->weight <
+                         static_cast<double>(best->in_flight) * r.weight) {
             best = &r;
             best_at = i;
         }
