@@ -240,7 +240,7 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
         k.at = r.get();
         ++k.calls;
     }
-    rc->inner = std::move(call);
+    rc->wrap(std::move(call));
     ++r->in_flight;
     r->conn->start_call(std::move(rc));
 }
@@ -301,7 +301,7 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
     } else if (ec && rc.saved_params && ec == errc::peer_lost) {
         // The caller's own call comes back for its second (and last) try.
         // Its method, options and slot are as it went out; its params were sent and cleared.
-        auto again = std::move(rc.inner);
+        auto again = rc.unwrap();
         again->params = std::move(*rc.saved_params);
         again->options.timeout = detail::time_left(rc.deadline);
         again->attempt = 1;

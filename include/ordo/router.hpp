@@ -129,7 +129,8 @@ struct replica_counters {
     std::uint64_t completed = 0;  ///< calls answered with a result
     std::uint64_t errors = 0;     ///< calls that failed here (any reason)
     std::uint64_t shadow_calls = 0;
-    latency_summary latency;      ///< of calls answered here, from send to response
+    /// Of calls answered here: from the router's send to the read that brought the response.
+    latency_summary latency;
 };
 
 struct router_counters {

@@ -64,7 +64,14 @@ struct router::state {
             : rep(std::move(rep)), gen(this->rep->gen) {}
         // The caller's call goes out as it is (its fields are not moved here); a shadow call
         // has fields of its own.
-        pending_call& fields() noexcept override { return inner ? *inner : *this; }
+        void wrap(std::unique_ptr<pending_call> call) {
+            inner = std::move(call);
+            fields_of_ = inner.get();
+        }
+        std::unique_ptr<pending_call> unwrap() {
+            fields_of_ = nullptr;
+            return std::move(inner);
+        }
         void complete(std::error_code ec, call_outcome out) override {
             end(false, ec, std::move(out));
         }

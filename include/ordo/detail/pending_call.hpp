@@ -41,7 +41,7 @@ class pending_call {
     /// The call as the connection sends and watches it (method, params, options, slot,
     /// stream): this call's own fields, or, for a wrapper that books a router's view of a
     /// call, those of the call it wraps, which then need not be moved into it.
-    virtual pending_call& fields() noexcept { return *this; }
+    pending_call& fields() noexcept { return fields_of_ ? *fields_of_ : *this; }
 
     std::string method;
     params_buffer params;  ///< the encoded params array
@@ -51,6 +51,10 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
+
+  protected:
+    /// A wrapper's wrapped call, whose fields fields() gives (null: this call's own).
+    pending_call* fields_of_ = nullptr;
 };
 
 }  // namespace ordo::detail
