@@ -269,9 +269,9 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
 void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now) {
     replica& r = *rc.rep;
     --r.in_flight;
-    const detail::pending_call& call = rc.fields();
-    if (!call.options.key.empty()) {
-        auto it = keys.find(call.options.key);
+    const detail::pending_call& sent = rc.fields();  // the caller's call, as it went out
+    if (!sent.options.key.empty()) {
+        auto it = keys.find(sent.options.key);
         if (it != keys.end() && --it->second.calls == 0) keys.erase(it);
     }
     if (!ec) {
@@ -285,7 +285,7 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
         if (rc.inner && rc.deadline != clock_type::time_point::max()) {
-            auto& e = service_estimates[call.method];
+            auto& e = service_estimates[sent.method];
             e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
         }
     } else {
