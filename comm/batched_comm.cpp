@@ -61,9 +61,71 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
     c.buffered_bytes += size;
     c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
     if (o.budget && queue.capacity() > charged_out) charge_out();
-    if (writer_wait == wait::idle ||
-        (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes))
+    if (writer_wait == wait::idle) {
+        if (!direct) return wake_writer();
+        if (flush_posted) return;
+        flush_posted = true;
+        net::post(ex, [self = shared_from_this()] { self->flush(); });
+    } else if (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes) {
         wake_writer();
+    }
+}
+
+void batched_comm::impl::flush() {
+    flush_posted = false;
+    if (writer_wait != wait::idle || queue.empty()) return;  // the writer is on it already
+    if (st != state::open || handing) return wake_writer();
+    // The clock is read for on_write only: without an interval nothing else needs the time.
+    begin_batch(o.on_write ? clock::now() : clock::time_point{});
+    std::error_code ec;
+    const std::size_t n = t->try_write(net::buffer(writing), ec);
+    if (ec == net::error::operation_not_supported) {
+        direct = false;
+        return wake_writer();
+    }
+    if (n == writing.size() || ec) {
+        if (!ec) ++c.direct_writes;
+        end_batch(n, ec);
+        return;
+    }
+    written = n;  // the kernel's buffer is full: the writer waits for room
+    wake_writer();
+}
+
+void batched_comm::impl::begin_batch(clock::time_point now) {
+    queue.swap(writing);
+    queue_ends.swap(writing_ends);
+    written = 0;
+    last_write_start = now;
+    if (o.on_write) o.on_write({now, writing_ends.size(), writing.size()});
+}
+
+bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
+    // Messages wholly handed to the transport count as sent; the rest go back.
+    const std::size_t whole =
+        ec ? std::size_t(std::upper_bound(writing_ends.begin(), writing_ends.end(), n) -
+                         writing_ends.begin())
+           : writing_ends.size();
+    c.messages_sent += whole;
+    c.bytes_sent += n;
+    ++c.writes;
+    c.buffered_bytes -= writing.size();
+    charge_out();
+    if (budget_wait) reader_wake.cancel();  // it may wait for this output to drain
+    if (ec) {
+        hand_back(writing, writing_ends, whole);
+        fail(errc::peer_lost, "ordo: write to " + t->remote_address() + " failed: " + ec.message());
+    }
+    writing.clear();
+    writing_ends.clear();
+    written = 0;
+    // A burst must not pin its peak memory for the life of the connection.
+    if (writing.capacity() > std::max<std::size_t>(4 * o.max_batch_bytes, 1 << 20)) {
+        std::vector<char>().swap(writing);
+        std::vector<std::size_t>().swap(writing_ends);
+    }
+    if (drain_waiters > 0) changed.cancel();
+    return bool(ec);
 }
 
 net::awaitable<void> batched_comm::impl::write_loop() {
@@ -76,49 +138,27 @@ net::awaitable<void> batched_comm::impl::write_loop() {
 
 net::awaitable<void> batched_comm::impl::write_batches() {
     for (;;) {
-        while (queue.empty() && st == state::open && !handing)
+        while (queue.empty() && writing.empty() && st == state::open && !handing)
             co_await sleep_writer(wait::idle, clock::time_point::max());
-        if (st == state::ended || queue.empty()) break;
-        if (o.interval.count() > 0 && st == state::open) {
-            const auto due = last_write_start + o.interval;
-            while (st == state::open && queue.size() < o.max_batch_bytes && clock::now() < due)
-                co_await sleep_writer(wait::interval, due);
-            if (st == state::ended) break;
+        if (st == state::ended) break;
+        if (writing.empty()) {  // else flush() began this batch and the kernel took a part
+            if (queue.empty()) break;
+            if (o.interval.count() > 0 && st == state::open) {
+                const auto due = last_write_start + o.interval;
+                while (st == state::open && queue.size() < o.max_batch_bytes &&
+                       clock::now() < due)
+                    co_await sleep_writer(wait::interval, due);
+                if (st == state::ended) break;
+            }
+            begin_batch(clock::now());
+            c.write_since = last_write_start;
+        } else {
+            c.write_since = clock::now();
         }
-        queue.swap(writing);
-        queue_ends.swap(writing_ends);
-        last_write_start = clock::now();
-        if (o.on_write) o.on_write({last_write_start, writing_ends.size(), writing.size()});
-
         std::error_code ec;
-        c.write_since = last_write_start;
-        const std::size_t n = co_await t->async_write(net::buffer(writing), ec);
+        const std::size_t n = co_await t->async_write(net::buffer(writing) + written, ec);
         c.write_since = {};
-        // Messages wholly handed to the transport count as sent; the rest go back.
-        const std::size_t whole =
-            ec ? std::size_t(std::upper_bound(writing_ends.begin(), writing_ends.end(), n) -
-                             writing_ends.begin())
-               : writing_ends.size();
-        c.messages_sent += whole;
-        c.bytes_sent += n;
-        ++c.writes;
-        c.buffered_bytes -= writing.size();
-        charge_out();
-        if (budget_wait) reader_wake.cancel();  // it may wait for this output to drain
-        if (ec) {
-            hand_back(writing, writing_ends, whole);
-            fail(errc::peer_lost,
-                 "ordo: write to " + t->remote_address() + " failed: " + ec.message());
-        }
-        writing.clear();
-        writing_ends.clear();
-        // A burst must not pin its peak memory for the life of the connection.
-        if (writing.capacity() > std::max<std::size_t>(4 * o.max_batch_bytes, 1 << 20)) {
-            std::vector<char>().swap(writing);
-            std::vector<std::size_t>().swap(writing_ends);
-        }
-        if (drain_waiters > 0) changed.cancel();
-        if (ec) break;
+        if (end_batch(written + n, ec)) break;
     }
     if (st != state::closing) co_return;
     // Flushed after close(): end our direction, then give the peer close_timeout to end its.

@@ -25,7 +25,8 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
           o(std::move(opt)),
           on_message(std::move(m)),
           on_closed(std::move(c)),
-          writer_wake(t->get_executor(), clock::time_point::max()),
+          ex(t->get_executor()),
+          writer_wake(ex, clock::time_point::max()),
           changed(t->get_executor(), clock::time_point::max()),
           framer(o.limits) {}
 
@@ -34,6 +35,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     message_fn on_message;
     taker_fn taker;
     closed_fn on_closed;
+    net::any_io_executor ex;        // the transport's
     net::steady_timer writer_wake;  // the writer sleeps on it; cancel() wakes it
     net::steady_timer changed;      // drain and close waiters sleep on it
 
@@ -41,6 +43,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // allocation per batch rather than per message, and one contiguous buffer per write.
     std::vector<char> queue, writing;
     std::vector<std::size_t> queue_ends, writing_ends;
+    // Of `writing`, what the kernel took when flush() began the batch; the writer writes the rest.
+    std::size_t written = 0;
+    // Whether flush() may write (no interval to wait for; the transport has try_write), and
+    // whether one is posted.
+    bool direct = o.interval.count() <= 0, flush_posted = false;
 
     state st = state::open;
     wait writer_wait = wait::none;
@@ -117,6 +124,16 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     }
 
     void send(std::string_view m, std::string_view body = {});
+
+    // An idle writer's work without waking it: posted by send(), so that what one turn of
+    // handlers queued leaves together. It writes what the kernel takes at once; the writer
+    // writes any rest.
+    void flush();
+    // The start and the end of writing one batch (`writing`), whichever of flush() and the
+    // writer writes it. end_batch() counts `n` bytes as written; true when `ec` ended the
+    // connection.
+    void begin_batch(clock::time_point now);
+    bool end_batch(std::size_t n, const std::error_code& ec);
 
     // Moves messages [first, ends.size()) of a batch to the undelivered list.
     void hand_back(const std::vector<char>& bytes, const std::vector<std::size_t>& ends,

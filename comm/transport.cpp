@@ -47,6 +47,11 @@ std::unique_ptr<transport> handed_transport(std::string remote, net::any_io_exec
 
 transport::~transport() = default;
 
+std::size_t transport::try_write(net::const_buffer, std::error_code& ec) noexcept {
+    ec = net::error::operation_not_supported;
+    return 0;
+}
+
 std::unique_ptr<transport> transport::rehome(const net::any_io_executor&) {
     return nullptr;
 }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -105,6 +106,24 @@ class stream_transport final : public transport {
         auto [e, n] = co_await net::async_write(stream_of(socket_), b, use_tuple);
         ec = e;
         co_return n;
+    }
+
+    // tcp and unix: one non-blocking send(2). tls: not supported (its records are written by
+    // the TLS layer, which writes only through Asio's asynchronous operations here).
+    std::size_t try_write(net::const_buffer b, std::error_code& ec) noexcept override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>) {
+            return transport::try_write(b, ec);
+        } else {
+            for (;;) {
+                const ssize_t n = ::send(socket_.native_handle(), b.data(), b.size(),
+                                         MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (n >= 0) return std::size_t(n);
+                if (errno == EINTR) continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    ec = std::error_code(errno, net::error::get_system_category());
+                return 0;
+            }
+        }
     }
 
     void shutdown_send() noexcept override {

@@ -92,6 +92,10 @@ struct comm_counters {
     std::uint64_t messages_received = 0;
     std::uint64_t bytes_received = 0;
     std::uint64_t writes = 0;
+    /// Of `writes`, those the kernel took whole at once, from an idle writer, without a wait
+    /// (tcp:// and unix:// without comm_options::interval: the common case of a connection
+    /// that keeps up).
+    std::uint64_t direct_writes = 0;
     std::size_t buffered_bytes = 0;
     std::size_t peak_buffered_bytes = 0;
     /// Memory of the read buffer now (it grows for large messages and bursts, and shrinks back).
@@ -124,9 +128,11 @@ struct close_result {
 
 /// An ordered, batched connection over one transport.
 ///
-/// - send() never blocks or suspends: it appends to the outgoing buffer, which one writer
-///   coroutine writes as one batch (see comm_options::interval). The peer receives messages in
-///   the order send() was called.
+/// - send() never blocks or suspends: it appends to the outgoing buffer, which is written as
+///   one batch (see comm_options::interval) once the current handler returns to the executor.
+///   When the writer is idle and the transport can (tcp, unix), a posted flush writes the batch
+///   with one non-blocking send(2); the writer coroutine writes what the kernel did not take, and
+///   every batch otherwise. The peer receives messages in the order send() was called.
 /// - Incoming messages (whole msgpack objects, checked against the limits) are passed in order to
 ///   the on_message function given at construction.
 /// - When the connection ends for any reason, messages not written are handed back in

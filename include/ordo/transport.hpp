@@ -72,6 +72,11 @@ class transport {
     /// Writes all of `b` in one gather write. On failure sets `ec` and returns how many bytes
     /// were handed to the kernel before it: those may reach the peer, the rest will not.
     virtual net::awaitable<std::size_t> async_write(net::const_buffer b, std::error_code& ec) = 0;
+    /// Writes what the kernel takes of `b` at once, without waiting: returns the bytes written,
+    /// 0 when it takes none now. On failure sets `ec`. A transport that cannot write without
+    /// waiting (this default) sets `ec` to net::error::operation_not_supported and returns 0:
+    /// batched_comm then writes with async_write alone. Not called while a write is pending.
+    virtual std::size_t try_write(net::const_buffer b, std::error_code& ec) noexcept;
     /// Ends the sending direction after what was written (the peer reads end of stream).
     virtual void shutdown_send() noexcept = 0;
     /// Closes at once; pending operations complete with net::error::operation_aborted.

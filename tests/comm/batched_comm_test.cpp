@@ -192,5 +192,66 @@ TEST(BatchedComm, TheReadBufferStartsSmallAndShrinksBackAfterALargeMessage) {
     });
 }
 
+// A writer that waits for work has its batch written by a posted flush, in one non-blocking
+// send(2), when the kernel takes it whole (tcp, unix). tls cannot write that way: its batches
+// go through the writer. Either way, one turn's messages leave in one write.
+TEST(BatchedComm, AnIdleWritersBatchIsWrittenAtOnceWhereTheTransportCan) {
+    for (const std::string scheme : {"tcp", "unix", "tls"}) {
+        run_test([&]() -> net::awaitable<void> {
+            recorded_pair r(co_await connect_pair(scheme), {});
+            r.client.send(seq_msg(0));  // the writer may not wait yet: it has just started
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.received == 1; }));
+            const comm_counters before = r.client.counters();
+            for (std::uint32_t turn = 0; turn < 20; ++turn) {
+                for (std::uint32_t i = 1; i <= 3; ++i) r.client.send(seq_msg(3 * turn + i));
+                ORDO_CO_ASSERT_TRUE(
+                    co_await wait_until([&] { return r.received == 3 * turn + 4; }));
+            }
+            const comm_counters& c = r.client.counters();
+            EXPECT_EQ(c.messages_sent - before.messages_sent, 60u) << scheme;
+            EXPECT_EQ(c.writes - before.writes, 20u) << scheme;
+            EXPECT_EQ(c.direct_writes - before.direct_writes, scheme == "tls" ? 0u : 20u)
+                << scheme;
+            EXPECT_EQ(r.writes.size(), 21u) << scheme;
+            r.client.abort();
+        });
+    }
+}
+
+// A batch larger than the kernel takes at once: the flush writes a part, and the writer writes
+// the rest once the peer reads again. Nothing is lost or reordered, and it counts as one write.
+TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::uint32_t> got;
+        batched_comm server(std::move(p.server), {},
+                            [&](std::string_view m) { got.push_back(seq_of(m)); });
+        comm_options o;
+        o.max_buffer_bytes = 64 << 20;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.start();
+        client.start();
+        client.send(seq_msg(0));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 1; }));
+        server.pause_reading(true);
+        const comm_counters before = client.counters();
+        // 32 MiB in one turn: more than loopback's socket buffers hold.
+        for (std::uint32_t i = 1; i <= 512; ++i) client.send(seq_msg(i, 64 * 1024));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            return client.counters().write_since != std::chrono::steady_clock::time_point{};
+        }));
+        EXPECT_EQ(client.counters().messages_sent, before.messages_sent);
+        server.pause_reading(false);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 513; }, 60s));
+        for (std::uint32_t i = 0; i <= 512; ++i) ORDO_CO_ASSERT_EQ(got[i], i);
+        const comm_counters& c = client.counters();
+        EXPECT_EQ(c.messages_sent - before.messages_sent, 512u);
+        EXPECT_EQ(c.writes - before.writes, 1u);
+        EXPECT_EQ(c.direct_writes, before.direct_writes);
+        EXPECT_EQ(c.buffered_bytes, 0u);
+        client.abort();
+    });
+}
+
 }  // namespace
 }  // namespace ordo
