@@ -63,16 +63,22 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
     if (o.budget && queue.capacity() > charged_out) charge_out();
     if (writer_wait == wait::idle) {
         if (!direct) return wake_writer();
+        if (delivering) {
+            flush_due = true;
+            return;
+        }
         if (flush_posted) return;
         flush_posted = true;
-        net::post(ex, [self = shared_from_this()] { self->flush(); });
+        net::post(ex, [self = shared_from_this()] {
+            self->flush_posted = false;
+            self->flush();
+        });
     } else if (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes) {
         wake_writer();
     }
 }
 
 void batched_comm::impl::flush() {
-    flush_posted = false;
     if (writer_wait != wait::idle || queue.empty()) return;  // the writer is on it already
     if (st != state::open || handing) return wake_writer();
     // The clock is read for on_write only: without an interval nothing else needs the time.

@@ -45,9 +45,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     std::vector<std::size_t> queue_ends, writing_ends;
     // Of `writing`, what the kernel took when flush() began the batch; the writer writes the rest.
     std::size_t written = 0;
-    // Whether flush() may write (no interval to wait for; the transport has try_write), and
-    // whether one is posted.
+    // Whether flush() may write (no interval to wait for; the transport has try_write); whether
+    // one is posted; whether the reader is passing on messages (and flushes what their handlers
+    // sent when it is done, with no post), and whether they sent any.
     bool direct = o.interval.count() <= 0, flush_posted = false;
+    bool delivering = false, flush_due = false;
 
     state st = state::open;
     wait writer_wait = wait::none;
@@ -129,6 +131,13 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // handlers queued leaves together. It writes what the kernel takes at once; the writer
     // writes any rest.
     void flush();
+    // The reader's flush, after the messages of a read or of a turn.
+    void flush_delivered() {
+        delivering = false;
+        if (!flush_due) return;
+        flush_due = false;
+        flush();
+    }
     // The start and the end of writing one batch (`writing`), whichever of flush() and the
     // writer writes it. end_batch() counts `n` bytes as written; true when `ec` ended the
     // connection.

@@ -18,13 +18,15 @@ net::awaitable<void> batched_comm::impl::read_loop() {
                                        " (from " + t->remote_address() + ")");
     }
     reader_done = true;
+    flush_delivered();  // a handler that threw may have sent first
     if (writer_wait == wait::peer_eof) wake_writer();
 }
 
 net::awaitable<void> batched_comm::impl::read_messages() {
     if (preloaded) {
         bool took = false;
-        while (deliver_some(took)) co_await net::post(t->get_executor(), net::use_awaitable);
+        while (deliver_some(took)) co_await net::post(ex, net::use_awaitable);
+        flush_delivered();
         if (!handing) delivered(took);
     }
     while (st != state::ended && !quitting && !handing) {
@@ -70,7 +72,8 @@ net::awaitable<void> batched_comm::impl::read_messages() {
         c.bytes_received += n;
         c.last_receive = clock::now();
         bool took = false;
-        while (deliver_some(took)) co_await net::post(t->get_executor(), net::use_awaitable);
+        while (deliver_some(took)) co_await net::post(ex, net::use_awaitable);
+        flush_delivered();
         if (handing) break;
         delivered(took);
     }
@@ -78,6 +81,7 @@ net::awaitable<void> batched_comm::impl::read_messages() {
 
 bool batched_comm::impl::deliver_some(bool& took) {
     std::size_t turn = 0;
+    delivering = true;
     while (st != state::ended && !quitting) {
         // The taker takes the common message in one pass; the framer cuts what it declines
         // (not all there, another shape, over a limit). Counted while handled, either way.
@@ -105,8 +109,10 @@ bool batched_comm::impl::deliver_some(bool& took) {
         // or finish its write and take them. (`m` is not used after.)
         if (++turn == o.messages_per_turn) {
             turn = 0;
-            if (!queue.empty() && writer_wait != wait::interval && st == state::open)
+            if (!queue.empty() && writer_wait != wait::interval && st == state::open) {
+                flush_delivered();
                 return true;
+            }
         }
     }
     return false;

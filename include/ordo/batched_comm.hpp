@@ -130,9 +130,10 @@ struct close_result {
 ///
 /// - send() never blocks or suspends: it appends to the outgoing buffer, which is written as
 ///   one batch (see comm_options::interval) once the current handler returns to the executor.
-///   When the writer is idle and the transport can (tcp, unix), a posted flush writes the batch
-///   with one non-blocking send(2); the writer coroutine writes what the kernel did not take, and
-///   every batch otherwise. The peer receives messages in the order send() was called.
+///   When the writer is idle and the transport can (tcp, unix), the batch is written with one
+///   non-blocking send(2): by the reader once it has passed on a read's messages (or a turn's,
+///   comm_options::messages_per_turn), for what their handlers sent, and otherwise by a posted
+///   flush. The writer coroutine writes what the kernel did not take, and every batch else. The peer receives messages in the order send() was called.
 /// - Incoming messages (whole msgpack objects, checked against the limits) are passed in order to
 ///   the on_message function given at construction.
 /// - When the connection ends for any reason, messages not written are handed back in

@@ -253,5 +253,34 @@ TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
     });
 }
 
+// Replies that handlers send while the reader passes on a read's messages leave together when
+// the read is done, written at once by the reader (tcp): in order, one write per read.
+TEST(BatchedComm, RepliesSentByHandlersLeaveTogetherWhenTheirReadIsDone) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::uint32_t> got;
+        std::unique_ptr<batched_comm> server;
+        server = std::make_unique<batched_comm>(
+            std::move(p.server), comm_options{},
+            [&](std::string_view m) { server->send(seq_msg(seq_of(m) + 1000)); });
+        batched_comm client(std::move(p.client), {},
+                            [&](std::string_view m) { got.push_back(seq_of(m)); });
+        server->start();
+        client.start();
+        for (std::uint32_t turn = 0; turn < 10; ++turn) {
+            for (std::uint32_t i = 0; i < 3; ++i) client.send(seq_msg(3 * turn + i));
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 3 * turn + 3; }));
+        }
+        for (std::uint32_t i = 0; i < 30; ++i) ORDO_CO_ASSERT_EQ(got[i], i + 1000);
+        const comm_counters& c = server->counters();
+        EXPECT_EQ(c.messages_sent, 30u);
+        EXPECT_EQ(c.writes, c.direct_writes);
+        // One write per read: three replies each, unless TCP split a turn's requests.
+        EXPECT_GE(c.writes, 10u);
+        EXPECT_LE(c.writes, 20u);
+        client.abort();
+    });
+}
+
 }  // namespace
 }  // namespace ordo
