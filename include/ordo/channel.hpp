@@ -119,8 +119,15 @@ class channel {
     template <class R, class Token, class Tuple, std::size_t... I>
     auto call_with(std::string_view method, call_options o, Token&& token, Tuple& all,
                    std::index_sequence<I...>) const {
-        return detail::call<R>(impl_, std::string(method), detail::pack_params(std::get<I>(all)...),
-                               std::move(o), std::forward<Token>(token));
+        if constexpr (detail::is_plain_handler_v<Token, R>)
+            detail::start_with_handler<R>(impl_, method, std::move(o), std::forward<Token>(token),
+                                          [&](detail::params_buffer& b) {
+                                              detail::pack_params_into(b, std::get<I>(all)...);
+                                          });
+        else
+            return detail::call<R>(impl_, std::string(method),
+                                   detail::pack_params(std::get<I>(all)...), std::move(o),
+                                   std::forward<Token>(token));
     }
 
     std::shared_ptr<channel_impl> impl_;

@@ -60,6 +60,26 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_
         token, std::move(ch), std::move(method), std::move(params), std::move(o));
 }
 
+/// A call with a callback (is_plain_handler_v): the pending call is made first and its method,
+/// params (packed by `pack` into it) and options are put in place, rather than moved through
+/// async_initiate's layers. What async_call_op does for such a handler, with fewer copies.
+template <class R, class Handler, class Pack>
+void start_with_handler(const std::shared_ptr<channel_impl>& ch, std::string_view method,
+                        call_options&& o, Handler&& handler, Pack&& pack) {
+    using H = std::decay_t<Handler>;
+    auto slot = net::get_associated_cancellation_slot(handler);
+    auto ex = ch->get_executor();
+    auto op = std::make_unique<call_op<R, H>>(std::forward<Handler>(handler), ex);
+    op->slot = slot;
+    op->method.assign(method.data(), method.size());
+    pack(op->params);
+    op->options = std::move(o);
+    if (running_in(ex))
+        ch->start_call(std::move(op));
+    else
+        net::dispatch(ex, [ch, op = std::move(op)]() mutable { ch->start_call(std::move(op)); });
+}
+
 /// Starts the call and yields its error code once it has completed: the untyped half of a
 /// coroutine call, compiled once in libordo (rpc/call.cpp), so that a call site instantiates
 /// only a small coroutine and its result's conversion. The result is converted into `sink`

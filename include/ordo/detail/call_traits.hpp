@@ -69,6 +69,12 @@ template <class T, class R>
 inline constexpr bool is_completion_token_v =
     is_token_type<std::decay_t<T>>::value || handler_args<R>::template invocable<std::decay_t<T>>;
 
+/// A callback rather than one of Asio's tokens: its own handler, for which async_initiate
+/// would only run the initiation at once.
+template <class T, class R>
+inline constexpr bool is_plain_handler_v =
+    !is_token_type<std::decay_t<T>>::value && handler_args<R>::template invocable<std::decay_t<T>>;
+
 template <class T>
 inline constexpr bool is_call_options_v = std::is_same_v<std::decay_t<T>, call_options>;
 

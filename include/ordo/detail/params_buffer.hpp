@@ -76,12 +76,18 @@ class params_buffer {
     std::size_t cap_ = sizeof inline_;
 };
 
+/// Appends the params array of `args` to `b`.
 template <class... Args>
-params_buffer pack_params(const Args&... args) {
-    params_buffer b;
+void pack_params_into(params_buffer& b, const Args&... args) {
     msgpack::packer<params_buffer> p(b);
     p.pack_array(sizeof...(Args));
     (p.pack(args), ...);
+}
+
+template <class... Args>
+params_buffer pack_params(const Args&... args) {
+    params_buffer b;
+    pack_params_into(b, args...);
     return b;
 }
 
