@@ -78,7 +78,7 @@ void call_table::on_response(message& m) {
                                               std::to_string(m.msgid) +
                                               ", which no call is waiting for");
     }
-    entry e = std::move(*taken);
+    entry& e = *taken;
     if (e.is_ping) {  // only its arrival mattered
         --pings_;
         return;

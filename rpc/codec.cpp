@@ -395,9 +395,13 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
         } else if (t >= 0xcc && t <= 0xce) {
             n = std::size_t(1) << (t - 0xcc);
             if (static_cast<std::size_t>(end - p) < 1 + n) return 0;
-            std::uint32_t v = 0;
-            for (std::size_t i = 1; i <= n; ++i) v = (v << 8) | p[i];
-            m.msgid = v;
+            if (n == 1)
+                m.msgid = p[1];
+            else if (n == 2)
+                m.msgid = std::uint32_t(p[1]) << 8 | p[2];
+            else
+                m.msgid = std::uint32_t(p[1]) << 24 | std::uint32_t(p[2]) << 16 |
+                          std::uint32_t(p[3]) << 8 | p[4];
         } else {
             return 0;
         }

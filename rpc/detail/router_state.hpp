@@ -78,7 +78,7 @@ struct router::state {
         // From the replica's read path: the caller's call completes inline too when it can
         // (call_op: its handler runs on the router's executor), saving a post per call, and
         // takes the outcome borrowed, saving a copy of it.
-        void complete_inline(std::error_code ec, call_outcome out) override {
+        void complete_inline(std::error_code ec, call_outcome&& out) override {
             end(true, ec, std::move(out));
         }
         bool takes_borrowed() const noexcept override { return !inner || inner->takes_borrowed(); }

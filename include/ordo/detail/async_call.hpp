@@ -71,7 +71,7 @@ void start_with_handler(const std::shared_ptr<channel_impl>& ch, std::string_vie
     auto ex = ch->get_executor();
     auto op = std::make_unique<call_op<R, H>>(std::forward<Handler>(handler), ex);
     op->slot = slot;
-    op->method.assign(method.data(), method.size());
+    op->method = std::string(method);  // built at once: assign() takes the general path
     pack(op->params);
     op->options = std::move(o);
     if (running_in(ex))

@@ -61,11 +61,9 @@ class call_op final : public pending_call {
           ex_(net::get_associated_executor(handler_, channel_ex)),
           inline_ok_(same_executor(ex_, channel_ex)) {}
 
-    void complete(std::error_code ec, call_outcome out) override {
-        finish(false, ec, std::move(out));
-    }
-    void complete_inline(std::error_code ec, call_outcome out) override {
-        finish(inline_ok_, ec, std::move(out));
+    void complete(std::error_code ec, call_outcome out) override { finish(false, ec, out); }
+    void complete_inline(std::error_code ec, call_outcome&& out) override {
+        finish(inline_ok_, ec, out);
     }
     bool takes_borrowed() const noexcept override { return true; }
 
@@ -79,7 +77,7 @@ class call_op final : public pending_call {
             return false;
     }
 
-    void finish(bool now, std::error_code ec, call_outcome out) {
+    void finish(bool now, std::error_code ec, call_outcome& out) {
         // Typed results are converted here, before the read zone is reused; raw ones are kept.
         if constexpr (std::is_same_v<R, call_outcome> || std::is_same_v<R, value>) {
             if (out.borrowed) {

@@ -32,7 +32,7 @@ class pending_call {
     /// their read path: never from inside the call's initiation, and with the channel kept alive
     /// across it (the handler may drop the last reference). An exception thrown by the handler
     /// is rethrown from the handler's executor, as if the handler had been posted.
-    virtual void complete_inline(std::error_code ec, call_outcome out) {
+    virtual void complete_inline(std::error_code ec, call_outcome&& out) {
         complete(ec, std::move(out));
     }
     /// True if complete*() copes with a borrowed outcome (copies what it keeps before it
