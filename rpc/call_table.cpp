@@ -14,7 +14,7 @@ call_table::~call_table() = default;
 std::uint32_t call_table::next_id() {
     std::uint32_t id;
     do id = next_id_++;
-    while (pending_.contains(id) || abandoned_.count(id) != 0);
+    while (pending_.contains(id) || (!abandoned_.empty() && abandoned_.count(id) != 0));
     return id;
 }
 

@@ -432,6 +432,38 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
         ++p;
         ++objects;
     }
+    // A successful response with a str, bin or small int result (the common answer), whole
+    // in `bytes`: read here. Anything else, or over a limit, takes the reader below.
+    if (no_error && !whole && p != end) {
+        const unsigned char t = *p;
+        std::size_t head = 1, len = 0;
+        msgpack::object o;
+        if (t <= 0x7f) {
+            o.type = msgpack::type::POSITIVE_INTEGER;
+            o.via.u64 = t;
+        } else if ((t & 0xe0) == 0xa0) {
+            o.type = msgpack::type::STR;
+            len = t & 0x1f;
+        } else if ((t == 0xd9 || t == 0xc4) && end - p >= 2) {
+            o.type = t == 0xd9 ? msgpack::type::STR : msgpack::type::BIN;
+            head = 2;
+            len = p[1];
+        } else {
+            head = 0;
+        }
+        if (head > 0 && len <= l.max_string_bytes && static_cast<std::size_t>(end - p) >= head + len) {
+            if (o.type == msgpack::type::STR) {
+                o.via.str.size = static_cast<std::uint32_t>(len);
+                o.via.str.ptr = reinterpret_cast<const char*>(p + head);
+            } else if (o.type == msgpack::type::BIN) {
+                o.via.bin.size = static_cast<std::uint32_t>(len);
+                o.via.bin.ptr = reinterpret_cast<const char*>(p + head);
+            }
+            m.kind = message_kind::response;
+            m.result = o;
+            return static_cast<std::size_t>(p - start) + head + len;
+        }
+    }
     const std::string_view rest(reinterpret_cast<const char*>(p), static_cast<std::size_t>(end - p));
     try {
         object_reader r(rest, l, z, true, objects);

@@ -153,6 +153,12 @@ envelopes += [p([0, 1, m, []]) for m in (7, None, b"inc", [], "m" * 31, "m" * 32
 envelopes += [p([0, 1, "m", q]) for q in ({}, "x", None, 5, {"a": 1})]
 envelopes += [p([2, m, [1]]) for m in (7, b"add", "a" * 255, "a" * 256)]
 envelopes += [p([1, 1, e, r]) for e in ("bad", 7, [1, 2]) for r in (None, 1)]
+# Successful responses whose result the envelope decoder reads itself (a positive fixint, str
+# or bin up to 255 bytes), cut at every byte, and the next sizes up, which it leaves to the
+# general reader.
+fast_results = [p([1, 9, None, r]) for r in (0, 127, 128, "", "s" * 31, "s" * 32, "s" * 255,
+                                              "s" * 256, b"", b"b" * 255, b"b" * 256, -1)]
+envelopes += [v[:n] for v in fast_results[:6] for n in range(1, len(v) + 1)] + fast_results
 envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]),
               b"\xdc\x00\x04" + p(0, 1, "m", []), b"\xdd\x00\x00\x00\x03" + p(2, "m", []),
               p([0, 1, "m", []]) + b"\x00", p([2, "m", [1]]) + p([2, "m", [1]]),

@@ -316,5 +316,53 @@ TEST(Codec, OnePassDecodeTakesTheFirstMessageAndOwnCopiesIt) {
     EXPECT_EQ(detail::decode_prefix(bytes, small, z2, over), 0u);
 }
 
+// A successful response with a small int, str or bin result is read by the envelope decoder
+// itself: the same message as the general decoder gives, declined when cut short anywhere or
+// over max_string_bytes; other results take the general reader.
+TEST(Codec, OnePassDecodeOfACommonResultMatchesTheGeneralDecoder) {
+    std::vector<std::string> results;
+    auto add = [&](auto v) {
+        buffer b;
+        encode_response(b, 300, v);
+        results.push_back(bytes_of(b));
+    };
+    add(0);
+    add(127);
+    add(128);
+    add(-1);
+    for (std::size_t n : {0, 1, 16, 31, 32, 255, 256}) add(std::string(n, 's'));
+    for (std::size_t n : {0, 16, 255, 256}) add(std::vector<char>(n, 'b'));
+    add(std::vector<int>{1, 2});
+    for (const std::string& bytes : results) {
+        const std::string two = bytes + bytes;
+        msgpack::zone z;
+        message m;
+        ASSERT_EQ(detail::decode_prefix(two, limits{}, z, m), bytes.size()) << bytes.size();
+        const message general = decode_message(bytes);
+        EXPECT_EQ(m.kind, message_kind::response);
+        EXPECT_EQ(m.msgid, 300u);
+        EXPECT_TRUE(m.error.is_nil());
+        EXPECT_EQ(m.result, general.result) << bytes.size();
+        own(m);
+        EXPECT_EQ(m.handle.get(), general.handle.get());
+        for (std::size_t n = 0; n < bytes.size(); ++n) {
+            message part;
+            ASSERT_EQ(
+                detail::decode_prefix(std::string_view(bytes).substr(0, n), limits{}, z, part),
+                0u)
+                << bytes.size() << " cut at " << n;
+        }
+        limits small;
+        small.max_string_bytes = 15;
+        message over;
+        const std::size_t taken = detail::decode_prefix(bytes, small, z, over);
+        const bool long_bytes = (general.result.type == msgpack::type::STR &&
+                                 general.result.via.str.size > 15) ||
+                                (general.result.type == msgpack::type::BIN &&
+                                 general.result.via.bin.size > 15);
+        EXPECT_EQ(taken, long_bytes ? 0u : bytes.size()) << bytes.size();
+    }
+}
+
 }  // namespace
 }  // namespace ordo

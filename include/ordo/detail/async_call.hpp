@@ -69,11 +69,10 @@ void start_with_handler(const std::shared_ptr<channel_impl>& ch, std::string_vie
     using H = std::decay_t<Handler>;
     auto slot = net::get_associated_cancellation_slot(handler);
     auto ex = ch->get_executor();
-    auto op = std::make_unique<call_op<R, H>>(std::forward<Handler>(handler), ex);
+    auto op = std::make_unique<call_op<R, H>>(method, std::move(o), std::forward<Handler>(handler),
+                                              ex);
     op->slot = slot;
-    op->method = std::string(method);  // built at once: assign() takes the general path
     pack(op->params);
-    op->options = std::move(o);
     if (running_in(ex))
         ch->start_call(std::move(op));
     else

@@ -60,6 +60,14 @@ class call_op final : public pending_call {
           handler_(std::move(h)),
           ex_(net::get_associated_executor(handler_, channel_ex)),
           inline_ok_(same_executor(ex_, channel_ex)) {}
+    // With the call's method and options (detail::start_with_handler).
+    call_op(std::string_view method, call_options&& o, Handler h,
+            const net::any_io_executor& channel_ex)
+        : pending_call(method, std::move(o)),
+          sink_(nullptr),
+          handler_(std::move(h)),
+          ex_(net::get_associated_executor(handler_, channel_ex)),
+          inline_ok_(same_executor(ex_, channel_ex)) {}
 
     void complete(std::error_code ec, call_outcome out) override { finish(false, ec, out); }
     void complete_inline(std::error_code ec, call_outcome&& out) override {

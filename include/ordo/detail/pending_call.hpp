@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include "ordo/call.hpp"
@@ -19,6 +20,9 @@ class stream_core;
 /// executor, with complete() or complete_inline().
 class pending_call {
   public:
+    pending_call() = default;
+    /// With its method and options built in place (what a call with a callback does).
+    pending_call(std::string_view m, call_options&& o) : method(m), options(std::move(o)) {}
     virtual ~pending_call() = default;
     /// A pending call is made and freed once per call: its memory is recycled on the thread
     /// (detail::recycled_new), not returned to malloc each time. Not for over-aligned types.
