@@ -55,8 +55,11 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
                                           " bytes buffered + " + std::to_string(size) +
                                           " would exceed max_buffer_bytes (" +
                                           std::to_string(o.max_buffer_bytes) + ")");
-    queue.insert(queue.end(), m.begin(), m.end());
-    queue.insert(queue.end(), body.begin(), body.end());
+    const std::size_t at = queue.size();
+    if (queue.capacity() - at < size) queue.reserve(std::max(2 * queue.capacity(), at + size));
+    queue.resize(at + size);
+    std::memcpy(queue.data() + at, m.data(), m.size());
+    if (!body.empty()) std::memcpy(queue.data() + at + m.size(), body.data(), body.size());
     queue_ends.push_back(queue.size());
     c.buffered_bytes += size;
     c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
@@ -127,7 +130,7 @@ bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
     written = 0;
     // A burst must not pin its peak memory for the life of the connection.
     if (writing.capacity() > std::max<std::size_t>(4 * o.max_batch_bytes, 1 << 20)) {
-        std::vector<char>().swap(writing);
+        byte_queue().swap(writing);
         std::vector<std::size_t>().swap(writing_ends);
     }
     if (drain_waiters > 0) changed.cancel();
@@ -191,9 +194,9 @@ void batched_comm::impl::hand_over_now() {
 void batched_comm::impl::finish() {
     hand_back(queue, queue_ends, 0);
     // Their memory goes now, not when the owner lets go of this object.
-    std::vector<char>().swap(queue);
+    byte_queue().swap(queue);
     std::vector<std::size_t>().swap(queue_ends);
-    std::vector<char>().swap(writing);
+    byte_queue().swap(writing);
     std::vector<std::size_t>().swap(writing_ends);
     c.buffered_bytes = 0;
     if (o.budget) {

@@ -5,6 +5,11 @@
 #include "ordo/batched_comm.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
 
 #include "comm/framing.hpp"
 #include "comm/transports.hpp"
@@ -13,6 +18,28 @@
 
 namespace ordo {
 
+
+// An allocator whose resize() leaves new bytes as they are (std::allocator's zeroes them):
+// send() copies each message over them at once.
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = uninitialized_allocator<U>;
+    };
+    uninitialized_allocator() = default;
+    template <class U>
+    uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept {
+        ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... A>
+    void construct(U* p, A&&... a) {
+        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    }
+};
+using byte_queue = std::vector<char, uninitialized_allocator<char>>;
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
@@ -41,7 +68,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
 
     // Messages are kept back to back in one byte vector, with their end offsets beside: one
     // allocation per batch rather than per message, and one contiguous buffer per write.
-    std::vector<char> queue, writing;
+    byte_queue queue, writing;
     std::vector<std::size_t> queue_ends, writing_ends;
     // Of `writing`, what the kernel took when flush() began the batch; the writer writes the rest.
     std::size_t written = 0;
@@ -145,7 +172,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     bool end_batch(std::size_t n, const std::error_code& ec);
 
     // Moves messages [first, ends.size()) of a batch to the undelivered list.
-    void hand_back(const std::vector<char>& bytes, const std::vector<std::size_t>& ends,
+    void hand_back(const byte_queue& bytes, const std::vector<std::size_t>& ends,
                    std::size_t first) {
         std::size_t begin = first == 0 ? 0 : ends[first - 1];
         for (std::size_t i = first; i < ends.size(); ++i) {
