@@ -229,7 +229,8 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
             shadow(*call, timeout);
         }
     }
-    auto rc = std::make_unique<routed_call>(r);
+    replica& rep = *r;
+    auto rc = std::make_unique<routed_call>(std::move(r));  // the call holds the replica now
     if (!retry && !call->stream && !o.idempotent_methods.empty() &&
         o.idempotent_methods.count(call->method))
         rc->saved_params = call->params.copy();
@@ -237,12 +238,12 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
     if (timeout.count() > 0) rc->deadline = rc->started + timeout;
     if (!call->options.key.empty()) {
         key_flight& k = keys[call->options.key];
-        k.at = r.get();
+        k.at = &rep;
         ++k.calls;
     }
     rc->wrap(std::move(call));
-    ++r->in_flight;
-    r->conn->start_call(std::move(rc));
+    ++rep.in_flight;
+    rep.conn->start_call(std::move(rc));
 }
 
 void router::state::shadow(const detail::pending_call& call, std::chrono::milliseconds timeout) {
