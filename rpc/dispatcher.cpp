@@ -71,7 +71,7 @@ bool is_stream_request(const message& m) {
 }
 }  // namespace
 
-void dispatcher::on_message(message& m, std::size_t bytes) {
+void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     if (stopped_) return;
     if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
     if (serial_busy_ || !queue_.empty()) {
@@ -213,18 +213,12 @@ void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string
     host_.send_response(b);
 }
 
-const handler_entry* dispatcher::find(std::string_view method) {
+const handler_entry* dispatcher::find_and_remember(std::string_view method) {
     if (!h_) return nullptr;
     const std::size_t n = method.size();
-    if (n == 0 || n > sizeof(method_slot::name)) return h_->find(method);
-    method_slot& s = methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
-    if (s.e && s.size == n) {
-        std::size_t i = 0;
-        while (i < n && s.name[i] == method[i]) ++i;
-        if (i == n) return s.e;
-    }
     const handler_entry* e = h_->find(method);
-    if (e) {
+    if (e && n > 0 && n <= sizeof(method_slot::name)) {
+        method_slot& s = methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
         s.e = e;
         s.size = static_cast<std::uint8_t>(n);
         std::copy(method.begin(), method.end(), s.name);

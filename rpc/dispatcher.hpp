@@ -75,7 +75,14 @@ class dispatcher {
 
     /// A request or a notification, as received (possibly borrowed from the read zone: what
     /// is kept is own()ed, and `m` may be moved from); `bytes`: its size on the wire.
-    void on_message(message& m, std::size_t bytes);
+    void on_message(message& m, std::size_t bytes) {
+        // Inline: a message for a method of the application's, with nothing queued ahead of
+        // it, goes straight to its handler.
+        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
+            [[unlikely]]
+            return on_message_slow(m, bytes);
+        dispatch(m);
+    }
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
     void stop();
@@ -95,6 +102,7 @@ class dispatcher {
     struct run;
     class stream_run;
 
+    void on_message_slow(message& m, std::size_t bytes);
     void on_reserved(const message& m);
     void cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
@@ -115,7 +123,21 @@ class dispatcher {
                         const std::pair<errc, std::string>& why);
     void drain_queue();
     void drop_all();
-    const handler_entry* find(std::string_view method);
+    const handler_entry* find(std::string_view method) {
+        // Inline: a hit in methods_ (below).
+        const std::size_t n = method.size();
+        if (h_ && n > 0 && n <= sizeof(method_slot::name)) {
+            const method_slot& s =
+                methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
+            if (s.e && s.size == n) {
+                std::size_t i = 0;
+                while (i < n && s.name[i] == method[i]) ++i;
+                if (i == n) return s.e;
+            }
+        }
+        return find_and_remember(method);
+    }
+    const handler_entry* find_and_remember(std::string_view method);
     struct queued_message {
         message m;
         std::size_t wire;  // its size on the wire (max_queued_bytes counts these)

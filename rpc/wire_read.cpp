@@ -285,8 +285,13 @@ msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack:
 // `whole`: `bytes` is one message (it throws what the general way throws for an error in the
 // params); else a message starts at `bytes` and may end before it or not be all there
 // (decode_prefix): the message's size is returned, and the caller declines on a throw.
-std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z,
-                            message& m, bool whole) {
+namespace {
+
+// decode_envelope's body, once for each use: decode_prefix, on every message of a plain
+// session, gets it inlined with `whole` known.
+template <bool whole>
+[[gnu::always_inline]] inline std::size_t read_envelope(std::string_view bytes, const limits& l,
+                                                        msgpack::zone& z, message& m) {
     if (whole && bytes.size() > l.max_message_bytes) return 0;
     if (!whole && bytes.size() > l.max_message_bytes) bytes = bytes.substr(0, l.max_message_bytes);
     const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -386,7 +391,7 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
         } else {
             m.params = r.read_one(2);
         }
-        if (whole) r.expect_end();
+        if constexpr (whole) r.expect_end();
         // The whole message as one array too (message::handle), as the general way gives it;
         // decode_prefix leaves it to own(), the only one that needs it then.
         if (!whole) return static_cast<std::size_t>(p - start) + r.consumed();
@@ -420,12 +425,19 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
     return bytes.size();
 }
 
+}  // namespace
+
+std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z,
+                            message& m, bool whole) {
+    return whole ? read_envelope<true>(bytes, l, z, m) : read_envelope<false>(bytes, l, z, m);
+}
+
 std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
                           message& m) noexcept {
     z.clear();
     m.borrowed = true;
     try {
-        return decode_envelope(bytes, l, z, m, false);
+        return read_envelope<false>(bytes, l, z, m);
     } catch (...) {  // not all there, or something to say: the framer's way says it
         return 0;
     }

@@ -72,7 +72,7 @@ struct peer::state final : detail::call_table_host,
         if (n > 0) handle(m, n);
         return n;
     }
-    void handle(message& m, std::size_t wire_bytes) {
+    [[gnu::always_inline]] void handle(message& m, std::size_t wire_bytes) {
         if (m.kind == message_kind::notification && m.method == "ordo.item")
             return calls.on_item(m, wire_bytes);  // an item of one of this side's streams
         if (m.kind != message_kind::response) {
