@@ -45,8 +45,8 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
     if (st != state::open) {
         auto code = has_reason ? result.code : make_error_code(errc::closed);
         throw rpc_error(code, {}, {},
-                        "ordo: send to " + t->remote_address() + " refused: " +
-                            (has_reason ? result.reason : "connection is closing"));
+                        "ordo: send to " + t->remote_address() +
+                            " refused: " + (has_reason ? result.reason : "connection is closing"));
     }
     const std::size_t size = m.size() + body.size();
     if (size > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
@@ -55,11 +55,7 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
                                           " bytes buffered + " + std::to_string(size) +
                                           " would exceed max_buffer_bytes (" +
                                           std::to_string(o.max_buffer_bytes) + ")");
-    const std::size_t at = queue.size();
-    if (queue.capacity() - at < size) queue.reserve(std::max(2 * queue.capacity(), at + size));
-    queue.resize(at + size);
-    std::memcpy(queue.data() + at, m.data(), m.size());
-    if (!body.empty()) std::memcpy(queue.data() + at + m.size(), body.data(), body.size());
+    queue.append(m, body);
     queue_ends.push_back(queue.size());
     c.buffered_bytes += size;
     c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
@@ -87,7 +83,7 @@ void batched_comm::impl::flush() {
     // The clock is read for on_write only: without an interval nothing else needs the time.
     begin_batch(o.on_write ? clock::now() : clock::time_point{});
     std::error_code ec;
-    const std::size_t n = t->try_write(net::buffer(writing), ec);
+    const std::size_t n = t->try_write(net::buffer(writing.data(), writing.size()), ec);
     if (ec == net::error::operation_not_supported) {
         direct = false;
         return wake_writer();
@@ -154,8 +150,7 @@ net::awaitable<void> batched_comm::impl::write_batches() {
             if (queue.empty()) break;
             if (o.interval.count() > 0 && st == state::open) {
                 const auto due = last_write_start + o.interval;
-                while (st == state::open && queue.size() < o.max_batch_bytes &&
-                       clock::now() < due)
+                while (st == state::open && queue.size() < o.max_batch_bytes && clock::now() < due)
                     co_await sleep_writer(wait::interval, due);
                 if (st == state::ended) break;
             }
@@ -165,7 +160,8 @@ net::awaitable<void> batched_comm::impl::write_batches() {
             c.write_since = clock::now();
         }
         std::error_code ec;
-        const std::size_t n = co_await t->async_write(net::buffer(writing) + written, ec);
+        const std::size_t n =
+            co_await t->async_write(net::buffer(writing.data(), writing.size()) + written, ec);
         c.write_since = {};
         if (end_batch(written + n, ec)) break;
     }

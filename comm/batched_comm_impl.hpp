@@ -3,11 +3,13 @@
 #pragma once
 
 #include "ordo/batched_comm.hpp"
+#include "ordo/detail/copy_small.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,28 +20,50 @@
 
 namespace ordo {
 
+// Messages back to back, for one write. append() copies a message's parts at the end in one
+// step: std::vector's resize() wrote each new byte first (or, with an allocator that leaves
+// them as they are, still looped over them), and a small message paid more for that than for
+// its copy.
+class byte_queue {
+  public:
+    byte_queue() noexcept = default;
+    byte_queue(const byte_queue&) = delete;
+    byte_queue& operator=(const byte_queue&) = delete;
 
-// An allocator whose resize() leaves new bytes as they are (std::allocator's zeroes them):
-// send() copies each message over them at once.
-template <class T>
-struct uninitialized_allocator : std::allocator<T> {
-    template <class U>
-    struct rebind {
-        using other = uninitialized_allocator<U>;
-    };
-    uninitialized_allocator() = default;
-    template <class U>
-    uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
-    template <class U>
-    void construct(U* p) noexcept {
-        ::new (static_cast<void*>(p)) U;
+    const char* data() const noexcept { return p_.get(); }
+    std::size_t size() const noexcept { return size_; }
+    std::size_t capacity() const noexcept { return cap_; }
+    bool empty() const noexcept { return size_ == 0; }
+    void clear() noexcept { size_ = 0; }
+    void swap(byte_queue& o) noexcept {
+        p_.swap(o.p_);
+        std::swap(size_, o.size_);
+        std::swap(cap_, o.cap_);
     }
-    template <class U, class... A>
-    void construct(U* p, A&&... a) {
-        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    /// Appends `a` then `b`; grows by doubling.
+    void append(std::string_view a, std::string_view b) {
+        const std::size_t n = a.size() + b.size();
+        if (cap_ - size_ < n) grow(n);
+        copy(p_.get() + size_, a);
+        if (!b.empty()) copy(p_.get() + size_ + a.size(), b);
+        size_ += n;
     }
+
+  private:
+    static void copy(char* to, std::string_view s) noexcept {
+        detail::copy_small(to, s.data(), s.size());
+    }
+    void grow(std::size_t n) {
+        const std::size_t c = std::max(2 * cap_, size_ + n);
+        std::unique_ptr<char[]> q(new char[c]);
+        if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
+        p_ = std::move(q);
+        cap_ = c;
+    }
+
+    std::unique_ptr<char[]> p_;
+    std::size_t size_ = 0, cap_ = 0;
 };
-using byte_queue = std::vector<char, uninitialized_allocator<char>>;
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {

@@ -218,7 +218,8 @@ const handler_entry* dispatcher::find_and_remember(std::string_view method) {
     const std::size_t n = method.size();
     const handler_entry* e = h_->find(method);
     if (e && n > 0 && n <= sizeof(method_slot::name)) {
-        method_slot& s = methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
+        method_slot& s =
+            methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
         s.e = e;
         s.size = static_cast<std::uint8_t>(n);
         std::copy(method.begin(), method.end(), s.name);

@@ -46,9 +46,7 @@ class object_reader {
         if (p_ != end_) bad("bytes left after one msgpack object");
     }
     /// Bytes read so far.
-    std::size_t consumed() const noexcept {
-        return static_cast<std::size_t>(p_ - begin_);
-    }
+    std::size_t consumed() const noexcept { return static_cast<std::size_t>(p_ - begin_); }
 
   private:
     void need(std::size_t n) const {
@@ -368,7 +366,8 @@ template <bool whole>
         } else {
             head = 0;
         }
-        if (head > 0 && len <= l.max_string_bytes && static_cast<std::size_t>(end - p) >= head + len) {
+        if (head > 0 && len <= l.max_string_bytes &&
+            static_cast<std::size_t>(end - p) >= head + len) {
             if (o.type == msgpack::type::STR) {
                 o.via.str.size = static_cast<std::uint32_t>(len);
                 o.via.str.ptr = reinterpret_cast<const char*>(p + head);
@@ -381,7 +380,8 @@ template <bool whole>
             return static_cast<std::size_t>(p - start) + head + len;
         }
     }
-    const std::string_view rest(reinterpret_cast<const char*>(p), static_cast<std::size_t>(end - p));
+    const std::string_view rest(reinterpret_cast<const char*>(p),
+                                static_cast<std::size_t>(end - p));
     try {
         object_reader r(rest, l, z, true, objects);
         m.kind = static_cast<message_kind>(kind);
@@ -427,8 +427,8 @@ template <bool whole>
 
 }  // namespace
 
-std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z,
-                            message& m, bool whole) {
+std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zone& z, message& m,
+                            bool whole) {
     return whole ? read_envelope<true>(bytes, l, z, m) : read_envelope<false>(bytes, l, z, m);
 }
 

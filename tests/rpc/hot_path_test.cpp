@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <random>
+#include <thread>
 #include <unordered_map>
 
 #include <gtest/gtest.h>
@@ -335,6 +335,39 @@ TEST(HotPath, ParamsBufferHoldsWhatMsgpackPacksInlineOrOnTheHeap) {
                   std::string_view(copy.data(), copy.size()));
         assigned.clear();
         EXPECT_EQ(assigned.size(), 0u);
+    }
+}
+
+// copy_small copies with two fixed-width copies that may overlap: every length up to past the
+// largest width, at every alignment, copies exactly its bytes and writes none beyond them.
+TEST(HotPath, CopySmallCopiesEachLengthExactlyAndNothingBeyond) {
+    std::string from(96, '\0');
+    for (std::size_t i = 0; i < from.size(); ++i) from[i] = char('A' + i % 50);
+    for (std::size_t off = 0; off < 8; ++off) {
+        for (std::size_t n = 0; n <= 80; ++n) {
+            std::string to(128, '#');
+            detail::copy_small(to.data() + off, from.data() + off, n);
+            EXPECT_EQ(to.substr(0, off), std::string(off, '#')) << n;
+            EXPECT_EQ(to.substr(off, n), from.substr(off, n)) << n;
+            EXPECT_EQ(to.substr(off + n), std::string(128 - off - n, '#')) << n;
+        }
+    }
+}
+
+// The heads built in place are the bytes the general encoder writes, for methods of every
+// length around the fixstr limit and the inline bytes (long methods take the general way).
+TEST(HotPath, HeadsBuiltInPlaceMatchTheGeneralEncoder) {
+    for (std::size_t n = 0; n <= 70; ++n) {
+        const std::string method(n, 'm');
+        msgpack::sbuffer req, note;
+        detail::write_request_head(req, 0x01020304u, method);
+        detail::write_notification_head(note, method);
+        EXPECT_EQ(std::string_view(detail::request_head(0x01020304u, method)),
+                  std::string_view(req.data(), req.size()))
+            << n;
+        EXPECT_EQ(std::string_view(detail::notification_head(method)),
+                  std::string_view(note.data(), note.size()))
+            << n;
     }
 }
 

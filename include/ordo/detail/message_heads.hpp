@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "ordo/detail/copy_small.hpp"
+
 namespace ordo::detail {
 
 // Out is anything msgpack::packer can write to: it has write(const char*, std::size_t).
@@ -93,7 +95,7 @@ class small_head {
   public:
     void write(const char* p, std::size_t n) {
         if (!long_ && n_ + n <= sizeof inline_) {
-            std::memcpy(inline_ + n_, p, n);
+            copy_small(inline_ + n_, p, n);
             n_ += n;
             return;
         }
@@ -106,6 +108,7 @@ class small_head {
 
   private:
     friend small_head request_head(std::uint32_t msgid, std::string_view method);
+    friend small_head notification_head(std::string_view method);
     char inline_[48];
     std::size_t n_ = 0;
     std::optional<std::string> long_;
@@ -125,7 +128,7 @@ inline small_head request_head(std::uint32_t msgid, std::string_view method) {
         p[5] = char((msgid >> 8) & 0xff);
         p[6] = char(msgid & 0xff);
         p[7] = char(0xa0 | method.size());
-        std::memcpy(p + 8, method.data(), method.size());
+        copy_small(p + 8, method.data(), method.size());
         h.n_ = 8 + method.size();
         return h;
     }
@@ -135,6 +138,16 @@ inline small_head request_head(std::uint32_t msgid, std::string_view method) {
 
 inline small_head notification_head(std::string_view method) {
     small_head h;
+    // As in request_head: a fixstr method that fits, written in place.
+    if (method.size() < 32 && 3 + method.size() <= sizeof h.inline_) {
+        char* p = h.inline_;
+        p[0] = '\x93';
+        p[1] = '\x02';
+        p[2] = char(0xa0 | method.size());
+        copy_small(p + 3, method.data(), method.size());
+        h.n_ = 3 + method.size();
+        return h;
+    }
     write_notification_head(h, method);
     return h;
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <utility>
 
+#include "ordo/detail/copy_small.hpp"
 #include "ordo/detail/msgpack_core.hpp"
 
 namespace ordo::detail {
@@ -33,7 +34,7 @@ class params_buffer {
     void write(const char* p, std::size_t n) {
         if (n == 0) return;
         if (n > cap_ - size_) grow(n);
-        std::memcpy(data() + size_, p, n);
+        copy_small(data() + size_, p, n);
         size_ += n;
     }
     const char* data() const noexcept { return heap_ ? heap_.get() : inline_; }
