@@ -93,9 +93,10 @@ void call_table::on_response(message& m) {
         ec = error_from_wire(m.error, out.detail);
     out.borrowed = m.borrowed;
     out.message = std::move(m.handle);
-    e.call->complete_inline(ec, std::move(out));
     count();
     ++c_.calls_completed;
+    // Last: the handler may drop the last reference to the peer, and this table with it.
+    e.call->complete_inline(ec, std::move(out));
 }
 
 void call_table::on_item(const message& m, std::size_t wire_bytes) {

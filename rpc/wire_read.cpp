@@ -382,6 +382,9 @@ template <bool whole>
     }
     const std::string_view rest(reinterpret_cast<const char*>(p),
                                 static_cast<std::size_t>(end - p));
+    // decode_prefix clears the zone here, only when a reader may use it: what the last message
+    // read into it stays there until then, which is as long as the caller may use it.
+    if constexpr (!whole) z.clear();
     try {
         object_reader r(rest, l, z, true, objects);
         m.kind = static_cast<message_kind>(kind);
@@ -434,7 +437,6 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
 
 std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
                           message& m) noexcept {
-    z.clear();
     m.borrowed = true;
     try {
         return read_envelope<false>(bytes, l, z, m);

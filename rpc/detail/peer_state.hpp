@@ -81,10 +81,14 @@ struct peer::state final : detail::call_table_host,
                 leave_when_idle();
             return;
         }
-        auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
+        if (heard_goaway) [[unlikely]] {
+            auto keep = self.shared_from_this();  // the caller's handler may drop the last reference
+            calls.on_response(m);
+            return leave_when_idle();
+        }
+        // The caller's handler may drop the last reference to this peer: on_response touches
+        // nothing of the peer once it has run it, and neither does anything on the way back.
         calls.on_response(m);
-        if (heard_goaway) [[unlikely]]
-            leave_when_idle();
     }
 
     // ---- draining (ordo.goaway, docs/protocol.md "Draining") ----
