@@ -120,7 +120,8 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
 }
 
 // The replica `call` goes to now, or null if it must wait.
-router::state::replica* router::state::pick(const detail::pending_call& call) {
+[[gnu::always_inline]] inline router::state::replica* router::state::pick(
+    const detail::pending_call& call) {
     if (!call.options.key.empty()) {
         replica* r = owner_of(call.options.key);
         return r && has_room(*r) && key_may_go(call.options.key, r) ? r : nullptr;
@@ -293,8 +294,12 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         ++r.errors;
     }
     if (rc.gen == r.gen) {
-        if (ec && ec == errc::peer_lost && r.conn && !r.conn->is_open()) lose(r, out.detail);
-        note_outcome(r, ec);
+        if (!ec) {
+            r.failures_in_a_row = 0;  // note_outcome's success, without the call
+        } else {
+            if (ec == errc::peer_lost && r.conn && !r.conn->is_open()) lose(r, out.detail);
+            note_outcome(r, ec);
+        }
     }
     if (r.ph == phase::draining && r.in_flight == 0 && r.conn) r.conn->close();
     if (!rc.inner) {  // shadow
