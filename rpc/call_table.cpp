@@ -13,8 +13,9 @@ call_table::~call_table() = default;
 
 std::uint32_t call_table::next_id() {
     std::uint32_t id;
+    // An id whose home slot is free is not in use, and its call sits at its home (id_table).
     do id = next_id_++;
-    while (pending_.contains(id) || (!abandoned_.empty() && abandoned_.count(id) != 0));
+    while (!pending_.home_free(id) || (!abandoned_.empty() && abandoned_.count(id) != 0));
     return id;
 }
 

@@ -78,7 +78,8 @@ void router::state::place(replica& r) {
         1, static_cast<std::size_t>(std::llround(static_cast<double>(o.ring_points) * r.weight)));
     r.points.clear();
     r.points.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) r.points.push_back(hash_of(r.url + "#" + std::to_string(i)));
+    for (std::size_t i = 0; i < n; ++i)
+        r.points.push_back(hash_of(r.url + "#" + std::to_string(i)));
     std::sort(r.points.begin(), r.points.end());
     r.replaced = r.in_ring;
 }
@@ -190,7 +191,8 @@ router::state::replica* router::state::peek(const detail::pending_call& call) co
 }
 
 void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
-    if (closed) return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
+    if (closed)
+        return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
     const bool retry = call->attempt > 0;
     if (!retry) ++c.calls;
     const auto timeout =
@@ -280,8 +282,8 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         ++r.completed;
         // A response arrives only by a read of the replica's connection, which noted the time:
         // its latency costs no second clock read.
-        const auto arrived = r.conn && rc.gen == r.gen ? r.conn->comm().last_receive
-                                                      : clock_type::now();
+        const auto arrived =
+            r.conn && rc.gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
         const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
         r.latency.record(took);
         // Only a waiting call with a deadline is judged by it: calls without one pay no

@@ -1,14 +1,13 @@
 // The table of a peer's calls waiting for a response, keyed by msgid: no node allocation per
-// call (an std::unordered_map cost one, and a hash lookup, on the hot path). Open addressing with
-// linear probing in a power-of-two array; erase shifts later entries back, so there are no
-// tombstones. msgids are handed out in sequence, so the live ones form dense runs: placed by
-// their low bits they would fill one long cluster, and every erase would walk all of it. They
-// are placed by Fibonacci hashing instead (multiply by 2^32/phi, keep the top bits), which
-// spreads consecutive ids evenly over the array. It grows at half full and shrinks at an eighth
-// (never below 8 slots): memory follows the number of calls in flight, not its high-water mark.
+// call (an std::unordered_map cost one, and a hash lookup, on the hot path). Open addressing in a
+// power-of-two array, with Robin Hood placement: along a run, entries keep the order of their
+// home slots, so a lookup and an erase stop at the first entry that sits at its home. An entry's
+// home is its msgid's low bits: the caller picks each new msgid with a free home (home_free), so
+// a call sits at its home, its lookup is one compare, and its erase moves nothing. Any other id
+// still works (it is placed by probing). It grows at half full and shrinks at an eighth (never
+// below 8 slots): memory follows the number of calls in flight, not its high-water mark.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -33,16 +32,18 @@ class id_table {
         return i == npos ? nullptr : &*slots_[i].value;
     }
 
+    /// Whether the slot where `id` would sit is empty: then `id` is not in the table, and
+    /// inserting it next (with no insert or take in between) needs no probing.
+    bool home_free(std::uint32_t id) const noexcept { return !slots_[home(id)].value; }
+
     /// Adds `id` (which must be absent) with a default value and returns it. References to
     /// values stay valid until the next insert or take.
     T& insert(std::uint32_t id) {
         if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
-        std::size_t i = home(id);
-        while (slots_[i].value) i = (i + 1) & mask();
-        slots_[i].id = id;
-        slots_[i].value.emplace();
         ++size_;
-        return *slots_[i].value;
+        const std::size_t i = place(id);
+        slots_[i].id = id;
+        return slots_[i].value.emplace();
     }
 
     /// Removes `id` and returns its value, or nothing if absent.
@@ -50,19 +51,7 @@ class id_table {
         std::size_t i = find_slot(id);
         if (i == npos) return std::nullopt;
         std::optional<T> out(std::move(slots_[i].value));
-        slots_[i].value.reset();
-        --size_;
-        // Backward shift: move up every later entry of the run whose home is at or before the
-        // hole, so that each entry stays reachable from its home by probing forward.
-        for (std::size_t j = (i + 1) & mask(); slots_[j].value; j = (j + 1) & mask()) {
-            const std::size_t h = home(slots_[j].id);
-            if (((j - h) & mask()) >= ((j - i) & mask())) {
-                slots_[i] = std::move(slots_[j]);
-                slots_[j].value.reset();
-                i = j;
-            }
-        }
-        if (slots_.size() > min_slots && size_ * 8 < slots_.size()) rehash(slots_.size() / 2);
+        erase_at(i);
         return out;
     }
 
@@ -74,7 +63,6 @@ class id_table {
             if (s.value) all.emplace_back(s.id, std::move(*s.value));
         slots_.clear();
         slots_.resize(min_slots);
-        shift_ = 32 - std::countr_zero(min_slots);
         size_ = 0;
         return all;
     }
@@ -88,30 +76,53 @@ class id_table {
     };
 
     std::size_t mask() const noexcept { return slots_.size() - 1; }
-    std::size_t home(std::uint32_t id) const noexcept {
-        return std::uint32_t(id * 2654435769u) >> shift_;
-    }
+    std::size_t home(std::uint32_t id) const noexcept { return id & mask(); }
+    // How far the entry in slot i sits from its home.
+    std::size_t distance(std::size_t i) const noexcept { return (i - home(slots_[i].id)) & mask(); }
 
     std::size_t find_slot(std::uint32_t id) const noexcept {
-        for (std::size_t i = home(id); slots_[i].value; i = (i + 1) & mask())
+        // Entries along a run are in the order of their homes: past one that is nearer its
+        // home than `id` would be, `id` cannot be.
+        for (std::size_t i = home(id), d = 0; slots_[i].value && distance(i) >= d;
+             i = (i + 1) & mask(), ++d)
             if (slots_[i].id == id) return i;
         return npos;
+    }
+
+    // Backward shift: the entries after the hole that are away from their homes move one slot
+    // down, up to the first empty slot or entry at its home.
+    void erase_at(std::size_t i) noexcept {
+        slots_[i].value.reset();
+        --size_;
+        for (std::size_t j = (i + 1) & mask(); slots_[j].value && distance(j) > 0;
+             j = (j + 1) & mask()) {
+            slots_[i] = std::move(slots_[j]);
+            slots_[j].value.reset();
+            i = j;
+        }
+        if (slots_.size() > min_slots && size_ * 8 < slots_.size()) rehash(slots_.size() / 2);
     }
 
     void rehash(std::size_t n) {
         std::vector<slot> old(n);
         old.swap(slots_);
-        shift_ = 32 - std::countr_zero(n);
-        for (auto& s : old) {
-            if (!s.value) continue;
-            std::size_t i = home(s.id);
-            while (slots_[i].value) i = (i + 1) & mask();
-            slots_[i] = std::move(s);
-        }
+        for (auto& s : old)
+            if (s.value) slots_[place(s.id)] = std::move(s);
+    }
+
+    // The slot where `id` goes, emptied for it (Robin Hood): past the entries at least as far
+    // from their homes as `id` would be; the entries from there to the next empty slot move
+    // one slot up, keeping their order.
+    std::size_t place(std::uint32_t id) {
+        std::size_t i = home(id);
+        for (std::size_t d = 0; slots_[i].value && distance(i) >= d; ++d) i = (i + 1) & mask();
+        std::size_t j = i;
+        while (slots_[j].value) j = (j + 1) & mask();
+        for (; j != i; j = (j - 1) & mask()) slots_[j] = std::move(slots_[(j - 1) & mask()]);
+        return i;
     }
 
     std::vector<slot> slots_;
-    int shift_ = 32 - std::countr_zero(min_slots);
     std::size_t size_ = 0;
 };
 
