@@ -82,8 +82,8 @@ struct peer::state final : detail::call_table_host,
             return;
         }
         if (heard_goaway) [[unlikely]] {
-            auto keep =
-                self.shared_from_this();  // the caller's handler may drop the last reference
+            // The caller's handler may drop the last reference.
+            auto keep = self.shared_from_this();
             calls.on_response(m);
             return leave_when_idle();
         }

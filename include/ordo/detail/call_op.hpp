@@ -115,9 +115,14 @@ class call_op final : public pending_call {
             deliver(now, ec);
         } else {
             if (!ec) {
-                std::optional<R> r;  // built by the conversion, not assigned over a default
+                // Built by the conversion in place, not assigned over a default nor moved.
+                struct converted {
+                    call_outcome& out;
+                    operator R() const { return convert_result<R>(out); }
+                };
+                std::optional<R> r;
                 try {
-                    r.emplace(convert_result<R>(out));
+                    r.emplace(converted{out});
                 } catch (const std::system_error& e) {
                     ec = e.code();
                 }
@@ -127,17 +132,19 @@ class call_op final : public pending_call {
         }
     }
 
+    // The result is passed on by reference: the handler's parameter is its only copy (a
+    // std::string was moved twice on the way).
     template <class... A>
-    void deliver(bool now, std::error_code ec, A... a) {
+    void deliver(bool now, std::error_code ec, A&&... a) {
         if (!now) {
-            net::post(ex_, [h = std::move(handler_), ec, ... a = std::move(a)]() mutable {
+            net::post(ex_, [h = std::move(handler_), ec, ... a = std::forward<A>(a)]() mutable {
                 std::move(h)(ec, std::move(a)...);
             });
             return;
         }
         Handler h = std::move(handler_);
         try {
-            std::move(h)(ec, std::move(a)...);
+            std::move(h)(ec, std::forward<A>(a)...);
         } catch (...) {
             net::post(ex_, [e = std::current_exception()] { std::rethrow_exception(e); });
         }
