@@ -72,20 +72,25 @@ void call_table::fail(pending_call& call, std::error_code ec, std::string detail
 }
 
 void call_table::on_response(message& m) {
-    auto taken = pending_.take(m.msgid);
-    if (!taken) {
+    std::unique_ptr<pending_call> call;
+    bool ping = false;
+    const bool found = pending_.take_with(m.msgid, [&](entry& e) {
+        ping = e.is_ping;
+        if (ping) return;
+        e.watch.disarm(e.call->fields());
+        call = std::move(e.call);
+    });
+    if (!found) {
         if (abandoned_.erase(m.msgid) != 0) return;  // a late answer to a withdrawn call
         throw_error(errc::protocol_error, "ordo: protocol error: response to msgid " +
                                               std::to_string(m.msgid) +
                                               ", which no call is waiting for");
     }
-    entry& e = *taken;
-    if (e.is_ping) {  // only its arrival mattered
+    if (ping) {  // only its arrival mattered
         --pings_;
         return;
     }
-    e.watch.disarm(e.call->fields());
-    if (!e.call->takes_borrowed()) own(m);
+    if (!call->takes_borrowed()) own(m);
     call_outcome out;
     std::error_code ec;
     if (m.error.is_nil())
@@ -97,7 +102,7 @@ void call_table::on_response(message& m) {
     count();
     ++c_.calls_completed;
     // Last: the handler may drop the last reference to the peer, and this table with it.
-    e.call->complete_inline(ec, std::move(out));
+    call->complete_inline(ec, std::move(out));
 }
 
 void call_table::on_item(const message& m, std::size_t wire_bytes) {

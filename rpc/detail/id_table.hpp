@@ -41,7 +41,9 @@ class id_table {
     T& insert(std::uint32_t id) {
         if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
         ++size_;
-        const std::size_t i = place(id);
+        std::size_t i = home(id);
+        if (slots_[i].value) [[unlikely]]
+            i = place(id);
         slots_[i].id = id;
         return slots_[i].value.emplace();
     }
@@ -53,6 +55,17 @@ class id_table {
         std::optional<T> out(std::move(slots_[i].value));
         erase_at(i);
         return out;
+    }
+
+    /// If `id` is there: runs f(value) on its value in place, then removes it; true. Else
+    /// false. What take() does, without moving the value out and back.
+    template <class F>
+    bool take_with(std::uint32_t id, F&& f) {
+        const std::size_t i = find_slot(id);
+        if (i == npos) return false;
+        f(*slots_[i].value);
+        erase_at(i);
+        return true;
     }
 
     /// Empties the table and returns every (id, value), in no particular order.
