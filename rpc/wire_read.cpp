@@ -285,8 +285,69 @@ msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack:
 // (decode_prefix): the message's size is returned, and the caller declines on a throw.
 namespace {
 
-// decode_envelope's body, once for each use: decode_prefix, on every message of a plain
-// session, gets it inlined with `whole` known.
+// The common answer, read with no frame to set up: a success `[1, msgid, nil, result]` whose
+// msgid is a positive fixint or a uint 8, 16 or 32, and whose result is a positive fixint or a
+// str or bin of up to 255 bytes, all of it in `bytes` and within the limits. 0 for anything
+// else: read_envelope reads it, or says what is wrong with it.
+[[gnu::always_inline]] inline std::size_t read_common_response(std::string_view bytes,
+                                                               const limits& l,
+                                                               message& m) noexcept {
+    const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
+    const auto* const end = start + std::min(bytes.size(), l.max_message_bytes);
+    if (end - start < 5 || start[0] != 0x94 || start[1] != 0x01 || l.max_container_length < 4 ||
+        l.max_depth < 1 || l.max_objects < 5)
+        return 0;
+    const auto* p = start + 2;
+    std::uint32_t id;
+    if (*p <= 0x7f) {
+        id = *p;
+        p += 1;
+    } else if (*p == 0xcc && end - p >= 2) {
+        id = p[1];
+        p += 2;
+    } else if (*p == 0xcd && end - p >= 3) {
+        id = std::uint32_t(p[1]) << 8 | p[2];
+        p += 3;
+    } else if (*p == 0xce && end - p >= 5) {
+        id =
+            std::uint32_t(p[1]) << 24 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 8 | p[4];
+        p += 5;
+    } else {
+        return 0;
+    }
+    if (end - p < 2 || *p != 0xc0) return 0;  // the error: nil; then the result
+    ++p;
+    const unsigned char t = *p;
+    std::size_t head = 1, len = 0;
+    msgpack::object o;
+    if (t <= 0x7f) {
+        o.type = msgpack::type::POSITIVE_INTEGER;
+        o.via.u64 = t;
+    } else if ((t & 0xe0) == 0xa0) {
+        o.type = msgpack::type::STR;
+        len = t & 0x1f;
+    } else if ((t == 0xd9 || t == 0xc4) && end - p >= 2) {
+        o.type = t == 0xd9 ? msgpack::type::STR : msgpack::type::BIN;
+        head = 2;
+        len = p[1];
+    } else {
+        return 0;
+    }
+    if (len > l.max_string_bytes || static_cast<std::size_t>(end - p) < head + len) return 0;
+    if (o.type == msgpack::type::STR) {
+        o.via.str.size = static_cast<std::uint32_t>(len);
+        o.via.str.ptr = reinterpret_cast<const char*>(p + head);
+    } else if (o.type == msgpack::type::BIN) {
+        o.via.bin.size = static_cast<std::uint32_t>(len);
+        o.via.bin.ptr = reinterpret_cast<const char*>(p + head);
+    }
+    m.kind = message_kind::response;
+    m.msgid = id;
+    m.result = o;
+    return static_cast<std::size_t>(p - start) + head + len;
+}
+
+// decode_envelope's body, once for each use (`whole` known).
 template <bool whole>
 [[gnu::always_inline]] inline std::size_t read_envelope(std::string_view bytes, const limits& l,
                                                         msgpack::zone& z, message& m) {
@@ -347,44 +408,8 @@ template <bool whole>
         ++p;
         ++objects;
     }
-    // A successful response with a str, bin or small int result (the common answer), whole
-    // in `bytes`: read here. Anything else, or over a limit, takes the reader below.
-    if (no_error && !whole && p != end) {
-        const unsigned char t = *p;
-        std::size_t head = 1, len = 0;
-        msgpack::object o;
-        if (t <= 0x7f) {
-            o.type = msgpack::type::POSITIVE_INTEGER;
-            o.via.u64 = t;
-        } else if ((t & 0xe0) == 0xa0) {
-            o.type = msgpack::type::STR;
-            len = t & 0x1f;
-        } else if ((t == 0xd9 || t == 0xc4) && end - p >= 2) {
-            o.type = t == 0xd9 ? msgpack::type::STR : msgpack::type::BIN;
-            head = 2;
-            len = p[1];
-        } else {
-            head = 0;
-        }
-        if (head > 0 && len <= l.max_string_bytes &&
-            static_cast<std::size_t>(end - p) >= head + len) {
-            if (o.type == msgpack::type::STR) {
-                o.via.str.size = static_cast<std::uint32_t>(len);
-                o.via.str.ptr = reinterpret_cast<const char*>(p + head);
-            } else if (o.type == msgpack::type::BIN) {
-                o.via.bin.size = static_cast<std::uint32_t>(len);
-                o.via.bin.ptr = reinterpret_cast<const char*>(p + head);
-            }
-            m.kind = message_kind::response;
-            m.result = o;
-            return static_cast<std::size_t>(p - start) + head + len;
-        }
-    }
     const std::string_view rest(reinterpret_cast<const char*>(p),
                                 static_cast<std::size_t>(end - p));
-    // decode_prefix clears the zone here, only when a reader may use it: what the last message
-    // read into it stays there until then, which is as long as the caller may use it.
-    if constexpr (!whole) z.clear();
     try {
         object_reader r(rest, l, z, true, objects);
         m.kind = static_cast<message_kind>(kind);
@@ -435,14 +460,36 @@ std::size_t decode_envelope(std::string_view bytes, const limits& l, msgpack::zo
     return whole ? read_envelope<true>(bytes, l, z, m) : read_envelope<false>(bytes, l, z, m);
 }
 
-std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
-                          message& m) noexcept {
-    m.borrowed = true;
+namespace {
+
+// decode_prefix's two ways, each with a frame of its own: the common response takes no frame
+// set up for the general reader (which cost the one-way path as much as it saved the other).
+[[gnu::noinline]] std::size_t read_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+                                          message& m) noexcept {
+    // Cleared only on this way: the common response uses no zone, and what the last message
+    // read into it stays there until the next one that may.
+    z.clear();
     try {
         return read_envelope<false>(bytes, l, z, m);
     } catch (...) {  // not all there, or something to say: the framer's way says it
         return 0;
     }
+}
+
+[[gnu::noinline]] std::size_t read_response_prefix(std::string_view bytes, const limits& l,
+                                                   msgpack::zone& z, message& m) noexcept {
+    if (const std::size_t n = read_common_response(bytes, l, m)) return n;
+    return read_prefix(bytes, l, z, m);
+}
+
+}  // namespace
+
+std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+                          message& m) noexcept {
+    m.borrowed = true;
+    if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[1]) == 0x01)
+        return read_response_prefix(bytes, l, z, m);
+    return read_prefix(bytes, l, z, m);
 }
 
 }  // namespace detail
