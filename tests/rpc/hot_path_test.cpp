@@ -11,6 +11,8 @@
 #include <unordered_map>
 
 #include <gtest/gtest.h>
+#include <asio/bind_executor.hpp>
+#include <asio/strand.hpp>
 
 #include "rpc/detail/id_table.hpp"
 #include "support/run_test.hpp"
@@ -56,6 +58,61 @@ TEST(HotPath, AnExceptionFromACompletionHandlerLeavesRunAndTheConnectionStaysUp)
     io.restart();
     io.run_for(20s);
     EXPECT_EQ(second, 42);
+}
+
+// A callback with an executor of its own (here a strand) runs there, not inline on the
+// connection's loop: one bound by asio::bind_executor, and a handler type that names its
+// executor (executor_type, get_executor). A plain callback runs inline, in the read.
+using test_strand = net::strand<net::io_context::executor_type>;
+struct strand_handler {
+    using executor_type = test_strand;
+    test_strand ex;
+    int* out;
+    executor_type get_executor() const noexcept { return ex; }
+    void operator()(std::error_code ec, int v) const {
+        *out = !ec && v == 2 && ex.running_in_this_thread();
+    }
+};
+
+// The same, with its executor type-erased: the type alone does not tell it from the default.
+struct erased_strand_handler {
+    using executor_type = net::any_io_executor;
+    test_strand ex;
+    int* out;
+    executor_type get_executor() const noexcept { return ex; }
+    void operator()(std::error_code ec, int v) const {
+        *out = !ec && v == 2 && ex.running_in_this_thread();
+    }
+};
+
+TEST(HotPath, ACallbackWithAnExecutorOfItsOwnRunsThere) {
+    net::io_context io;
+    server srv(io.get_executor());
+    srv.on("inc", [](int x) { return x + 1; });
+    test_strand strand = net::make_strand(io.get_executor());
+    int bound = -1, typed = -1, erased = -1, plain = -1;
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            channel ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+            ch.async_call<int>("inc", 1, net::bind_executor(strand, [&](std::error_code ec, int v) {
+                                   bound = !ec && v == 2 && strand.running_in_this_thread();
+                               }));
+            ch.async_call<int>("inc", 1, strand_handler{strand, &typed});
+            ch.async_call<int>("inc", 1, erased_strand_handler{strand, &erased});
+            ch.async_call<int>("inc", 2, [&](std::error_code ec, int v) {
+                plain = !ec && v == 3 && !strand.running_in_this_thread();
+            });
+            co_await wait_until(
+                [&] { return bound >= 0 && typed >= 0 && erased >= 0 && plain >= 0; }, 20s);
+            co_await srv.async_stop();
+        },
+        net::detached);
+    io.run_for(30s);
+    EXPECT_EQ(bound, 1);
+    EXPECT_EQ(typed, 1);
+    EXPECT_EQ(erased, 1);
+    EXPECT_EQ(plain, 1);
 }
 
 // The handler of the last call drops the last reference to its channel while the peer is inside

@@ -68,15 +68,16 @@ void start_with_handler(const std::shared_ptr<channel_impl>& ch, std::string_vie
                         call_options&& o, Handler&& handler, Pack&& pack) {
     using H = std::decay_t<Handler>;
     auto slot = net::get_associated_cancellation_slot(handler);
-    auto ex = ch->get_executor();
     auto op = std::make_unique<call_op<R, H>>(method, std::move(o), std::forward<Handler>(handler),
-                                              ex);
+                                              ch->get_executor());
     op->slot = slot;
     pack(op->params);
-    if (running_in(ex))
+    const net::any_io_executor* kept = op->channel_executor();
+    if (kept ? running_in(*kept) : running_in(ch->get_executor()))
         ch->start_call(std::move(op));
     else
-        net::dispatch(ex, [ch, op = std::move(op)]() mutable { ch->start_call(std::move(op)); });
+        net::dispatch(ch->get_executor(),
+                      [ch, op = std::move(op)]() mutable { ch->start_call(std::move(op)); });
 }
 
 /// Starts the call and yields its error code once it has completed: the untyped half of a
@@ -128,8 +129,7 @@ template <class R, class Token>
 auto call(std::shared_ptr<channel_impl> ch, std::string method, params_buffer params,
           call_options o, Token&& token) {
     if constexpr (is_use_awaitable<std::decay_t<Token>>::value)
-        return call_awaitable<R>(std::move(ch), std::move(method), std::move(params),
-                                 std::move(o));
+        return call_awaitable<R>(std::move(ch), std::move(method), std::move(params), std::move(o));
     else
         return async_call_op<R>(std::move(ch), std::move(method), std::move(params), std::move(o),
                                 std::forward<Token>(token));

@@ -60,14 +60,22 @@ class call_op final : public pending_call {
           handler_(std::move(h)),
           ex_(net::get_associated_executor(handler_, channel_ex)),
           inline_ok_(same_executor(ex_, channel_ex)) {}
-    // With the call's method and options (detail::start_with_handler).
-    call_op(std::string_view method, call_options&& o, Handler h,
-            const net::any_io_executor& channel_ex)
+    // With the call's method and options (detail::start_with_handler). A handler with no
+    // executor of its own takes the channel's as it is, with no copy.
+    call_op(std::string_view method, call_options&& o, Handler h, net::any_io_executor&& channel_ex)
         : pending_call(method, std::move(o)),
           sink_(nullptr),
           handler_(std::move(h)),
-          ex_(net::get_associated_executor(handler_, channel_ex)),
-          inline_ok_(same_executor(ex_, channel_ex)) {}
+          ex_(associated(handler_, std::move(channel_ex))),
+          inline_ok_(!has_own_executor || same_executor(ex_, channel_ex)) {}
+
+    /// The channel's executor, when the handler has none of its own (it is kept); else null.
+    const net::any_io_executor* channel_executor() const noexcept {
+        if constexpr (has_own_executor)
+            return nullptr;
+        else
+            return &ex_;
+    }
 
     void complete(std::error_code ec, call_outcome out) override { finish(false, ec, out); }
     void complete_inline(std::error_code ec, call_outcome&& out) override {
@@ -76,6 +84,20 @@ class call_op final : public pending_call {
     bool takes_borrowed() const noexcept override { return true; }
 
   private:
+    // Whether Handler is associated with an executor (asio::bind_executor, a strand, a
+    // type with executor_type): the associated type then does not follow the default's.
+    static constexpr bool has_own_executor =
+        !std::is_same_v<net::associated_executor_t<Handler, net::system_executor>,
+                        net::system_executor> ||
+        !std::is_same_v<net::associated_executor_t<Handler, net::any_io_executor>,
+                        net::any_io_executor>;
+    static auto associated(const Handler& h, net::any_io_executor&& channel_ex) {
+        if constexpr (has_own_executor)
+            return net::get_associated_executor(h, channel_ex);
+        else
+            return std::move(channel_ex);
+    }
+
     // Handlers with an executor of their own kind (use_future's, a strand) are always posted.
     template <class E>
     static bool same_executor(const E& a, const net::any_io_executor& b) {
