@@ -222,8 +222,10 @@ std::string router::state::no_replica_reason() const {
            (last_loss.empty() ? "" : " (last lost: " + last_loss + ")");
 }
 
-void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
-                         std::chrono::milliseconds timeout, bool retry) {
+[[gnu::always_inline]] inline void router::state::send(std::shared_ptr<replica> r,
+                                                       std::unique_ptr<detail::pending_call> call,
+                                                       std::chrono::milliseconds timeout,
+                                                       bool retry) {
     // A stream is neither shadowed nor tried again: its items may have reached the caller.
     if (!retry && o.shadow_fraction > 0 && !call->stream) {
         shadow_credit += o.shadow_fraction;
@@ -238,7 +240,14 @@ void router::state::send(std::shared_ptr<replica> r, std::unique_ptr<detail::pen
         o.idempotent_methods.count(call->method))
         rc->saved_params = call->params.copy();
     call->options.timeout = timeout;
-    if (timeout.count() > 0) rc->deadline = rc->started + timeout;
+    if (timeout.count() > 0) {
+        rc->started = clock_type::now();
+        rc->deadline = rc->started + timeout;
+    } else {
+        // Started by a handler while a read is passed on: that read's time, as finished()
+        // takes a response's (its latency then spans read to read), and no clock read.
+        rc->started = detail::read_time_or_now();
+    }
     if (!call->options.key.empty()) {
         key_flight& k = keys[call->options.key];
         k.at = &rep;
@@ -259,6 +268,7 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
         return;
     }
     auto sc = std::make_unique<routed_call>(shared(best));
+    sc->started = clock_type::now();
     sc->method = call.method;
     sc->params = call.params.copy();
     sc->options.timeout = timeout;
@@ -281,9 +291,12 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
     if (!ec) {
         ++r.completed;
         // A response arrives only by a read of the replica's connection, which noted the time:
-        // its latency costs no second clock read.
-        const auto arrived =
-            r.conn && rc.gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
+        // its latency costs no second clock read. Completed inline, it is that read's time
+        // now (read_clock.hpp).
+        const auto reading = detail::delivering_read_at;
+        const auto arrived = now && reading != clock_type::time_point{} ? reading
+                             : r.conn && rc.gen == r.gen ? r.conn->comm().last_receive
+                                                         : clock_type::now();
         const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
         r.latency.record(took);
         // Only a waiting call with a deadline is judged by it: calls without one pay no
@@ -322,7 +335,7 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         });
     } else {
         if (ec) out.detail = "replica " + r.url + ": " + out.detail;
-        schedule_pump();  // before the caller's handler, which may start calls of its own
+        if (!queue.empty()) schedule_pump();  // before the caller's handler, which may start calls
         if (now)
             rc.inner->complete_inline(ec, std::move(out));
         else

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/read_clock.hpp"
 #include "ordo/router.hpp"
 #include "rpc/detail/histogram.hpp"
 #include "rpc/detail/wait_queue.hpp"
@@ -94,7 +95,7 @@ struct router::state {
         std::uint64_t gen;
         std::unique_ptr<pending_call> inner;
         std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
-        clock_type::time_point started = clock_type::now();
+        clock_type::time_point started;  // send() and shadow() set it
         clock_type::time_point deadline = clock_type::time_point::max();
     };
 
