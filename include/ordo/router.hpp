@@ -130,6 +130,8 @@ struct replica_counters {
     std::uint64_t errors = 0;     ///< calls that failed here (any reason)
     std::uint64_t shadow_calls = 0;
     /// Of calls answered here: from the router's send to the read that brought the response.
+    /// A call that a handler started while its connection passed on a read counts from that
+    /// read (no clock read per call), so the handlers' time before the send is included.
     latency_summary latency;
 };
 
