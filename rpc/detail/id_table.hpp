@@ -39,7 +39,8 @@ class id_table {
     /// Adds `id` (which must be absent) with a default value and returns it. References to
     /// values stay valid until the next insert or take.
     T& insert(std::uint32_t id) {
-        if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+        if ((size_ + 1) * 2 > slots_.size()) [[unlikely]]
+            rehash(slots_.size() * 2);
         ++size_;
         std::size_t i = home(id);
         if (slots_[i].value) [[unlikely]]
@@ -104,7 +105,7 @@ class id_table {
 
     // Backward shift: the entries after the hole that are away from their homes move one slot
     // down, up to the first empty slot or entry at its home.
-    void erase_at(std::size_t i) noexcept {
+    [[gnu::always_inline]] void erase_at(std::size_t i) noexcept {
         slots_[i].value.reset();
         --size_;
         for (std::size_t j = (i + 1) & mask(); slots_[j].value && distance(j) > 0;
@@ -113,7 +114,8 @@ class id_table {
             slots_[j].value.reset();
             i = j;
         }
-        if (slots_.size() > min_slots && size_ * 8 < slots_.size()) rehash(slots_.size() / 2);
+        if (slots_.size() > min_slots && size_ * 8 < slots_.size()) [[unlikely]]
+            rehash(slots_.size() / 2);
     }
 
     void rehash(std::size_t n) {
