@@ -159,6 +159,11 @@ envelopes += [p([1, 1, e, r]) for e in ("bad", 7, [1, 2]) for r in (None, 1)]
 fast_results = [p([1, 9, None, r]) for r in (0, 127, 128, "", "s" * 31, "s" * 32, "s" * 255,
                                               "s" * 256, b"", b"b" * 255, b"b" * 256, -1)]
 envelopes += [v[:n] for v in fast_results[:6] for n in range(1, len(v) + 1)] + fast_results
+# The common response read first (wire_read.cpp, read_common_response): a msgid of each width
+# (uint 8, 16, 32), whole and cut at every byte, and a uint 64 msgid it leaves to the reader.
+wide_ids = [p([1, i, None, r]) for i in (200, 300, 70000) for r in (5, "s" * 16, b"b" * 16)]
+envelopes += [v[:n] for v in wide_ids for n in range(1, len(v))] + wide_ids
+envelopes += [b"\x94\x01\xcf\x00\x00\x00\x00\x00\x00\x00\x01\xc0\x05"]
 envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]),
               b"\xdc\x00\x04" + p(0, 1, "m", []), b"\xdd\x00\x00\x00\x03" + p(2, "m", []),
               p([0, 1, "m", []]) + b"\x00", p([2, "m", [1]]) + p([2, "m", [1]]),
