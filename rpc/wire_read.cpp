@@ -12,6 +12,49 @@ namespace {
 
 using detail::bad;
 
+// One value of the common params array, borrowed from the bytes: a positive or negative fixint,
+// a fixstr or str 8, nil or a bool, read at `p` (moved past it). False, with `p` where it was,
+// for any other type, or one not all there before `end` or over max_string_bytes: the general
+// reader then reads the array, and says what is wrong if anything is.
+[[gnu::always_inline]] inline bool read_flat_value(const unsigned char*& p,
+                                                   const unsigned char* end, const limits& l,
+                                                   msgpack::object& it) noexcept {
+    if (p == end) return false;
+    const unsigned char t = *p;
+    if (t <= 0x7f) {
+        it.type = msgpack::type::POSITIVE_INTEGER;
+        it.via.u64 = t;
+        ++p;
+    } else if (t >= 0xe0) {
+        it.type = msgpack::type::NEGATIVE_INTEGER;
+        it.via.i64 = static_cast<std::int8_t>(t);
+        ++p;
+    } else if ((t & 0xe0) == 0xa0 || t == 0xd9) {
+        std::size_t len = t & 0x1f, head = 1;
+        if (t == 0xd9) {
+            if (end - p < 2) return false;
+            len = p[1];
+            head = 2;
+        }
+        if (len > l.max_string_bytes || static_cast<std::size_t>(end - p) < head + len)
+            return false;
+        it.type = msgpack::type::STR;
+        it.via.str.size = static_cast<std::uint32_t>(len);
+        it.via.str.ptr = reinterpret_cast<const char*>(p + head);
+        p += head + len;
+    } else if (t == 0xc0) {
+        it.type = msgpack::type::NIL;
+        ++p;
+    } else if (t == 0xc2 || t == 0xc3) {
+        it.type = msgpack::type::BOOLEAN;
+        it.via.boolean = t == 0xc3;
+        ++p;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 // Decodes one msgpack object into msgpack::object form (what handlers convert from), with its
 // arrays and maps in `zone`. str, bin and ext payloads are copied into the zone, or, when
 // `borrow` is set, point into the input bytes (which must then outlive the result). Checks every
@@ -139,42 +182,8 @@ class object_reader {
         if (n > 0)
             items = static_cast<msgpack::object*>(
                 zone_.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
-        for (std::size_t i = 0; i < n; ++i) {
-            if (p == end_) return false;
-            const unsigned char t = *p;
-            msgpack::object& it = items[i];
-            if (t <= 0x7f) {
-                it.type = msgpack::type::POSITIVE_INTEGER;
-                it.via.u64 = t;
-                ++p;
-            } else if (t >= 0xe0) {
-                it.type = msgpack::type::NEGATIVE_INTEGER;
-                it.via.i64 = static_cast<std::int8_t>(t);
-                ++p;
-            } else if ((t & 0xe0) == 0xa0 || t == 0xd9) {
-                std::size_t len = t & 0x1f, head = 1;
-                if (t == 0xd9) {
-                    if (end_ - p < 2) return false;
-                    len = p[1];
-                    head = 2;
-                }
-                if (len > l_.max_string_bytes || static_cast<std::size_t>(end_ - p) < head + len)
-                    return false;
-                it.type = msgpack::type::STR;
-                it.via.str.size = static_cast<std::uint32_t>(len);
-                it.via.str.ptr = reinterpret_cast<const char*>(p + head);
-                p += head + len;
-            } else if (t == 0xc0) {
-                it.type = msgpack::type::NIL;
-                ++p;
-            } else if (t == 0xc2 || t == 0xc3) {
-                it.type = msgpack::type::BOOLEAN;
-                it.via.boolean = t == 0xc3;
-                ++p;
-            } else {
-                return false;
-            }
-        }
+        for (std::size_t i = 0; i < n; ++i)
+            if (!read_flat_value(p, end_, l_, items[i])) return false;
         o.type = msgpack::type::ARRAY;
         o.via.array.size = static_cast<std::uint32_t>(n);
         o.via.array.ptr = items;
@@ -285,20 +294,12 @@ msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack:
 // (decode_prefix): the message's size is returned, and the caller declines on a throw.
 namespace {
 
-// The common answer, read with no frame to set up: a success `[1, msgid, nil, result]` whose
-// msgid is a positive fixint or a uint 8, 16 or 32, and whose result is a positive fixint or a
-// str or bin of up to 255 bytes, all of it in `bytes` and within the limits. 0 for anything
-// else: read_envelope reads it, or says what is wrong with it.
-[[gnu::always_inline]] inline std::size_t read_common_response(std::string_view bytes,
-                                                               const limits& l,
-                                                               message& m) noexcept {
-    const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
-    const auto* const end = start + std::min(bytes.size(), l.max_message_bytes);
-    if (end - start < 5 || start[0] != 0x94 || start[1] != 0x01 || l.max_container_length < 4 ||
-        l.max_depth < 1 || l.max_objects < 5)
-        return 0;
-    const auto* p = start + 2;
-    std::uint32_t id;
+// A msgid as ordo and the msgpack-rpc libraries write it: a positive fixint or a uint 8, 16 or
+// 32, at `p` (at least one byte before `end`), moved past it. False for anything else (a
+// uint 64 among them: the general way reads it), or one not all there.
+[[gnu::always_inline]] inline bool read_small_msgid(const unsigned char*& p,
+                                                    const unsigned char* end,
+                                                    std::uint32_t& id) noexcept {
     if (*p <= 0x7f) {
         id = *p;
         p += 1;
@@ -313,8 +314,85 @@ namespace {
             std::uint32_t(p[1]) << 24 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 8 | p[4];
         p += 5;
     } else {
-        return 0;
+        return false;
     }
+    return true;
+}
+
+// A method name sent as a fixstr or str 8 within max_string_bytes, all of it before `end`, at
+// `p` (moved past it). False for anything else (a method sent as bin among them).
+[[gnu::always_inline]] inline bool read_method(const unsigned char*& p, const unsigned char* end,
+                                               const limits& l, std::string_view& method) noexcept {
+    if (p == end) return false;
+    std::size_t n = 0;
+    const unsigned char* q = p;
+    if ((*q & 0xe0) == 0xa0) {
+        n = *q & 0x1f;
+        q += 1;
+    } else if (*q == 0xd9 && end - q >= 2) {
+        n = q[1];
+        q += 2;
+    } else {
+        return false;
+    }
+    if (n > l.max_string_bytes || static_cast<std::size_t>(end - q) < n) return false;
+    method = {reinterpret_cast<const char*>(q), n};
+    p = q + n;
+    return true;
+}
+
+// The common call, read with no frame to set up and no zone: a request `[0, msgid, method,
+// params]` or a notification `[2, method, params]`, with a msgid as read_small_msgid reads it,
+// a method as read_method reads it, and params that are a fixarray of flat values
+// (read_flat_value), put in `items`; all of it in `bytes` and within the limits, counted as the
+// general reader counts them. 0 for anything else: read_envelope reads it, or says what is
+// wrong with it.
+[[gnu::always_inline]] inline std::size_t read_common_call(std::string_view bytes, const limits& l,
+                                                           msgpack::object* items,
+                                                           message& m) noexcept {
+    const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
+    const auto* const end = start + std::min(bytes.size(), l.max_message_bytes);
+    if (end - start < 4 || l.max_container_length < 4 || l.max_depth < 2 || l.max_objects < 5)
+        return 0;
+    const unsigned char kind = start[1];
+    if (!(start[0] == 0x94 && kind == 0) && !(start[0] == 0x93 && kind == 2)) return 0;
+    const auto* p = start + 2;
+    std::uint32_t id = 0;
+    if (kind == 0 && !read_small_msgid(p, end, id)) return 0;
+    std::string_view method;
+    if (!read_method(p, end, l, method)) return 0;
+    if (p == end || (*p & 0xf0) != 0x90) return 0;
+    const std::size_t n = *p & 0x0f;
+    // The root, the kind, the msgid of a request, the method, the params and their values.
+    const std::size_t objects = (kind == 0 ? 5 : 4) + n;
+    if (n > l.max_container_length || objects > l.max_objects) return 0;
+    ++p;
+    for (std::size_t i = 0; i < n; ++i)
+        if (!read_flat_value(p, end, l, items[i])) return 0;
+    m.kind = static_cast<message_kind>(kind);
+    m.msgid = id;
+    m.method = method;
+    m.params.type = msgpack::type::ARRAY;
+    m.params.via.array.size = static_cast<std::uint32_t>(n);
+    m.params.via.array.ptr = n > 0 ? items : nullptr;
+    return static_cast<std::size_t>(p - start);
+}
+
+// The common answer, read with no frame to set up: a success `[1, msgid, nil, result]` whose
+// msgid is a positive fixint or a uint 8, 16 or 32, and whose result is a positive fixint or a
+// str or bin of up to 255 bytes, all of it in `bytes` and within the limits. 0 for anything
+// else: read_envelope reads it, or says what is wrong with it.
+[[gnu::always_inline]] inline std::size_t read_common_response(std::string_view bytes,
+                                                               const limits& l,
+                                                               message& m) noexcept {
+    const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
+    const auto* const end = start + std::min(bytes.size(), l.max_message_bytes);
+    if (end - start < 5 || start[0] != 0x94 || start[1] != 0x01 || l.max_container_length < 4 ||
+        l.max_depth < 1 || l.max_objects < 5)
+        return 0;
+    const auto* p = start + 2;
+    std::uint32_t id;
+    if (!read_small_msgid(p, end, id)) return 0;
     if (end - p < 2 || *p != 0xc0) return 0;  // the error: nil; then the result
     ++p;
     const unsigned char t = *p;
@@ -384,20 +462,7 @@ template <bool whole>
         p += 1 + n;
     }
     if (kind != 1) {  // the method
-        if (p == end) return 0;
-        std::size_t n = 0;
-        if ((*p & 0xe0) == 0xa0) {
-            n = *p & 0x1f;
-            p += 1;
-        } else if (*p == 0xd9 && end - p >= 2) {
-            n = p[1];
-            p += 2;
-        } else {
-            return 0;
-        }
-        if (n > l.max_string_bytes || static_cast<std::size_t>(end - p) < n) return 0;
-        m.method = {reinterpret_cast<const char*>(p), n};
-        p += n;
+        if (!read_method(p, end, l, m.method)) return 0;
         // The params: an array (else the general way says that they are not).
         if (p == end || !((*p & 0xf0) == 0x90 || *p == 0xdc || *p == 0xdd)) return 0;
     }
@@ -484,12 +549,13 @@ namespace {
 
 }  // namespace
 
-std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
                           message& m) noexcept {
     m.borrowed = true;
     if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[1]) == 0x01)
-        return read_response_prefix(bytes, l, z, m);
-    return read_prefix(bytes, l, z, m);
+        return read_response_prefix(bytes, l, a.zone, m);
+    if (const std::size_t n = read_common_call(bytes, l, a.items, m)) return n;
+    return read_prefix(bytes, l, a.zone, m);
 }
 
 }  // namespace detail

@@ -79,14 +79,23 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
 void own(message& m);
 
 namespace detail {
-/// The message at the start of `bytes`, decoded into `z` (cleared first) as decode_message with
-/// a zone does, when it is all there, in the shape ordo and the msgpack-rpc libraries write
-/// (fixarray envelope, msgid up to uint32, fixstr or str 8 method), and within every limit the
-/// framer checks: returns its size. Else 0, with nothing said: the framer cuts it and
-/// decode_message decodes it (or says what is wrong). Connections use it to decode the common
-/// message in one pass, without cutting it first. `m` is a message as default-constructed; its
-/// handle is left empty (own() copes).
-std::size_t decode_prefix(std::string_view bytes, const limits& l, msgpack::zone& z,
+/// What decode_prefix decodes into, reused message after message: a zone for the general
+/// reader, and room for the params of the common call (a fixarray of flat values), which then
+/// need no zone at all.
+struct read_area {
+    explicit read_area(std::size_t zone_chunk = MSGPACK_ZONE_CHUNK_SIZE) : zone(zone_chunk) {}
+    msgpack::zone zone;
+    msgpack::object items[15];
+};
+
+/// The message at the start of `bytes`, decoded into `a` as decode_message with a zone does,
+/// when it is all there, in the shape ordo and the msgpack-rpc libraries write (fixarray
+/// envelope, msgid up to uint32, fixstr or str 8 method), and within every limit the framer
+/// checks: returns its size. Else 0, with nothing said: the framer cuts it and decode_message
+/// decodes it (or says what is wrong). Connections use it to decode the common message in one
+/// pass, without cutting it first. `m` is a message as default-constructed; its handle is left
+/// empty (own() copes). It borrows from `bytes` and `a` until `a` is decoded into again.
+std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
                           message& m) noexcept;
 }  // namespace detail
 

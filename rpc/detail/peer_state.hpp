@@ -49,9 +49,9 @@ struct peer::state final : detail::call_table_host,
     net::any_io_executor ex;
     std::string remote;
     peer_counters c;
-    // Every incoming message is decoded into it (reused). Its first chunk is what an idle
-    // connection keeps: 2 KiB holds the objects of messages with a few dozen values.
-    msgpack::zone read_zone{2048};
+    // Every incoming message is decoded into it (reused). Its zone's first chunk is what an
+    // idle connection keeps: 2 KiB holds the objects of messages with a few dozen values.
+    detail::read_area read_area{2048};
     bool ended = false;
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
@@ -61,14 +61,14 @@ struct peer::state final : detail::call_table_host,
     std::unique_ptr<detail::session> sess;
 
     void on_message(std::string_view bytes) override {
-        // Borrowed from read_zone: what outlives this call (a queued message, an async
+        // Borrowed from read_area: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
-        message m = decode_message(bytes, o.comm.limits, read_zone);
+        message m = decode_message(bytes, o.comm.limits, read_area.zone);
         handle(m, bytes.size());
     }
     std::size_t take_message(std::string_view bytes, const limits& l) override {
         message m;
-        const std::size_t n = detail::decode_prefix(bytes, l, read_zone, m);
+        const std::size_t n = detail::decode_prefix(bytes, l, read_area, m);
         if (n > 0) handle(m, n);
         return n;
     }

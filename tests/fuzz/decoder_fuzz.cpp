@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // The one-pass decoder connections use first (detail::decode_prefix): whatever it takes
     // must be the first message the framer cuts, of that size, decoded alike.
     {
-        msgpack::zone pz;
+        ordo::detail::read_area pz;
         ordo::message pm;
         const std::size_t n = ordo::detail::decode_prefix(rest, l, pz, pm);
         if (n > 0) {
