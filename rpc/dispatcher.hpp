@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "ordo/codec.hpp"
+#include "ordo/detail/handler_entry.hpp"
 #include "ordo/net.hpp"
 
 namespace ordo {
@@ -28,8 +29,6 @@ struct peer_counters;
 namespace detail {
 
 class memory_budget;
-
-struct handler_entry;
 
 /// What a dispatcher needs from its connection.
 class dispatcher_host {
@@ -81,6 +80,10 @@ class dispatcher {
         if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
             [[unlikely]]
             return on_message_slow(m, bytes);
+        // A synchronous handler runs from here; anything else (an unknown method, a handler
+        // that suspends or streams) takes dispatch(), which looks the method up again.
+        if (const handler_entry* e = find(m.method); e && e->sync && !e->stream) [[likely]]
+            return run_sync(*e, m);
         dispatch(m);
     }
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
