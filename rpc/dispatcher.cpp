@@ -34,6 +34,20 @@ void throw_bad_arguments(std::string_view method, const std::string& signature,
                 "bad arguments for " + std::string(method) + signature + ": " + what);
 }
 
+void throw_argument_count(std::string_view method, const std::string& signature, std::size_t got,
+                          std::size_t expected) {
+    throw_bad_arguments(
+        method, signature,
+        "got " + std::to_string(got) + " arguments, expected " + std::to_string(expected));
+}
+
+void throw_argument_type(std::string_view method, const std::string& signature, std::size_t index,
+                         const std::type_info& type) {
+    throw_bad_arguments(
+        method, signature,
+        "argument " + std::to_string(index + 1) + " does not convert to " + type_name(type));
+}
+
 struct dispatcher::run {
     std::uint32_t msgid = 0;
     bool is_request = false;

@@ -27,6 +27,14 @@ namespace detail {
 
 [[noreturn]] void throw_bad_arguments(std::string_view method, const std::string& signature,
                                       const std::string& what);
+// throw_bad_arguments with what is wrong put into words out of line: the conversions below stay
+// small enough to be inlined into each handler's call.
+[[noreturn, gnu::cold]] void throw_argument_count(std::string_view method,
+                                                  const std::string& signature, std::size_t got,
+                                                  std::size_t expected);
+[[noreturn, gnu::cold]] void throw_argument_type(std::string_view method,
+                                                 const std::string& signature, std::size_t index,
+                                                 const std::type_info& type);
 
 template <class F>
 struct fn_traits : fn_traits<decltype(&F::operator())> {};
@@ -52,9 +60,7 @@ T convert_arg(const msgpack::object& o, std::size_t index, std::string_view meth
     try {
         return o.as<T>();
     } catch (const std::exception&) {
-        throw_bad_arguments(method, signature,
-                            "argument " + std::to_string(index + 1) + " does not convert to " +
-                                type_name(typeid(T)));
+        throw_argument_type(method, signature, index, typeid(T));
     }
 }
 
@@ -116,10 +122,7 @@ template <class Values, std::size_t... I>
 Values convert_params(const msgpack::object& params, std::string_view method,
                       const std::string& signature, std::index_sequence<I...>) {
     const auto& arr = params.via.array;
-    if (arr.size != sizeof...(I))
-        throw_bad_arguments(method, signature,
-                            "got " + std::to_string(arr.size) + " arguments, expected " +
-                                std::to_string(sizeof...(I)));
+    if (arr.size != sizeof...(I)) throw_argument_count(method, signature, arr.size, sizeof...(I));
     return Values{
         convert_arg<std::tuple_element_t<I, Values>>(arr.ptr[I], I, method, signature)...};
 }
