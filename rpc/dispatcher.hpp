@@ -74,7 +74,7 @@ class dispatcher {
 
     /// A request or a notification, as received (possibly borrowed from the read zone: what
     /// is kept is own()ed, and `m` may be moved from); `bytes`: its size on the wire.
-    void on_message(message& m, std::size_t bytes) {
+    [[gnu::always_inline]] void on_message(message& m, std::size_t bytes) {
         // Inline: a message for a method of the application's, with nothing queued ahead of
         // it, goes straight to its handler.
         if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
