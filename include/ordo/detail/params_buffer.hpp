@@ -31,11 +31,15 @@ class params_buffer {
     params_buffer(const params_buffer&) = delete;
     params_buffer& operator=(const params_buffer&) = delete;
 
+    /// Inline while there is room: msgpack's packer writes its heads in sizes known where it
+    /// calls this, and a one-byte head is then one store.
     void write(const char* p, std::size_t n) {
-        if (n == 0) return;
-        if (n > cap_ - size_) grow(n);
-        copy_small(data() + size_, p, n);
-        size_ += n;
+        if (n <= cap_ - size_) [[likely]] {
+            copy_small(data() + size_, p, n);
+            size_ += n;
+            return;
+        }
+        write_growing(p, n);
     }
     const char* data() const noexcept { return heap_ ? heap_.get() : inline_; }
     char* data() noexcept { return heap_ ? heap_.get() : inline_; }
@@ -53,6 +57,11 @@ class params_buffer {
     }
 
   private:
+    [[gnu::noinline]] void write_growing(const char* p, std::size_t n) {
+        grow(n);
+        std::memcpy(data() + size_, p, n);
+        size_ += n;
+    }
     void grow(std::size_t n) {
         const std::size_t c = std::max(cap_ * 2, size_ + n);
         std::unique_ptr<char[]> h(new char[c]);
