@@ -317,6 +317,18 @@ TEST(Codec, OnePassDecodeTakesTheFirstMessageAndOwnCopiesIt) {
     EXPECT_EQ(detail::decode_prefix(bytes, small, z2, over), 0u);
 }
 
+// decode_prefix declines `bytes` cut short anywhere. Each cut is a block of exactly its size:
+// under AddressSanitizer, a read past the cut is reported.
+void expect_each_cut_declined(const std::string& bytes, detail::read_area& z) {
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+        const auto cut = std::make_unique<char[]>(n);
+        std::copy_n(bytes.data(), n, cut.get());
+        message part;
+        ASSERT_EQ(detail::decode_prefix(std::string_view(cut.get(), n), limits{}, z, part), 0u)
+            << bytes.size() << " cut at " << n;
+    }
+}
+
 // A successful response with a small int, str or bin result is read by the envelope decoder
 // itself: the same message as the general decoder gives, declined when cut short anywhere or
 // over max_string_bytes; other results take the general reader.
@@ -349,15 +361,7 @@ TEST(Codec, OnePassDecodeOfACommonResultMatchesTheGeneralDecoder) {
         EXPECT_EQ(m.result, general.result) << bytes.size();
         own(m);
         EXPECT_EQ(m.handle.get(), general.handle.get());
-        for (std::size_t n = 0; n < bytes.size(); ++n) {
-            // Cut into a block of exactly n bytes: under AddressSanitizer, a read past the
-            // cut is reported.
-            const auto cut = std::make_unique<char[]>(n);
-            std::copy_n(bytes.data(), n, cut.get());
-            message part;
-            ASSERT_EQ(detail::decode_prefix(std::string_view(cut.get(), n), limits{}, z, part), 0u)
-                << bytes.size() << " cut at " << n;
-        }
+        expect_each_cut_declined(bytes, z);
         limits small;
         small.max_string_bytes = 15;
         message over;
@@ -418,13 +422,7 @@ TEST(Codec, OnePassDecodeOfACommonCallMatchesTheGeneralDecoder) {
             << bytes.size();
         own(m);
         EXPECT_EQ(m.handle.get(), general.handle.get());
-        for (std::size_t n = 0; n < bytes.size(); ++n) {
-            const auto cut = std::make_unique<char[]>(n);  // ASan sees a read past the cut
-            std::copy_n(bytes.data(), n, cut.get());
-            message part;
-            ASSERT_EQ(detail::decode_prefix(std::string_view(cut.get(), n), limits{}, z, part), 0u)
-                << bytes.size() << " cut at " << n;
-        }
+        expect_each_cut_declined(bytes, z);
         // Each limit at the message's own need, and one short of it.
         const std::size_t objects =
             4 + (general.kind == message_kind::request ? 1 : 0) + general.params.via.array.size;
