@@ -12,10 +12,80 @@ namespace {
 
 using detail::bad;
 
-// One value of the common params array, borrowed from the bytes: a positive or negative fixint,
-// a fixstr or str 8, nil or a bool, read at `p` (moved past it). False, with `p` where it was,
-// for any other type, or one not all there before `end` or over max_string_bytes: the general
-// reader then reads the array, and says what is wrong if anything is.
+// The `n`-byte big-endian number after the type byte at `p`.
+[[gnu::always_inline]] inline std::uint64_t be_after(const unsigned char* p, int n) noexcept {
+    std::uint64_t v = 0;
+    for (int i = 1; i <= n; ++i) v = (v << 8) | p[i];
+    return v;
+}
+
+// read_flat_value's less common types, as the general reader reads them: a uint or int of 8,
+// 16, 32 or 64 bits, a float 32 or 64, a bin 8 within max_string_bytes. False for anything
+// else, or one not all there.
+[[gnu::always_inline]] inline bool read_flat_number_or_bin(const unsigned char*& p,
+                                                           const unsigned char* end,
+                                                           const limits& l,
+                                                           msgpack::object& it) noexcept {
+    const unsigned char t = *p;
+    const std::size_t left = static_cast<std::size_t>(end - p) - 1;  // after the type byte
+    if (t >= 0xcc && t <= 0xd3) {                                    // uint 8..64, int 8..64
+        const int n = 1 << (t & 0x03);
+        if (left < static_cast<std::size_t>(n)) return false;
+        const std::uint64_t v = be_after(p, n);
+        std::int64_t s = 0;
+        if (t <= 0xcf) {
+            it.type = msgpack::type::POSITIVE_INTEGER;
+            it.via.u64 = v;
+        } else {
+            s = n == 1   ? std::int8_t(v)
+                : n == 2 ? std::int16_t(v)
+                : n == 4 ? std::int32_t(v)
+                         : static_cast<std::int64_t>(v);
+            it.type = s < 0 ? msgpack::type::NEGATIVE_INTEGER : msgpack::type::POSITIVE_INTEGER;
+            it.via.i64 = s;  // a non-negative one reads the same as u64
+        }
+        p += 1 + n;
+        return true;
+    }
+    if (t == 0xca || t == 0xcb) {
+        const int n = t == 0xca ? 4 : 8;
+        if (left < static_cast<std::size_t>(n)) return false;
+        const std::uint64_t bits = be_after(p, n);
+        if (n == 4) {
+            const auto b32 = static_cast<std::uint32_t>(bits);
+            float f;
+            std::memcpy(&f, &b32, 4);
+            it.type = msgpack::type::FLOAT32;
+            it.via.f64 = f;
+        } else {
+            double d;
+            std::memcpy(&d, &bits, 8);
+            it.type = msgpack::type::FLOAT64;
+            it.via.f64 = d;
+        }
+        p += 1 + n;
+        return true;
+    }
+    if (t == 0xc4) {
+        if (left < 1) return false;
+        const std::size_t len = p[1];
+        if (len > l.max_string_bytes || left - 1 < len) return false;
+        it.type = msgpack::type::BIN;
+        it.via.bin.size = static_cast<std::uint32_t>(len);
+        it.via.bin.ptr = reinterpret_cast<const char*>(p + 2);
+        p += 2 + len;
+        return true;
+    }
+    return false;
+}
+
+// One value of the common params array, borrowed from the bytes: an int of any width, a float,
+// a fixstr or str 8, a bin 8, nil or a bool, read at `p` (moved past it). False, with `p` where
+// it was, for any other type (a longer str or bin, an ext, an array or map), or one not all
+// there before `end` or over max_string_bytes: the general reader then reads the array, and
+// says what is wrong if anything is.
+// `wide`: also the less common types (read_flat_number_or_bin); else false for those.
+template <bool wide>
 [[gnu::always_inline]] inline bool read_flat_value(const unsigned char*& p,
                                                    const unsigned char* end, const limits& l,
                                                    msgpack::object& it) noexcept {
@@ -50,7 +120,10 @@ using detail::bad;
         it.via.boolean = t == 0xc3;
         ++p;
     } else {
-        return false;
+        if constexpr (wide)
+            return read_flat_number_or_bin(p, end, l, it);
+        else
+            return false;
     }
     return true;
 }
@@ -168,7 +241,8 @@ class object_reader {
         }
     }
 
-    // The params of most calls: a fixarray of ints, short strings, nil and bools, borrowed.
+    // The params of most calls: a fixarray of numbers, short strings and bytes, nil and bools,
+    // borrowed (read_flat_value).
     // Read in one loop, with every check read() makes; anything else (or a broken limit, or
     // bytes missing) leaves nothing read and returns false, and read() takes it from the start.
     bool read_flat_array(msgpack::object& o, std::size_t depth) {
@@ -183,7 +257,7 @@ class object_reader {
             items = static_cast<msgpack::object*>(
                 zone_.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
         for (std::size_t i = 0; i < n; ++i)
-            if (!read_flat_value(p, end_, l_, items[i])) return false;
+            if (!read_flat_value<true>(p, end_, l_, items[i])) return false;
         o.type = msgpack::type::ARRAY;
         o.via.array.size = static_cast<std::uint32_t>(n);
         o.via.array.ptr = items;
@@ -344,9 +418,10 @@ namespace {
 // The common call, read with no frame to set up and no zone: a request `[0, msgid, method,
 // params]` or a notification `[2, method, params]`, with a msgid as read_small_msgid reads it,
 // a method as read_method reads it, and params that are a fixarray of flat values
-// (read_flat_value), put in `items`; all of it in `bytes` and within the limits, counted as the
-// general reader counts them. 0 for anything else: read_envelope reads it, or says what is
-// wrong with it.
+// (read_flat_value<wide>), put in `items`; all of it in `bytes` and within the limits, counted
+// as the general reader counts them. 0 for anything else: read_envelope reads it, or says what
+// is wrong with it.
+template <bool wide>
 [[gnu::always_inline]] inline std::size_t read_common_call(std::string_view bytes, const limits& l,
                                                            msgpack::object* items,
                                                            message& m) noexcept {
@@ -368,7 +443,7 @@ namespace {
     if (n > l.max_container_length || objects > l.max_objects) return 0;
     ++p;
     for (std::size_t i = 0; i < n; ++i)
-        if (!read_flat_value(p, end, l, items[i])) return 0;
+        if (!read_flat_value<wide>(p, end, l, items[i])) return 0;
     m.kind = static_cast<message_kind>(kind);
     m.msgid = id;
     m.method = method;
@@ -547,6 +622,15 @@ namespace {
     return read_prefix(bytes, l, z, m);
 }
 
+// A call whose params have a value of the less common flat types (a wider int, a float, a bin
+// 8), out of the common call's way, which tries only the most common ones first; then the
+// general way.
+[[gnu::noinline]] std::size_t read_other_prefix(std::string_view bytes, const limits& l,
+                                                read_area& a, message& m) noexcept {
+    if (const std::size_t n = read_common_call<true>(bytes, l, a.items, m)) return n;
+    return read_prefix(bytes, l, a.zone, m);
+}
+
 }  // namespace
 
 std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
@@ -554,8 +638,8 @@ std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
     m.borrowed = true;
     if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[1]) == 0x01)
         return read_response_prefix(bytes, l, a.zone, m);
-    if (const std::size_t n = read_common_call(bytes, l, a.items, m)) return n;
-    return read_prefix(bytes, l, a.zone, m);
+    if (const std::size_t n = read_common_call<false>(bytes, l, a.items, m)) return n;
+    return read_other_prefix(bytes, l, a, m);
 }
 
 }  // namespace detail

@@ -164,17 +164,22 @@ envelopes += [v[:n] for v in fast_results[:6] for n in range(1, len(v) + 1)] + f
 wide_ids = [p([1, i, None, r]) for i in (200, 300, 70000) for r in (5, "s" * 16, b"b" * 16)]
 envelopes += [v[:n] for v in wide_ids for n in range(1, len(v))] + wide_ids
 # The common call read first (wire_read.cpp, read_common_call): requests with a msgid of each
-# width and notifications with a str 8 method, their params of every flat type (a full
-# fixarray of 15 among them), whole and, the short ones, cut at every byte; and params it leaves
-# to the general reader (array 16, uint 8, int 8, a float, str 16, bin, a nested array).
+# width and notifications with a str 8 method, their params of every flat type (ints of every
+# width, floats, str up to 255 bytes, bin 8, nil, bools; a full fixarray of 15 among them),
+# whole and, the short ones, cut at every byte; positive values sent as ints and a float 32,
+# which msgpack does not write by default; and params it leaves to the general reader (array
+# 16, str 16, bin 16, an ext, a nested array or map).
 flat_params = [[], [0, 127, -1, -32], ["", "s" * 31, "s" * 32], ["s" * 255], [None, True, False],
-               list(range(15))]
+               list(range(15)), [128, 65535, 70000, 2**40, 2**64 - 1],
+               [-33, -129, -40000, -2**40, -2**63], [1.5, b"", b"b" * 4], [b"b" * 255]]
 common_calls = [p([0, i, "inc", q]) for i in (5, 200, 300, 70000) for q in flat_params]
 common_calls += [p([2, "n" * 40, q]) for q in flat_params]
+common_calls += [b"\x93\x02\xa1m\x94\xd0\x05\xd1\x01\x00\xd2\x00\x01\x00\x00\xd3" + bytes(7) + b"\x01",
+                 b"\x93\x02\xa1m\x91\xca\x3f\xc0\x00\x00"]
 envelopes += [v[:n] for v in common_calls if len(v) <= 64 for n in range(1, len(v))]
 envelopes += common_calls
-envelopes += [p([0, 1, "inc", q]) for q in (list(range(16)), [128], [-33], [1.5], ["s" * 256],
-                                              [b"b"], [[1]])]
+envelopes += [p([0, 1, "inc", q]) for q in (list(range(16)), ["s" * 256], [b"b" * 256],
+                                              [msgpack.ExtType(5, b"e")], [[1]], [{"a": 1}])]
 envelopes += [b"\x94\x01\xcf\x00\x00\x00\x00\x00\x00\x00\x01\xc0\x05"]
 envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]),
               b"\xdc\x00\x04" + p(0, 1, "m", []), b"\xdd\x00\x00\x00\x03" + p(2, "m", []),

@@ -399,15 +399,24 @@ TEST(Codec, OnePassDecodeOfACommonCallMatchesTheGeneralDecoder) {
     add(true, std::string(), std::string(16, 's'), std::string(31, 's'));
     add(true, std::string(32, 's'), std::string(255, 's'));
     add(true, msgpack::type::nil_t(), true, false);
-    add(true, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);       // a full fixarray
+    add(true, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);  // a full fixarray
+    // uint 8, 16, 32, 64; int 8, 16, 32, 64; float 32, 64; bin 8.
+    add(true, 128, 65535, 70000u, std::uint64_t(1) << 40, std::uint64_t(-1));
+    add(true, -33, -129, -40000, std::int64_t(-1) << 40, std::numeric_limits<std::int64_t>::min());
+    add(true, 1.5f, -2.25, 1e300);
+    add(true, std::vector<char>(), std::vector<char>(4, 'b'), std::vector<char>(255, 'b'));
     add(false, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);  // array 16
-    add(false, 128);
-    add(false, -33);
-    add(false, 1.5);
     add(false, std::string(256, 's'));
-    add(false, std::vector<char>(4, 'b'));
+    add(false, std::vector<char>(256, 'b'));
     add(false, std::vector<int>{1});
     add(false, 1, std::map<int, int>{{1, 2}});
+    add(false, msgpack::type::ext(5, "e", 1));
+    // Positive values sent as int 8, 16, 32, 64 (msgpack-c sends them as uints).
+    using namespace std::string_literals;
+    samples.push_back(
+        {"\x93\x02\xa1m\x94\xd0\x05\xd1\x01\x00\xd2\x00\x01\x00\x00"
+         "\xd3\x00\x00\x00\x01\x00\x00\x00\x00"s,
+         true});
     for (const auto& [bytes, flat] : samples) {
         const std::string two = bytes + bytes;
         detail::read_area z;
