@@ -66,6 +66,9 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
             flush_due = true;
             return;
         }
+        // A full batch goes now, from within this turn: a caller that queues many messages
+        // without yielding (a loop of notifications) keeps the other side busy meanwhile.
+        if (queue.size() >= o.max_batch_bytes) return flush();
         if (flush_posted) return;
         flush_posted = true;
         net::post(ex, [self = shared_from_this()] {

@@ -36,7 +36,8 @@ struct comm_options {
     /// message after an idle spell goes out at once). 0: write as soon as the previous write is
     /// done, with everything queued meanwhile.
     std::chrono::milliseconds interval{0};
-    /// A queue this large is written at once, without waiting for the rest of the interval.
+    /// A queue this large is written at once, without waiting for the rest of the interval
+    /// (with interval 0, without waiting for the end of the executor's turn).
     std::size_t max_batch_bytes = 64 * 1024;
     /// Above this many buffered bytes, async_drain() waits.
     std::size_t high_water_bytes = std::size_t{4} << 20;
@@ -133,7 +134,10 @@ struct close_result {
 ///   When the writer is idle and the transport can (tcp, unix), the batch is written with one
 ///   non-blocking send(2): by the reader once it has passed on a read's messages (or a turn's,
 ///   comm_options::messages_per_turn), for what their handlers sent, and otherwise by a posted
-///   flush. The writer coroutine writes what the kernel did not take, and every batch else. The peer receives messages in the order send() was called.
+///   flush; a queue that reaches comm_options::max_batch_bytes within a turn (outside the
+///   reader's passing on) is written at once, by send() itself. The writer coroutine writes
+///   what the kernel did not take, and every batch else. The peer receives messages in the
+///   order send() was called.
 /// - Incoming messages (whole msgpack objects, checked against the limits) are passed in order to
 ///   the on_message function given at construction.
 /// - When the connection ends for any reason, messages not written are handed back in

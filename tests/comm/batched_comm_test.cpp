@@ -228,6 +228,7 @@ TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
                             [&](std::string_view m) { got.push_back(seq_of(m)); });
         comm_options o;
         o.max_buffer_bytes = 64 << 20;
+        o.max_batch_bytes = 64 << 20;  // the turn's 32 MiB are one batch
         batched_comm client(std::move(p.client), o, [](std::string_view) {});
         server.start();
         client.start();
@@ -249,6 +250,36 @@ TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
         EXPECT_EQ(c.writes - before.writes, 1u);
         EXPECT_EQ(c.direct_writes, before.direct_writes);
         EXPECT_EQ(c.buffered_bytes, 0u);
+        client.abort();
+    });
+}
+
+// A turn that queues more than max_batch_bytes does not wait for its end: each full batch is
+// written from within send(), so the other side reads while the sender goes on queueing.
+// Order and counts hold as for batches written at the end of a turn.
+TEST(BatchedComm, AFullBatchIsWrittenWithinTheTurnThatFilledIt) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::uint32_t> got;
+        batched_comm server(std::move(p.server), {},
+                            [&](std::string_view m) { got.push_back(seq_of(m)); });
+        comm_options o;
+        o.max_batch_bytes = 4096;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.start();
+        client.start();
+        const comm_counters before = client.counters();
+        // 200 messages of 100 bytes, 20 KB, in one turn: no co_await until all are queued.
+        for (std::uint32_t i = 0; i < 200; ++i) client.send(seq_msg(i, 100));
+        const comm_counters& c = client.counters();
+        EXPECT_GE(c.writes - before.writes, 4u) << "full batches waited for the turn's end";
+        EXPECT_EQ(c.direct_writes - before.direct_writes, c.writes - before.writes);
+        EXPECT_GE(c.messages_sent - before.messages_sent, 160u);
+        EXPECT_LT(c.buffered_bytes, 4096u);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 200; }));
+        for (std::uint32_t i = 0; i < 200; ++i) ORDO_CO_ASSERT_EQ(got[i], i);
+        EXPECT_EQ(client.counters().messages_sent - before.messages_sent, 200u);
+        EXPECT_EQ(client.counters().buffered_bytes, 0u);
         client.abort();
     });
 }
