@@ -77,6 +77,31 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
         });
     } else if (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes) {
         wake_writer();
+    } else if (room_wait && queue.size() >= retry_at && !delivering) {
+        continue_batch();
+    }
+}
+
+// The writer waits for room in the kernel's buffer, but a caller that goes on queueing without
+// yielding keeps it from running: once per max_batch_bytes queued, send() writes what the
+// kernel takes now. It may finish the batch and begin the next from the queue; the writer, when
+// it wakes, goes on with whatever is left.
+void batched_comm::impl::continue_batch() {
+    retry_at = queue.size() + o.max_batch_bytes;
+    if (st != state::open || handing) return;
+    for (int k = 0; k < 2; ++k) {  // the batch being written, then the queue
+        if (writing.empty()) {
+            if (queue.empty()) return;
+            begin_batch(o.on_write ? clock::now() : clock::time_point{});
+            c.write_since = clock::now();
+        }
+        std::error_code ec;
+        written += t->try_write(net::buffer(writing.data(), writing.size()) + written, ec);
+        if (!ec && written < writing.size()) {
+            room_wait = true;  // end_batch() of the batch before cleared it
+            return;
+        }
+        if (end_batch(written, ec)) return;
     }
 }
 
@@ -97,6 +122,8 @@ void batched_comm::impl::flush() {
         return;
     }
     written = n;  // the kernel's buffer is full: the writer waits for room
+    room_wait = true;
+    retry_at = queue.size() + o.max_batch_bytes;
     wake_writer();
 }
 
@@ -114,6 +141,8 @@ bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
         ec ? std::size_t(std::upper_bound(writing_ends.begin(), writing_ends.end(), n) -
                          writing_ends.begin())
            : writing_ends.size();
+    c.write_since = {};
+    room_wait = false;
     c.messages_sent += whole;
     c.bytes_sent += n;
     ++c.writes;
@@ -162,10 +191,11 @@ net::awaitable<void> batched_comm::impl::write_batches() {
         } else {
             c.write_since = clock::now();
         }
+        if (direct && co_await write_in_steps()) break;
+        if (writing.empty()) continue;
         std::error_code ec;
         const std::size_t n =
             co_await t->async_write(net::buffer(writing.data(), writing.size()) + written, ec);
-        c.write_since = {};
         if (end_batch(written + n, ec)) break;
     }
     if (st != state::closing) co_return;
@@ -175,6 +205,32 @@ net::awaitable<void> batched_comm::impl::write_batches() {
     while (!reader_done && st == state::closing && clock::now() < deadline)
         co_await sleep_writer(wait::peer_eof, deadline);
     fail(errc::closed, "ordo: connection to " + t->remote_address() + " closed by this side");
+}
+
+net::awaitable<bool> batched_comm::impl::write_in_steps() {
+    while (!writing.empty()) {
+        std::error_code ec;
+        written += t->try_write(net::buffer(writing.data(), writing.size()) + written, ec);
+        if (ec == net::error::operation_not_supported) {
+            direct = false;
+            co_return false;
+        }
+        if (ec || written == writing.size()) co_return end_batch(written, ec);
+        // The kernel's buffer is full. send() may write while this waits (continue_batch).
+        room_wait = true;
+        retry_at = queue.size() + o.max_batch_bytes;
+        co_await t->async_wait_writable(ec);
+        room_wait = false;
+        if (ec == net::error::operation_not_supported) {
+            direct = false;
+            co_return false;
+        }
+        if (writing.empty()) co_return st == state::ended;  // send() wrote it all meanwhile
+        // Ended while waiting (the wait was cancelled): the batch's rest goes back, counted.
+        if (st == state::ended && !ec) ec = net::error::operation_aborted;
+        if (ec) co_return end_batch(written, ec);
+    }
+    co_return false;
 }
 
 void batched_comm::impl::hand_over_now() {

@@ -101,6 +101,11 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // sent when it is done, with no post), and whether they sent any.
     bool direct = o.interval.count() <= 0, flush_posted = false;
     bool delivering = false, flush_due = false;
+    // Whether the batch being written was taken only in part and the writer is to finish it
+    // (woken, or waiting for room: write_in_steps), with no write of its pending; and the
+    // queue's size at which send() next writes what the kernel takes meanwhile (continue_batch).
+    bool room_wait = false;
+    std::size_t retry_at = 0;
 
     state st = state::open;
     wait writer_wait = wait::none;
@@ -194,6 +199,13 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // connection.
     void begin_batch(clock::time_point now);
     bool end_batch(std::size_t n, const std::error_code& ec);
+    // The writer's way with a batch when the transport has try_write: write what the kernel
+    // takes, wait for room, again. True when the connection ended; false when no batch is
+    // left, or when the transport cannot wait for room (direct turns false; async_write
+    // writes the rest).
+    net::awaitable<bool> write_in_steps();
+    // send()'s share while the writer waits for room: see batched_comm.cpp.
+    void continue_batch();
 
     // Moves messages [first, ends.size()) of a batch to the undelivered list.
     void hand_back(const byte_queue& bytes, const std::vector<std::size_t>& ends,

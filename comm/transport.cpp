@@ -52,6 +52,11 @@ std::size_t transport::try_write(net::const_buffer, std::error_code& ec) noexcep
     return 0;
 }
 
+net::awaitable<void> transport::async_wait_writable(std::error_code& ec) {
+    ec = net::error::operation_not_supported;
+    co_return;
+}
+
 std::unique_ptr<transport> transport::rehome(const net::any_io_executor&) {
     return nullptr;
 }

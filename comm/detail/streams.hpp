@@ -126,6 +126,15 @@ class stream_transport final : public transport {
         }
     }
 
+    net::awaitable<void> async_wait_writable(std::error_code& ec) override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>) {
+            co_await transport::async_wait_writable(ec);
+        } else {
+            auto [e] = co_await socket_.async_wait(net::socket_base::wait_write, use_tuple);
+            ec = e;
+        }
+    }
+
     void shutdown_send() noexcept override {
         std::error_code ignored;
         lowest(socket_).shutdown(net::socket_base::shutdown_send, ignored);

@@ -1,9 +1,13 @@
 #include "ordo/batched_comm.hpp"
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -282,6 +286,75 @@ TEST(BatchedComm, AFullBatchIsWrittenWithinTheTurnThatFilledIt) {
         EXPECT_EQ(client.counters().buffered_bytes, 0u);
         client.abort();
     });
+}
+
+// A sender that queues without ever yielding to its executor, to a peer that reads: once the
+// kernel's buffer is full the writer cannot run, so send() itself writes what the kernel takes
+// again, once per max_batch_bytes queued. (The batch the kernel took in part used to wait for
+// the sender's next yield, however much it queued meanwhile.) Nothing is lost or reordered.
+TEST(BatchedComm, ASenderThatNeverYieldsGoesOnWritingAsThePeerReads) {
+    // The peer: a plain socket with a small receive buffer, read by a thread of its own.
+    const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(lfd, 0);
+    const int rcvbuf = 64 * 1024;
+    ::setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(lfd, 1), 0);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    std::uint32_t got = 0;
+    bool in_order = true;
+    std::atomic<bool> go{false};  // the peer reads only once the kernel's buffers are full
+    std::thread peer([&] {
+        pollfd pf{lfd, POLLIN, 0};
+        if (::poll(&pf, 1, 30'000) != 1) return;
+        const int fd = ::accept(lfd, nullptr, nullptr);
+        if (fd < 0) return;
+        for (int i = 0; i < 30'000 && !go; ++i) std::this_thread::sleep_for(1ms);
+        const timeval limit{30, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        detail::framer f;
+        for (;;) {
+            auto area = f.prepare(65536);
+            const ssize_t n = ::recv(fd, area.data(), area.size(), 0);
+            if (n <= 0) break;
+            f.commit(std::size_t(n));
+            while (auto m = f.next()) in_order = seq_of(*m) == got++ && in_order;
+        }
+        ::close(fd);
+    });
+    std::uint32_t sent = 0;
+    run_test([&]() -> net::awaitable<void> {
+        auto t = co_await async_connect_transport("tcp://127.0.0.1:" +
+                                                  std::to_string(ntohs(a.sin_port)));
+        comm_options o;
+        o.max_batch_bytes = 4096;
+        batched_comm client(std::move(t), o, [](std::string_view) {});
+        client.start();
+        // No co_await from here on: only send() can write. First 8 MB, about twice what the
+        // kernel's buffers hold while the peer does not read: the batch goes in part.
+        while (sent < 8192) client.send(seq_msg(sent++, 1000));
+        EXPECT_LT(client.counters().messages_sent, 8192u);
+        go = true;
+        // Then, as the peer reads, the rest of those and 4 MB more.
+        const auto until = std::chrono::steady_clock::now() + 20s;
+        while (client.counters().messages_sent < 12288 &&
+               client.counters().buffered_bytes < (64u << 20) &&
+               std::chrono::steady_clock::now() < until) {
+            client.send(seq_msg(sent++, 1000));
+            std::this_thread::sleep_for(20us);  // the peer's thread may share this core
+        }
+        EXPECT_GE(client.counters().messages_sent, 12288u)
+            << "the sender's queue waited for it to yield (" << sent << " queued)";
+        co_await client.async_close();  // writes the rest, then ends
+    });
+    peer.join();
+    ::close(lfd);
+    EXPECT_EQ(got, sent);
+    EXPECT_TRUE(in_order);
 }
 
 // Replies that handlers send while the reader passes on a read's messages leave together when
