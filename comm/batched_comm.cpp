@@ -219,7 +219,7 @@ net::awaitable<bool> batched_comm::impl::write_in_steps() {
         // The kernel's buffer is full. send() may write while this waits (continue_batch).
         room_wait = true;
         retry_at = queue.size() + o.max_batch_bytes;
-        co_await t->async_wait_writable(ec);
+        std::tie(ec) = co_await t->async_wait_writable();
         room_wait = false;
         if (ec == net::error::operation_not_supported) {
             direct = false;

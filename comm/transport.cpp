@@ -3,11 +3,19 @@
 // batched_comm keeps in place of a transport it handed over.
 #include "ordo/transport.hpp"
 
+#include "comm/detail/streams.hpp"
 #include "comm/transports.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
 namespace detail {
+
+net::awaitable<std::tuple<std::error_code>> wait_writable(tcp::socket& s) {
+    return s.async_wait(net::socket_base::wait_write, use_tuple);
+}
+net::awaitable<std::tuple<std::error_code>> wait_writable(unix_stream::socket& s) {
+    return s.async_wait(net::socket_base::wait_write, use_tuple);
+}
 
 void transport_fail(std::string_view what, std::string_view url, const std::error_code& ec) {
     throw rpc_error(ec, {}, {}, "ordo: " + std::string(what) + " " + std::string(url));
@@ -52,9 +60,8 @@ std::size_t transport::try_write(net::const_buffer, std::error_code& ec) noexcep
     return 0;
 }
 
-net::awaitable<void> transport::async_wait_writable(std::error_code& ec) {
-    ec = net::error::operation_not_supported;
-    co_return;
+net::awaitable<std::tuple<std::error_code>> transport::async_wait_writable() {
+    co_return std::error_code(net::error::operation_not_supported);
 }
 
 std::unique_ptr<transport> transport::rehome(const net::any_io_executor&) {

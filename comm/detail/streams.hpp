@@ -73,6 +73,11 @@ inline auto& stream_of(std::shared_ptr<tls_stream>& s) {
     return s->stream;
 }
 
+// Waits until the socket would take bytes again. Defined in transport.cpp, apart from the
+// stream transports' code, whose read path GCC then inlines as before.
+net::awaitable<std::tuple<std::error_code>> wait_writable(tcp::socket& s);
+net::awaitable<std::tuple<std::error_code>> wait_writable(unix_stream::socket& s);
+
 // The kernel's probing of a tcp connection, below ordo's own (transport::set_liveness).
 struct keepalive {
     int idle_s;                // TCP_KEEPIDLE: silence before the first probe
@@ -126,13 +131,11 @@ class stream_transport final : public transport {
         }
     }
 
-    net::awaitable<void> async_wait_writable(std::error_code& ec) override {
-        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>) {
-            co_await transport::async_wait_writable(ec);
-        } else {
-            auto [e] = co_await socket_.async_wait(net::socket_base::wait_write, use_tuple);
-            ec = e;
-        }
+    net::awaitable<std::tuple<std::error_code>> async_wait_writable() override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>)
+            return transport::async_wait_writable();
+        else
+            return wait_writable(socket_);
     }
 
     void shutdown_send() noexcept override {

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 
 #include "ordo/address.hpp"
 #include "ordo/net.hpp"
@@ -78,10 +79,10 @@ class transport {
     /// batched_comm then writes with async_write alone. Not called while a write is pending.
     virtual std::size_t try_write(net::const_buffer b, std::error_code& ec) noexcept;
     /// Waits until try_write would take bytes again (after it took only part). A transport
-    /// without try_write (this default) sets `ec` to net::error::operation_not_supported:
+    /// without try_write (this default) gives net::error::operation_not_supported:
     /// batched_comm then finishes the write with async_write. Not called while a write is
     /// pending; try_write may be called while this waits.
-    virtual net::awaitable<void> async_wait_writable(std::error_code& ec);
+    virtual net::awaitable<std::tuple<std::error_code>> async_wait_writable();
     /// Ends the sending direction after what was written (the peer reads end of stream).
     virtual void shutdown_send() noexcept = 0;
     /// Closes at once; pending operations complete with net::error::operation_aborted.
