@@ -21,11 +21,11 @@ namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
-using test::run_test;
-using test::wait_until;
 using test::connect_pair;
+using test::run_test;
 using test::seq_msg;
 using test::seq_of;
+using test::wait_until;
 
 // A client whose writes are recorded, sending to a server that counts the messages it receives;
 // both started. The listener, the two connections and the records live as long as this (which
@@ -51,6 +51,23 @@ struct recorded_pair {
         o.on_write = [this](const write_event& w) { writes.push_back(w); };
         return o;
     }
+};
+
+// A client with `client_options`, sending to a server that records the sequence number of each
+// message it receives (test::seq_msg); both started. Cannot move: the callback holds `this`.
+struct seq_pair {
+    seq_pair(test::transport_pair p, comm_options client_options)
+        : l(std::move(p.l)),
+          server(std::move(p.server), {}, [this](std::string_view m) { got.push_back(seq_of(m)); }),
+          client(std::move(p.client), std::move(client_options), [](std::string_view) {}) {
+        server.start();
+        client.start();
+    }
+
+    std::unique_ptr<listener> l;
+    std::vector<std::uint32_t> got;
+    batched_comm server;
+    batched_comm client;
 };
 
 TEST(BatchedComm, ConsecutiveWritesStartAtLeastOneIntervalApartUnderBursts) {
@@ -214,8 +231,7 @@ TEST(BatchedComm, AnIdleWritersBatchIsWrittenAtOnceWhereTheTransportCan) {
             const comm_counters& c = r.client.counters();
             EXPECT_EQ(c.messages_sent - before.messages_sent, 60u) << scheme;
             EXPECT_EQ(c.writes - before.writes, 20u) << scheme;
-            EXPECT_EQ(c.direct_writes - before.direct_writes, scheme == "tls" ? 0u : 20u)
-                << scheme;
+            EXPECT_EQ(c.direct_writes - before.direct_writes, scheme == "tls" ? 0u : 20u) << scheme;
             EXPECT_EQ(r.writes.size(), 21u) << scheme;
             r.client.abort();
         });
@@ -226,35 +242,29 @@ TEST(BatchedComm, AnIdleWritersBatchIsWrittenAtOnceWhereTheTransportCan) {
 // the rest once the peer reads again. Nothing is lost or reordered, and it counts as one write.
 TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
     run_test([]() -> net::awaitable<void> {
-        auto p = co_await connect_pair("tcp");
-        std::vector<std::uint32_t> got;
-        batched_comm server(std::move(p.server), {},
-                            [&](std::string_view m) { got.push_back(seq_of(m)); });
         comm_options o;
         o.max_buffer_bytes = 64 << 20;
         o.max_batch_bytes = 64 << 20;  // the turn's 32 MiB are one batch
-        batched_comm client(std::move(p.client), o, [](std::string_view) {});
-        server.start();
-        client.start();
-        client.send(seq_msg(0));
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 1; }));
-        server.pause_reading(true);
-        const comm_counters before = client.counters();
+        seq_pair r(co_await connect_pair("tcp"), o);
+        r.client.send(seq_msg(0));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.got.size() == 1; }));
+        r.server.pause_reading(true);
+        const comm_counters before = r.client.counters();
         // 32 MiB in one turn: more than loopback's socket buffers hold.
-        for (std::uint32_t i = 1; i <= 512; ++i) client.send(seq_msg(i, 64 * 1024));
+        for (std::uint32_t i = 1; i <= 512; ++i) r.client.send(seq_msg(i, 64 * 1024));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
-            return client.counters().write_since != std::chrono::steady_clock::time_point{};
+            return r.client.counters().write_since != std::chrono::steady_clock::time_point{};
         }));
-        EXPECT_EQ(client.counters().messages_sent, before.messages_sent);
-        server.pause_reading(false);
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 513; }, 60s));
-        for (std::uint32_t i = 0; i <= 512; ++i) ORDO_CO_ASSERT_EQ(got[i], i);
-        const comm_counters& c = client.counters();
+        EXPECT_EQ(r.client.counters().messages_sent, before.messages_sent);
+        r.server.pause_reading(false);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.got.size() == 513; }, 60s));
+        for (std::uint32_t i = 0; i <= 512; ++i) ORDO_CO_ASSERT_EQ(r.got[i], i);
+        const comm_counters& c = r.client.counters();
         EXPECT_EQ(c.messages_sent - before.messages_sent, 512u);
         EXPECT_EQ(c.writes - before.writes, 1u);
         EXPECT_EQ(c.direct_writes, before.direct_writes);
         EXPECT_EQ(c.buffered_bytes, 0u);
-        client.abort();
+        r.client.abort();
     });
 }
 
@@ -263,28 +273,22 @@ TEST(BatchedComm, ABatchTheKernelTakesInPartIsFinishedByTheWriterInOrder) {
 // Order and counts hold as for batches written at the end of a turn.
 TEST(BatchedComm, AFullBatchIsWrittenWithinTheTurnThatFilledIt) {
     run_test([]() -> net::awaitable<void> {
-        auto p = co_await connect_pair("tcp");
-        std::vector<std::uint32_t> got;
-        batched_comm server(std::move(p.server), {},
-                            [&](std::string_view m) { got.push_back(seq_of(m)); });
         comm_options o;
         o.max_batch_bytes = 4096;
-        batched_comm client(std::move(p.client), o, [](std::string_view) {});
-        server.start();
-        client.start();
-        const comm_counters before = client.counters();
+        seq_pair r(co_await connect_pair("tcp"), o);
+        const comm_counters before = r.client.counters();
         // 200 messages of 100 bytes, 20 KB, in one turn: no co_await until all are queued.
-        for (std::uint32_t i = 0; i < 200; ++i) client.send(seq_msg(i, 100));
-        const comm_counters& c = client.counters();
+        for (std::uint32_t i = 0; i < 200; ++i) r.client.send(seq_msg(i, 100));
+        const comm_counters& c = r.client.counters();
         EXPECT_GE(c.writes - before.writes, 4u) << "full batches waited for the turn's end";
         EXPECT_EQ(c.direct_writes - before.direct_writes, c.writes - before.writes);
         EXPECT_GE(c.messages_sent - before.messages_sent, 160u);
         EXPECT_LT(c.buffered_bytes, 4096u);
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 200; }));
-        for (std::uint32_t i = 0; i < 200; ++i) ORDO_CO_ASSERT_EQ(got[i], i);
-        EXPECT_EQ(client.counters().messages_sent - before.messages_sent, 200u);
-        EXPECT_EQ(client.counters().buffered_bytes, 0u);
-        client.abort();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r.got.size() == 200; }));
+        for (std::uint32_t i = 0; i < 200; ++i) ORDO_CO_ASSERT_EQ(r.got[i], i);
+        EXPECT_EQ(r.client.counters().messages_sent - before.messages_sent, 200u);
+        EXPECT_EQ(r.client.counters().buffered_bytes, 0u);
+        r.client.abort();
     });
 }
 
