@@ -84,25 +84,23 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
 
 // The writer waits for room in the kernel's buffer, but a caller that goes on queueing without
 // yielding keeps it from running: once per max_batch_bytes queued, send() writes what the
-// kernel takes now. It may finish the batch and begin the next from the queue; the writer, when
-// it wakes, goes on with whatever is left.
+// kernel takes now. It may finish the batch and begin the next from the queue, or write both
+// whole; the writer, when it wakes, goes on with whatever is left. room_wait stays set until
+// then, so that the next send() writes again even if nothing was left.
 void batched_comm::impl::continue_batch() {
-    retry_at = queue.size() + o.max_batch_bytes;
-    if (st != state::open || handing) return;
-    for (int k = 0; k < 2; ++k) {  // the batch being written, then the queue
+    for (int k = 0; k < 2 && st == state::open && !handing; ++k) {  // the batch, then the queue
         if (writing.empty()) {
-            if (queue.empty()) return;
+            if (queue.empty()) break;
             begin_batch(o.on_write ? clock::now() : clock::time_point{});
             c.write_since = clock::now();
         }
         std::error_code ec;
         written += t->try_write(net::buffer(writing.data(), writing.size()) + written, ec);
-        if (!ec && written < writing.size()) {
-            room_wait = true;  // end_batch() of the batch before cleared it
-            return;
-        }
+        if (!ec && written < writing.size()) break;
         if (end_batch(written, ec)) return;
     }
+    // Counted from the queue as it is now: begin_batch() may just have emptied it.
+    retry_at = queue.size() + o.max_batch_bytes;
 }
 
 void batched_comm::impl::flush() {
@@ -142,7 +140,6 @@ bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
                          writing_ends.begin())
            : writing_ends.size();
     c.write_since = {};
-    room_wait = false;
     c.messages_sent += whole;
     c.bytes_sent += n;
     ++c.writes;
@@ -175,8 +172,10 @@ net::awaitable<void> batched_comm::impl::write_loop() {
 
 net::awaitable<void> batched_comm::impl::write_batches() {
     for (;;) {
-        while (queue.empty() && writing.empty() && st == state::open && !handing)
+        while (queue.empty() && writing.empty() && st == state::open && !handing) {
+            room_wait = false;  // flush() set it, and send() wrote the batch meanwhile
             co_await sleep_writer(wait::idle, clock::time_point::max());
+        }
         if (st == state::ended) break;
         if (writing.empty()) {  // else flush() began this batch and the kernel took a part
             if (queue.empty()) break;

@@ -101,9 +101,10 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // sent when it is done, with no post), and whether they sent any.
     bool direct = o.interval.count() <= 0, flush_posted = false;
     bool delivering = false, flush_due = false;
-    // Whether the batch being written was taken only in part and the writer is to finish it
-    // (woken, or waiting for room: write_in_steps), with no write of its pending; and the
-    // queue's size at which send() next writes what the kernel takes meanwhile (continue_batch).
+    // Whether a batch was taken only in part and the writer is to finish it (woken, or waiting
+    // for room: write_in_steps), with no write of its pending; it stays set until the writer
+    // runs, even if send() has written everything meanwhile. And the queue's size at which
+    // send() next writes what the kernel takes (continue_batch).
     bool room_wait = false;
     std::size_t retry_at = 0;
 

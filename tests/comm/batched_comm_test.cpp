@@ -358,6 +358,22 @@ TEST(BatchedComm, ASenderThatNeverYieldsGoesOnWritingAsThePeerReads) {
             << "the peer got only what the kernel held: the sender's queue waited for it to "
                "yield ("
             << sent << " queued)";
+        // Then slowly, a message a millisecond, still without yielding: once per 4 KiB queued,
+        // send() writes what the kernel takes, so the peer catches up with all but the last
+        // few messages. (A write that took the batch and the queue whole used to leave the
+        // next sends to wait for a yield; so did a batch begun from a large queue, until as
+        // much again was queued.)
+        const std::size_t tail_from = sent;
+        std::size_t behind = 0;
+        for (int i = 0; i < 5000; ++i) {
+            client.send(seq_msg(sent++, 1000));
+            std::this_thread::sleep_for(1ms);
+            const std::size_t queued = std::size_t(sent) * seq_msg(0, 1000).size();
+            behind = queued - std::min<std::size_t>(received_bytes, queued);
+            if (sent - tail_from >= 200 && behind <= 6000) break;
+        }
+        EXPECT_LE(behind, 6000u) << "the peer is " << behind << " bytes behind after "
+                                 << sent - tail_from << " slow sends";
         co_await client.async_close();  // writes the rest, then ends
     });
     peer.join();
