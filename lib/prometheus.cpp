@@ -182,6 +182,12 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
     f.counter("ordo_router_key_waits_total",
               "Keyed calls held until their key's calls on its previous replica finished", base,
               double(r.totals.key_waits));
+    f.gauge("ordo_router_aperture",
+            "Replicas that calls without a key go to while they have room (least_loaded)", base,
+            double(r.totals.aperture));
+    f.counter("ordo_router_aperture_changes_total",
+              "Changes of the aperture kept because calls went faster", base,
+              double(r.totals.aperture_changes));
     f.counter("ordo_router_source_updates_total", "Replica sets applied from sources", base,
               double(r.totals.source_updates));
     f.counter("ordo_router_source_problems_total",

@@ -259,6 +259,13 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
                 ro.policy = route_policy::weighted;
             else
                 bad(url, "policy must be least_loaded, round_robin or weighted");
+        } else if (key == "aperture") {
+            if (value == "adaptive")
+                ro.aperture = true;
+            else if (value == "all")
+                ro.aperture = false;
+            else
+                bad(url, "aperture must be adaptive or all");
         } else if (key == "idempotent") {
             for (auto& m : split(value, ',')) ro.idempotent_methods.insert(m);
         } else if (key == "weights") {

@@ -40,6 +40,8 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
     o.max_concurrent = std::max<std::size_t>(1, o.max_concurrent);
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
+    aperture_on = o.aperture && o.policy == route_policy::least_loaded;
+    ap.since = clock_type::now();
     rename();
 }
 
@@ -129,7 +131,6 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
     }
     const std::size_t n = reps.size();
     replica* best = nullptr;
-    std::size_t best_at = 0;
     if (o.policy == route_policy::weighted) {
         double total = 0;
         for (auto& r : reps)
@@ -141,13 +142,32 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
         if (best) best->current -= total;
         return best;
     }
-    if (o.policy == route_policy::least_loaded && n > many_replicas) {
+    if (o.policy == route_policy::least_loaded) return least_loaded();
+    // round_robin: from the cursor on, wrapping.
+    std::size_t i = cursor < n ? cursor : 0;
+    for (std::size_t k = 0; k < n; ++k, i = i + 1 == n ? 0 : i + 1) {
+        replica& r = *reps[i];
+        if (is_shadow(r) || !has_room(r)) continue;
+        cursor = i + 1;
+        return &r;
+    }
+    return nullptr;
+}
+
+// Fewest calls in flight per unit of weight among the aperture's replicas with room (ties: the
+// first from the cursor on), else among the rest.
+router::state::replica* router::state::least_loaded() {
+    const std::size_t n = order.size();
+    const std::size_t span = aperture_on ? ap.size : aperture_state::all;
+    if (n > many_replicas && span > many_replicas) {
         // Many replicas: the less loaded of two drawn at random (the power of two choices, as
         // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
-        // Only when neither draw finds room does the full scan below run.
+        // Only when neither draw finds room does the full scan below run. (The draws are among
+        // the aperture's first places, a few of which may not take calls.)
+        const std::size_t within = std::min(span, n);
         auto draw = [&]() -> replica* {
             for (int t = 0; t < 4; ++t) {
-                replica& r = *reps[std::uniform_int_distribution<std::size_t>(0, n - 1)(rng)];
+                replica& r = *order[std::uniform_int_distribution<std::size_t>(0, within - 1)(rng)];
                 if (!is_shadow(r) && has_room(r)) return &r;
             }
             return nullptr;
@@ -158,25 +178,96 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
         if (a && b) return load(a) <= load(b) ? a : b;
         if (a || b) return a ? a : b;
     }
-    // From the cursor on, wrapping (no division per replica: this runs once per call).
-    std::size_t i = cursor < n ? cursor : 0;
-    for (std::size_t k = 0; k < n; ++k, i = i + 1 == n ? 0 : i + 1) {
-        replica& r = *reps[i];
-        if (is_shadow(r) || !has_room(r)) continue;
-        if (o.policy == route_policy::round_robin) {
-            best = &r;
-            best_at = i;
-            break;
+    replica* best = nullptr;
+    std::size_t best_at = 0, best_turn = 0, seen = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        replica& r = *order[i];
+        if (is_shadow(r) || !takes_calls(r)) continue;
+        if (seen++ >= span && best) break;  // the aperture had room
+        if (r.in_flight >= o.max_concurrent) continue;
+        // in_flight / weight, compared by cross-multiplying (weights are positive); ties go
+        // in turn from the cursor (no division per replica: this runs once per call).
+        const std::size_t turn = i >= cursor ? i - cursor : i + n - cursor;
+        bool better = !best;
+        if (best) {
+            const double mine = static_cast<double>(r.in_flight) * best->weight;
+            const double theirs = static_cast<double>(best->in_flight) * r.weight;
+            better = mine < theirs || (mine == theirs && turn < best_turn);
         }
-        // in_flight / weight, compared by cross-multiplying (weights are positive).
-        if (!best || static_cast<double>(r.in_flight) * best->weight <
-                         static_cast<double>(best->in_flight) * r.weight) {
+        if (better) {
             best = &r;
             best_at = i;
+            best_turn = turn;
         }
     }
     if (best) cursor = best_at + 1;
     return best;
+}
+
+std::size_t router::state::usable() const {
+    return std::size_t(std::count_if(reps.begin(), reps.end(), [&](const auto& r) {
+        return !is_shadow(*r) && takes_calls(*r);
+    }));
+}
+
+// A spell of the aperture has ended (enough calls sent in it were answered, over long enough).
+// A trial goes: the spell before at the old size, a spell at the new, one back at the old (the
+// control), one more at the new; the new size is kept only if each of its spells beat the spell
+// before it by 10%. One noisy spell (this machine's run from 90 to 210 us a call at one size
+// from one 10 ms spell to the next) then rarely moves the aperture.
+void router::state::end_spell(clock_type::time_point now) {
+    const double mean = std::chrono::duration<double>(ap.sum).count() / double(ap.count);
+    const std::size_t n = usable();
+    ap.since = now;
+    ap.sum = {};
+    ap.count = 0;
+    const bool paid = mean <= ap.last * 0.9;
+    switch (ap.step) {
+        case aperture_state::first_trial:
+            if (!paid) break;
+            ap.step = aperture_state::control;
+            ap.size = ap.before;
+            return;
+        case aperture_state::control:
+            ap.last = mean;
+            ap.step = aperture_state::second_trial;
+            ap.size = ap.target;
+            return;
+        case aperture_state::second_trial:
+            if (!paid) break;
+            ap.step = aperture_state::steady;
+            ++c.aperture_changes;
+            event("aperture " + std::to_string(std::min(ap.before, n)) + " -> " +
+                  std::to_string(std::min(ap.target, n)) + " replicas: calls took " +
+                  std::to_string(std::lround(mean * 1e6)) + " us against " +
+                  std::to_string(std::lround(ap.last * 1e6)) + " us");
+            if (ap.size >= n) ap.size = aperture_state::all;  // replicas added later join
+            ap.backoff = ap.wait = 1;  // go on that way soon
+            return;
+        case aperture_state::steady: {
+            // Calls three times as fast or as slow as in the last spell: the load or the
+            // replicas changed, and what did not pay before may now.
+            if (mean > 3 * ap.last || 3 * mean < ap.last) ap.backoff = ap.wait = 1;
+            ap.last = mean;
+            if (--ap.wait > 0) return;
+            ap.wait = ap.backoff;
+            const std::size_t at = std::min(ap.size, n);
+            const bool can_up = at < n;
+            const bool can_down = at > 1;
+            if (!can_up && !can_down) return;
+            ap.up = can_up && (ap.up || !can_down);
+            ap.before = ap.size;
+            ap.target = ap.size = ap.up ? at + 1 : at - 1;
+            ap.step = aperture_state::first_trial;
+            return;
+        }
+    }
+    // The trial did not pay: back, and wait twice as long before the next, the other way.
+    ap.step = aperture_state::steady;
+    ap.size = ap.before;
+    ap.backoff = std::min(ap.backoff * 2, aperture_state::max_backoff);
+    ap.wait = ap.backoff;
+    ap.up = !ap.up;
 }
 
 // pick() without moving round-robin state.
@@ -299,6 +390,12 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
                                                          : clock_type::now();
         const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
         r.latency.record(took);
+        if (aperture_on && rc.inner && sent.options.key.empty() && rc.started >= ap.since) {
+            ap.sum += took;
+            if (++ap.count >= aperture_state::spell_calls &&
+                arrived - ap.since >= aperture_state::spell_time)
+                end_spell(arrived);
+        }
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
         if (rc.inner && rc.deadline != clock_type::time_point::max()) {
@@ -436,6 +533,8 @@ net::any_io_executor router::get_executor() const {
 
 const router_counters& router::counters() const noexcept {
     s_->update();
+    s_->c.aperture =
+        std::min(s_->aperture_on ? s_->ap.size : state::aperture_state::all, s_->usable());
     return s_->c;
 }
 

@@ -79,6 +79,9 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
     r->source = source;
     place(*r);
     reps.push_back(r);
+    order.insert(order.begin() + std::uniform_int_distribution<std::ptrdiff_t>(
+                                     0, std::ptrdiff_t(order.size()))(rng),
+                 r.get());
     return r;  // the caller renames the router once it has admitted what it had to
 }
 
@@ -223,6 +226,7 @@ void router::state::leave(replica& r) {
     retire(shared(&r));
     if (r.in_ring) std::erase_if(ring, [&](const auto& e) { return e.second == &r; });
     r.in_ring = false;
+    std::erase(order, &r);
     std::erase_if(reps, [&](const auto& p) { return p.get() == &r; });
     rebuild_ring();
     rename();

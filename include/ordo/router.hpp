@@ -22,7 +22,8 @@ namespace ordo {
 /// their key's replica on the hash ring).
 enum class route_policy {
     least_loaded,  ///< fewest calls in flight per unit of weight (ties: in turn); beyond 16
-                   ///< replicas, the less loaded of two drawn at random (power of two choices)
+                   ///< replicas, the less loaded of two drawn at random (power of two choices);
+                   ///< within the aperture (router_options::aperture)
     round_robin,   ///< in turn
     weighted,      ///< in proportion to the replicas' weights (smooth weighted round robin)
 };
@@ -54,6 +55,18 @@ struct router_options {
     std::size_t max_queued_calls = 65'536;
     queue_order queue = queue_order::earliest_deadline;
     route_policy policy = route_policy::least_loaded;
+    /// least_loaded only: an adaptive aperture (as Finagle's). Calls without a key go to the
+    /// least loaded of the first N replicas in an order of the router's own, chosen at random;
+    /// replicas beyond them get calls only when those N have no room. N starts at every
+    /// replica. Every so often the router tries one replica fewer or one more for a spell
+    /// (10 ms, and at least 64 answered calls) and keeps the change only if the calls sent in
+    /// it took at least 10% less time, send to response, on average than in the spell before;
+    /// a change that does not pay waits twice as long before it is tried again (up to 64
+    /// spells), unless calls become twice as fast or as slow meanwhile (the load changed).
+    /// So calls spread over every replica unless spreading measurably slows them:
+    /// replicas that share a machine's CPU, where each connection costs its own wake-ups and
+    /// writes. false: always every replica. (URL: `aperture=adaptive` or `aperture=all`.)
+    bool aperture = true;
     /// Methods that are safe to run twice: a call in flight on a replica that dies is retried
     /// once on another replica instead of failing with errc::peer_lost.
     std::set<std::string> idempotent_methods{};
@@ -152,6 +165,11 @@ struct router_counters {
     std::uint64_t shadow_ok = 0;
     std::uint64_t shadow_errors = 0;
     std::uint64_t shadow_skipped = 0;  ///< due, but no shadow replica had room
+    /// least_loaded's aperture: the replicas that calls without a key go to while they have
+    /// room (router_options::aperture; with it off, every replica that takes calls), and how
+    /// often the router kept a change of it.
+    std::size_t aperture = 0;
+    std::uint64_t aperture_changes = 0;
 };
 
 /// One channel over several replicas. Each replica is reached over its own ordered connection
@@ -267,12 +285,13 @@ struct route_spec {
 /// Parses `route+SCHEME://a,b,...?params` (e.g.
 /// `route+tcp://h1:7000,h2:7000?max_concurrent=8&policy=least_loaded`): each replica is
 /// `SCHEME://item` plus the URL's transport parameters (cert, key, ca, ...). Router
-/// parameters: max_concurrent, max_queued, queue (edf, the default, or fifo), policy (least_loaded, round_robin, weighted),
-/// weights (one per replica, comma-separated), idempotent (comma-separated method names),
-/// shadow (comma-separated replica items, put in group "shadow") with shadow_fraction,
-/// connect_timeout_ms, reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms,
-/// max_ejected_percent, wait_for_replica_ms; and the peer parameters timeout_ms, interval_ms,
-/// liveness_timeout_ms, heartbeat_ms, applied on top of `base`.
+/// parameters: max_concurrent, max_queued, queue (edf, the default, or fifo), policy
+/// (least_loaded, round_robin, weighted), aperture (adaptive, the default, or all), weights (one
+/// per replica, comma-separated), idempotent (comma-separated method names), shadow
+/// (comma-separated replica items, put in group "shadow") with shadow_fraction, connect_timeout_ms,
+/// reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms, max_ejected_percent,
+/// wait_for_replica_ms; and the peer parameters timeout_ms, interval_ms, liveness_timeout_ms,
+/// heartbeat_ms, applied on top of `base`.
 ///
 /// Replicas from a source instead of a list:
 /// - `route+dns+SCHEME://NAME:PORT` (A and AAAA records of NAME) or

@@ -129,6 +129,30 @@ struct router::state {
     std::string last_loss;  // why the last replica was lost, for "no live replica" errors
     std::function<void(const std::string&)> on_event;
     std::size_t cursor = 0;  // round robin and least-loaded ties
+    // least_loaded's aperture (router_options::aperture). `order`: every replica, each put at a
+    // random place as it is admitted (so that routers spread their apertures over a fleet).
+    // Calls without a key go to the first `size` of those that take calls, while one of them
+    // has room; trials of one fewer or one more are kept only if they make calls faster.
+    std::vector<replica*> order;
+    struct aperture_state {
+        static constexpr std::size_t all = std::size_t(-1);
+        // A spell: at least this many calls answered, over at least this long; trials that do
+        // not pay wait up to max_backoff spells.
+        static constexpr std::uint64_t spell_calls = 64;
+        static constexpr std::chrono::milliseconds spell_time{20};
+        static constexpr unsigned max_backoff = 64;
+        std::size_t size = all;        // of order's replicas that take calls; all: every one
+        std::size_t before = all;      // the size a trial started from
+        std::size_t target = all;      // and the size it tries
+        enum { steady, first_trial, control, second_trial } step = steady;
+        bool up = false;  // which way the next trial goes, when both can
+        clock_type::time_point since;  // the spell's start: calls sent before it do not count
+        clock_type::duration sum{};    // send to response, of the spell's calls
+        std::uint64_t count = 0;
+        double last = 0;                 // the mean of the spell before, in seconds
+        unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
+    } ap;
+    bool aperture_on = false;  // least_loaded with router_options::aperture
     double shadow_credit = 0;
     bool pump_posted = false;
     // Recent time from send to response per method (a moving average): a waiting call with
@@ -170,6 +194,9 @@ struct router::state {
     replica* owner_of(const std::string& key) const;
     bool key_may_go(const std::string& key, const replica* to) const;
     replica* pick(const detail::pending_call& call);
+    replica* least_loaded();
+    std::size_t usable() const;  // replicas that take calls without a key now
+    void end_spell(clock_type::time_point now);
     replica* peek(const detail::pending_call& call) const;
     void start_call(std::unique_ptr<detail::pending_call> call);
     std::string no_replica_reason() const;

@@ -398,9 +398,12 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
         EXPECT_EQ(ids.size(), 2u);
         EXPECT_EQ(ch.remote_address(), "route:" + rs.all[0]->url + "," + rs.all[1]->url);
 
-        route_spec spec = parse_route_url("route+tcp://a:1,b:2?weights=9,1&idempotent=inc,total"
-                                          "&shadow=c:3&shadow_fraction=0.25",
-                                          peer_options{});
+        route_spec spec = parse_route_url(
+            "route+tcp://a:1,b:2?weights=9,1&idempotent=inc,total"
+            "&shadow=c:3&shadow_fraction=0.25&aperture=all",
+            peer_options{});
+        EXPECT_FALSE(spec.options.aperture);
+        EXPECT_TRUE(parse_route_url("route+tcp://a:1?aperture=adaptive", {}).options.aperture);
         ORDO_CO_ASSERT_EQ(spec.replicas.size(), 3u);
         EXPECT_EQ(spec.replicas[0].url, "tcp://a:1");
         EXPECT_EQ(spec.replicas[0].weight, 9);
@@ -408,8 +411,8 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
         EXPECT_EQ(spec.options.shadow_fraction, 0.25);
         EXPECT_EQ(spec.options.idempotent_methods.count("total"), 1u);
         for (const char* bad : {"route+tcp://" "a:1?policy=random", "route+tcp://a:1?bogus=1",
-                                "route+tcp://a:1,b:2?weights=1", "route+tcp://a:1,?x=",
-                                "route+tcp://a?max_concurrent=1"}) {
+                                "route+tcp://a:1?aperture=2", "route+tcp://a:1,b:2?weights=1",
+                                "route+tcp://a:1,?x=", "route+tcp://a?max_concurrent=1"}) {
             try {
                 parse_route_url(bad, peer_options{});
                 ADD_FAILURE() << bad << " was accepted";
@@ -417,6 +420,142 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
                 EXPECT_EQ(e.code(), errc::bad_address) << bad;
             }
         }
+        co_await rs.stop();
+    });
+}
+
+// Replicas for the aperture: `step` is serial on each connection. Sharing, they share one CPU
+// the way replicas of one machine do: a call costs 0.1 ms of the test's one thread, and 2 ms
+// more when the previous call ran on another replica (its wake-up and cold caches), so that
+// spreading slows calls. Apart, a call waits 2 ms on a timer: replicas work in parallel, so
+// that spreading speeds calls up.
+struct shared_cpu {
+    bool sharing = true;
+    int last = -1;
+    std::vector<std::unique_ptr<server>> servers;
+    std::vector<std::string> urls;
+    shared_cpu(net::any_io_executor ex, int n) {
+        for (int id = 0; id < n; ++id) {
+            auto s = std::make_unique<server>(ex);
+            s->on(service{}.work, [this, id](int) -> net::awaitable<int> {
+                if (sharing) {
+                    std::this_thread::sleep_for(last == id ? 100us : 2100us);
+                    last = id;
+                } else {
+                    co_await sleep_for(2ms);
+                }
+                co_return id;
+            });
+            urls.push_back(s->listen("tcp://127.0.0.1:0"));
+            servers.push_back(std::move(s));
+        }
+    }
+    net::awaitable<void> stop() {
+        for (auto& s : servers) co_await s->async_stop();
+    }
+};
+
+// Keeps `width` calls of work in flight until stopped, or until `limit` calls have been made.
+struct closed_loop {
+    closed_loop(const channel& ch, int width, int limit) : ch(ch), width(width), limit(limit) {}
+    const channel& ch;
+    int width, limit;
+    int started = 0, done = 0, failed = 0;
+    bool stopping = false;
+    std::map<int, int> by_replica;
+    void start() {
+        for (int i = 0; i < width; ++i) next();
+    }
+    void next() {
+        if (stopping || started >= limit) return;
+        ++started;
+        ch.async_call<int>("work", 0, [this](std::error_code ec, int id) {
+            ++done;
+            if (ec) ++failed;
+            ++by_replica[ec ? -1 : id];
+            next();
+        });
+    }
+    net::awaitable<bool> stop() {
+        stopping = true;
+        co_return co_await wait_until([&] { return done == started; }, 30s);
+    }
+};
+
+TEST(Router, TheApertureNarrowsWhileSpreadingSlowsCallsAndWidensWhenSpreadingSpeedsThemUp) {
+    run_test([]() -> net::awaitable<void> {
+        shared_cpu rs(co_await net::this_coro::executor, 3);
+        const router_options o{.max_concurrent = 16};
+        auto r = make_router(co_await net::this_coro::executor, o);
+        std::vector<std::string> events;
+        r->on_event([&](const std::string& e) { events.push_back(e); });
+        for (auto& u : rs.urls) co_await r->async_add_replica(u);
+        EXPECT_EQ(r->counters().aperture, 3u);  // it starts at every replica
+        channel ch(r);
+        closed_loop loop{ch, 12, 200'000};
+        loop.start();
+        // Sharing a CPU: one replica answers faster than two or three. (Kept twice and at one:
+        // not a trial of one fewer that has yet to be judged.)
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] { return r->counters().aperture == 1 && r->counters().aperture_changes >= 2; },
+            60s));
+        EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const std::string& e) {
+            return e.find("aperture 2 -> 1 replicas: calls took") != std::string::npos;
+        }));
+        ORDO_CO_ASSERT_TRUE(co_await loop.stop());
+        // Beyond the aperture's room, calls go to the others at once: none waits in the queue.
+        // (16 on the aperture's replica, 12 on each of the others; or 16, 16 and 8 if a trial
+        // of two is on. Spread over all three, none would have 16.)
+        fan f;
+        f.start(ch, 40, 0);
+        std::size_t most = 0, total = 0;
+        for (auto& rc : r->replicas()) {
+            EXPECT_GT(rc.in_flight, 0u) << rc.url;
+            most = std::max(most, rc.in_flight);
+            total += rc.in_flight;
+        }
+        EXPECT_EQ(most, 16u);
+        EXPECT_EQ(total, 40u);
+        EXPECT_EQ(r->counters().queued, 0u);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return f.done == 40; }, 30s));
+        EXPECT_EQ(f.by_replica.count(-1), 0u);
+        // Apart: each replica added answers calls sooner, and the aperture opens again.
+        rs.sharing = false;
+        const auto changes = r->counters().aperture_changes;
+        loop.stopping = false;
+        loop.width = 12;
+        loop.limit = loop.started + 200'000;
+        loop.by_replica.clear();
+        loop.start();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until(
+            [&] {
+                return r->counters().aperture == 3 && r->counters().aperture_changes >= changes + 2;
+            },
+            60s));
+        const int before = loop.done;
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return loop.done >= before + 300; }, 30s));
+        ORDO_CO_ASSERT_TRUE(co_await loop.stop());
+        EXPECT_EQ(loop.failed, 0);
+        for (int id = 0; id < 3; ++id) EXPECT_GT(loop.by_replica[id], 0) << id;
+        co_await rs.stop();
+    });
+}
+
+TEST(Router, WithTheApertureAtAllCallsSpreadOverEveryReplicaEvenWhenThatSlowsThem) {
+    run_test([]() -> net::awaitable<void> {
+        shared_cpu rs(co_await net::this_coro::executor, 3);
+        const router_options o{.aperture = false};
+        auto r = make_router(co_await net::this_coro::executor, o);
+        for (auto& u : rs.urls) co_await r->async_add_replica(u);
+        channel ch(r);
+        // About 3 s of calls sharing the CPU: the adaptive aperture is at 1 well within that.
+        closed_loop loop{ch, 12, 6000};
+        loop.start();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return loop.done == 6000; }, 120s));
+        EXPECT_EQ(loop.failed, 0);
+        for (int id = 0; id < 3; ++id) EXPECT_GE(loop.by_replica[id], 1000) << id;
+        EXPECT_EQ(r->counters().aperture, 3u);
+        EXPECT_EQ(r->counters().aperture_changes, 0u);
         co_await rs.stop();
     });
 }
