@@ -122,6 +122,53 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
     return it == keys.end() || it->second.at == to;
 }
 
+// Fewest calls in flight per unit of weight among the aperture's replicas with room (ties: the
+// first from the cursor on), else among the rest.
+[[gnu::always_inline]] inline router::state::replica* router::state::least_loaded() {
+    const std::size_t n = order.size();
+    const std::size_t span = aperture_on ? ap.size : aperture_state::all;
+    if (n > many_replicas && span > many_replicas) {
+        // Many replicas: the less loaded of two drawn at random (the power of two choices, as
+        // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
+        // Only when neither draw finds room does the full scan below run. (The draws are among
+        // the aperture's first places, a few of which may not take calls.)
+        const std::size_t within = std::min(span, n);
+        auto draw = [&]() -> replica* {
+            for (int t = 0; t < 4; ++t) {
+                replica& r = *order[std::uniform_int_distribution<std::size_t>(0, within - 1)(rng)];
+                if (!is_shadow(r) && has_room(r)) return &r;
+            }
+            return nullptr;
+        };
+        replica* a = draw();
+        replica* b = draw();
+        auto load = [](const replica* r) { return static_cast<double>(r->in_flight) / r->weight; };
+        if (a && b) return load(a) <= load(b) ? a : b;
+        if (a || b) return a ? a : b;
+    }
+    replica* best = nullptr;
+    std::size_t best_at = 0, seen = 0;
+    // Ties go in turn: to the first from the cursor on.
+    auto turn = [&](std::size_t i) { return i >= cursor ? i - cursor : i + n - cursor; };
+    for (std::size_t i = 0; i < n; ++i) {
+        replica& r = *order[i];
+        if (is_shadow(r) || !takes_calls(r)) continue;
+        if (seen++ >= span && best) break;  // the aperture had room
+        if (r.in_flight >= o.max_concurrent) continue;
+        if (best) {
+            // in_flight / weight, compared by cross-multiplying (weights are positive): no
+            // division per replica, as this runs once per call.
+            const double mine = static_cast<double>(r.in_flight) * best->weight;
+            const double theirs = static_cast<double>(best->in_flight) * r.weight;
+            if (mine > theirs || (mine == theirs && turn(i) > turn(best_at))) continue;
+        }
+        best = &r;
+        best_at = i;
+    }
+    if (best) cursor = best_at + 1;
+    return best;
+}
+
 // The replica `call` goes to now, or null if it must wait.
 [[gnu::always_inline]] inline router::state::replica* router::state::pick(
     const detail::pending_call& call) {
@@ -152,56 +199,6 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
         return &r;
     }
     return nullptr;
-}
-
-// Fewest calls in flight per unit of weight among the aperture's replicas with room (ties: the
-// first from the cursor on), else among the rest.
-router::state::replica* router::state::least_loaded() {
-    const std::size_t n = order.size();
-    const std::size_t span = aperture_on ? ap.size : aperture_state::all;
-    if (n > many_replicas && span > many_replicas) {
-        // Many replicas: the less loaded of two drawn at random (the power of two choices, as
-        // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
-        // Only when neither draw finds room does the full scan below run. (The draws are among
-        // the aperture's first places, a few of which may not take calls.)
-        const std::size_t within = std::min(span, n);
-        auto draw = [&]() -> replica* {
-            for (int t = 0; t < 4; ++t) {
-                replica& r = *order[std::uniform_int_distribution<std::size_t>(0, within - 1)(rng)];
-                if (!is_shadow(r) && has_room(r)) return &r;
-            }
-            return nullptr;
-        };
-        replica* a = draw();
-        replica* b = draw();
-        auto load = [](const replica* r) { return static_cast<double>(r->in_flight) / r->weight; };
-        if (a && b) return load(a) <= load(b) ? a : b;
-        if (a || b) return a ? a : b;
-    }
-    replica* best = nullptr;
-    std::size_t best_at = 0, best_turn = 0, seen = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        replica& r = *order[i];
-        if (is_shadow(r) || !takes_calls(r)) continue;
-        if (seen++ >= span && best) break;  // the aperture had room
-        if (r.in_flight >= o.max_concurrent) continue;
-        // in_flight / weight, compared by cross-multiplying (weights are positive); ties go
-        // in turn from the cursor (no division per replica: this runs once per call).
-        const std::size_t turn = i >= cursor ? i - cursor : i + n - cursor;
-        bool better = !best;
-        if (best) {
-            const double mine = static_cast<double>(r.in_flight) * best->weight;
-            const double theirs = static_cast<double>(best->in_flight) * r.weight;
-            better = mine < theirs || (mine == theirs && turn < best_turn);
-        }
-        if (better) {
-            best = &r;
-            best_at = i;
-            best_turn = turn;
-        }
-    }
-    if (best) cursor = best_at + 1;
-    return best;
 }
 
 std::size_t router::state::usable() const {
