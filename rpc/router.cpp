@@ -209,35 +209,39 @@ std::size_t router::state::usable() const {
 
 // A spell of the aperture has ended (enough calls sent in it were answered, over long enough).
 // A trial goes: the spell before at the old size, a spell at the new, one back at the old (the
-// control), one more at the new; the new size is kept only if each of its spells beat the spell
-// before it by 10%. One noisy spell (this machine's run from 90 to 210 us a call at one size
-// from one 10 ms spell to the next) then rarely moves the aperture.
+// control), one more at the new. The new size is kept only if each of its spells was faster
+// than the spell before it, and the two together 10% faster than the other two. One noisy
+// spell (on this machine, 90 to 210 us a call at one size from one spell to the next) then
+// rarely moves the aperture.
 void router::state::end_spell(clock_type::time_point now) {
     const double mean = std::chrono::duration<double>(ap.sum).count() / double(ap.count);
     const std::size_t n = usable();
     ap.since = now;
     ap.sum = {};
     ap.count = 0;
-    const bool paid = mean <= ap.last * 0.9;
     switch (ap.step) {
         case aperture_state::first_trial:
-            if (!paid) break;
+            if (mean >= ap.last) break;
             ap.step = aperture_state::control;
             ap.size = ap.before;
+            ap.trials = mean;
+            ap.others = ap.last;
             return;
         case aperture_state::control:
             ap.last = mean;
+            ap.others += mean;
             ap.step = aperture_state::second_trial;
             ap.size = ap.target;
             return;
         case aperture_state::second_trial:
-            if (!paid) break;
+            ap.trials += mean;
+            if (mean >= ap.last || ap.trials > 0.9 * ap.others) break;
             ap.step = aperture_state::steady;
             ++c.aperture_changes;
             event("aperture " + std::to_string(std::min(ap.before, n)) + " -> " +
                   std::to_string(std::min(ap.target, n)) + " replicas: calls took " +
-                  std::to_string(std::lround(mean * 1e6)) + " us against " +
-                  std::to_string(std::lround(ap.last * 1e6)) + " us");
+                  std::to_string(std::lround(ap.trials / 2 * 1e6)) + " us against " +
+                  std::to_string(std::lround(ap.others / 2 * 1e6)) + " us");
             if (ap.size >= n) ap.size = aperture_state::all;  // replicas added later join
             ap.backoff = ap.wait = 1;  // go on that way soon
             return;

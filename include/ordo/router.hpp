@@ -58,12 +58,14 @@ struct router_options {
     /// least_loaded only: an adaptive aperture (as Finagle's). Calls without a key go to the
     /// least loaded of the first N replicas in an order of the router's own, chosen at random;
     /// replicas beyond them get calls only when those N have no room. N starts at every
-    /// replica. Every so often the router tries one replica fewer or one more for a spell
-    /// (10 ms, and at least 64 answered calls) and keeps the change only if the calls sent in
-    /// it took at least 10% less time, send to response, on average than in the spell before;
-    /// a change that does not pay waits twice as long before it is tried again (up to 64
-    /// spells), unless calls become twice as fast or as slow meanwhile (the load changed).
-    /// So calls spread over every replica unless spreading measurably slows them:
+    /// replica. Every so often the router tries one replica fewer or one more, in spells of
+    /// 20 ms and at least 64 answered calls: a spell at the new size, one back at the old, one
+    /// more at the new. It keeps the change only if the calls sent in each new spell took less
+    /// time, send to response, on average than in the spell before it, and in the two together
+    /// 10% less than in the two at the old size. A change that does not pay waits twice as
+    /// long before it is tried again (up to 64 spells), unless calls become three times as
+    /// fast or as slow meanwhile (the load changed). So calls spread over every replica unless
+    /// spreading measurably slows them:
     /// replicas that share a machine's CPU, where each connection costs its own wake-ups and
     /// writes. false: always every replica. (URL: `aperture=adaptive` or `aperture=all`.)
     bool aperture = true;

@@ -150,6 +150,7 @@ struct router::state {
         clock_type::duration sum{};    // send to response, of the spell's calls
         std::uint64_t count = 0;
         double last = 0;                 // the mean of the spell before, in seconds
+        double trials = 0, others = 0;   // the trial's spells' means, summed; the others'
         unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
     } ap;
     bool aperture_on = false;  // least_loaded with router_options::aperture
