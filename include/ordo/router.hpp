@@ -65,9 +65,9 @@ struct router_options {
     /// 10% less than in the two at the old size. A change that does not pay waits twice as
     /// long before it is tried again (up to 64 spells), unless calls become three times as
     /// fast or as slow meanwhile (the load changed). So calls spread over every replica unless
-    /// spreading measurably slows them:
-    /// replicas that share a machine's CPU, where each connection costs its own wake-ups and
-    /// writes. false: always every replica. (URL: `aperture=adaptive` or `aperture=all`.)
+    /// spreading measurably slows them, as for replicas that share a machine's CPU, where each
+    /// connection costs its own wake-ups and writes. false: always every replica. (URL:
+    /// `aperture=adaptive` or `aperture=all`.)
     bool aperture = true;
     /// Methods that are safe to run twice: a call in flight on a replica that dies is retried
     /// once on another replica instead of failing with errc::peer_lost.
