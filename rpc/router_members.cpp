@@ -228,6 +228,7 @@ void router::state::leave(replica& r) {
     r.in_ring = false;
     std::erase(order, &r);
     std::erase_if(reps, [&](const auto& p) { return p.get() == &r; });
+    if (cursor >= order.size()) cursor = 0;  // least_loaded's ties count from it
     rebuild_ring();
     rename();
 }
