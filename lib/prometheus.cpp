@@ -185,6 +185,9 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
     f.gauge("ordo_router_aperture",
             "Replicas that calls without a key go to while they have room (least_loaded)", base,
             double(r.totals.aperture));
+    f.counter("ordo_router_aperture_trials_total",
+              "Trials of one replica fewer or one more in the aperture", base,
+              double(r.totals.aperture_trials));
     f.counter("ordo_router_aperture_changes_total",
               "Changes of the aperture kept because calls went faster", base,
               double(r.totals.aperture_changes));

@@ -207,68 +207,110 @@ std::size_t router::state::usable() const {
     }));
 }
 
-// A spell of the aperture has ended (enough calls sent in it were answered, over long enough).
-// A trial goes: the spell before at the old size, a spell at the new, one back at the old (the
-// control), one more at the new. The new size is kept only if each of its spells was faster
-// than the spell before it, and the two together 10% faster than the other two. One noisy
-// spell (on this machine, 90 to 210 us a call at one size from one spell to the next) then
-// rarely moves the aperture.
+// A steady spell of the aperture has ended (enough calls sent in it were answered, over long
+// enough): now and then, a trial begins.
 void router::state::end_spell(clock_type::time_point now) {
     const double mean = std::chrono::duration<double>(ap.sum).count() / double(ap.count);
-    const std::size_t n = usable();
     ap.since = now;
     ap.sum = {};
     ap.count = 0;
-    switch (ap.step) {
-        case aperture_state::first_trial:
-            if (mean >= ap.last) break;
-            ap.step = aperture_state::control;
-            ap.size = ap.before;
-            ap.trials = mean;
-            ap.others = ap.last;
-            return;
-        case aperture_state::control:
-            ap.last = mean;
-            ap.others += mean;
-            ap.step = aperture_state::second_trial;
-            ap.size = ap.target;
-            return;
-        case aperture_state::second_trial:
-            ap.trials += mean;
-            if (mean >= ap.last || ap.trials > 0.9 * ap.others) break;
-            ap.step = aperture_state::steady;
-            ++c.aperture_changes;
-            event("aperture " + std::to_string(std::min(ap.before, n)) + " -> " +
-                  std::to_string(std::min(ap.target, n)) + " replicas: calls took " +
-                  std::to_string(std::lround(ap.trials / 2 * 1e6)) + " us against " +
-                  std::to_string(std::lround(ap.others / 2 * 1e6)) + " us");
-            if (ap.size >= n) ap.size = aperture_state::all;  // replicas added later join
-            ap.backoff = ap.wait = 1;  // go on that way soon
-            return;
-        case aperture_state::steady: {
-            // Calls three times as fast or as slow as in the last spell: the load or the
-            // replicas changed, and what did not pay before may now.
-            if (mean > 3 * ap.last || 3 * mean < ap.last) ap.backoff = ap.wait = 1;
-            ap.last = mean;
-            if (--ap.wait > 0) return;
-            ap.wait = ap.backoff;
-            const std::size_t at = std::min(ap.size, n);
-            const bool can_up = at < n;
-            const bool can_down = at > 1;
-            if (!can_up && !can_down) return;
-            ap.up = can_up && (ap.up || !can_down);
-            ap.before = ap.size;
-            ap.target = ap.size = ap.up ? at + 1 : at - 1;
-            ap.step = aperture_state::first_trial;
-            return;
+    // Calls three times as fast or as slow as in the last spell: the load or the replicas
+    // changed, and what did not pay before may now.
+    if (mean > 3 * ap.last || 3 * mean < ap.last) ap.backoff = ap.wait = 1;
+    ap.last = mean;
+    if (--ap.wait > 0) return;
+    ap.wait = ap.backoff;
+    start_trial(now);
+}
+
+// A trial of one replica fewer or one more. Its eight slots alternate between the two sizes
+// (old, new, new, old; twice), so that both meet the same moments of the machine and a drift
+// weighs on both alike. Spells one after the other did not: on this machine the mean of 20 ms
+// at one size varied from 90 to 210 us a call from one spell to the next, and a trial needed
+// four spells (80 ms) to be judged. A slot lasts four times the calls' recent mean, and at
+// least 5 ms, so that most calls sent in it are answered within it.
+void router::state::start_trial(clock_type::time_point now) {
+    const std::size_t n = usable();
+    const std::size_t at = std::min(ap.size, n);
+    const bool can_up = at < n;
+    const bool can_down = at > 1;
+    if (!can_up && !can_down) return;
+    ap.up = can_up && (ap.up || !can_down);
+    ap.before = ap.size;
+    ap.target = ap.up ? at + 1 : at - 1;
+    ap.trial = true;
+    ++c.aperture_trials;
+    ap.slot = 0;
+    ap.since = ap.slot_since = now;
+    ap.count = 0;
+    ap.slot_time = std::max<clock_type::duration>(
+        aperture_state::spell_time / 4,
+        std::chrono::duration_cast<clock_type::duration>(
+            std::chrono::duration<double>(4 * ap.last)));
+    for (auto& h : ap.sums) h[0] = h[1] = {};
+    for (auto& h : ap.counts) h[0] = h[1] = 0;
+}
+
+void router::state::end_slot(clock_type::time_point now) {
+    ap.count = 0;
+    ap.slot_since = now;
+    if (++ap.slot == aperture_state::trial_slots) return end_trial(now);
+    ap.size = aperture_state::tries(ap.slot) ? ap.target : ap.before;
+}
+
+// The new size is kept only if its calls were faster than the old size's in each half of the
+// trial, and 10% faster in the two together. One that does not pay waits twice as long before
+// the next trial, which goes the other way.
+void router::state::end_trial(clock_type::time_point now) {
+    const std::size_t n = usable();
+    ap.trial = false;
+    ap.slot = 0;
+    ap.since = now;
+    ap.sum = {};
+    ap.count = 0;
+    auto seconds = [](clock_type::duration d) { return std::chrono::duration<double>(d).count(); };
+    bool each = true;
+    double sum[2] = {0, 0}, count[2] = {0, 0};
+    for (std::size_t h = 0; h < 2; ++h) {
+        if (ap.counts[h][0] == 0 || ap.counts[h][1] == 0) {
+            each = false;
+            break;
+        }
+        each = each && seconds(ap.sums[h][1]) / double(ap.counts[h][1]) <
+                           seconds(ap.sums[h][0]) / double(ap.counts[h][0]);
+        for (std::size_t k = 0; k < 2; ++k) {
+            sum[k] += seconds(ap.sums[h][k]);
+            count[k] += double(ap.counts[h][k]);
         }
     }
-    // The trial did not pay: back, and wait twice as long before the next, the other way.
-    ap.step = aperture_state::steady;
-    ap.size = ap.before;
-    ap.backoff = std::min(ap.backoff * 2, aperture_state::max_backoff);
-    ap.wait = ap.backoff;
-    ap.up = !ap.up;
+    const double old_mean = each ? sum[0] / count[0] : 0, new_mean = each ? sum[1] / count[1] : 0;
+    if (!each || new_mean > 0.9 * old_mean) {
+        ap.size = ap.before;
+        ap.backoff = std::min(ap.backoff * 2, aperture_state::max_backoff);
+        ap.wait = ap.backoff;
+        ap.up = !ap.up;
+        return;
+    }
+    ++c.aperture_changes;
+    event("aperture " + std::to_string(std::min(ap.before, n)) + " -> " +
+          std::to_string(std::min(ap.target, n)) + " replicas: calls took " +
+          std::to_string(std::lround(new_mean * 1e6)) + " us against " +
+          std::to_string(std::lround(old_mean * 1e6)) + " us");
+    ap.size = ap.target >= n ? aperture_state::all : ap.target;  // replicas added later join
+    ap.last = new_mean;
+    ap.backoff = ap.wait = 1;
+    // On that way at once, while it can go on.
+    if (ap.up ? ap.target < n : ap.target > 1) start_trial(now);
+}
+
+// A call without a key, sent since the trial began, was answered.
+void router::state::trial_took(const routed_call& rc, clock_type::duration took,
+                               clock_type::time_point arrived) {
+    const bool tried = aperture_state::tries(rc.slot);
+    ap.sums[(rc.slot >> 2) & 1][tried] += took;
+    ++ap.counts[(rc.slot >> 2) & 1][tried];
+    if (++ap.count >= aperture_state::slot_calls && arrived - ap.slot_since >= ap.slot_time)
+        end_slot(arrived);
 }
 
 // pick() without moving round-robin state.
@@ -345,6 +387,7 @@ std::string router::state::no_replica_reason() const {
         k.at = &rep;
         ++k.calls;
     }
+    rc->slot = ap.slot;
     rc->wrap(std::move(call));
     ++rep.in_flight;
     rep.conn->start_call(std::move(rc));
@@ -392,10 +435,15 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
         r.latency.record(took);
         if (aperture_on && rc.inner && sent.options.key.empty() && rc.started >= ap.since) {
-            ap.sum += took;
-            if (++ap.count >= aperture_state::spell_calls &&
-                arrived - ap.since >= aperture_state::spell_time)
-                end_spell(arrived);
+            if (ap.trial) {
+                trial_took(rc, took, arrived);
+            } else {
+                ap.sum += took;
+                // The first spell needs only its calls: a mean to size the first trial's slots.
+                if (++ap.count >= aperture_state::spell_calls &&
+                    (arrived - ap.since >= aperture_state::spell_time || ap.last == 0))
+                    end_spell(arrived);
+            }
         }
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
@@ -535,7 +583,7 @@ net::any_io_executor router::get_executor() const {
 const router_counters& router::counters() const noexcept {
     s_->update();
     s_->c.aperture =
-        std::min(s_->aperture_on ? s_->ap.size : state::aperture_state::all, s_->usable());
+        std::min(s_->aperture_on ? s_->ap.chosen() : state::aperture_state::all, s_->usable());
     return s_->c;
 }
 

@@ -58,12 +58,13 @@ struct router_options {
     /// least_loaded only: an adaptive aperture (as Finagle's). Calls without a key go to the
     /// least loaded of the first N replicas in an order of the router's own, chosen at random;
     /// replicas beyond them get calls only when those N have no room. N starts at every
-    /// replica. Every so often the router tries one replica fewer or one more, in spells of
-    /// 20 ms and at least 64 answered calls: a spell at the new size, one back at the old, one
-    /// more at the new. It keeps the change only if the calls sent in each new spell took less
-    /// time, send to response, on average than in the spell before it, and in the two together
-    /// 10% less than in the two at the old size. A change that does not pay waits twice as
-    /// long before it is tried again (up to 64 spells), unless calls become three times as
+    /// replica. Every so often the router tries one replica fewer or one more, in a trial of
+    /// eight slots that take turns between the two sizes (old, new, new, old; twice), each
+    /// four times the calls' recent mean time and at least 5 ms long. It keeps the new size
+    /// only if the calls sent at it took less time, send to response, on average than those
+    /// sent at the old size in each half of the trial, and 10% less in the whole. A change
+    /// that does not pay waits twice as long (in spells of 20 ms and at least 64 answered
+    /// calls, up to 64 spells) before it is tried again, unless calls become three times as
     /// fast or as slow meanwhile (the load changed). So calls spread over every replica unless
     /// spreading measurably slows them, as for replicas that share a machine's CPU, where each
     /// connection costs its own wake-ups and writes. false: always every replica. (URL:
@@ -168,9 +169,10 @@ struct router_counters {
     std::uint64_t shadow_errors = 0;
     std::uint64_t shadow_skipped = 0;  ///< due, but no shadow replica had room
     /// least_loaded's aperture: the replicas that calls without a key go to while they have
-    /// room (router_options::aperture; with it off, every replica that takes calls), and how
-    /// often the router kept a change of it.
+    /// room (router_options::aperture; with it off, every replica that takes calls), how often
+    /// the router tried a change of it, and how often it kept one.
     std::size_t aperture = 0;
+    std::uint64_t aperture_trials = 0;
     std::uint64_t aperture_changes = 0;
 };
 

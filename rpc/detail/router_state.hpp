@@ -96,6 +96,7 @@ struct router::state {
         std::unique_ptr<pending_call> inner;
         std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
         clock_type::time_point started;  // send() and shadow() set it
+        std::uint8_t slot = 0;           // the aperture trial's slot when sent
         clock_type::time_point deadline = clock_type::time_point::max();
     };
 
@@ -141,17 +142,29 @@ struct router::state {
         static constexpr std::uint64_t spell_calls = 64;
         static constexpr std::chrono::milliseconds spell_time{20};
         static constexpr unsigned max_backoff = 64;
-        std::size_t size = all;        // of order's replicas that take calls; all: every one
-        std::size_t before = all;      // the size a trial started from
-        std::size_t target = all;      // and the size it tries
-        enum { steady, first_trial, control, second_trial } step = steady;
+        // A trial: this many slots, each with at least this many calls answered.
+        static constexpr std::uint8_t trial_slots = 8;
+        static constexpr std::uint64_t slot_calls = 16;
+        std::size_t size = all;    // of order's replicas that take calls; all: every one
+        std::size_t before = all;  // the size a trial started from (the size chosen)
+        std::size_t target = all;  // and the size it tries
+        bool trial = false;
         bool up = false;  // which way the next trial goes, when both can
-        clock_type::time_point since;  // the spell's start: calls sent before it do not count
-        clock_type::duration sum{};    // send to response, of the spell's calls
-        std::uint64_t count = 0;
-        double last = 0;                 // the mean of the spell before, in seconds
-        double trials = 0, others = 0;   // the trial's spells' means, summed; the others'
+        std::uint8_t slot = 0;  // the trial's slot now; calls sent carry it
+        // The spell's or trial's start (calls sent before it do not count), and the slot's.
+        clock_type::time_point since, slot_since;
+        clock_type::duration slot_time{};  // how long the trial's slots last
+        clock_type::duration sum{};  // send to response, of the spell's calls
+        std::uint64_t count = 0;     // the spell's, or the slot's
+        // A trial's calls, by the half of the trial they were sent in and by size (0: before).
+        clock_type::duration sums[2][2]{};
+        std::uint64_t counts[2][2]{};
+        double last = 0;                 // the mean of the last spell, in seconds
         unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
+        // The size of the slot's calls: the halves of the trial go old, new, new, old, so
+        // that a drift in the calls' times weighs on both sizes alike.
+        static constexpr bool tries(std::uint8_t slot) noexcept { return ((slot + 1) >> 1) & 1; }
+        std::size_t chosen() const noexcept { return trial ? before : size; }
     } ap;
     bool aperture_on = false;  // least_loaded with router_options::aperture
     double shadow_credit = 0;
@@ -198,6 +211,11 @@ struct router::state {
     replica* least_loaded();
     std::size_t usable() const;  // replicas that take calls without a key now
     void end_spell(clock_type::time_point now);
+    void start_trial(clock_type::time_point now);
+    void end_slot(clock_type::time_point now);
+    void end_trial(clock_type::time_point now);
+    void trial_took(const routed_call& rc, clock_type::duration took,
+                    clock_type::time_point arrived);
     replica* peek(const detail::pending_call& call) const;
     void start_call(std::unique_ptr<detail::pending_call> call);
     std::string no_replica_reason() const;

@@ -142,6 +142,7 @@ TEST(Prometheus, ARoutersReplicasShowTheirStateAndItsLossesAndReconnectsAreCount
         EXPECT_EQ(sample(text, R"(ordo_router_ejections_total{router="fleet"})"), 0);
         // Of the two, one takes calls: the aperture (every replica that does) is one.
         EXPECT_EQ(sample(text, R"(ordo_router_aperture{router="fleet"})"), 1);
+        EXPECT_EQ(sample(text, R"(ordo_router_aperture_trials_total{router="fleet"})"), 0);
         EXPECT_EQ(sample(text, R"(ordo_router_aperture_changes_total{router="fleet"})"), 0);
         r->close();
         co_await srv.async_stop();

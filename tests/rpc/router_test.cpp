@@ -502,6 +502,7 @@ TEST(Router, TheApertureNarrowsWhileSpreadingSlowsCallsAndWidensWhenSpreadingSpe
         EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const std::string& e) {
             return e.find("aperture 2 -> 1 replicas: calls took") != std::string::npos;
         }));
+        EXPECT_GE(r->counters().aperture_trials, r->counters().aperture_changes);
         ORDO_CO_ASSERT_TRUE(co_await loop.stop());
         // Beyond the aperture's room, calls go to the others at once: none waits in the queue.
         // (16 on the aperture's replica, 12 on each of the others; or 16, 16 and 8 if a trial
@@ -538,6 +539,43 @@ TEST(Router, TheApertureNarrowsWhileSpreadingSlowsCallsAndWidensWhenSpreadingSpe
         EXPECT_EQ(loop.failed, 0);
         for (int id = 0; id < 3; ++id) EXPECT_GT(loop.by_replica[id], 0) << id;
         co_await rs.stop();
+    });
+}
+
+// Calls one at a time, whose time falls with every call whichever replica runs them: no size
+// of the aperture is faster, though each spell is faster than the spell before it. A trial
+// whose sizes take turns in one spell sees that; one that compared spells in turn moved.
+TEST(Router, ApertureTrialsDoNotTakeCallsGettingFasterForAFasterSize) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        double cost_us = 3000;
+        std::vector<std::unique_ptr<server>> servers;
+        auto r = make_router(ex, router_options{});
+        std::vector<std::string> events;
+        r->on_event([&](const std::string& e) { events.push_back(e); });
+        for (int id = 0; id < 3; ++id) {
+            auto s = std::make_unique<server>(ex);
+            s->on(service{}.work, [&cost_us, id](int) -> net::awaitable<int> {
+                const auto took = std::chrono::microseconds(std::lround(cost_us));
+                cost_us = std::max(500.0, cost_us * 0.998);
+                net::steady_timer t(co_await net::this_coro::executor, took);
+                co_await t.async_wait(net::use_awaitable);
+                co_return id;
+            });
+            co_await r->async_add_replica(s->listen("tcp://127.0.0.1:0"));
+            servers.push_back(std::move(s));
+        }
+        channel ch(r);
+        closed_loop loop{ch, 1, 2500};
+        loop.start();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return loop.done == 2500; }, 120s));
+        EXPECT_EQ(loop.failed, 0);
+        EXPECT_GE(r->counters().aperture_trials, 2u);
+        std::string seen;
+        for (auto& e : events) seen += e + "\n";
+        EXPECT_EQ(r->counters().aperture_changes, 0u) << seen;
+        EXPECT_EQ(r->counters().aperture, 3u);
+        for (auto& s : servers) co_await s->async_stop();
     });
 }
 
