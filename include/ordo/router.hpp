@@ -62,13 +62,13 @@ struct router_options {
     /// eight slots that take turns between the two sizes (old, new, new, old; twice), each
     /// four times the calls' recent mean time and at least 5 ms long. It keeps the new size
     /// only if the calls sent at it took less time, send to response, on average than those
-    /// sent at the old size in each half of the trial, and 10% less in the whole. A change
-    /// that does not pay waits twice as long (in spells of 20 ms and at least 64 answered
-    /// calls, up to 64 spells) before it is tried again, unless calls become three times as
-    /// fast or as slow meanwhile (the load changed). So calls spread over every replica unless
-    /// spreading measurably slows them, as for replicas that share a machine's CPU, where each
-    /// connection costs its own wake-ups and writes. false: always every replica. (URL:
-    /// `aperture=adaptive` or `aperture=all`.)
+    /// sent at the old size in each of the four pairs of slots, and 10% less in the whole. A
+    /// change that does not pay waits twice as long (in spells of 20 ms and at least 64
+    /// answered calls, up to 64 spells) before it is tried again, unless calls become three
+    /// times as fast or as slow meanwhile (the load changed). So calls spread over every
+    /// replica unless spreading measurably slows them, as for replicas that share a machine's
+    /// CPU, where each connection costs its own wake-ups and writes. false: always every
+    /// replica. (URL: `aperture=adaptive` or `aperture=all`.)
     bool aperture = true;
     /// Methods that are safe to run twice: a call in flight on a replica that dies is retried
     /// once on another replica instead of failing with errc::peer_lost.

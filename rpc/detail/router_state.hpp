@@ -156,9 +156,9 @@ struct router::state {
         clock_type::duration slot_time{};  // how long the trial's slots last
         clock_type::duration sum{};  // send to response, of the spell's calls
         std::uint64_t count = 0;     // the spell's, or the slot's
-        // A trial's calls, by the half of the trial they were sent in and by size (0: before).
-        clock_type::duration sums[2][2]{};
-        std::uint64_t counts[2][2]{};
+        // A trial's calls, by the slot they were sent in.
+        clock_type::duration sums[trial_slots]{};
+        std::uint64_t counts[trial_slots]{};
         double last = 0;                 // the mean of the last spell, in seconds
         unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
         // The size of the slot's calls: the halves of the trial go old, new, new, old, so
