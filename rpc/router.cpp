@@ -282,7 +282,7 @@ std::string router::state::no_replica_reason() const {
         k.at = &rep;
         ++k.calls;
     }
-    rc->slot = ap.slot;
+    rc->slot = ap.tag();
     rc->wrap(std::move(call));
     ++rep.in_flight;
     rep.conn->start_call(std::move(rc));

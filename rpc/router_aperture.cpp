@@ -31,7 +31,8 @@ void router::state::end_spell(clock_type::time_point now) {
 // weighs on both alike. Spells one after the other did not: on this machine the mean of 20 ms
 // at one size varied from 90 to 210 us a call from one spell to the next, and a trial needed
 // four spells (80 ms) to be judged. A slot lasts four times the calls' recent mean, and at
-// least 5 ms, so that most calls sent in it are answered within it.
+// least 5 ms, so that most calls sent in it are answered within it. (Those of the last slot
+// still in flight when the trial ends do not count: that errs towards the old size.)
 void router::state::start_trial(clock_type::time_point now) {
     const std::size_t n = usable();
     const std::size_t at = std::min(ap.size, n);
@@ -43,6 +44,7 @@ void router::state::start_trial(clock_type::time_point now) {
     ap.target = ap.up ? at + 1 : at - 1;
     ap.trial = true;
     ++c.aperture_trials;
+    ++ap.trial_number;
     ap.slot = 0;
     ap.since = ap.slot_since = now;
     ap.count = 0;
@@ -103,11 +105,16 @@ void router::state::end_trial(clock_type::time_point now) {
         ap.up = !ap.up;
         return;
     }
+    const std::size_t from = std::min(ap.before, n), to = std::min(ap.target, n);
+    if (from == to) {  // replicas left meanwhile: nothing changes
+        ap.size = ap.before;
+        ap.wait = ap.backoff;
+        return;
+    }
     ++c.aperture_changes;
-    event("aperture " + std::to_string(std::min(ap.before, n)) + " -> " +
-          std::to_string(std::min(ap.target, n)) + " replicas: calls took " +
-          std::to_string(std::lround(new_mean * 1e6)) + " us against " +
-          std::to_string(std::lround(old_mean * 1e6)) + " us");
+    event("aperture " + std::to_string(from) + " -> " + std::to_string(to) +
+          " replicas: calls took " + std::to_string(std::lround(new_mean * 1e6)) +
+          " us against " + std::to_string(std::lround(old_mean * 1e6)) + " us");
     ap.size = ap.target >= n ? aperture_state::all : ap.target;  // replicas added later join
     ap.last = new_mean;
     ap.backoff = ap.wait = 1;
@@ -115,12 +122,14 @@ void router::state::end_trial(clock_type::time_point now) {
     if (ap.up ? ap.target < n : ap.target > 1) start_trial(now);
 }
 
-// A call without a key, sent since the trial began, was answered.
+// A call without a key, sent since the trial began, was answered. One sent in the trial
+// before, or when steady, does not count.
 void router::state::trial_took(const routed_call& rc, clock_type::duration took,
                                clock_type::time_point arrived) {
-    if (rc.slot >= aperture_state::trial_slots) return;
-    ap.sums[rc.slot] += took;
-    ++ap.counts[rc.slot];
+    if (rc.slot >> 3 != (ap.trial_number & 31)) return;
+    const std::uint8_t slot = rc.slot & 7;
+    ap.sums[slot] += took;
+    ++ap.counts[slot];
     if (++ap.count >= aperture_state::slot_calls && arrived - ap.slot_since >= ap.slot_time)
         end_slot(arrived);
 }

@@ -60,7 +60,8 @@ struct router_options {
     /// replicas beyond them get calls only when those N have no room. N starts at every
     /// replica. Every so often the router tries one replica fewer or one more, in a trial of
     /// eight slots that take turns between the two sizes (old, new, new, old; twice), each
-    /// four times the calls' recent mean time and at least 5 ms long. It keeps the new size
+    /// four times the calls' recent mean time and at least 5 ms long, with at least 16
+    /// answers. Each call counts for the slot it was sent in. It keeps the new size
     /// only if the calls sent at it took less time, send to response, on average than those
     /// sent at the old size in each of the four pairs of slots, and 10% less in the whole. A
     /// change that does not pay waits twice as long (in spells of 20 ms and at least 64
@@ -169,8 +170,9 @@ struct router_counters {
     std::uint64_t shadow_errors = 0;
     std::uint64_t shadow_skipped = 0;  ///< due, but no shadow replica had room
     /// least_loaded's aperture: the replicas that calls without a key go to while they have
-    /// room (router_options::aperture; with it off, every replica that takes calls), how often
-    /// the router tried a change of it, and how often it kept one.
+    /// room (router_options::aperture; with it off, every replica that takes calls; during a
+    /// trial, the size the trial started from), how often the router tried a change of it, and
+    /// how often it kept one.
     std::size_t aperture = 0;
     std::uint64_t aperture_trials = 0;
     std::uint64_t aperture_changes = 0;

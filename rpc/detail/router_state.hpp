@@ -96,7 +96,7 @@ struct router::state {
         std::unique_ptr<pending_call> inner;
         std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
         clock_type::time_point started;  // send() and shadow() set it
-        std::uint8_t slot = 0;           // the aperture trial's slot when sent
+        std::uint8_t slot = 0;           // the aperture trial's tag when sent (aperture_state::tag)
         clock_type::time_point deadline = clock_type::time_point::max();
     };
 
@@ -142,7 +142,8 @@ struct router::state {
         static constexpr std::uint64_t spell_calls = 64;
         static constexpr std::chrono::milliseconds spell_time{20};
         static constexpr unsigned max_backoff = 64;
-        // A trial: this many slots, each with at least this many calls answered.
+        // A trial: this many slots, each ended by at least this many answers (of calls sent in
+        // any of its slots).
         static constexpr std::uint8_t trial_slots = 8;
         static constexpr std::uint64_t slot_calls = 16;
         std::size_t size = all;    // of order's replicas that take calls; all: every one
@@ -150,7 +151,8 @@ struct router::state {
         std::size_t target = all;  // and the size it tries
         bool trial = false;
         bool up = false;  // which way the next trial goes, when both can
-        std::uint8_t slot = 0;  // the trial's slot now; calls sent carry it
+        std::uint8_t slot = 0;  // the trial's slot now (0 when steady)
+        std::uint8_t trial_number = 0;  // counts trials, modulo 32
         // The spell's or trial's start (calls sent before it do not count), and the slot's.
         clock_type::time_point since, slot_since;
         clock_type::duration slot_time{};  // how long the trial's slots last
@@ -159,11 +161,17 @@ struct router::state {
         // A trial's calls, by the slot they were sent in.
         clock_type::duration sums[trial_slots]{};
         std::uint64_t counts[trial_slots]{};
-        double last = 0;                 // the mean of the last spell, in seconds
+        double last = 0;  // the mean of the last spell (or of a kept size's trial), in seconds
         unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
         // The size of the slot's calls: the halves of the trial go old, new, new, old, so
         // that a drift in the calls' times weighs on both sizes alike.
         static constexpr bool tries(std::uint8_t slot) noexcept { return ((slot + 1) >> 1) & 1; }
+        // What a call sent now carries: the slot, and the trial's number, so that a call sent
+        // at the end of one trial does not count for a slot of the next.
+        static_assert(trial_slots == 8, "a tag holds the slot in its low 3 bits");
+        std::uint8_t tag() const noexcept {
+            return static_cast<std::uint8_t>(slot | ((trial_number & 31) << 3));
+        }
         std::size_t chosen() const noexcept { return trial ? before : size; }
     } ap;
     bool aperture_on = false;  // least_loaded with router_options::aperture
