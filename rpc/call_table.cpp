@@ -58,17 +58,22 @@ void call_table::withdraw(std::uint32_t msgid, errc why) {
     e.watch.disarm(e.call->fields());
     abandon(msgid);
     host_.send_cancel(msgid);
-    fail(*e.call, why,
+    fail(std::move(e.call), why,
          why == errc::timed_out
              ? "no response within " + std::to_string(e.watch.timeout().count()) + " ms"
              : std::string("cancelled by the caller"));
 }
 
-void call_table::fail(pending_call& call, std::error_code ec, std::string detail) {
+void call_table::fail(std::unique_ptr<pending_call> call, std::error_code ec,
+                      std::string detail) {
     call_outcome out;
     out.detail = std::move(detail);
-    call.complete(ec, std::move(out));
     ++c_.calls_completed;
+    if (observer_) {
+        observer_->ended(call, ec, out, false);
+        if (!call) return;  // the observer took it
+    }
+    call->complete(ec, std::move(out));
 }
 
 void call_table::on_response(message& m) {
@@ -101,6 +106,10 @@ void call_table::on_response(message& m) {
     out.message = std::move(m.handle);
     count();
     ++c_.calls_completed;
+    if (observer_) {
+        observer_->ended(call, ec, out, true);
+        if (!call) return;  // the observer took it
+    }
     // Last: the handler may drop the last reference to the peer, and this table with it.
     call->complete_inline(ec, std::move(out));
 }
@@ -133,7 +142,7 @@ void call_table::fail_all(std::error_code ec, const std::string& why) {
     for (auto& [id, e] : calls) {
         if (e.is_ping) continue;
         e.watch.disarm(e.call->fields());
-        fail(*e.call, ec, why);
+        fail(std::move(e.call), ec, why);
     }
     count();
 }

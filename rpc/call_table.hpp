@@ -66,7 +66,7 @@ class call_table {
     /// call is dropped; one for an id no stream used throws errc::protocol_error.
     void on_item(const message& m, std::size_t wire_bytes);
     /// Completes `call` with an error, counting it as completed (a call that never got in).
-    void fail(pending_call& call, std::error_code ec, std::string detail);
+    void fail(std::unique_ptr<pending_call> call, std::error_code ec, std::string detail);
     /// Fails every pending call with `ec` and `why` and forgets the abandoned ids.
     void fail_all(std::error_code ec, const std::string& why);
 
@@ -74,6 +74,8 @@ class call_table {
     std::size_t waiting() const noexcept { return pending_.size() - pings_; }
     bool contains(std::uint32_t msgid) const noexcept { return pending_.contains(msgid); }
     std::size_t abandoned() const noexcept { return abandoned_order_.size(); }
+    /// Told of every call as it ends, before its caller (null: none). Not owned.
+    void observe(call_observer* o) noexcept { observer_ = o; }
 
   private:
     struct entry {
@@ -95,6 +97,7 @@ class call_table {
     fifo<std::uint32_t> abandoned_order_;
     std::uint32_t next_id_;
     std::size_t pings_ = 0;
+    call_observer* observer_ = nullptr;
 };
 
 }  // namespace detail

@@ -23,9 +23,9 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     auto& s = *s_;
     ++s.c.calls_started;
     if (s.left) [[unlikely]]
-        return s.calls.fail(*call, errc::peer_lost, s.goaway_why);
+        return s.calls.fail(std::move(call), errc::peer_lost, s.goaway_why);
     if (!s.sess->is_open())
-        return s.calls.fail(*call, s.sess->close_code(), s.sess->close_reason());
+        return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
     auto& f = call->fields();
     try {
@@ -36,7 +36,7 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
                          std::string_view(f.params.data(), f.params.size()));
         }
     } catch (const std::system_error& e) {
-        return s.calls.fail(*call, e.code(), e.what());
+        return s.calls.fail(std::move(call), e.code(), e.what());
     }
     f.params.clear();  // sent: the copy in the batch is enough
     s.calls.add(id, std::move(call));
@@ -105,6 +105,11 @@ void peer::on_closed(std::function<void(const std::error_code&, const std::strin
         f(s_->sess->close_code(), s_->sess->close_reason());
     else
         s_->closed_fns.push_back(std::move(f));
+}
+
+void peer::observe_calls(std::unique_ptr<detail::call_observer> o) {
+    s_->observer = std::move(o);
+    s_->calls.observe(s_->observer.get());
 }
 
 void peer::on_goaway(goaway_fn f) {

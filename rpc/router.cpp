@@ -229,7 +229,7 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     // Calls already waiting go first: a new call never overtakes them, even into room that
     // freed up before the queue was served (which keeps the order of a key across failover).
     if (queue.empty())
-        if (replica* r = pick(*call)) return send(shared(r), std::move(call), timeout, retry);
+        if (replica* r = pick(*call)) return send(*r, std::move(call), timeout, retry);
     if (!any_usable() && o.wait_for_replica.count() == 0)
         return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
     if (queue.size() >= o.max_queued_calls)
@@ -251,7 +251,7 @@ std::string router::state::no_replica_reason() const {
            (last_loss.empty() ? "" : " (last lost: " + last_loss + ")");
 }
 
-[[gnu::always_inline]] inline void router::state::send(std::shared_ptr<replica> r,
+[[gnu::always_inline]] inline void router::state::send(replica& rep,
                                                        std::unique_ptr<detail::pending_call> call,
                                                        std::chrono::milliseconds timeout,
                                                        bool retry) {
@@ -263,29 +263,22 @@ std::string router::state::no_replica_reason() const {
             shadow(*call, timeout);
         }
     }
-    replica& rep = *r;
-    auto rc = std::make_unique<routed_call>(std::move(r));  // the call holds the replica now
     if (!retry && !call->stream && !o.idempotent_methods.empty() &&
         o.idempotent_methods.count(call->method))
-        rc->saved_params = call->params.copy();
+        saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
-    if (timeout.count() > 0) {
-        rc->started = clock_type::now();
-        rc->deadline = rc->started + timeout;
-    } else {
-        // Started by a handler while a read is passed on: that read's time, as finished()
-        // takes a response's (its latency then spans read to read), and no clock read.
-        rc->started = detail::read_time_or_now();
-    }
+    // Started by a handler while a read is passed on, a call without a deadline takes that
+    // read's time, as finished() takes a response's (its latency then spans read to read), and
+    // no clock read.
+    call->routed.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
     if (!call->options.key.empty()) {
         key_flight& k = keys[call->options.key];
         k.at = &rep;
         ++k.calls;
     }
-    rc->slot = ap.tag();
-    rc->wrap(std::move(call));
+    call->routed.tag = ap.tag();
     ++rep.in_flight;
-    rep.conn->start_call(std::move(rc));
+    rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
 }
 
 void router::state::shadow(const detail::pending_call& call, std::chrono::milliseconds timeout) {
@@ -297,8 +290,9 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
         ++c.shadow_skipped;
         return;
     }
-    auto sc = std::make_unique<routed_call>(shared(best));
-    sc->started = clock_type::now();
+    auto sc = std::make_unique<shadow_call>();
+    sc->routed.sent = clock_type::now();
+    sc->routed.shadow = true;
     sc->method = call.method;
     sc->params = call.params.copy();
     sc->options.timeout = timeout;
@@ -308,12 +302,15 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
     best->conn->start_call(std::move(sc));
 }
 
-// A replica's call ended. Runs inside the replica's peer: what starts waiting calls is posted;
-// the caller's handler runs here when `now` (complete_inline) and the call allows it.
-void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now) {
-    replica& r = *rc.rep;
+// A call sent on connection `gen` of replica `r` ended, before its caller hears (conn_watch).
+// Runs inside the replica's peer: what starts waiting calls is posted. The peer completes the
+// caller's call after this returns (inline when `now`), unless this took it for a second try.
+void router::state::finished(replica& r, std::uint64_t gen,
+                             std::unique_ptr<detail::pending_call>& call, std::error_code ec,
+                             call_outcome& out, bool now) {
     --r.in_flight;
-    const detail::pending_call& sent = rc.fields();  // the caller's call, as it went out
+    const detail::pending_call& sent = *call;  // as it went out
+    const auto& notes = sent.routed;
     if (!sent.options.key.empty()) {
         auto it = keys.find(sent.options.key);
         if (it != keys.end() && --it->second.calls == 0) keys.erase(it);
@@ -325,13 +322,13 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         // now (read_clock.hpp).
         const auto reading = detail::delivering_read_at;
         const auto arrived = now && reading != clock_type::time_point{} ? reading
-                             : r.conn && rc.gen == r.gen ? r.conn->comm().last_receive
-                                                         : clock_type::now();
-        const auto took = std::max(arrived - rc.started, clock_type::duration::zero());
+                             : r.conn && gen == r.gen ? r.conn->comm().last_receive
+                                                      : clock_type::now();
+        const auto took = std::max(arrived - notes.sent, clock_type::duration::zero());
         r.latency.record(took);
-        if (aperture_on && rc.inner && sent.options.key.empty() && rc.started >= ap.since) {
+        if (aperture_on && !notes.shadow && sent.options.key.empty() && notes.sent >= ap.since) {
             if (ap.trial) {
-                trial_took(rc, took, arrived);
+                trial_took(notes.tag, took, arrived);
             } else {
                 ap.sum += took;
                 // The first spell needs only its calls: a mean to size the first trial's slots.
@@ -342,14 +339,14 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         }
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
-        if (rc.inner && rc.deadline != clock_type::time_point::max()) {
+        if (!notes.shadow && sent.options.timeout.count() > 0) {
             auto& e = service_estimates[sent.method];
             e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
         }
     } else {
         ++r.errors;
     }
-    if (rc.gen == r.gen) {
+    if (gen == r.gen) {
         if (!ec) {
             r.failures_in_a_row = 0;  // note_outcome's success, without the call
         } else {
@@ -358,32 +355,39 @@ void router::state::finished(routed_call& rc, std::error_code ec, call_outcome&&
         }
     }
     if (r.ph == phase::draining && r.in_flight == 0 && r.conn) r.conn->close();
-    if (!rc.inner) {  // shadow
+    if (notes.shadow) {
         ++(ec ? c.shadow_errors : c.shadow_ok);
-    } else if (ec && rc.saved_params && ec == errc::peer_lost) {
-        // The caller's own call comes back for its second (and last) try.
-        // Its method, options and slot are as it went out; its params were sent and cleared.
-        auto again = rc.unwrap();
-        again->params = std::move(*rc.saved_params);
-        again->options.timeout = detail::time_left(rc.deadline);
-        again->attempt = 1;
-        ++c.retried;
-        net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {
-            if (auto rt = w.lock())
-                rt->s_->start_call(std::move(call));
-            else
-                detail::fail_call(*call, errc::closed, "ordo: the router was destroyed");
-        });
-    } else {
-        if (ec) out.detail = "replica " + r.url + ": " + out.detail;
-        if (!queue.empty()) schedule_pump();  // before the caller's handler, which may start calls
-        if (now)
-            rc.inner->complete_inline(ec, std::move(out));
-        else
-            rc.inner->complete(ec, std::move(out));
+        schedule_pump();
         return;
     }
-    schedule_pump();
+    if (!saved_params.empty()) {
+        if (auto it = saved_params.find(call.get()); it != saved_params.end()) {
+            auto params = std::move(it->second);
+            saved_params.erase(it);
+            if (ec == errc::peer_lost) {
+                // The caller's own call comes back for its second (and last) try. Its method,
+                // options and slot are as it went out; its params were sent and cleared.
+                const auto deadline = sent.options.timeout.count() > 0
+                                          ? notes.sent + sent.options.timeout
+                                          : clock_type::time_point::max();
+                auto again = std::move(call);
+                again->params = std::move(params);
+                again->options.timeout = detail::time_left(deadline);
+                again->attempt = 1;
+                ++c.retried;
+                net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {
+                    if (auto rt = w.lock())
+                        rt->s_->start_call(std::move(call));
+                    else
+                        detail::fail_call(*call, errc::closed, "ordo: the router was destroyed");
+                });
+                schedule_pump();
+                return;
+            }
+        }
+    }
+    if (ec) out.detail = "replica " + r.url + ": " + out.detail;
+    if (!queue.empty()) schedule_pump();  // before the caller's handler, which may start calls
 }
 
 void router::state::schedule_pump() {
@@ -422,7 +426,7 @@ void router::state::pump() {
                })) {
         replica* r = pick(*t->call);
         const bool retry = t->call->attempt > 0;
-        send(shared(r), std::move(t->call), t->timeout, retry);
+        send(*r, std::move(t->call), t->timeout, retry);
     }
     update();
 }

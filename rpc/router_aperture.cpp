@@ -124,10 +124,10 @@ void router::state::end_trial(clock_type::time_point now) {
 
 // A call without a key, sent since the trial began, was answered. One sent in the trial
 // before, or when steady, does not count.
-void router::state::trial_took(const routed_call& rc, clock_type::duration took,
+void router::state::trial_took(std::uint8_t tag, clock_type::duration took,
                                clock_type::time_point arrived) {
-    if (rc.slot >> 3 != (ap.trial_number & 31)) return;
-    const std::uint8_t slot = rc.slot & 7;
+    if (tag >> 3 != (ap.trial_number & 31)) return;
+    const std::uint8_t slot = tag & 7;
     ap.sums[slot] += took;
     ++ap.counts[slot];
     if (++ap.count >= aperture_state::slot_calls && arrived - ap.slot_since >= ap.slot_time)

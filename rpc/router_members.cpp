@@ -153,6 +153,7 @@ ms router::state::retry_later(const std::shared_ptr<replica>& r) {
 
 void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<transport> t) {
     r->conn = detail::make_connected_peer(std::move(t), r->url, o.peer, nullptr);
+    r->conn->observe_calls(std::make_unique<conn_watch>(r, r->gen));
     r->conn->start();
     detail::when_closed(
         *r->conn, ex, self.weak_from_this(),

@@ -218,6 +218,9 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     void on_goaway(goaway_fn f);
     /// True once the other side said it is going away (ordo.goaway): send it no new work.
     bool going_away() const noexcept;
+    /// `o` is told of each of this side's calls as it ends, before its caller hears (how a
+    /// router books the calls it sent here). Kept until the peer is destroyed.
+    void observe_calls(std::unique_ptr<detail::call_observer> o);
 
     bool is_open() const noexcept;
     /// True once the other side agreed to a resumable session (peer_options::resume).

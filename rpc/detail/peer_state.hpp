@@ -56,6 +56,7 @@ struct peer::state final : detail::call_table_host,
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
     detail::liveness live;
+    std::unique_ptr<detail::call_observer> observer;  // before `calls`: it outlives them
     detail::call_table calls;
     detail::dispatcher disp;
     std::unique_ptr<detail::session> sess;

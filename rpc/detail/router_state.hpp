@@ -57,47 +57,25 @@ struct router::state {
         }
     };
 
-    // The call as sent to one replica: books its outcome, then completes the caller's call
-    // (`inner`; none for shadow calls).
-    class routed_call final : public detail::pending_call {
-      public:
-        explicit routed_call(std::shared_ptr<replica> rep)
-            : rep(std::move(rep)), gen(this->rep->gen) {}
-        // The caller's call goes out as it is (its fields are not moved here); a shadow call
-        // has fields of its own.
-        void wrap(std::unique_ptr<pending_call> call) {
-            inner = std::move(call);
-            fields_of_ = inner.get();
+    // Told of each call of one connection to a replica as it ends (peer::observe_calls): books
+    // its outcome before the caller hears. Holds the replica, which holds the connection only
+    // until it drops it (lose(), leave(), close_all()): no cycle outlives the router.
+    struct conn_watch final : detail::call_observer {
+        conn_watch(std::shared_ptr<replica> r, std::uint64_t g) : rep(std::move(r)), gen(g) {}
+        void ended(std::unique_ptr<detail::pending_call>& call, std::error_code ec,
+                   call_outcome& out, bool now) override {
+            // The router's destruction began: the caller hears as from a plain peer.
+            if (state* s = *rep->owner) s->finished(*rep, gen, call, ec, out, now);
         }
-        std::unique_ptr<pending_call> unwrap() {
-            fields_of_ = nullptr;
-            return std::move(inner);
-        }
-        void complete(std::error_code ec, call_outcome out) override {
-            end(false, ec, std::move(out));
-        }
-        // From the replica's read path: the caller's call completes inline too when it can
-        // (call_op: its handler runs on the router's executor), saving a post per call, and
-        // takes the outcome borrowed, saving a copy of it.
-        void complete_inline(std::error_code ec, call_outcome&& out) override {
-            end(true, ec, std::move(out));
-        }
-        bool takes_borrowed() const noexcept override { return !inner || inner->takes_borrowed(); }
-        void end(bool now, std::error_code ec, call_outcome&& out) {
-            // The caller's handler runs last in finished(): it may destroy the router.
-            if (state* s = *rep->owner)
-                s->finished(*this, ec, std::move(out), now);
-            else if (inner)
-                inner->complete(ec, std::move(out));
-        }
-
         std::shared_ptr<replica> rep;
-        std::uint64_t gen;
-        std::unique_ptr<pending_call> inner;
-        std::optional<detail::params_buffer> saved_params;  // idempotent calls, for a retry
-        clock_type::time_point started;  // send() and shadow() set it
-        std::uint8_t slot = 0;           // the aperture trial's tag when sent (aperture_state::tag)
-        clock_type::time_point deadline = clock_type::time_point::max();
+        std::uint64_t gen;  // the connection's (replica::gen when it was made)
+    };
+
+    // A copy of a call sent to a shadow replica: its outcome is counted, and nobody waits.
+    class shadow_call final : public detail::pending_call {
+      public:
+        void complete(std::error_code, call_outcome) override {}
+        bool takes_borrowed() const noexcept override { return true; }
     };
 
     // A key's calls in flight, and where (the key-order guard).
@@ -181,6 +159,9 @@ struct router::state {
     // less than twice that left of its deadline is not sent (it would time out on the
     // replica, taking the room of one that could finish: the overload collapse of EDF).
     std::unordered_map<std::string, std::chrono::microseconds> service_estimates;
+    // Idempotent calls in flight (router_options::idempotent_methods): their params, for a
+    // second try if their replica is lost.
+    std::unordered_map<const detail::pending_call*, detail::params_buffer> saved_params;
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
     std::vector<followed> sources;
@@ -222,15 +203,15 @@ struct router::state {
     void start_trial(clock_type::time_point now);
     void end_slot(clock_type::time_point now);
     void end_trial(clock_type::time_point now);
-    void trial_took(const routed_call& rc, clock_type::duration took,
-                    clock_type::time_point arrived);
+    void trial_took(std::uint8_t tag, clock_type::duration took, clock_type::time_point arrived);
     replica* peek(const detail::pending_call& call) const;
     void start_call(std::unique_ptr<detail::pending_call> call);
     std::string no_replica_reason() const;
-    void send(std::shared_ptr<replica> r, std::unique_ptr<detail::pending_call> call,
+    void send(replica& r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
-    void finished(routed_call& rc, std::error_code ec, call_outcome&& out, bool now);
+    void finished(replica& r, std::uint64_t gen, std::unique_ptr<detail::pending_call>& call,
+                  std::error_code ec, call_outcome& out, bool now);
     void schedule_pump();
     void pump();
     void arm_wait_timer();

@@ -1,6 +1,7 @@
 // pending_call: one call in flight, type-erased, as a channel_impl receives it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,10 +56,30 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
+    /// A router's notes while one of its replicas runs the call (rpc/router.cpp): when it was
+    /// sent, the aperture trial's tag, and whether it is a shadow copy.
+    struct route_notes {
+        std::chrono::steady_clock::time_point sent{};
+        std::uint8_t tag = 0;
+        bool shadow = false;
+    } routed;
 
   protected:
     /// A wrapper's wrapped call, whose fields fields() gives (null: this call's own).
     pending_call* fields_of_ = nullptr;
+};
+
+/// Told of each call of one connection as it ends, before its caller hears: how a router books
+/// its replicas' calls (rpc/router.cpp) without a wrapper per call. Runs on the connection's
+/// executor, where the call completes.
+class call_observer {
+  public:
+    virtual ~call_observer() = default;
+    /// `call` ended with `ec` and `out` (whose detail it may amend). It may take `call` (to send
+    /// it again): its caller then hears nothing now. `now`: the caller is about to hear inline
+    /// (pending_call::complete_inline).
+    virtual void ended(std::unique_ptr<pending_call>& call, std::error_code ec, call_outcome& out,
+                       bool now) = 0;
 };
 
 }  // namespace ordo::detail
