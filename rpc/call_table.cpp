@@ -69,11 +69,19 @@ void call_table::fail(std::unique_ptr<pending_call> call, std::error_code ec,
     call_outcome out;
     out.detail = std::move(detail);
     ++c_.calls_completed;
-    if (observer_) {
-        observer_->ended(call, ec, out, false);
-        if (!call) return;  // the observer took it
-    }
+    if (observer_) return end_observed(call.release(), ec, out, false);
     call->complete(ec, std::move(out));
+}
+
+void call_table::end_observed(pending_call* released, std::error_code ec, call_outcome& out,
+                              bool now) {
+    std::unique_ptr<pending_call> call(released);
+    observer_->ended(call, ec, out, now);
+    if (!call) return;  // the observer took it
+    if (now)
+        call->complete_inline(ec, std::move(out));
+    else
+        call->complete(ec, std::move(out));
 }
 
 void call_table::on_response(message& m) {
@@ -106,11 +114,9 @@ void call_table::on_response(message& m) {
     out.message = std::move(m.handle);
     count();
     ++c_.calls_completed;
-    if (observer_) {
-        observer_->ended(call, ec, out, true);
-        if (!call) return;  // the observer took it
-    }
     // Last: the handler may drop the last reference to the peer, and this table with it.
+    // (Released, so that the common path keeps the call in a register.)
+    if (observer_) return end_observed(call.release(), ec, out, true);
     call->complete_inline(ec, std::move(out));
 }
 

@@ -87,6 +87,8 @@ class call_table {
     void withdraw(std::uint32_t msgid, errc why);
     void abandon(std::uint32_t msgid);
     void count();
+    // Tells the observer of the call's end, then completes the call unless the observer took it.
+    void end_observed(pending_call* released, std::error_code ec, call_outcome& out, bool now);
 
     net::any_io_executor ex_;
     options o_;
