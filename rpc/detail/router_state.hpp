@@ -33,8 +33,8 @@ struct router::state {
         std::size_t source = 0;   // 0: the URL or add_replica; else sources[source - 1]
         std::shared_ptr<peer> conn;
         // The router's state while the router lives (null once its destruction began), shared
-        // by all its replicas: a routed call reaches the router through its replica, without a
-        // weak_ptr to lock per call.
+        // by all its replicas: a call's end reaches the router through its replica (conn_watch),
+        // without a weak_ptr to lock per call.
         std::shared_ptr<state*> owner;
         std::uint64_t gen = 0;    // which connection: calls of an earlier one are not its news
         std::size_t in_flight = 0;
