@@ -413,6 +413,86 @@ TEST(Msgids, AResponseToAnUnknownIdIsAProtocolError) {
     });
 }
 
+// What a router books its replicas' calls by (peer::observe_calls): every end of a call,
+// answered, failed, timed out or refused at once, before its caller hears; the detail it
+// amends is what the caller hears; a call it takes is not completed by the peer.
+TEST(Peers, ACallObserverHearsEveryCallEndBeforeItsCallerAndMayTakeTheCall) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        auto ch = co_await async_connect(f.url);
+        auto& p = static_cast<peer&>(*ch.impl());
+        struct seen {
+            std::string method;
+            std::error_code ec;
+            bool now;
+            int callers_heard;  // how many callers had heard when it was told
+        };
+        struct watch final : detail::call_observer {
+            std::vector<seen>* log;
+            const int* heard;
+            std::unique_ptr<detail::pending_call>* taken;
+            void ended(std::unique_ptr<detail::pending_call>& call, std::error_code ec,
+                       call_outcome& out, bool now) override {
+                log->push_back({call->method, ec, now, *heard});
+                if (ec == errc::timed_out)
+                    *taken = std::move(call);
+                else if (ec)
+                    out.detail = "observed: " + out.detail;
+            }
+        };
+        std::vector<seen> log;
+        int heard = 0;
+        std::unique_ptr<detail::pending_call> taken;
+        auto w = std::make_unique<watch>();
+        w->log = &log;
+        w->heard = &heard;
+        w->taken = &taken;
+        p.observe_calls(std::move(w));
+        std::vector<std::pair<std::error_code, std::string>> results;
+        auto on = [&](const char* what) {
+            return [&, what](std::error_code ec, int) {
+                ++heard;
+                results.emplace_back(ec, what);
+            };
+        };
+        ch.async_call<int>("inc", 1, on("inc"));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return heard == 1; }));
+        try {
+            co_await ch.async_call<int>("fail", std::string("boom"));
+            ADD_FAILURE() << "no error";
+        } catch (const rpc_error& e) {
+            EXPECT_NE(std::string(e.what()).find("observed: "), std::string::npos) << e.what();
+            ++heard;
+        }
+        // Taken at its deadline: its caller hears nothing from the peer, and the call is whole.
+        ch.async_call<int>("sleep_ms", 30'000, timeout(50ms), on("sleep_ms"));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return taken != nullptr; }));
+        co_await sleep_for(50ms);
+        EXPECT_EQ(heard, 2);
+        EXPECT_EQ(taken->method, "sleep_ms");
+        taken->complete(make_error_code(errc::cancelled), call_outcome{});
+        taken.reset();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return heard == 3; }));
+        EXPECT_EQ(results.back().first, errc::cancelled);
+        // Refused at once on a closed connection: told too, not inline.
+        p.abort();
+        ch.async_call<int>("inc", 2, on("inc"));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return heard == 4; }));
+        ORDO_CO_ASSERT_EQ(log.size(), 4u);
+        EXPECT_EQ(log[0].method, "inc");
+        EXPECT_FALSE(log[0].ec);
+        EXPECT_TRUE(log[0].now);
+        EXPECT_EQ(log[1].method, "fail");
+        EXPECT_EQ(log[1].ec, errc::remote_error);
+        EXPECT_EQ(log[2].ec, errc::timed_out);
+        EXPECT_FALSE(log[2].now);
+        EXPECT_EQ(log[3].ec, errc::closed);
+        EXPECT_FALSE(log[3].now);
+        for (std::size_t i = 0; i < log.size(); ++i) EXPECT_EQ(log[i].callers_heard, int(i)) << i;
+        co_await f.srv.async_stop();
+    });
+}
+
 TEST(Peers, ResponsesForAPeerThatWentAwayAreDroppedAndItsResourcesFreed) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
