@@ -134,6 +134,7 @@ struct router::state {
         // The spell's or trial's start (calls sent before it do not count), and the slot's.
         clock_type::time_point since, slot_since;
         clock_type::duration slot_time{};  // how long the trial's slots last
+        clock_type::duration cap{};        // what one call counts for at most in a trial
         clock_type::duration sum{};  // send to response, of the spell's calls
         std::uint64_t count = 0;     // the spell's, or the slot's
         // A trial's calls, by the slot they were sent in.
