@@ -25,7 +25,7 @@ void call_table::count() {
 
 void call_table::add(std::uint32_t msgid, std::unique_ptr<pending_call> call) {
     auto& e = pending_.insert(msgid);
-    auto& f = call->fields();
+    auto& f = *call;
     const auto timeout = f.options.timeout.count() > 0 ? f.options.timeout : o_.default_timeout;
     if (timeout.count() > 0 || f.slot.is_connected())
         e.watch.arm(ex_, timeout, f, host_.owner(),
@@ -55,7 +55,7 @@ void call_table::withdraw(std::uint32_t msgid, errc why) {
     if (!taken) return;
     entry e = std::move(*taken);
     count();
-    e.watch.disarm(e.call->fields());
+    e.watch.disarm(*e.call);
     abandon(msgid);
     host_.send_cancel(msgid);
     fail(std::move(e.call), why,
@@ -90,7 +90,7 @@ void call_table::on_response(message& m) {
     const bool found = pending_.take_with(m.msgid, [&](entry& e) {
         ping = e.is_ping;
         if (ping) return;
-        e.watch.disarm(e.call->fields());
+        e.watch.disarm(*e.call);
         call = std::move(e.call);
     });
     if (!found) {
@@ -133,10 +133,10 @@ void call_table::on_item(const message& m, std::size_t wire_bytes) {
                                               std::to_string(msgid) +
                                               ", which no stream is waiting for");
     }
-    if (!e->call || !e->call->fields().stream)
+    if (!e->call || !e->call->stream)
         throw_error(errc::protocol_error, "ordo: protocol error: stream item for msgid " +
                                               std::to_string(msgid) + ", which is not a stream");
-    e->call->fields().stream->on_item(a.ptr[1], wire_bytes);
+    e->call->stream->on_item(a.ptr[1], wire_bytes);
 }
 
 void call_table::fail_all(std::error_code ec, const std::string& why) {
@@ -147,7 +147,7 @@ void call_table::fail_all(std::error_code ec, const std::string& why) {
     c_.pending_calls = 0;
     for (auto& [id, e] : calls) {
         if (e.is_ping) continue;
-        e.watch.disarm(e.call->fields());
+        e.watch.disarm(*e.call);
         fail(std::move(e.call), ec, why);
     }
     count();

@@ -27,7 +27,7 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     if (!s.sess->is_open())
         return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
-    auto& f = call->fields();
+    auto& f = *call;
     try {
         if (f.stream) {
             s.send_stream_request(id, f);

@@ -43,10 +43,6 @@ class pending_call {
     /// True if complete*() copes with a borrowed outcome (copies what it keeps before it
     /// returns); else the channel makes the outcome own its memory first.
     virtual bool takes_borrowed() const noexcept { return false; }
-    /// The call as the connection sends and watches it (method, params, options, slot,
-    /// stream): this call's own fields, or, for a wrapper that books a router's view of a
-    /// call, those of the call it wraps, which then need not be moved into it.
-    pending_call& fields() noexcept { return fields_of_ ? *fields_of_ : *this; }
 
     std::string method;
     params_buffer params;  ///< the encoded params array
@@ -63,10 +59,6 @@ class pending_call {
         std::uint8_t tag = 0;
         bool shadow = false;
     } routed;
-
-  protected:
-    /// A wrapper's wrapped call, whose fields fields() gives (null: this call's own).
-    pending_call* fields_of_ = nullptr;
 };
 
 /// Told of each call of one connection as it ends, before its caller hears: how a router books
