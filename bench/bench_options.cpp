@@ -32,6 +32,11 @@ void declare_flags(CLI::App& app, config& c) {
         ->check(ordo_cli::at_least(0));
     app.add_option("--resume-ms", c.resume_ms, "ordered channels: a resumable session")
         ->check(ordo_cli::at_least(0));
+    app.add_option("--cuts", c.cuts,
+                   "tcp, --resume-ms: reach the server through a proxy that resets the "
+                   "connection this many times, each after 100 KB to 8 MB")
+        ->check(ordo_cli::at_least(0));
+    app.add_option("--seed", c.seed, "--cuts: where the cuts fall (0: from the clock)");
     app.add_option("--work-us", c.work_us, "cpu: CPU microseconds each call spins on the server")
         ->check(ordo_cli::at_least(0));
     app.add_option("--slow-ms", c.slow_ms, "beside-slow: CPU milliseconds of each slow call")

@@ -20,6 +20,8 @@ struct config {
     int clients = 4;
     int spin_us = 0;     // both sides run ordo::run_spinning (raw-tcp: poll before each read)
     long resume_ms = 0;  // ordered channels: a resumable session with this window
+    long cuts = 0;       // tcp with --resume-ms: connections reset this many times (bench_cuts)
+    long seed = 0;       // --cuts: where they fall (0: drawn from the clock, and printed)
     bool json = false;
     std::string connect;      // client only, to a server started elsewhere
     std::string serve;        // server only

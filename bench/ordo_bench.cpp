@@ -7,9 +7,12 @@
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
-//              [--window N]
+//              [--window N] [--cuts N [--seed S]]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
 //              [--offload]                                        (what the client starts)
+//
+// --cuts N (tcp, --resume-ms): the client reaches the server through a proxy that resets the
+// connection N times (bench/bench_cuts.hpp); every message must still arrive once and in order.
 //
 // The server runs --threads event loops (server_options::threads); the client passes its
 // --server-threads (default 1) and --offload to the server it starts. Three workloads are about
@@ -81,6 +84,7 @@
 
 #include <ordo/ordo.hpp>
 
+#include "bench_cuts.hpp"
 #include "bench_options.hpp"
 #include "support/streams.hpp"  // listen_url, connect_url, shared_tls_files
 
@@ -140,6 +144,11 @@ void complete(config& c) {
         fail("cpu and beside-slow run on ordo's ordered channels: not raw, --mode ordered");
     if (c.workload.starts_with("stream") && (is_raw(c) || c.mode != "ordered"))
         fail("stream and stream-batch run on ordo's ordered channels: not raw, --mode ordered");
+    if (c.cuts > 0 && (c.transport != "tcp" || c.mode != "ordered" || c.resume_ms <= 0 ||
+                       c.workload.starts_with("fanin")))
+        fail("--cuts needs --transport tcp, --mode ordered, --resume-ms and one client");
+    if (c.cuts > 0 && c.seed == 0)
+        c.seed = static_cast<long>(clock_type::now().time_since_epoch().count() % 1'000'000'007);
     if (c.workload == "fanin-raw" && (c.transport != "tcp" || c.mode != "ordered" || c.resume_ms))
         fail(
             "fanin-raw writes msgpack-rpc from plain sockets to ordo's tcp server: "
@@ -1572,6 +1581,11 @@ int bench_main(const config& cfg) {
         srv.emplace(start_server(cfg));
         url = srv->url;
     }
+    std::optional<bench_cuts> cuts;
+    if (cfg.cuts > 0) {
+        cuts.emplace(url, static_cast<std::size_t>(cfg.cuts), static_cast<std::uint64_t>(cfg.seed));
+        url = cuts->url();
+    }
     const double cpu0 = process_cpu();
     result r;
     double clients_cpu = 0;
@@ -1594,6 +1608,10 @@ int bench_main(const config& cfg) {
             client_cpu -= *server_cpu;  // the server ran on a thread here
     }
     report(cfg, r, client_cpu, server_cpu);
+    if (cuts) {
+        std::printf("cuts: %zu of %ld (--seed %ld)\n", cuts->cuts(), cfg.cuts, cfg.seed);
+        if (cuts->cuts() == 0) fail("--cuts: the run ended before its first cut");
+    }
     return 0;
 }
 

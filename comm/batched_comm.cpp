@@ -358,6 +358,9 @@ net::awaitable<close_result> batched_comm::async_wait_closed() {
 bool batched_comm::is_closing() const noexcept {
     return impl_->st != impl::state::open;
 }
+const close_result* batched_comm::ended() const noexcept {
+    return impl_->st == impl::state::ended ? &impl_->result : nullptr;
+}
 const std::string& batched_comm::remote_address() const noexcept {
     return impl_->t->remote_address();
 }

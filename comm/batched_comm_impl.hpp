@@ -158,6 +158,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         has_reason = true;
         result.code = code;
         result.reason = std::move(reason);
+        result.at = clock::now();
     }
 
     // Ends the connection now: both loops see it at their next step.

@@ -136,7 +136,7 @@ void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::st
 }
 
 bool peer::is_open() const noexcept {
-    return s_->sess->is_open();
+    return s_->sess->can_send();
 }
 bool peer::is_resumable() const noexcept {
     return s_->sess->is_resumable();

@@ -279,6 +279,10 @@ std::string router::state::no_replica_reason() const {
     call->routed.tag = ap.tag();
     ++rep.in_flight;
     rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
+    // A write that failed inside that send ended the connection: the calls after this one go
+    // elsewhere now, not to a connection that is only waiting for the event loop to end it.
+    if (rep.conn && !rep.conn->is_open()) [[unlikely]]
+        lose(rep, "its connection failed while a call was being written");
 }
 
 void router::state::shadow(const detail::pending_call& call, std::chrono::milliseconds timeout) {

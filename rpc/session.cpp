@@ -128,10 +128,13 @@ void session::on_comm_message(std::string_view bytes) {
 
 // ---- connections ending ----
 
+bool session::resumes_after(const close_result& r) const noexcept {
+    return (mode_ == mode::resumable || mode_ == mode::offering) && !ending_ && !said_goodbye_ &&
+           r.code == errc::peer_lost;
+}
+
 void session::on_comm_closed(const close_result& r) {
-    const bool resumes = (mode_ == mode::resumable || mode_ == mode::offering) && !ending_ &&
-                         !said_goodbye_ && r.code == errc::peer_lost;
-    if (!resumes) return end(r);
+    if (!resumes_after(r)) return end(r);
     detach(r);
 }
 
@@ -171,6 +174,12 @@ void session::end_locally(std::error_code code, std::string reason) {
 
 // ---- the owner's controls ----
 
+bool session::can_send() const noexcept {
+    if (!open_ || ending_) return false;
+    if (mode_ == mode::plain || mode_ == mode::awaiting) return comm_ && !comm_->is_closing();
+    return true;
+}
+
 void session::pause_reading(bool paused) {
     paused_ = paused;
     if (comm_) comm_->pause_reading(paused);
@@ -183,7 +192,9 @@ net::awaitable<void> session::async_drain() {
             if (comm_) co_await comm_->async_drain();
             co_return;
         }
-        if (!attached_ || sent_.bytes() > rc_.max_unacked_bytes / 2) {
+        // A connection that failed inside a send() or earlier in this turn (detach() and end()
+        // both wake this wait).
+        if (!attached_ || comm_->is_closing() || sent_.bytes() > rc_.max_unacked_bytes / 2) {
             co_await changed_.async_wait(use_tuple);
             continue;
         }
@@ -256,8 +267,12 @@ const comm_counters& session::summed_counters() const noexcept {
     } else {
         sum_.buffered_bytes = sum_.read_buffer_bytes = 0;
     }
-    // Between connections, silence is the window's business, not the dead-peer watchdog's.
-    if (open_ && !attached_ && mode_ != mode::plain) sum_.last_receive = clock::now();
+    // Between connections, silence is the window's business, not the dead-peer watchdog's, and
+    // what waits to be sent is the resend buffer (all of it goes out on the resume).
+    if (open_ && !attached_ && mode_ != mode::plain) {
+        sum_.last_receive = clock::now();
+        sum_.buffered_bytes = sent_.bytes();
+    }
     return sum_;
 }
 

@@ -183,6 +183,11 @@ class session {
     /// False from the moment the session has ended (or is being destroyed). A resumable session
     /// between connections is open.
     bool is_open() const noexcept { return open_; }
+    /// Whether send() takes messages for delivery: false once the session is ending or ended,
+    /// and on a plain session once its connection is closing or has failed, which a failed
+    /// write inside send() makes it at once, while is_open() waits for the event loop to run
+    /// the connection's end. (A resumable session keeps what it is sent between connections.)
+    bool can_send() const noexcept;
     /// True once the other side has agreed to resume this session after drops.
     bool is_resumable() const noexcept { return mode_ == mode::resumable; }
     /// How it ended; empty while open.
@@ -201,8 +206,10 @@ class session {
                             peer_counters& c) const;
 
     /// The connection's counters, summed over the connections a resumable session had.
+    /// Between connections (and before a resumable session's handshake is done),
+    /// buffered_bytes is what the session keeps to send on the resume.
     const comm_counters& counters() const noexcept {
-        if (comm_ && !dropped_) return comm_->counters();
+        if (comm_ && !dropped_ && attached_) return comm_->counters();
         return summed_counters();
     }
 
@@ -218,6 +225,8 @@ class session {
     struct link;
 
     void send_kept(std::string_view head, std::string_view body);
+    void connection_ended_inline();
+    bool resumes_after(const close_result& r) const noexcept;
     const comm_counters& summed_counters() const noexcept;
     void attach(std::unique_ptr<transport> t);
     void drop_comm();
@@ -250,7 +259,7 @@ class session {
     void detach(const close_result& r);
     void give_up(const std::string& why);
     void lose(const close_result& r);
-    void start_window();
+    void start_window(clock::time_point from);
     void window_passed();
     void end(const close_result& r);
     void finish_close();

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <asio/dispatch.hpp>
+#include <asio/post.hpp>
 
 namespace ordo::detail {
 
@@ -78,11 +78,12 @@ void session_registry::end_detached(std::string why) {
     give_up(all, why);
 }
 
-// Each on its own loop (at once when that is this one), if it is still there and still
-// waiting by then.
+// Each on its own loop, if it is still there and still waiting by then. Posted, never run
+// inline: a session detaches inside a send() whose write failed, and ending one there would
+// fail calls under the feet of the code that is sending.
 void session_registry::give_up(const std::vector<waiting>& sessions, const std::string& why) {
     for (const auto& w : sessions)
-        net::dispatch(w.ex, [self = shared_from_this(), w, why] {
+        net::post(w.ex, [self = shared_from_this(), w, why] {
             if (self->find(w.id).s != w.s || w.s->attached_) return;
             w.s->give_up(why);
         });

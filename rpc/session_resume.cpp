@@ -52,7 +52,7 @@ void session::send_kept(std::string_view head, std::string_view body) {
     if (lost_) {
         // The first message after a lost session opens a new one (ordo.hello with no id).
         lost_ = false;
-        start_window();
+        start_window(clock::now());
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     }
     const std::size_t n = head.size() + body.size();
@@ -66,11 +66,31 @@ void session::send_kept(std::string_view head, std::string_view body) {
             comm_->send(head, body);
         } catch (const std::system_error& e) {
             if (e.code() == errc::overloaded) throw;  // not taken
-            // The connection is ending: the message goes out again after the resume.
+            // The connection ended earlier in this turn: the message goes out after the resume.
         }
+        sent_.push(head, body);
+        note_unacked();
+        if (comm_->is_closing()) [[unlikely]]
+            connection_ended_inline();
+        return;
     }
     sent_.push(head, body);
     note_unacked();
+}
+
+// A write inside send() failed, or the reader met an error earlier in this turn: the comm has
+// ended, but its on_closed waits for the event loop, which a caller sending in a loop does not
+// give back. Detach now, so that what follows is only kept (no work for the dead comm, and
+// counters() reports the resend buffer, which a sender's backpressure sees), and the window
+// counts from the failure.
+void session::connection_ended_inline() {
+    const close_result* r = comm_->ended();
+    if (!r) return;  // a close under way: on_comm_closed says how it ends
+    if (!resumes_after(*r)) {
+        attached_ = false;  // the session ends with on_comm_closed; what follows is kept meanwhile
+        return;
+    }
+    detach({r->code, r->reason, {}, r->at});
 }
 
 void session::write_control(const buffer& b) {
@@ -190,16 +210,21 @@ void session::detach(const close_result& r) {
     hello_pending_ = false;
     drop_comm();
     ++detaches_;
-    // The window counts from the drop of a working connection, not from each failed retry.
-    if (was_attached) start_window();
+    // The window counts from the drop of a working connection (when it failed, not when this
+    // side heard of it), not from each failed retry.
+    if (was_attached) start_window(r.at == clock::time_point{} ? clock::now() : r.at);
     if (rc_.registry) rc_.registry->detached(this, id_, ex_);  // may give up this one at once
     if (open_ && rc_.reconnect)
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     changed();
 }
 
-void session::start_window() {
-    window_deadline_ = clock::now() + window_;
+void session::start_window(clock::time_point from) {
+    // The caller gives up at the end of its window; the server keeps the session a margin longer,
+    // so that a caller that comes back just inside its window, or heard of the drop later than
+    // the server, still finds it (docs/protocol.md "Resumable sessions").
+    const auto margin = rc_.reconnect ? clock::duration{} : server_margin(window_);
+    window_deadline_ = from + window_ + margin;
     window_timer_.expires_at(window_deadline_);
     window_timer_.async_wait([this, owner = host_.owner()](std::error_code ec) {
         auto keep = owner.lock();

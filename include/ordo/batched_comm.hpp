@@ -125,6 +125,9 @@ struct close_result {
     /// comm_options::keep_undelivered keeps). A message cut by a failed write is here too: the
     /// peer may have received its first bytes only.
     std::vector<std::string> undelivered;
+    /// When the connection ended (its first error, or the end of a close), on the steady clock:
+    /// it may be well before on_closed runs, which waits for the event loop.
+    std::chrono::steady_clock::time_point at{};
 };
 
 /// An ordered, batched connection over one transport.
@@ -226,6 +229,10 @@ class batched_comm {
 
     /// True from close()/abort()/the end of the connection on: send() will throw.
     bool is_closing() const noexcept;
+    /// Once the connection has ended (a failed read or write, abort(), the end of a close), how:
+    /// the code, reason and time on_closed will report, known at once, inside the send() whose
+    /// write failed, say; its undelivered list is complete only in on_closed. Null before.
+    const close_result* ended() const noexcept;
     /// The peer's address as a URL.
     const std::string& remote_address() const noexcept;
     const comm_counters& counters() const noexcept;

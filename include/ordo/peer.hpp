@@ -222,6 +222,10 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// router books the calls it sent here). Kept until the peer is destroyed.
     void observe_calls(std::unique_ptr<detail::call_observer> o);
 
+    /// True while the connection takes calls and messages: false from close() or abort() on,
+    /// and once the connection has failed, at once (a write that failed inside a send()
+    /// included), before on_closed() hears how it ended. A resumable session between
+    /// connections is open: it keeps what it is sent for the resume.
     bool is_open() const noexcept;
     /// True once the other side agreed to a resumable session (peer_options::resume).
     bool is_resumable() const noexcept;

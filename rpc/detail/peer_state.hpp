@@ -98,6 +98,8 @@ struct peer::state final : detail::call_table_host,
     bool told_goaway = false;   // this side said it is going away (a server draining)
     bool heard_goaway = false;  // the other side said so
     bool left = false;          // and this side closed the connection once nothing was pending
+    // A response met a connection that had failed (send_response): no more are sent.
+    bool answers_stopped = false;
     bool leave_posted = false;
     std::chrono::milliseconds goaway_grace{0};
     std::string goaway_reason;  // as the other side said it
@@ -198,12 +200,16 @@ struct peer::state final : detail::call_table_host,
     }
 
     void send_response(const buffer& b) override {
-        if (!sess->is_open()) return;
+        if (answers_stopped || !sess->is_open()) return;
         try {
             sess->send(std::string_view(b.data(), b.size()));
         } catch (const std::system_error& e) {
             // Refusing a response would leave its caller waiting: end the connection loudly.
-            if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+            if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+            // The connection failed (a write inside a send, maybe this one) and the loop has
+            // not yet ended it: answers and stream items stop here, rather than each paying
+            // for a thrown error until it does.
+            answers_stopped = true;
         }
     }
     void pause_reading(bool paused) override { sess->pause_reading(paused); }

@@ -21,6 +21,15 @@ struct session::link {
 // (and a huge one would overflow the clock arithmetic).
 inline constexpr std::chrono::milliseconds longest_window = std::chrono::hours(24);
 
+// How much longer than the window it granted a server keeps a detached session: a quarter of
+// the window, at least one second and at most a minute. Both sides count on their own steady
+// clocks from when each saw the connection fail; the caller may see it later than the server
+// (a reset reaches one side first), and its ordo.hello needs a connection and a round trip.
+inline std::chrono::steady_clock::duration server_margin(std::chrono::milliseconds window) {
+    using std::chrono::milliseconds;
+    return std::clamp<milliseconds>(window / 4, milliseconds(1000), milliseconds(60'000));
+}
+
 inline bool read_u64(const msgpack::object& o, std::uint64_t& v) {
     if (o.type != msgpack::type::POSITIVE_INTEGER) return false;
     v = o.via.u64;

@@ -305,6 +305,7 @@ TEST_P(ResumeOnLoops, NotResumedWithinTheWindowFailsPendingCallsThenANewSessionO
         auto c = co_await async_connect(proxy.url() + "?resume_ms=300", po, nullptr);
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
         proxy.set_refusing(true);
+        const auto cut_at = std::chrono::steady_clock::now();
         proxy.cut_all();
         c.notify("add", std::uint64_t{0});
         auto [e, r] = co_await c.async_call<std::uint64_t>("echo", 1, use_tuple);
@@ -315,8 +316,11 @@ TEST_P(ResumeOnLoops, NotResumedWithinTheWindowFailsPendingCallsThenANewSessionO
         EXPECT_NE(events[1].reason.find("not resumed within 300 ms"), std::string::npos)
             << events[1].reason;
         EXPECT_EQ(undelivered, std::vector<std::string>{"add"});
-        // The server gives its side up too, after its own window (the caller asked for 300 ms).
-        EXPECT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 0; }, 10s));
+        // The server gives its side up too, after its own window (the caller asked for 300 ms)
+        // and a margin past it (at least a second), so that a caller back just inside its own
+        // window finds the session.
+        EXPECT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 0; }, 20s));
+        EXPECT_GE(std::chrono::steady_clock::now() - cut_at, 1300ms);
         // The network is back: the next call opens a new session, the server counts afresh.
         proxy.set_refusing(false);
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
@@ -408,6 +412,89 @@ TEST_P(ResumeOnLoops, AFullResendBufferPushesBackAndLosesNothing) {
         EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 1), 1u);
         EXPECT_EQ(s.next_add.load(), taken);
         EXPECT_FALSE(s.broken()) << *s.broken();
+        co_await s.srv.async_stop();
+    });
+}
+
+// Between connections, what a session keeps to send on the resume is what counters() calls
+// buffered (a sender's backpressure reads it), and async_drain() waits for the resume.
+TEST_P(ResumeOnLoops, WhileDetachedTheBufferedBytesAreWhatWaitsForTheResume) {
+    run_test([this]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex, options());
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=20000");
+        auto p = peer_of(c);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 1; }));
+        // The caller's side hears of the drop at its next send at the latest.
+        std::uint64_t sent = 0;
+        for (; sent < 10'000; ++sent) c.notify("add", sent);
+        EXPECT_GE(p->comm().buffered_bytes, 10'000u * 4);  // each add is at least 4 bytes
+        EXPECT_EQ(p->comm().buffered_bytes, p->counters().unacked_bytes);
+        bool drained = false, drain_failed = false;
+        net::co_spawn(ex, p->async_drain(), [&](std::exception_ptr e) {
+            drained = true;
+            drain_failed = bool(e);
+        });
+        net::steady_timer pause(ex);
+        pause.expires_after(100ms);
+        co_await pause.async_wait(use_tuple);
+        EXPECT_FALSE(drained);  // no connection yet
+        proxy.set_refusing(false);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return drained; }, 30s));
+        EXPECT_FALSE(drain_failed);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 1), 1u);
+        EXPECT_EQ(s.next_add.load(), sent);
+        EXPECT_FALSE(s.broken()) << *s.broken();
+        co_await s.srv.async_stop();
+    });
+}
+
+// A caller that sends notifications in a loop, checking only its buffered bytes (the documented
+// backpressure), with a short window and a cut early in the run: the write that fails detaches
+// the session at once, what follows is kept and pushes back, and the session resumes inside its
+// window, every message once and in order. (It used to stay attached to the dead connection,
+// paying a thrown error per message, until the server's window had passed: issue 50.)
+TEST_P(ResumeOnLoops, ASenderLoopingOverNotifySurvivesAnEarlyCutWithAShortWindow) {
+    run_test([this]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        counting_server s(ex, options());
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        std::vector<session_event> events;
+        peer_options po;
+        po.on_session = [&](const session_event& e) { events.push_back(e); };
+        auto c = co_await async_connect(proxy.url() + "?resume_ms=500", po, nullptr);
+        auto p = peer_of(c);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 0), 0u);
+        constexpr std::uint64_t n = 300'000;
+        constexpr std::size_t high_water = 256 * 1024;
+        // The loop runs from a timer, as a sender's usually does, not from inside the delivery
+        // of echo's answer (where the connection holds its writes until the delivery ends).
+        net::steady_timer pause(ex);
+        pause.expires_after(1ms);
+        co_await pause.async_wait(use_tuple);
+        std::uint64_t resumed_at = n;  // the first message sent after the resume
+        for (std::uint64_t i = 0; i < n; ++i) {
+            // The cut, early, from inside the loop: the proxy resets both sides before
+            // cut_all() returns, so that the next write the caller makes fails in its send().
+            if (i == n / 30) proxy.cut_all();
+            if (resumed_at == n && p->counters().resumes > 0) resumed_at = i;
+            c.notify("add", i);
+            if (p->comm().buffered_bytes > high_water) co_await p->async_drain();
+        }
+        // Pushed back while detached, the loop gave the event loop its turn, and the session
+        // resumed long before the loop's end (not after a turn of 290,000 messages).
+        EXPECT_LT(resumed_at, n / 2);
+        EXPECT_EQ(co_await c.async_call<std::uint64_t>("echo", 1), 1u);
+        EXPECT_EQ(s.next_add.load(), n);
+        EXPECT_FALSE(s.broken()) << *s.broken();
+        EXPECT_EQ(proxy.cuts(), 1u);
+        EXPECT_EQ(p->counters().resumes, 1u);
+        for (const auto& e : events)
+            EXPECT_NE(e.what, session_event::kind::lost) << e.reason;
         co_await s.srv.async_stop();
     });
 }

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "support/processes.hpp"
+#include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
@@ -116,6 +117,43 @@ TEST(Router, LeastLoadedSpreadsConcurrentCallsOverEveryReplicaWithinTheLimit) {
             EXPECT_EQ(rc.latency.count, rc.completed);
             EXPECT_GE(rc.latency.p50, 15ms);
         }
+        co_await rs.stop();
+    });
+}
+
+// A replica whose connection fails inside a send (a write the kernel refuses after a reset)
+// takes no more calls from that moment: the router hears of it at the first call that fails
+// there, not when the event loop next runs, so that the calls made in the same turn go to the
+// other replica instead of each failing unsent (issue 50).
+TEST(Router, AReplicaWhoseConnectionFailedInsideASendTakesNoMoreCallsThatTurn) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        replicas rs(ex, 2);
+        const auto port = static_cast<std::uint16_t>(
+            std::stoi(rs.all[0]->url.substr(rs.all[0]->url.rfind(':') + 1)));
+        test::cutting_proxy proxy("127.0.0.1", port);
+        const router_options o{.policy = route_policy::round_robin};
+        auto r = make_router(ex, o);
+        co_await r->async_add_replica(proxy.url());
+        co_await r->async_add_replica(rs.all[1]->url);
+        auto s = stub<service>(channel(r));
+        for (int i = 0; i < 4; ++i) (void)co_await s.whoami();
+        ORDO_CO_ASSERT_EQ(rs.all[0]->calls, 2);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        // Large calls without yielding: each fills a batch, which send() writes at once, so the
+        // first one for the cut replica meets the reset inside its send.
+        const std::string big(128 * 1024, 'x');
+        int done = 0, failed = 0;
+        for (int i = 0; i < 40; ++i)
+            channel(r).async_call<int>("seq", big, i, [&](std::error_code ec, int) {
+                ++done;
+                if (ec) ++failed;
+            });
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == 40; }, 30s));
+        EXPECT_LE(failed, 1);
+        EXPECT_GE(rs.all[1]->calls, 39);
+        r->close();
         co_await rs.stop();
     });
 }
