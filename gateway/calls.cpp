@@ -194,6 +194,22 @@ std::optional<reply> params_of(const call_request& r, detail::params_buffer& out
         out = json_codec::pack_params(json::array());
         return std::nullopt;
     }
+    // Too deep for the server is refused before parsing: the parser and the tree it builds
+    // would pay for every level of a body nested a hundred thousand deep. The params' array,
+    // and the message's around it, count (a lone value is wrapped in the params' array).
+    const limits l;
+    const std::size_t around = r.body.find_first_not_of(" \t\r\n") != std::string::npos &&
+                                       r.body[r.body.find_first_not_of(" \t\r\n")] == '['
+                                   ? 1
+                                   : 2;
+    if (const auto d = json_codec::nesting_depth(r.body, l.max_depth); d + around > l.max_depth)
+        return request_error(413, "too_large",
+                             "ordo gateway: call " + r.method + ": the body nests " +
+                                 (d > l.max_depth ? "more than " + std::to_string(l.max_depth)
+                                                  : std::to_string(d)) +
+                                 " deep; the server's max_depth is " +
+                                 std::to_string(l.max_depth) +
+                                 " with the message's array around the params");
     json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
         // Parse again for the reason (where, what).
@@ -205,7 +221,19 @@ std::optional<reply> params_of(const call_request& r, detail::params_buffer& out
                                      e.what() + ")");
         }
     }
-    out = json_codec::pack_params(j.is_array() ? j : json::array({std::move(j)}));
+    try {
+        // Within what the server accepts: a body it would refuse would close the connection
+        // every caller of this gateway shares.
+        out = json_codec::pack_params(j.is_array() ? j : json::array({std::move(j)}));
+    } catch (const json_codec::over_limit& e) {
+        const limits l;
+        return request_error(413, "too_large",
+                             "ordo gateway: call " + r.method + ": the body is over a limit: " +
+                                 e.what() + " (max_depth " + std::to_string(l.max_depth) +
+                                 " with the message around it, max_container_length " +
+                                 std::to_string(l.max_container_length) + ", max_string_bytes " +
+                                 std::to_string(l.max_string_bytes) + ")");
+    }
     return std::nullopt;
 }
 

@@ -95,6 +95,30 @@ std::size_t header_bytes(const mg_request_info* ri) {
     return n + 2;
 }
 
+// RFC 9112 section 6.3: a body's length must be unambiguous. Two Content-Length headers that
+// differ, a list of lengths, or a Content-Length beside a Transfer-Encoding could be read one
+// way here and another by a proxy in front (request smuggling): 400, and the connection
+// closes.
+std::optional<std::string> framing_error(const mg_request_info* ri) {
+    const char* length = nullptr;
+    bool chunked = false;
+    for (int i = 0; i < ri->num_headers; ++i) {
+        const char* name = ri->http_headers[i].name;
+        const char* value = ri->http_headers[i].value ? ri->http_headers[i].value : "";
+        if (strcasecmp(name, "Transfer-Encoding") == 0) chunked = true;
+        if (strcasecmp(name, "Content-Length") != 0) continue;
+        if (std::strchr(value, ',') != nullptr)
+            return "ordo gateway: a Content-Length with a list of values (RFC 9112)";
+        if (length && std::strcmp(length, value) != 0)
+            return std::string("ordo gateway: two different Content-Length headers (") + length +
+                   ", " + value + "; RFC 9112)";
+        length = value;
+    }
+    if (length && chunked)
+        return "ordo gateway: Content-Length with Transfer-Encoding (RFC 9112)";
+    return std::nullopt;
+}
+
 int respond(mg_connection* c, gateway::state& s, const gw::reply& r) {
     s.count_status(r.status);
     gw::send_reply(c, r);
@@ -111,6 +135,7 @@ int handle(mg_connection* c, gateway::state& s) {
                           "ordo gateway: " + std::to_string(s.o.max_connections) +
                               " connections already open (max_connections)");
     }
+    if (auto bad = framing_error(ri)) return limit_close(c, 400, *bad);
     const std::string_view verb = ri->request_method;
     const std::string_view path = ri->local_uri ? ri->local_uri : "/";
     const bool get = verb == "GET" || verb == "HEAD";
@@ -146,6 +171,12 @@ int handle(mg_connection* c, gateway::state& s) {
                                              " with POST, not " + std::string(verb)));
     gw::call_request r;
     r.method = std::string(path.substr(1));
+    if (r.method.starts_with("ordo.") && !s.o.expose_admin)
+        return respond(c, s,
+                       gw::request_error(404, "not_found",
+                                         "ordo gateway: " + r.method +
+                                             " is reserved (ordo gateway --expose-admin, "
+                                             "gateway_options::expose_admin)"));
     int status = 0;
     auto body = read_body(c, ri, s, status);
     if (!body) return status;

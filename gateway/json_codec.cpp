@@ -1,41 +1,80 @@
 #include "gateway/json_codec.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace ordo::json_codec {
 namespace {
 
 using packer = msgpack::packer<detail::params_buffer>;
 
-void pack_json(packer& p, const json& j) {
-    switch (j.type()) {
-        case json::value_t::null: p.pack_nil(); break;
-        case json::value_t::boolean: p.pack(j.get<bool>()); break;
-        // nlohmann keeps non-negative integers unsigned, so the full uint64 range survives.
-        case json::value_t::number_unsigned: p.pack(j.get<std::uint64_t>()); break;
-        case json::value_t::number_integer: p.pack(j.get<std::int64_t>()); break;
-        case json::value_t::number_float: p.pack(j.get<double>()); break;
-        case json::value_t::string: p.pack(j.get_ref<const std::string&>()); break;
-        case json::value_t::array:
-            p.pack_array(static_cast<std::uint32_t>(j.size()));
-            for (const auto& e : j) pack_json(p, e);
-            break;
-        case json::value_t::object:
-            p.pack_map(static_cast<std::uint32_t>(j.size()));
-            for (const auto& [k, v] : j.items()) {
-                p.pack(k);
-                pack_json(p, v);
+// Iterative: a body nested thousands deep costs a vector, not the stack of the thread that
+// serves the request (civetweb's are 100 KiB).
+void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) {
+    struct frame {
+        const json* container;
+        json::const_iterator next;
+    };
+    std::vector<frame> open;
+    std::size_t objects = 0;
+    auto over = [](const std::string& what, std::size_t found, std::size_t limit) {
+        throw over_limit(what + " " + std::to_string(found) + " is over " + std::to_string(limit));
+    };
+    auto put = [&](const json& j) {
+        if (++objects > l.max_objects) over("values: more than", l.max_objects, l.max_objects);
+        switch (j.type()) {
+            case json::value_t::null: p.pack_nil(); break;
+            case json::value_t::boolean: p.pack(j.get<bool>()); break;
+            // nlohmann keeps non-negative integers unsigned, so the full uint64 range survives.
+            case json::value_t::number_unsigned: p.pack(j.get<std::uint64_t>()); break;
+            case json::value_t::number_integer: p.pack(j.get<std::int64_t>()); break;
+            case json::value_t::number_float: p.pack(j.get<double>()); break;
+            case json::value_t::string: {
+                const auto& str = j.get_ref<const std::string&>();
+                if (str.size() > l.max_string_bytes)
+                    over("a string of", str.size(), l.max_string_bytes);
+                p.pack(str);
+                break;
             }
-            break;
-        case json::value_t::binary: {
-            const auto& b = j.get_binary();
-            p.pack_bin(static_cast<std::uint32_t>(b.size()));
-            p.pack_bin_body(reinterpret_cast<const char*>(b.data()),
-                            static_cast<std::uint32_t>(b.size()));
-            break;
+            case json::value_t::array:
+            case json::value_t::object:
+                if (depth + open.size() + 1 > l.max_depth)
+                    over("nesting: depth", depth + open.size() + 1, l.max_depth);
+                if (j.size() > l.max_container_length)
+                    over("a container of", j.size(), l.max_container_length);
+                if (j.is_array())
+                    p.pack_array(static_cast<std::uint32_t>(j.size()));
+                else
+                    p.pack_map(static_cast<std::uint32_t>(j.size()));
+                if (!j.empty()) open.push_back({&j, j.cbegin()});
+                break;
+            case json::value_t::binary: {
+                const auto& b = j.get_binary();
+                if (b.size() > l.max_string_bytes) over("a binary of", b.size(), l.max_string_bytes);
+                p.pack_bin(static_cast<std::uint32_t>(b.size()));
+                p.pack_bin_body(reinterpret_cast<const char*>(b.data()),
+                                static_cast<std::uint32_t>(b.size()));
+                break;
+            }
+            case json::value_t::discarded: p.pack_nil(); break;
         }
-        case json::value_t::discarded: p.pack_nil(); break;
+    };
+    put(root);
+    while (!open.empty()) {
+        frame& f = open.back();
+        if (f.next == f.container->cend()) {
+            open.pop_back();
+            continue;
+        }
+        const auto it = f.next++;
+        if (f.container->is_object()) {
+            if (it.key().size() > l.max_string_bytes)
+                over("a key of", it.key().size(), l.max_string_bytes);
+            p.pack(it.key());
+        }
+        put(*it);  // may grow `open`: `f` is not used after it
     }
 }
 
@@ -57,14 +96,39 @@ json byte_array(const char* p, std::size_t n) {
 
 }  // namespace
 
-void pack(detail::params_buffer& out, const json& j) {
-    packer p(out);
-    pack_json(p, j);
+std::size_t nesting_depth(std::string_view text, std::size_t limit) {
+    std::size_t depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (const char ch : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (ch == '\\')
+                escaped = true;
+            else if (ch == '"')
+                in_string = false;
+            continue;
+        }
+        if (ch == '"') {
+            in_string = true;
+        } else if (ch == '[' || ch == '{') {
+            deepest = std::max(deepest, ++depth);
+            if (deepest > limit) return limit + 1;
+        } else if ((ch == ']' || ch == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
 }
 
-detail::params_buffer pack_params(const json& params) {
+void pack(detail::params_buffer& out, const json& j, const limits& l, std::size_t depth) {
+    packer p(out);
+    pack_json(p, j, l, depth);
+}
+
+detail::params_buffer pack_params(const json& params, const limits& l) {
     detail::params_buffer out;
-    pack(out, params);
+    pack(out, params, l, 1);  // inside the message's array
     return out;
 }
 

@@ -41,6 +41,8 @@ void add_gateway_options(CLI::App* sub, gateway_args& a) {
     ms("--idle-timeout-ms", o.idle_timeout, "an idle keep-alive connection is closed after this");
     ms("--timeout-ms", o.default_timeout, "deadline of calls that give none (0: none)");
     sub->add_flag("--metrics", o.metrics, "serve GET /metrics (Prometheus text format)");
+    sub->add_flag("--expose-admin", o.expose_admin,
+                  "let HTTP clients call the reserved ordo.* methods (404 otherwise)");
     sub->add_option("--connect-timeout-ms", a.connect_timeout_ms,
                     "opening the channel may take this long")
         ->capture_default_str()

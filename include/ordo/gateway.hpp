@@ -51,6 +51,10 @@ struct gateway_options {
     std::chrono::milliseconds default_timeout{0};
     /// Serve GET /metrics.
     bool metrics = false;
+    /// Let HTTP clients call the reserved `ordo.*` methods (ordo.cancel, ordo.goaway,
+    /// ordo.stats, ...). Off, they answer 404: through one shared connection, one client's
+    /// ordo.cancel could cancel another's call and ordo.goaway end the connection for all.
+    bool expose_admin = false;
     /// Called (on a gateway thread) with a line for each connection refused or closed by a
     /// limit, and for civetweb's own errors.
     std::function<void(const std::string&)> on_event{};

@@ -355,6 +355,54 @@ class Connections(unittest.TestCase):
         self.assertLess(took, 4.5)
 
 
+class Hostile(unittest.TestCase):
+    """Requests that must break neither the gateway nor the upstream connection its clients
+    share: each is refused, then a normal call through the same gateway still works."""
+
+    def assert_still_serving(self):
+        status, _, body = post(gw.single, "/inc", "41")
+        self.assertEqual((status, body), (200, "42\n"))
+
+    def test_deep_bodies_are_refused_by_name_and_never_reach_the_backend(self):
+        # 70 deep made the backend close the shared connection (its max_depth is 64); 300
+        # deep crashed the gateway (a recursive conversion on a 100 KiB thread stack).
+        for depth in (70, 300, 100000):
+            body = "[" * depth + "]" * depth
+            status, _, text = post(gw.single, "/echo", body)
+            self.assertEqual(status, 413, text)
+            code, message = error_of(text)
+            self.assertEqual(code, "too_large")
+            self.assertIn("max_depth", message)
+            self.assert_still_serving()
+        # As deep as the server takes (64, with the message's own array around the params).
+        body = "[" * 63 + "]" * 63
+        status, _, text = post(gw.single, "/echo", body)
+        self.assertEqual(status, 200, text)
+        self.assertEqual(json.loads(text), json.loads("[" * 62 + "]" * 62))
+        self.assert_still_serving()
+
+    def test_reserved_methods_are_not_found(self):
+        for path, body in (("/ordo.goaway?notify=1", '[0, "bye"]'), ("/ordo.cancel?notify=1", "[1]"),
+                           ("/ordo.stats", "[]"), ("/ordo.methods", "[]")):
+            status, _, text = post(gw.single, path, body)
+            self.assertEqual(status, 404, path + ": " + text)
+            code, message = error_of(text)
+            self.assertEqual(code, "not_found")
+            self.assertIn("--expose-admin", message)
+        self.assert_still_serving()
+
+    def test_ambiguous_body_lengths_are_400_and_close_the_connection(self):
+        for headers in (b"Content-Length: 1\r\nContent-Length: 2\r\n",
+                        b"Content-Length: 1, 1\r\n",
+                        b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n"):
+            req = b"POST /inc HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n1"
+            reply = raw_exchange(gw.single, req)
+            self.assertIsNotNone(reply, "the connection was left open")
+            self.assertRegex(reply[:12], rb"^HTTP/1\.[01] 400", reply[:200])
+            self.assertIn(b"RFC 9112", reply)
+        self.assert_still_serving()
+
+
 class Limits(unittest.TestCase):
     def assert_closed_with(self, reply, status, why):
         self.assertIsNotNone(reply, "the connection was left open")
