@@ -267,10 +267,12 @@ const comm_counters& session::summed_counters() const noexcept {
     } else {
         sum_.buffered_bytes = sum_.read_buffer_bytes = 0;
     }
-    // Between connections, silence is the window's business, not the dead-peer watchdog's, and
-    // what waits to be sent is the resend buffer (all of it goes out on the resume).
+    // Between connections (and during the handshake), what waits to be sent is the resend
+    // buffer: all of it goes out on the resume. After a drop, silence is the window's business,
+    // not the dead-peer watchdog's; during the first handshake no window runs, and the
+    // watchdog still hears the connection.
     if (open_ && !attached_ && mode_ != mode::plain) {
-        sum_.last_receive = clock::now();
+        if (dropped_) sum_.last_receive = clock::now();
         sum_.buffered_bytes = sent_.bytes();
     }
     return sum_;
