@@ -31,7 +31,7 @@ pids+=($!)
 for _ in $(seq 100); do grep -q '^listening on ' "$dir/gw" && break; sleep 0.1; done
 http=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$dir/gw" | head -1)
 [ -n "$http" ] || fail "the gateway did not start: $(cat "$dir/gw" "$dir/gw.err")"
-[ "$(curl -s -d '[41]' "$http/inc")" = 42 ] || fail "curl -d '[41]' $http/inc did not print 42"
+[ "$(curl -s --json '[41]' "$http/inc")" = 42 ] || fail "curl --json '[41]' $http/inc did not print 42"
 
 cat >"$dir/post.lua" <<'LUA'
 wrk.method = "POST"

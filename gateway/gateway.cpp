@@ -119,6 +119,46 @@ std::optional<std::string> framing_error(const mg_request_info* ri) {
     return std::nullopt;
 }
 
+// Content-Type: application/json, with or without parameters (charset=utf-8).
+bool is_json(const mg_connection* c) {
+    const char* t = mg_get_header(c, "Content-Type");
+    if (!t) return false;
+    std::string_view v(t);
+    v = v.substr(0, v.find(';'));
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v.size() == 16 && strncasecmp(v.data(), "application/json", 16) == 0;
+}
+
+// gateway_options::allowed_hosts: the Host header's name, its port aside.
+std::optional<gw::reply> host_refused(const mg_connection* c, const gateway::state& s) {
+    if (s.o.allowed_hosts.empty()) return std::nullopt;
+    const char* h = mg_get_header(c, "Host");
+    std::string host = h ? h : "";
+    if (!host.empty() && host.front() == '[') {
+        host = host.substr(0, host.find(']') + 1);
+    } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
+        host.resize(colon);
+    }
+    for (const auto& allowed : s.o.allowed_hosts)
+        if (strcasecmp(allowed.c_str(), host.c_str()) == 0) return std::nullopt;
+    return gw::request_error(403, "forbidden_host",
+                             "ordo gateway: Host '" + host +
+                                 "' is not one this gateway serves (--allow-host)");
+}
+
+// A CORS preflight: granted to gateway_options::cors_origin only.
+gw::reply preflight(const mg_connection* c, const gateway::state& s) {
+    const char* origin = mg_get_header(c, "Origin");
+    if (!origin || s.o.cors_origin != origin)
+        return gw::request_error(403, "forbidden_origin",
+                                 "ordo gateway: origin " + std::string(origin ? origin : "(none)") +
+                                     " is not granted cross-origin calls (--cors-origin)");
+    gw::reply r;
+    r.status = 204;
+    r.type.clear();
+    return r;
+}
+
 int respond(mg_connection* c, gateway::state& s, const gw::reply& r) {
     s.count_status(r.status);
     gw::send_reply(c, r);
@@ -138,6 +178,8 @@ int handle(mg_connection* c, gateway::state& s) {
     if (auto bad = framing_error(ri)) return limit_close(c, 400, *bad);
     const std::string_view verb = ri->request_method;
     const std::string_view path = ri->local_uri ? ri->local_uri : "/";
+    if (auto bad = host_refused(c, s)) return respond(c, s, *bad);
+    if (verb == "OPTIONS" && !s.o.cors_origin.empty()) return respond(c, s, preflight(c, s));
     const bool get = verb == "GET" || verb == "HEAD";
     if (const auto n = header_bytes(ri); n > s.o.max_header_bytes)
         return limit_close(c, 431,
@@ -181,6 +223,13 @@ int handle(mg_connection* c, gateway::state& s) {
     auto body = read_body(c, ri, s, status);
     if (!body) return status;
     r.body = std::move(*body);
+    // A body must say it is JSON: a form or text/plain is what a page of another origin can
+    // post without a preflight.
+    if (r.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(c))
+        return respond(c, s,
+                       gw::request_error(415, "unsupported_media_type",
+                                         "ordo gateway: call " + r.method +
+                                             ": a body needs Content-Type: application/json"));
     if (auto bad = gw::parse_options(c, r)) return respond(c, s, *bad);
     if (!r.notify && (r.stream || gw::method_streams(s, r.method))) {
         status = gw::serve_stream(s, c, r);
@@ -283,6 +332,9 @@ gateway::gateway(channel ch, gateway_options o)
         "tcp_nodelay", "1",
         "decode_url", "yes",
         "enable_directory_listing", "no",
+        // civetweb's default grants every origin ("*") on its own pages: none here (see
+        // gateway_options::cors_origin).
+        "access_control_allow_origin", "",
     };
     std::vector<const char*> argv;
     for (auto& x : opts) argv.push_back(x.c_str());
@@ -406,8 +458,21 @@ void send_reply(mg_connection* c, const reply& r) {
     out += std::to_string(r.status);
     out += ' ';
     out += mg_get_response_code_text(c, r.status);
-    out += "\r\nContent-Type: ";
-    out += r.type;
+    if (!r.type.empty()) {
+        out += "\r\nContent-Type: ";
+        out += r.type;
+    }
+    const std::string& granted = state_of(c).o.cors_origin;
+    if (const char* origin = mg_get_header(c, "Origin");
+        !granted.empty() && origin && granted == origin) {
+        out += "\r\nAccess-Control-Allow-Origin: ";
+        out += granted;
+        out += "\r\nVary: Origin";
+        if (std::strcmp(ri->request_method, "OPTIONS") == 0)
+            out += "\r\nAccess-Control-Allow-Methods: POST, GET"
+                   "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
+                   "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
+    }
     out += "\r\nContent-Length: ";
     out += std::to_string(r.body.size());
     if (v10 && conn && strcasecmp(conn, "keep-alive") == 0) out += "\r\nConnection: keep-alive";

@@ -43,10 +43,28 @@ void add_gateway_options(CLI::App* sub, gateway_args& a) {
     sub->add_flag("--metrics", o.metrics, "serve GET /metrics (Prometheus text format)");
     sub->add_flag("--expose-admin", o.expose_admin,
                   "let HTTP clients call the reserved ordo.* methods (404 otherwise)");
+    sub->add_option("--cors-origin", o.cors_origin,
+                    "grant this origin (https://app.example) cross-origin calls (none otherwise)");
+    sub->add_option("--allow-host", o.allowed_hosts,
+                    "serve only requests whose Host header names this host (repeatable; any "
+                    "otherwise)");
+    sub->add_flag("--no-reconnect", a.no_reconnect,
+                  "open --to as it is: a plain tcp://, unix:// or tls:// connection that is lost "
+                  "stays lost (by default the gateway reconnects)");
     sub->add_option("--connect-timeout-ms", a.connect_timeout_ms,
                     "opening the channel may take this long")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+}
+
+std::string channel_url(const gateway_args& a) {
+    const std::string& u = a.to;
+    const bool ordered = u.starts_with("tcp://") || u.starts_with("unix://") ||
+                         u.starts_with("tls://");
+    if (a.no_reconnect || !ordered || u.find("mode=pooled") != std::string::npos ||
+        u.find("resume_ms=") != std::string::npos)
+        return u;
+    return "route+" + u;
 }
 
 int run_gateway(gateway_args a) {
@@ -78,7 +96,8 @@ int run_gateway(gateway_args a) {
         return status;
     };
     try {
-        auto connecting = net::co_spawn(io, ordo::async_connect(a.to), net::use_future);
+        const std::string url = channel_url(a);  // async_connect borrows it
+        auto connecting = net::co_spawn(io, ordo::async_connect(url), net::use_future);
         if (connecting.wait_for(std::chrono::milliseconds(a.connect_timeout_ms)) !=
             std::future_status::ready) {
             std::cerr << "ordo: gateway to " << a.to << " failed: not connected within "

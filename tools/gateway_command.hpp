@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <ordo/gateway.hpp>
@@ -13,7 +14,14 @@ struct gateway_args {
     std::string to;  // the channel's URL
     ordo::gateway_options options;
     long connect_timeout_ms = 10'000;
+    bool no_reconnect = false;  // --to as it is, even a plain connection that cannot come back
 };
+
+/// The channel the gateway opens for `a`: an ordered tcp://, unix:// or tls:// URL (not pooled,
+/// not resumable) becomes a router over that one replica (route+...), which reconnects when the
+/// backend is lost or restarts, and answers 503 meanwhile; any other URL, or --no-reconnect,
+/// as it is.
+std::string channel_url(const gateway_args& a);
 
 /// Adds the subcommand's options to `sub`, filling `a`.
 void add_gateway_options(CLI::App* sub, gateway_args& a);

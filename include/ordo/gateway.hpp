@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "ordo/channel.hpp"
 
@@ -48,13 +49,20 @@ struct gateway_options {
     /// A keep-alive connection with no request for this long is closed.
     std::chrono::milliseconds idle_timeout{30'000};
     /// The deadline of calls that carry none (0: none, or the channel's default).
-    std::chrono::milliseconds default_timeout{0};
+    std::chrono::milliseconds default_timeout{30'000};
     /// Serve GET /metrics.
     bool metrics = false;
     /// Let HTTP clients call the reserved `ordo.*` methods (ordo.cancel, ordo.goaway,
     /// ordo.stats, ...). Off, they answer 404: through one shared connection, one client's
     /// ordo.cancel could cancel another's call and ordo.goaway end the connection for all.
     bool expose_admin = false;
+    /// The one origin granted cross-origin calls (CORS: its preflights are answered and its
+    /// responses carry Access-Control-Allow-Origin). Empty: none, so that a web page of another
+    /// origin cannot read what a gateway on the user's machine answers.
+    std::string cors_origin;
+    /// When not empty, requests whose Host header (port aside) is none of these are 403: a
+    /// name an attacker's DNS points at 127.0.0.1 (DNS rebinding) does not reach the gateway.
+    std::vector<std::string> allowed_hosts;
     /// Called (on a gateway thread) with a line for each connection refused or closed by a
     /// limit, and for civetweb's own errors.
     std::function<void(const std::string&)> on_event{};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `ordo gateway` with curl, as a user would try it: curl -d '[41]' .../inc prints 42; an error's
+# `ordo gateway` with curl, as a user would try it: curl --json '[41]' .../inc prints 42; an error's
 # status and body; a stream's lines; /-/routes; and a bad --listen or --to exits 1 with a line.
 set -u
 ordo=$1
@@ -22,20 +22,24 @@ for _ in $(seq 100); do grep -q '^listening on ' "$dir/gw" && break; sleep 0.1; 
 http=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$dir/gw" | head -1)
 [ -n "$http" ] || fail "the gateway did not start: $(cat "$dir/gw")"
 
-out=$(curl -s -d '[41]' "$http/inc") || fail "curl failed"
-[ "$out" = 42 ] || fail "curl -d '[41]' $http/inc printed '$out'"
-out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[1]' "$http/nope")
+out=$(curl -s --json '[41]' "$http/inc") || fail "curl failed"
+[ "$out" = 42 ] || fail "curl --json '[41]' $http/inc printed '$out'"
+# A body that is not labelled JSON (curl -d sends a form) is refused: a page of another origin
+# can post a form without asking.
+out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[41]' "$http/inc")
+[ "$out" = 415 ] || fail "curl -d (a form) answered $out: $(cat "$dir/body")"
+out=$(curl -s -o "$dir/body" -w '%{http_code}' --json '[1]' "$http/nope")
 [ "$out" = 404 ] || fail "/nope answered $out"
 grep -q '"code":"method_not_found"' "$dir/body" || fail "/nope body: $(cat "$dir/body")"
-out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[2000]' "$http/sleep_ms?relative_slo_ms=20")
+out=$(curl -s -o "$dir/body" -w '%{http_code}' --json '[2000]' "$http/sleep_ms?relative_slo_ms=20")
 [ "$out" = 504 ] || fail "sleep_ms over its SLO answered $out: $(cat "$dir/body")"
-out=$(curl -s -o "$dir/body" -w '%{http_code}' -d '[1]' "$http/inc?relative_slo_ms=-1")
+out=$(curl -s -o "$dir/body" -w '%{http_code}' --json '[1]' "$http/inc?relative_slo_ms=-1")
 [ "$out" = 400 ] || fail "a negative SLO answered $out"
-out=$(curl -s -N -d 4 "$http/count_to" | tr '\n' ' ')
+out=$(curl -s -N --json 4 "$http/count_to" | tr '\n' ' ')
 [ "$out" = "0 1 2 3 " ] || fail "count_to 4 streamed '$out'"
 curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":"/count_to","stream":true' ||
     fail "/-/routes: $(curl -s "$http/-/routes")"
-out=$(curl -s -o /dev/null -w '%{http_code}' -d 5 "$http/add?notify=1")
+out=$(curl -s -o /dev/null -w '%{http_code}' --json 5 "$http/add?notify=1")
 [ "$out" = 202 ] || fail "a notification answered $out"
 
 "$ordo" gateway --listen http://127.0.0.1:0 --to tcp://127.0.0.1:1 >"$dir/o" 2>&1

@@ -99,10 +99,17 @@ def tearDownModule():
         raise AssertionError("; ".join(bad))
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def request(addr, method, path, body=None, headers=None, timeout=10):
+    """A body is sent as JSON unless headers name another Content-Type."""
     c = http.client.HTTPConnection(*addr, timeout=timeout)
+    headers = dict(headers or {})
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        headers.update(JSON)
     try:
-        c.request(method, path, body=body, headers=headers or {})
+        c.request(method, path, body=body, headers=headers)
         r = c.getresponse()
         return r.status, r.getheader("Content-Type"), r.read().decode()
     finally:
@@ -180,7 +187,7 @@ class Calls(unittest.TestCase):
             async with aiohttp.ClientSession() as s:
                 async def one():
                     async with s.post(f"http://{gw.narrow[0]}:{gw.narrow[1]}/sleep_ms",
-                                      data="[400]") as r:
+                                      data="[400]", headers=JSON) as r:
                         return r.status, await r.text()
                 return await asyncio.gather(*[one() for _ in range(4)])
         results = asyncio.run(go())
@@ -191,7 +198,7 @@ class Calls(unittest.TestCase):
 
     def test_a_lost_peer_is_502_and_no_live_replica_503(self):
         p, url = replica()
-        _, lone = gateway(url, "--max-connections", "8")
+        _, lone = gateway(url, "--max-connections", "8", "--no-reconnect")
         _, routed = gateway("route+" + url, "--max-connections", "8")
         self.assertEqual(post(lone, "/inc", "[1]")[0], 200)
         self.assertEqual(post(routed, "/inc", "[1]")[0], 200)
@@ -209,6 +216,97 @@ class Calls(unittest.TestCase):
         self.assertEqual((status, error_of(text)[0]), (503, "peer_lost"), text)
         self.assertIn("no live replica", error_of(text)[1])
         self.assertEqual(request(lone, "GET", "/-/healthz")[0], 503)
+
+
+class Reconnect(unittest.TestCase):
+    def test_a_restarted_backend_is_503_while_away_then_served_again(self):
+        # --to tcp:// without --no-reconnect: the gateway reconnects by itself.
+        p, url = replica()
+        _, g = gateway(url, "--max-connections", "8")
+        self.assertEqual(post(g, "/inc", "[1]")[:1], (200,))
+        # A goaway notification used to end the one upstream connection for good: it is 404,
+        # and a call after it is served.
+        self.assertEqual(post(g, "/ordo.goaway?notify=1", '[0, "bye"]')[0], 404)
+        self.assertEqual(post(g, "/inc", "[2]")[2], "3\n")
+        stop(p)
+        deadline = time.monotonic() + 20
+        status = 200
+        while status == 200 and time.monotonic() < deadline:
+            status, _, text = post(g, "/inc", "[1]")
+        self.assertEqual(status, 503, text)
+        self.assertEqual(request(g, "GET", "/-/healthz")[0], 503)
+        # The backend comes back on the same port.
+        again, _ = start([INC_SERVER, "--listen", url], r"listening on (tcp://\S+)")
+        while time.monotonic() < deadline:
+            status, _, text = post(g, "/inc", "[41]")
+            if status == 200:
+                break
+            time.sleep(0.05)
+        self.assertEqual((status, text), (200, "42\n"))
+        self.assertEqual(request(g, "GET", "/-/healthz")[0], 200)
+        stop(again)
+
+
+class Browsers(unittest.TestCase):
+    """What a web page of another origin, or a DNS name rebound to 127.0.0.1, can do."""
+
+    def test_no_origin_is_granted_unless_named(self):
+        pre = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "content-type"}
+        c = http.client.HTTPConnection(*gw.single, timeout=10)
+        c.request("OPTIONS", "/inc", headers=pre)
+        r = c.getresponse()
+        r.read()
+        self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+        self.assertNotEqual(r.status // 100, 2)
+        c.request("POST", "/inc", body="[1]", headers={**JSON, "Origin": "http://evil.example"})
+        r = c.getresponse()
+        r.read()
+        self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+        c.close()
+
+    def test_a_named_origin_is_granted_and_no_other(self):
+        p, url = replica()
+        _, g = gateway(url, "--cors-origin", "https://app.example")
+        c = http.client.HTTPConnection(*g, timeout=10)
+        c.request("OPTIONS", "/inc", headers={"Origin": "https://app.example",
+                                              "Access-Control-Request-Method": "POST"})
+        r = c.getresponse()
+        r.read()
+        self.assertEqual(r.status, 204)
+        self.assertEqual(r.getheader("Access-Control-Allow-Origin"), "https://app.example")
+        self.assertIn("POST", r.getheader("Access-Control-Allow-Methods"))
+        c.request("POST", "/inc", body="[1]", headers={**JSON, "Origin": "https://app.example"})
+        r = c.getresponse()
+        self.assertEqual(r.read(), b"2\n")
+        self.assertEqual(r.getheader("Access-Control-Allow-Origin"), "https://app.example")
+        c.request("OPTIONS", "/inc", headers={"Origin": "https://evil.example",
+                                              "Access-Control-Request-Method": "POST"})
+        r = c.getresponse()
+        r.read()
+        self.assertEqual(r.status, 403)
+        self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+        c.close()
+
+    def test_a_body_that_is_not_json_is_415(self):
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": ctype} if ctype else {"Content-Type": ""}
+            status, _, text = post(gw.single, "/inc", "[1]", headers)
+            self.assertEqual(status, 415, ctype)
+            self.assertEqual(error_of(text)[0], "unsupported_media_type")
+        status, _, text = post(gw.single, "/inc", "[1]",
+                               {"Content-Type": "application/json; charset=utf-8"})
+        self.assertEqual(status, 200, text)
+        # No body: nothing to label.
+        self.assertEqual(post(gw.single, "/total")[0], 200)
+
+    def test_allow_host_refuses_other_names(self):
+        p, url = replica()
+        _, g = gateway(url, "--allow-host", "localhost", "--allow-host", "127.0.0.1")
+        self.assertEqual(post(g, "/inc", "[1]")[0], 200)  # Host: 127.0.0.1:PORT
+        status, _, text = post(g, "/inc", "[1]", {"Host": "rebound.evil.example"})
+        self.assertEqual((status, error_of(text)[0]), (403, "forbidden_host"), text)
+        self.assertIn("rebound.evil.example", error_of(text)[1])
 
 
 class Deadlines(unittest.TestCase):
@@ -257,14 +355,14 @@ class Notifications(unittest.TestCase):
 class Streams(unittest.TestCase):
     def test_a_stream_is_chunked_ndjson(self):
         c = http.client.HTTPConnection(*gw.main, timeout=10)
-        c.request("POST", "/count_to", body="[5]")
+        c.request("POST", "/count_to", body="[5]", headers=JSON)
         r = c.getresponse()
         self.assertEqual(r.status, 200)
         self.assertEqual(r.getheader("Content-Type"), "application/x-ndjson")
         self.assertEqual(r.getheader("Transfer-Encoding"), "chunked")
         self.assertEqual([json.loads(x) for x in r.read().decode().splitlines()], [0, 1, 2, 3, 4])
         # The connection stays for the next request.
-        c.request("POST", "/inc", body="[1]")
+        c.request("POST", "/inc", body="[1]", headers=JSON)
         self.assertEqual(c.getresponse().read(), b"2\n")
         c.close()
 
@@ -278,7 +376,8 @@ class Streams(unittest.TestCase):
             return int(re.search(r"ordo_gateway_streams_abandoned_total (\d+)", text).group(1))
         before = abandoned()
         s = socket.create_connection(gw.main, timeout=10)
-        s.sendall(b"POST /count_to HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n[100000000]")
+        s.sendall(b"POST /count_to HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 11\r\n\r\n[100000000]")
         got = b""
         while got.count(b"\n") < 12:
             got += s.recv(4096)
@@ -318,14 +417,15 @@ class Connections(unittest.TestCase):
         c.connect()
         sock = c.sock
         for i in range(200):
-            c.request("POST", "/inc", body=str(i))
+            c.request("POST", "/inc", body=str(i), headers=JSON)
             self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
         self.assertIs(c.sock, sock)
         c.close()
 
     def test_pipelined_requests_are_answered_in_order(self):
         s = socket.create_connection(gw.main, timeout=10)
-        s.sendall(b"".join(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%d"
+        s.sendall(b"".join(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%d"
                            % (len(str(i)), i) for i in range(3)))
         got = b""
         deadline = time.monotonic() + 10
@@ -343,7 +443,7 @@ class Connections(unittest.TestCase):
             async with aiohttp.ClientSession(connector=conn) as s:
                 async def one():
                     async with s.post(f"http://{gw.main[0]}:{gw.main[1]}/sleep_ms",
-                                      data="[200]") as r:
+                                      data="[200]", headers=JSON) as r:
                         return r.status
                 t0 = time.monotonic()
                 statuses = await asyncio.gather(*[one() for _ in range(30)])
@@ -412,7 +512,7 @@ class Limits(unittest.TestCase):
 
     def test_headers_over_the_limit_close_that_connection_with_431(self):
         other = http.client.HTTPConnection(*gw.tight, timeout=10)
-        other.request("POST", "/inc", body="1")
+        other.request("POST", "/inc", body="1", headers=JSON)
         self.assertEqual(other.getresponse().read(), b"2\n")
         big = b"POST /inc HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
         self.assert_closed_with(raw_exchange(gw.tight, big), 431, "max_header_bytes")
@@ -420,7 +520,7 @@ class Limits(unittest.TestCase):
         # Beyond civetweb's buffer (4 x the limit) it cannot tell too long from malformed: 400.
         self.assert_closed_with(raw_exchange(gw.tight, huge), 400, "4 x max_header_bytes")
         # The other connection is untouched.
-        other.request("POST", "/inc", body="2")
+        other.request("POST", "/inc", body="2", headers=JSON)
         self.assertEqual(other.getresponse().read(), b"3\n")
         other.close()
 
@@ -462,19 +562,20 @@ class Limits(unittest.TestCase):
         held = []
         for i in range(4):
             c = http.client.HTTPConnection(*gw.tight, timeout=10)
-            c.request("POST", "/inc", body=str(i))
+            c.request("POST", "/inc", body=str(i), headers=JSON)
             self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
             held.append(c)
-        reply = raw_exchange(gw.tight, b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+        reply = raw_exchange(gw.tight, b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         self.assert_closed_with(reply, 503, "max_connections")
         for i, c in enumerate(held):
-            c.request("POST", "/inc", body=str(i))
+            c.request("POST", "/inc", body=str(i), headers=JSON)
             self.assertEqual(c.getresponse().read(), f"{i + 1}\n".encode())
             c.close()
 
     def test_an_idle_connection_is_closed_after_idle_timeout(self):
         s = socket.create_connection(gw.tight, timeout=10)
-        s.sendall(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+        s.sendall(b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1\r\n\r\n1")
         got = b""
         while not got.endswith(b"2\n"):
             got += s.recv(4096)
