@@ -60,9 +60,8 @@ std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
     c->options = std::move(o);
     c->slot = w->signal.slot();
     ++s.calls;
-    net::post(s.ch.get_executor(), [impl = s.ch.impl(), c = std::move(c)]() mutable {
-        impl->start_call(std::move(c));
-    });
+    net::post(s.ch.get_executor(),
+              [impl = s.ch.impl(), c = std::move(c)]() mutable { impl->start_call(std::move(c)); });
     std::unique_lock lk(w->m);
     bool cancel_sent = false;
     while (!w->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w->done; })) {
@@ -108,8 +107,10 @@ std::optional<reply> apply_deadline(call_request& r, const std::string& name,
     auto ms = positive_ms(value);
     if (!ms)
         return request_error(400, "bad_deadline",
-                             "ordo gateway: " + name + " must be a positive number of "
-                             "milliseconds, not \"" + value + "\"");
+                             "ordo gateway: " + name +
+                                 " must be a positive number of "
+                                 "milliseconds, not \"" +
+                                 value + "\"");
     if (!absolute) {
         r.timeout = std::chrono::milliseconds(static_cast<long long>(std::ceil(*ms)));
         return std::nullopt;
@@ -130,7 +131,8 @@ std::optional<reply> apply_deadline(call_request& r, const std::string& name,
 
 reply request_error(int status, std::string_view code, const std::string& message) {
     json j = {{"code", code}, {"message", message}};
-    return {status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+    return {status, "application/json",
+            j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
 
 reply error_reply(std::error_code ec, const std::string& message, const std::string& detail) {
@@ -144,9 +146,9 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
                         bool absolute) -> std::optional<reply> {
         deadlines.push_back(name);
         if (deadlines.size() > 1)
-            return request_error(400, "bad_deadline",
-                                 "ordo gateway: give one deadline, not both " + deadlines[0] +
-                                     " and " + name);
+            return request_error(
+                400, "bad_deadline",
+                "ordo gateway: give one deadline, not both " + deadlines[0] + " and " + name);
         return apply_deadline(r, name, value, absolute);
     };
     std::string_view q = ri->query_string ? ri->query_string : "";
@@ -187,52 +189,20 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
 
 namespace {
 
-// The body as a params array: a JSON array is the params; any other value is the only param;
-// no body, none.
+// The body as a params array (json_codec::params_from_body), or the reply that refuses it.
 std::optional<reply> params_of(const call_request& r, detail::params_buffer& out) {
-    if (r.body.find_first_not_of(" \t\r\n") == std::string::npos) {
-        out = json_codec::pack_params(json::array());
-        return std::nullopt;
-    }
-    // Too deep for the server is refused before parsing: the parser and the tree it builds
-    // would pay for every level of a body nested a hundred thousand deep. The params' array,
-    // and the message's around it, count (a lone value is wrapped in the params' array).
-    const limits l;
-    const std::size_t around = r.body.find_first_not_of(" \t\r\n") != std::string::npos &&
-                                       r.body[r.body.find_first_not_of(" \t\r\n")] == '['
-                                   ? 1
-                                   : 2;
-    if (const auto d = json_codec::nesting_depth(r.body, l.max_depth); d + around > l.max_depth)
-        return request_error(413, "too_large",
-                             "ordo gateway: call " + r.method + ": the body nests " +
-                                 (d > l.max_depth ? "more than " + std::to_string(l.max_depth)
-                                                  : std::to_string(d)) +
-                                 " deep; the server's max_depth is " +
-                                 std::to_string(l.max_depth) +
-                                 " with the message's array around the params");
-    json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-        // Parse again for the reason (where, what).
-        try {
-            json again = json::parse(r.body);
-        } catch (const json::parse_error& e) {
-            return request_error(400, "bad_json",
-                                 "ordo gateway: call " + r.method + ": the body is not JSON (" +
-                                     e.what() + ")");
-        }
-    }
     try {
+        out = json_codec::params_from_body(r.body, limits{});
+    } catch (const json_codec::over_limit& e) {
         // Within what the server accepts: a body it would refuse would close the connection
         // every caller of this gateway shares.
-        out = json_codec::pack_params(j.is_array() ? j : json::array({std::move(j)}));
-    } catch (const json_codec::over_limit& e) {
-        const limits l;
-        return request_error(413, "too_large",
-                             "ordo gateway: call " + r.method + ": the body is over a limit: " +
-                                 e.what() + " (max_depth " + std::to_string(l.max_depth) +
-                                 " with the message around it, max_container_length " +
-                                 std::to_string(l.max_container_length) + ", max_string_bytes " +
-                                 std::to_string(l.max_string_bytes) + ")");
+        return request_error(
+            413, "too_large",
+            "ordo gateway: call " + r.method + ": the body is over a limit: " + e.what());
+    } catch (const json_codec::bad_json& e) {
+        return request_error(
+            400, "bad_json",
+            "ordo gateway: call " + r.method + ": the body is not JSON (" + e.what() + ")");
     }
     return std::nullopt;
 }
@@ -293,7 +263,8 @@ reply run_call(gateway::state& s, const call_request& r) {
     if (r.already_due) return timed_out_before(s, r);
     if (r.notify) return notify(s, r, std::move(params));
     auto w = call(s, r.method, std::move(params), options_of(s, r));
-    if (w->ec) return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
+    if (w->ec)
+        return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
     std::string body = json_codec::dump(w->out.result);
     body += '\n';
     return {200, "application/json", std::move(body)};
@@ -481,8 +452,8 @@ reply metrics(gateway::state& s) {
          {{"", double(s.notifications)}});
     line("ordo_gateway_refused_connections_total", "counter",
          "Connections refused over max_connections", {{"", double(s.refused)}});
-    line("ordo_gateway_limit_closes_total", "counter",
-         "Connections closed by a size or time limit", {{"", double(s.limit_closes)}});
+    line("ordo_gateway_limit_closes_total", "counter", "Connections closed by a size or time limit",
+         {{"", double(s.limit_closes)}});
     line("ordo_gateway_streams_abandoned_total", "counter",
          "Streams cancelled because their client went away", {{"", double(s.abandoned)}});
     line("ordo_gateway_connections", "gauge", "HTTP connections open",

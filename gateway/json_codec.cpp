@@ -19,11 +19,13 @@ void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) 
     };
     std::vector<frame> open;
     std::size_t objects = 0;
-    auto over = [](const std::string& what, std::size_t found, std::size_t limit) {
-        throw over_limit(what + " " + std::to_string(found) + " is over " + std::to_string(limit));
+    auto over = [](const char* what, std::size_t found, const char* name, std::size_t limit) {
+        throw over_limit(std::string(what) + " " + std::to_string(found) + " is over " + name +
+                         " (" + std::to_string(limit) + ")");
     };
     auto put = [&](const json& j) {
-        if (++objects > l.max_objects) over("values: more than", l.max_objects, l.max_objects);
+        if (++objects > l.max_objects)
+            over("values: more than", l.max_objects, "max_objects", l.max_objects);
         switch (j.type()) {
             case json::value_t::null: p.pack_nil(); break;
             case json::value_t::boolean: p.pack(j.get<bool>()); break;
@@ -34,16 +36,17 @@ void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) 
             case json::value_t::string: {
                 const auto& str = j.get_ref<const std::string&>();
                 if (str.size() > l.max_string_bytes)
-                    over("a string of", str.size(), l.max_string_bytes);
+                    over("a string of bytes:", str.size(), "max_string_bytes", l.max_string_bytes);
                 p.pack(str);
                 break;
             }
             case json::value_t::array:
             case json::value_t::object:
                 if (depth + open.size() + 1 > l.max_depth)
-                    over("nesting: depth", depth + open.size() + 1, l.max_depth);
+                    over("nesting: depth", depth + open.size() + 1, "max_depth", l.max_depth);
                 if (j.size() > l.max_container_length)
-                    over("a container of", j.size(), l.max_container_length);
+                    over("a container of items:", j.size(), "max_container_length",
+                         l.max_container_length);
                 if (j.is_array())
                     p.pack_array(static_cast<std::uint32_t>(j.size()));
                 else
@@ -52,7 +55,8 @@ void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) 
                 break;
             case json::value_t::binary: {
                 const auto& b = j.get_binary();
-                if (b.size() > l.max_string_bytes) over("a binary of", b.size(), l.max_string_bytes);
+                if (b.size() > l.max_string_bytes)
+                    over("a binary of bytes:", b.size(), "max_string_bytes", l.max_string_bytes);
                 p.pack_bin(static_cast<std::uint32_t>(b.size()));
                 p.pack_bin_body(reinterpret_cast<const char*>(b.data()),
                                 static_cast<std::uint32_t>(b.size()));
@@ -71,7 +75,7 @@ void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) 
         const auto it = f.next++;
         if (f.container->is_object()) {
             if (it.key().size() > l.max_string_bytes)
-                over("a key of", it.key().size(), l.max_string_bytes);
+                over("a key of bytes:", it.key().size(), "max_string_bytes", l.max_string_bytes);
             p.pack(it.key());
         }
         put(*it);  // may grow `open`: `f` is not used after it
@@ -130,6 +134,29 @@ detail::params_buffer pack_params(const json& params, const limits& l) {
     detail::params_buffer out;
     pack(out, params, l, 1);  // inside the message's array
     return out;
+}
+
+detail::params_buffer params_from_body(std::string_view body, const limits& l) {
+    const auto first = body.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return pack_params(json::array(), l);
+    // The message's array is around the params, and a lone value gets the params' array too.
+    const std::size_t around = body[first] == '[' ? 1 : 2;
+    if (const auto d = nesting_depth(body, l.max_depth); d + around > l.max_depth)
+        throw over_limit(
+            "nesting: the body nests " +
+            (d > l.max_depth ? "more than " + std::to_string(l.max_depth) : std::to_string(d)) +
+            " deep; max_depth is " + std::to_string(l.max_depth) +
+            " with the message's array around the params");
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+        try {
+            const json again = json::parse(body);  // again, for the reason (where, what)
+        } catch (const json::exception& e) {  // parse_error, or out_of_range (1e400)
+            throw bad_json(e.what());
+        }
+        throw bad_json("not JSON");
+    }
+    return pack_params(j.is_array() ? j : json::array({std::move(j)}), l);
 }
 
 json to_json(const msgpack::object& o) {

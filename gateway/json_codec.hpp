@@ -39,6 +39,17 @@ detail::params_buffer pack_params(const json& params, const limits& l = {});
 /// `limit` (and returns limit + 1). Text that is not JSON gives some count; the parser
 /// refuses it later.
 std::size_t nesting_depth(std::string_view text, std::size_t limit);
+/// A body that is not JSON: what() says where and what.
+struct bad_json : std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
+/// An HTTP body as the params of a request: a JSON array is the params, any other value the
+/// only param, blank text none. Refused before anything reaches a server that has limits `l`:
+/// over_limit (too deep, read before parsing, so that neither the parser nor the tree pays
+/// for a body nested a hundred thousand deep; a container, string or value count over `l`),
+/// bad_json. Whatever it returns, sent as a request's params, that server accepts.
+detail::params_buffer params_from_body(std::string_view body, const limits& l);
 /// `o` as JSON (see the header's comment for bin, ext and map keys).
 json to_json(const msgpack::object& o);
 /// to_json(o) as compact text; bytes of a str that are not UTF-8 are replaced (U+FFFD).

@@ -481,6 +481,13 @@ class Hostile(unittest.TestCase):
         self.assertEqual(json.loads(text), json.loads("[" * 62 + "]" * 62))
         self.assert_still_serving()
 
+    def test_numbers_json_cannot_hold_are_400_bad_json(self):
+        # 1e400 overflows a double: the parser's out_of_range used to escape as a 500.
+        for body in ("[1e400]", "[-1e400]"):
+            status, _, text = post(gw.single, "/echo", body)
+            self.assertEqual((status, error_of(text)[0]), (400, "bad_json"), text)
+        self.assert_still_serving()
+
     def test_reserved_methods_are_not_found(self):
         for path, body in (("/ordo.goaway?notify=1", '[0, "bye"]'), ("/ordo.cancel?notify=1", "[1]"),
                            ("/ordo.stats", "[]"), ("/ordo.methods", "[]")):
