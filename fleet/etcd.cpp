@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "fleet/curl_multi.hpp"
+#include "fleet/entry.hpp"
 #include "lib/escaped.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
@@ -263,13 +264,10 @@ class etcd_source final : public replica_source {
             keys.erase(key);
             if (key.compare(0, o.prefix.size(), o.prefix) != 0)
                 return reject(key, "it is not under the prefix");
-            std::string url = key.substr(o.prefix.size());
-            if (url.find('?') == std::string::npos) url += o.url_suffix;
-            try {
-                (void)parse_address(url);
-            } catch (const std::exception& e) {
-                return reject(key, e.what());
-            }
+            std::string why;
+            std::string url =
+                detail::fleet_entry_url(key.substr(o.prefix.size()), o.url_suffix, why);
+            if (!why.empty()) return reject(key, why);
             auto m = parse_value(std::move(url), value);
             if (auto* why = std::get_if<std::string>(&m)) return reject(key, *why);
             keys[key] = std::move(std::get<member>(m));

@@ -37,6 +37,7 @@
 
 #include <asio/posix/stream_descriptor.hpp>
 
+#include "fleet/entry.hpp"
 #include "fleet/source_handle.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
@@ -123,8 +124,11 @@ std::string without_ordo_prefix(std::string s) {
 std::optional<member> parse_line(const std::vector<std::string_view>& tokens,
                                  const std::string& url_suffix, std::string& why) {
     member m;
-    m.url = std::string(tokens[0]);
-    if (m.url.find('?') == std::string::npos) m.url += url_suffix;
+    m.url = detail::fleet_entry_url(tokens[0], url_suffix, why);
+    if (!why.empty()) {
+        why = without_ordo_prefix(why);
+        return std::nullopt;
+    }
     try {
         const address a = parse_address(m.url);
         if (!a.has_path() && a.port == 0) {

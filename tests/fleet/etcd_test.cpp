@@ -284,6 +284,28 @@ TEST_F(Etcd, SourceFollowsPutsDeletesAndWeightChangesThroughTheWatch) {
     });
 }
 
+// An etcd key cannot weaken the route either (the rule file sources follow): no unix:// or
+// inproc://, no TLS parameter of its own; the route's apply.
+TEST_F(Etcd, KeysThatWouldWeakenTheRouteAreLeftOut) {
+    run_test([]() -> net::awaitable<void> {
+        world w(co_await net::this_coro::executor);
+        ORDO_CO_ASSERT_TRUE(co_await w.ready());
+        co_await w.put(w.p + "tls://127.0.0.1:7001", "");
+        co_await w.put(w.p + "tls://127.0.0.1:7002?verify=none", "");
+        co_await w.put(w.p + "unix:///run/app.sock", "");
+        co_await w.put(w.p + "tcp://127.0.0.1:7003", "");
+        recorder rec;
+        auto src = w.source(rec, 300ms, "?ca=/etc/ca.pem");
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !rec.updates.empty(); }, 20s));
+        EXPECT_EQ(rec.urls(), std::vector<std::string>{"tls://127.0.0.1:7001?ca=/etc/ca.pem"});
+        EXPECT_TRUE(rec.said("cannot set verify=")) << ::testing::PrintToString(rec.problems);
+        EXPECT_TRUE(rec.said("not unix://")) << ::testing::PrintToString(rec.problems);
+        EXPECT_TRUE(rec.said("the route is TLS")) << ::testing::PrintToString(rec.problems);
+        EXPECT_EQ(src->counters().rejected, 3u);
+        src->stop();
+    });
+}
+
 TEST_F(Etcd, SourceLeavesOutKeysItCannotUseAndKeepsTheRest) {
     run_test([]() -> net::awaitable<void> {
         world w(co_await net::this_coro::executor);

@@ -209,6 +209,44 @@ TEST(FileSource, GarbageLinesAreReportedByLineNumberAndTheGoodLinesStay) {
     });
 }
 
+// A file cannot weaken its route: entries name tcp:// or tls:// hosts only, tls:// under a TLS
+// route, and never a TLS parameter of their own (verify=none above all); the route's apply.
+TEST(FileSource, EntriesThatWouldWeakenTheRouteAreLeftOutAndReported) {
+    run_test([]() -> net::awaitable<void> {
+        temp_dir dir;
+        const std::string path = dir.path + "/replicas.txt";
+        write_in_place(path,
+                       "tls://127.0.0.2:7443\n"                        // 1
+                       "unix:///run/app.sock\n"                        // 2
+                       "inproc://inside\n"                             // 3
+                       "tls://127.0.0.3:7443?verify=none\n"            // 4
+                       "tls://127.0.0.4:7443?ca=/tmp/mine.pem\n"       // 5
+                       "tcp://127.0.0.5:7000\n"                        // 6
+                       "tls://127.0.0.6:7443?handshake_timeout_ms=50\n");  // 7
+        auto src = file_source(co_await net::this_coro::executor, path, 60s,
+                               "?ca=/etc/ca.pem&server_name=api");
+        recorder r;
+        r.start(*src);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !r.updates.empty(); }));
+        EXPECT_EQ(r.updates.back(),
+                  (std::vector<member>{
+                      {"tls://127.0.0.2:7443?ca=/etc/ca.pem&server_name=api", 1, ""},
+                      {"tls://127.0.0.6:7443?ca=/etc/ca.pem&server_name=api&handshake_timeout_ms=50",
+                       1, ""}}));
+        for (const auto& p : r.problems) std::printf("problem: %s\n", p.c_str());
+        const std::string at = "file:" + path + ":";
+        EXPECT_TRUE(r.said(at + "2: \"unix:///run/app.sock\": a fleet entry must be tcp:// or "
+                                "tls://, not unix://"));
+        EXPECT_TRUE(r.said(at + "3: \"inproc://inside\": a fleet entry must be"));
+        EXPECT_TRUE(r.said(at + "4: \"tls://127.0.0.3:7443?verify=none\": a fleet entry cannot "
+                                "set verify="));
+        EXPECT_TRUE(r.said(at + "5: \"tls://127.0.0.4:7443?ca=/tmp/mine.pem\": a fleet entry "
+                                "cannot set ca="));
+        EXPECT_TRUE(r.said(at + "6: \"tcp://127.0.0.5:7000\": the route is TLS"));
+        EXPECT_EQ(src->counters().rejected, 5u);
+    });
+}
+
 TEST(FileSource, AMissingFileKeepsTheLastGoodSetUntilItIsBack) {
     run_test([]() -> net::awaitable<void> {
         temp_dir dir;
