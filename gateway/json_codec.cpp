@@ -156,7 +156,11 @@ detail::params_buffer params_from_body(std::string_view body, const limits& l) {
         }
         throw bad_json("not JSON");
     }
-    return pack_params(j.is_array() ? j : json::array({std::move(j)}), l);
+    // No copy of the tree: nlohmann copies recursively (a civetweb thread's stack is 100 KiB).
+    if (j.is_array()) return pack_params(j, l);
+    json wrapped = json::array();
+    wrapped.push_back(std::move(j));
+    return pack_params(wrapped, l);
 }
 
 json to_json(const msgpack::object& o) {

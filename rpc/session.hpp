@@ -60,8 +60,10 @@ class session_registry : public std::enable_shared_from_this<session_registry> {
     /// On `s`'s loop.
     void add(const session_id& id, session* s, net::any_io_executor ex, std::string identity);
     void remove(const session_id& id, session* s);
-    /// `s` lost its connection (on its loop). When more than max_detached wait, the one
-    /// detached longest is ended, on its own loop.
+    /// `s` lost its connection (on its loop). When more than max_detached wait, one is ended,
+    /// on its own loop: the one detached longest of the address (port aside) that has the
+    /// most waiting, so that one address's flood of hello-and-drop connections cannot push out
+    /// another caller's session.
     void detached(session* s, const session_id& id, const net::any_io_executor& ex);
     /// `s` got a connection back, or ended.
     void attached(session* s);
@@ -88,8 +90,11 @@ class session_registry : public std::enable_shared_from_this<session_registry> {
         session* s;
         session_id id;
         net::any_io_executor ex;
+        std::string from;  // the caller's address, its port aside
     };
     void give_up(const std::vector<waiting>& sessions, const std::string& why);
+    static std::string address_of(const std::string& remote);
+    std::list<waiting>::iterator longest_of_busiest();
     std::chrono::milliseconds max_window_;
     std::size_t max_detached_;
     mutable std::mutex m_;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <asio/post.hpp>
@@ -50,21 +52,50 @@ void session_registry::detached(session* s, const session_id& id, const net::any
     {
         std::lock_guard lock(m_);
         std::erase_if(waiting_, [&](const waiting& w) { return w.s == s; });
-        waiting_.push_back({s, id, ex});
+        waiting_.push_back({s, id, ex, address_of(s->remote_)});
         if (!ending_why_.empty()) {
             why = ending_why_;
             over.assign(waiting_.begin(), waiting_.end());
             waiting_.clear();
         }
         while (waiting_.size() > max_detached_) {
-            over.push_back(waiting_.front());
-            waiting_.pop_front();
+            auto it = longest_of_busiest();
+            over.push_back(*it);
+            waiting_.erase(it);
         }
     }
     if (why.empty())
         why = "ordo: session given up: more than " + std::to_string(max_detached_) +
               " sessions were waiting to resume (max_detached_sessions)";
     give_up(over, why);
+}
+
+// "tcp://10.0.0.7:41234" -> "tcp://10.0.0.7" (IPv6 in brackets alike); a unix caller's
+// address has no port.
+std::string session_registry::address_of(const std::string& remote) {
+    const auto colon = remote.rfind(':');
+    const auto bracket = remote.rfind(']');
+    const auto scheme = remote.find("://");
+    if (colon == std::string::npos || colon <= scheme + 2 ||
+        (bracket != std::string::npos && colon < bracket))
+        return remote;
+    return remote.substr(0, colon);
+}
+
+// Under the lock, with waiting_ not empty: the address with the most sessions waiting, and
+// its session detached longest.
+std::list<session_registry::waiting>::iterator session_registry::longest_of_busiest() {
+    std::unordered_map<std::string_view, std::size_t> count;
+    std::string_view busiest;
+    std::size_t most = 0;
+    for (const auto& w : waiting_)
+        if (const auto n = ++count[w.from]; n > most) {
+            most = n;
+            busiest = w.from;
+        }
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+        if (it->from == busiest) return it;
+    return waiting_.begin();
 }
 
 void session_registry::end_detached(std::string why) {

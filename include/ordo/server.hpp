@@ -76,7 +76,9 @@ struct server_options {
     /// not resumed (callers that ask are served as plain connections).
     std::chrono::milliseconds resume_window{30'000};
     /// Sessions waiting for their caller to come back, at most; beyond it the one that has
-    /// waited longest is given up (its caller gets errc::session_lost when it returns).
+    /// waited longest among those of the address (port aside) with the most waiting is given
+    /// up (its caller gets errc::session_lost when it returns): one address's flood does not
+    /// push out another caller's session.
     std::size_t max_detached_sessions = 1024;
     /// Memory all connections together may hold for their peers: read buffers (incomplete
     /// messages included), queued incoming messages, output not yet written, resend buffers.

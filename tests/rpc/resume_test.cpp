@@ -656,6 +656,52 @@ net::awaitable<std::pair<std::error_code, std::string>> hello_answer(std::string
     co_return std::make_pair(code, text);
 }
 
+// Opens a session from `from` (a loopback address of its own) with a raw ordo.hello, reads the
+// answer, and drops the connection: the server keeps the session detached.
+net::awaitable<void> hello_and_drop(std::uint16_t port, const char* from) {
+    net::ip::tcp::socket sock(co_await net::this_coro::executor);
+    sock.open(net::ip::tcp::v4());
+    sock.bind({net::ip::make_address(from), 0});
+    co_await sock.async_connect({net::ip::make_address("127.0.0.1"), port}, use_tuple);
+    buffer b;
+    encode_request(b, 1, "ordo.hello", 1, msgpack::type::nil_t(), 0, 30'000);
+    std::error_code ec;
+    co_await net::async_write(sock, net::buffer(b.data(), b.size()),
+                              net::redirect_error(net::use_awaitable, ec));
+    char answer[256];
+    (void)co_await sock.async_read_some(net::buffer(answer),
+                                        net::redirect_error(net::use_awaitable, ec));
+    sock.close();
+}
+
+// When more sessions wait than max_detached_sessions, the one given up is the oldest of the
+// address with the most waiting: a flood of hello-and-drop connections from one address does
+// not push out another caller's parked session (it used to: the oldest overall went).
+TEST_P(ResumeOnLoops, AFloodOfDetachedSessionsFromOneAddressDoesNotEvictAnothersSession) {
+    run_test([this]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so = options();
+        so.max_detached_sessions = 8;
+        counting_server s(ex, so);
+        cutting_proxy proxy("127.0.0.1", port_of(s.url));
+        std::vector<session_event> events;
+        peer_options po;
+        po.on_session = [&](const session_event& e) { events.push_back(e); };
+        auto a = co_await async_connect(proxy.url() + "?resume_ms=30000", po, nullptr);
+        EXPECT_EQ(co_await a.async_call<std::uint64_t>("echo", 0), 0u);
+        proxy.set_refusing(true);
+        proxy.cut_all();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 1; }));
+        for (int i = 0; i < 40; ++i) co_await hello_and_drop(port_of(s.url), "127.0.0.2");
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.srv.detached_sessions() == 8; }));
+        proxy.set_refusing(false);
+        EXPECT_EQ(co_await a.async_call<std::uint64_t>("echo", 1), 1u);
+        EXPECT_GE(peer_of(a)->counters().resumes, 1u);
+        for (const auto& e : events) EXPECT_NE(e.what, session_event::kind::lost) << e.reason;
+        co_await s.srv.async_stop();
+    });
+}
+
 // A resume naming a session the server never gave out is refused.
 TEST_P(ResumeOnLoops, AForgedSessionIdIsRefused) {
     run_test([this]() -> net::awaitable<void> {
