@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <vector>
 
@@ -10,29 +11,50 @@ namespace {
 
 using packer = msgpack::packer<detail::params_buffer>;
 
+// msgpack-c 4.1's pack_double writes an integral double as an integer, and for 2^64 (which
+// passes its range check, as uint64's maximum rounds up to it) converts out of range: undefined
+// behaviour (the fuzz target found [18446744073709551635]). Doubles from 2^64 up are written
+// as float 64 here.
+void pack_double(detail::params_buffer& out, packer& p, double d) {
+    if (!(d >= 18446744073709551616.0)) {
+        p.pack_double(d);
+        return;
+    }
+    std::uint64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    char buf[9];
+    buf[0] = static_cast<char>(0xcb);
+    for (int i = 0; i < 8; ++i) buf[1 + i] = static_cast<char>(bits >> (56 - 8 * i));
+    out.write(buf, sizeof buf);
+}
+
 // Iterative: a body nested thousands deep costs a vector, not the stack of the thread that
 // serves the request (civetweb's are 100 KiB).
-void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) {
+void pack_json(detail::params_buffer& out, const json& root, const limits& l, std::size_t depth,
+               std::size_t objects_around) {
+    packer p(out);
     struct frame {
         const json* container;
         json::const_iterator next;
     };
     std::vector<frame> open;
-    std::size_t objects = 0;
+    // Every msgpack object counts, map keys too, as the server's reader counts them.
+    std::size_t objects = objects_around;
     auto over = [](const char* what, std::size_t found, const char* name, std::size_t limit) {
         throw over_limit(std::string(what) + " " + std::to_string(found) + " is over " + name +
                          " (" + std::to_string(limit) + ")");
     };
     auto put = [&](const json& j) {
         if (++objects > l.max_objects)
-            over("values: more than", l.max_objects, "max_objects", l.max_objects);
+            over("msgpack objects (map keys too): more than", l.max_objects, "max_objects",
+                 l.max_objects);
         switch (j.type()) {
             case json::value_t::null: p.pack_nil(); break;
             case json::value_t::boolean: p.pack(j.get<bool>()); break;
             // nlohmann keeps non-negative integers unsigned, so the full uint64 range survives.
             case json::value_t::number_unsigned: p.pack(j.get<std::uint64_t>()); break;
             case json::value_t::number_integer: p.pack(j.get<std::int64_t>()); break;
-            case json::value_t::number_float: p.pack(j.get<double>()); break;
+            case json::value_t::number_float: pack_double(out, p, j.get<double>()); break;
             case json::value_t::string: {
                 const auto& str = j.get_ref<const std::string&>();
                 if (str.size() > l.max_string_bytes)
@@ -74,6 +96,9 @@ void pack_json(packer& p, const json& root, const limits& l, std::size_t depth) 
         }
         const auto it = f.next++;
         if (f.container->is_object()) {
+            if (++objects > l.max_objects)
+                over("msgpack objects (map keys too): more than", l.max_objects, "max_objects",
+                     l.max_objects);
             if (it.key().size() > l.max_string_bytes)
                 over("a key of bytes:", it.key().size(), "max_string_bytes", l.max_string_bytes);
             p.pack(it.key());
@@ -126,13 +151,13 @@ std::size_t nesting_depth(std::string_view text, std::size_t limit) {
 }
 
 void pack(detail::params_buffer& out, const json& j, const limits& l, std::size_t depth) {
-    packer p(out);
-    pack_json(p, j, l, depth);
+    pack_json(out, j, l, depth, 0);
 }
 
 detail::params_buffer pack_params(const json& params, const limits& l) {
     detail::params_buffer out;
-    pack(out, params, l, 1);  // inside the message's array
+    // Inside the message's array, after its array header, type, msgid and method: 4 objects.
+    pack_json(out, params, l, 1, 4);
     return out;
 }
 
@@ -151,7 +176,7 @@ detail::params_buffer params_from_body(std::string_view body, const limits& l) {
     if (j.is_discarded()) {
         try {
             const json again = json::parse(body);  // again, for the reason (where, what)
-        } catch (const json::exception& e) {  // parse_error, or out_of_range (1e400)
+        } catch (const json::exception& e) {       // parse_error, or out_of_range (1e400)
             throw bad_json(e.what());
         }
         throw bad_json("not JSON");

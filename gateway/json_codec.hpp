@@ -28,7 +28,8 @@ struct over_limit : std::length_error {
 /// Appends `j` to `out` as one msgpack value, without recursion, within `l` (what a server
 /// with those limits accepts): nesting `depth` deep already (the containers around it), it may
 /// nest at most l.max_depth in all, no container may hold more than l.max_container_length,
-/// no string more than l.max_string_bytes, and it may hold at most l.max_objects values.
+/// no string more than l.max_string_bytes, and it may hold at most l.max_objects msgpack
+/// objects (map keys count, and pack_params counts the message's own four).
 /// Throws over_limit, with `out` then holding part of the value.
 void pack(detail::params_buffer& out, const json& j, const limits& l = {}, std::size_t depth = 0);
 /// `params` (a JSON array) as a msgpack params array, to travel inside a message (one more

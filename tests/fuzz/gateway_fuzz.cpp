@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::string message(ordo::detail::request_head(7, "echo"));
     message.append(params.data(), params.size());
     try {
+        // As a server reads it: cut from the stream (framer limits), then decoded.
+        ordo::decoder d(l);
+        d.feed(message);
+        const auto m = d.next();
+        if (!m) throw std::runtime_error("not one whole message");
         (void)ordo::decode_message(message, l);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "the gateway let through a body the server refuses: %s\n", e.what());
