@@ -1,4 +1,4 @@
-// The calls this side of an ordered connection is waiting on (DESIGN.md section 5): msgid
+// The calls this side of an ordered connection is waiting on (docs/protocol.md, "Calls"): msgid
 // allocation and wrap, pending entries keyed by msgid, deadlines and cancellation, the ids of
 // withdrawn calls whose late responses are dropped, and failing everything when the connection
 // ends. It sends nothing itself: the owner sends requests, and ordo.cancel when told to.

@@ -1,4 +1,4 @@
-// Dispatch of the messages an ordered connection receives (DESIGN.md section 5, the ordering
+// Dispatch of the messages an ordered connection receives (docs/protocol.md, "Dispatch order"; the ordering
 // guarantee): requests and notifications start their handlers in arrival order; a serial handler
 // runs to completion before the next message starts, a concurrent one lets it start while
 // suspended; what cannot start yet waits in a bounded queue (reading pauses when it is full);

@@ -1,4 +1,4 @@
-// The dead-peer watchdog of an ordered connection (DESIGN.md section 7): while anyone waits on
+// The dead-peer watchdog of an ordered connection (docs/protocol.md, "Liveness"): while anyone waits on
 // the remote side (this side's calls pending, or its handlers running) and nothing has arrived
 // for heartbeat_interval, it sends ordo.ping; when nothing at all has arrived for
 // liveness_timeout, it declares the peer lost. Idle connections cost no timer wake-ups.

@@ -1,4 +1,4 @@
-// Server-side batch handlers (DESIGN.md section 9): callers make single calls; the handler gets
+// Server-side batch handlers (README.md, "Batch handlers"): callers make single calls; the handler gets
 // them as one vector.
 //
 //   srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = 1ms},

@@ -1,4 +1,4 @@
-// ordo::peer: ordered request/response calls over one batched_comm (DESIGN.md section 5).
+// ordo::peer: ordered request/response calls over one batched_comm (docs/protocol.md, "Calls").
 #pragma once
 
 #include "ordo/config.hpp"
@@ -69,7 +69,7 @@ struct peer_options {
     /// TLS and ZeroMQ settings, for connections this side opens (async_connect, pools) or
     /// accepts (server::listen).
     transport_options transport;
-    /// Dead-peer detection (DESIGN.md section 7). While this side waits for the remote one
+    /// Dead-peer detection (docs/protocol.md, "Liveness"). While this side waits for the remote one
     /// (calls pending or handlers running) and nothing has arrived for heartbeat_interval, it
     /// sends ordo.ping; when nothing at all has arrived for liveness_timeout, the peer is lost:
     /// pending calls fail with errc::peer_lost, handlers are cancelled. Works down to ~100 ms.
@@ -95,7 +95,7 @@ struct peer_options {
     /// stops reading until they halve. A few large messages queued behind a slow handler then
     /// hold this much, not max_queued_messages x max_message_bytes.
     std::size_t max_queued_bytes = std::size_t{64} << 20;
-    /// Resumable session (DESIGN.md section 11; URL parameter resume_ms): when the connection
+    /// Resumable session (docs/protocol.md, "Resumable sessions"; URL parameter resume_ms): when the connection
     /// drops, this side reconnects (backoff from 10 ms to 1 s, jittered) and both sides send
     /// again what the other did not receive, so that every request, notification and response
     /// arrives once and in order; pending calls stay pending meanwhile. Asked for by the side

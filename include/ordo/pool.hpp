@@ -1,4 +1,4 @@
-// ordo::pool: pooled calls (DESIGN.md section 6). One connection per call in flight, reused
+// ordo::pool: pooled calls (README.md, "Ordered or pooled"). One connection per call in flight, reused
 // after calls that succeed; no ordering between calls and no head-of-line blocking.
 #pragma once
 

@@ -1,4 +1,4 @@
-// ordo::router: one channel over several replicas of a service (DESIGN.md section 9b).
+// ordo::router: one channel over several replicas of a service (docs/protocol.md, "Router guarantees").
 #pragma once
 
 #include "ordo/config.hpp"
@@ -196,8 +196,8 @@ struct router_counters {
 /// connects; a removed one drains (its calls in flight finish) and leaves; a changed weight
 /// applies at once. A source's failed lookup keeps the last good set.
 ///
-/// Failure: a replica whose connection ends (crash, reset, liveness timeout: DESIGN.md section
-/// 7) leaves the ring at once and stays a member: it connects again with backoff
+/// Failure: a replica whose connection ends (crash, reset, liveness timeout: docs/protocol.md,
+/// "Liveness") leaves the ring at once and stays a member: it connects again with backoff
 /// (router_options::reconnect_*), and is back in the ring as soon as it is connected. Calls
 /// waiting for it move to the next replica; its calls in flight fail with errc::peer_lost,
 /// except those of idempotent methods, which are sent once more to another replica. A server

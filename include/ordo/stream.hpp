@@ -1,4 +1,4 @@
-// Streaming calls (DESIGN.md section 13; on the wire: docs/protocol.md, "Streams").
+// Streaming calls (on the wire: docs/protocol.md, "Streams").
 //
 //   struct counter : ordo::interface {
 //       ordo::method<ordo::stream<int>(int)> count_to{"count_to"};

@@ -59,8 +59,8 @@ class sync_stream_base {
     std::exception_ptr failed_;
 };
 
-/// The caller's end of a streaming call made with sync_client::stream (DESIGN.md section 13,
-/// docs/protocol.md "Streams"): `while (auto v = s.next()) use(*v);` or `for (T& v : s)`.
+/// The caller's end of a streaming call made with sync_client::stream (docs/protocol.md,
+/// "Streams"): `while (auto v = s.next()) use(*v);` or `for (T& v : s)`.
 /// The server sends up to call_options::window items ahead of the reader (8192 and 1 MiB by
 /// default) and more as it reads: a reader that stops holds both sides at the window.
 /// Destroying it before the end cancels the call (see ~sync_stream_base). One reader at a time,

@@ -1,4 +1,4 @@
-// One interface over the byte transports, selected by URL scheme (DESIGN.md section 8):
+// One interface over the byte transports, selected by URL scheme (README.md, "Transports"):
 // tcp://host:port, unix:///path, inproc://name, tls://host:port, zmq+tcp://host:port and
 // zmq+ipc:///path. Nothing here knows about msgpack-rpc.
 #pragma once

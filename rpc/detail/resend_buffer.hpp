@@ -1,5 +1,5 @@
 // The messages a resumable session has sent and the other side has not yet acknowledged, by
-// sequence number (DESIGN.md section 11): what a resume sends again. Messages are copied into
+// sequence number (docs/protocol.md, "Resumable sessions"): what a resume sends again. Messages are copied into
 // chunks of ~64 KiB, so that keeping one costs a copy, not an allocation.
 #pragma once
 

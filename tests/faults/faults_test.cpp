@@ -1,4 +1,4 @@
-// Dead peers (DESIGN.md section 7): crash, hang and vanish each fail every pending call within a
+// Dead peers (docs/protocol.md, "Liveness"): crash, hang and vanish each fail every pending call within a
 // bounded time. Servers run as separate processes (ordo-inc-server, path in ORDO_INC_SERVER)
 // started and killed by PID here; proxies and foreign peers run in the test's io_context.
 #include <fcntl.h>

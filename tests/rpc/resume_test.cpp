@@ -1,4 +1,4 @@
-// Resumable sessions (DESIGN.md section 11): across dropped connections, every request,
+// Resumable sessions (docs/protocol.md, "Resumable sessions"): across dropped connections, every request,
 // notification and response arrives exactly once and in order. Connections are cut by a
 // userspace proxy (tests/support/cutting_proxy.hpp) on loopback.
 #include <cstdlib>
