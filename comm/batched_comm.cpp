@@ -268,7 +268,8 @@ void batched_comm::impl::finish() {
 batched_comm::batched_comm(std::unique_ptr<transport> t, comm_options options,
                            message_fn on_message, closed_fn on_closed)
     : impl_(std::make_shared<impl>(std::move(t), std::move(options), std::move(on_message),
-                                   std::move(on_closed))) {}
+                                   std::move(on_closed))),
+      state_(&impl_->st) {}
 
 batched_comm::~batched_comm() {
     impl_->detached = true;
@@ -355,9 +356,6 @@ net::awaitable<close_result> batched_comm::async_wait_closed() {
     co_return self->result;
 }
 
-bool batched_comm::is_closing() const noexcept {
-    return impl_->st != impl::state::open;
-}
 const close_result* batched_comm::ended() const noexcept {
     return impl_->st == impl::state::ended ? &impl_->result : nullptr;
 }

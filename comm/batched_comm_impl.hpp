@@ -68,7 +68,7 @@ class byte_queue {
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
 struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     using clock = std::chrono::steady_clock;
-    enum class state { open, closing, ended };
+    using state = batched_comm::comm_state;
     enum class wait { none, idle, interval, peer_eof };
 
     impl(std::unique_ptr<transport> tr, comm_options opt, message_fn m, closed_fn c)

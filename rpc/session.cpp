@@ -174,11 +174,6 @@ void session::end_locally(std::error_code code, std::string reason) {
 
 // ---- the owner's controls ----
 
-bool session::can_send() const noexcept {
-    if (!open_ || ending_) return false;
-    if (mode_ == mode::plain || mode_ == mode::awaiting) return comm_ && !comm_->is_closing();
-    return true;
-}
 
 void session::pause_reading(bool paused) {
     paused_ = paused;

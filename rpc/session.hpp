@@ -3,8 +3,8 @@
 // connection ended.
 //
 // A plain session is one batched_comm: the order of sends is the order on the wire, and the
-// session ends with the connection. A resumable session (DESIGN.md section 11, docs/protocol.md
-// "Resumable sessions") outlives its connections: it counts the messages each way (on an ordered
+// session ends with the connection. A resumable session (docs/protocol.md, "Resumable
+// sessions") outlives its connections: it counts the messages each way (on an ordered
 // stream a message's position is its sequence number), keeps what it sent until the other side
 // acknowledges it, and when a connection drops, the caller's side reconnects and both sides send
 // again what the other did not receive. The parts above see one unbroken, ordered stream.
@@ -192,7 +192,11 @@ class session {
     /// and on a plain session once its connection is closing or has failed, which a failed
     /// write inside send() makes it at once, while is_open() waits for the event loop to run
     /// the connection's end. (A resumable session keeps what it is sent between connections.)
-    bool can_send() const noexcept;
+    bool can_send() const noexcept {
+        if (!open_ || ending_) return false;
+        if (mode_ == mode::plain || mode_ == mode::awaiting) return comm_ && !comm_->is_closing();
+        return true;
+    }
     /// True once the other side has agreed to resume this session after drops.
     bool is_resumable() const noexcept { return mode_ == mode::resumable; }
     /// How it ended; empty while open.

@@ -1,4 +1,4 @@
-// BatchedComm: one ordered, bidirectional connection to one peer (DESIGN.md section 4).
+// BatchedComm: one ordered, bidirectional connection to one peer (docs/protocol.md, "BatchedComm guarantees").
 #pragma once
 
 #include "ordo/config.hpp"
@@ -227,8 +227,9 @@ class batched_comm {
     /// gets a copy.
     net::awaitable<close_result> async_wait_closed();
 
-    /// True from close()/abort()/the end of the connection on: send() will throw.
-    bool is_closing() const noexcept;
+    /// True from close()/abort()/the end of the connection on: send() will throw. Inline:
+    /// senders ask it after each send (a write inside send() may have ended the connection).
+    bool is_closing() const noexcept { return *state_ != comm_state::open; }
     /// Once the connection has ended (a failed read or write, abort(), the end of a close), how:
     /// the code, reason and time on_closed will report, known at once, inside the send() whose
     /// write failed, say; its undelivered list is complete only in on_closed. Null before.
@@ -238,9 +239,12 @@ class batched_comm {
     const comm_counters& counters() const noexcept;
 
     struct impl;
+    /// The connection's state, as impl keeps it (is_closing() reads it without a call).
+    enum class comm_state : unsigned char { open, closing, ended };
 
   private:
     std::shared_ptr<impl> impl_;
+    const comm_state* state_;
 };
 
 }  // namespace ordo
