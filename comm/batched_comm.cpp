@@ -282,6 +282,10 @@ void batched_comm::take_messages_with(taker_fn f) {
     impl_->taker = std::move(f);
 }
 
+void batched_comm::on_end_of_stream(std::function<bool()> f) {
+    impl_->on_eof = std::move(f);
+}
+
 void batched_comm::start() {
     if (impl_->started || impl_->finished) return;
     impl_->started = true;

@@ -85,6 +85,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     comm_options o;
     message_fn on_message;
     taker_fn taker;
+    std::function<bool()> on_eof;  // on_end_of_stream
     closed_fn on_closed;
     net::any_io_executor ex;        // the transport's
     net::steady_timer writer_wake;  // the writer sleeps on it; cancel() wakes it

@@ -57,7 +57,8 @@ net::awaitable<void> batched_comm::impl::read_messages() {
                      e.what() + std::string(" (from ") + t->remote_address() + ")");
                 co_return;
             }
-            if (st == state::open)
+            // A half-close the owner serves to its end (answers still go out), or the end.
+            if (st == state::open && !(on_eof && on_eof()))
                 fail(errc::peer_lost,
                      "ordo: peer " + t->remote_address() + " closed the connection");
             co_return;

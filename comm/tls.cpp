@@ -1,11 +1,14 @@
 // tls:// connections and listeners: TLS settings from the URL and transport_options, the
 // context, handshakes with a timeout (a listener runs them side by side), and the identity a
 // client's certificate proves. The stream is tcp's (comm/detail/streams.hpp).
+#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <deque>
+#include <list>
 
 #include "comm/detail/streams.hpp"
 #include "lib/escaped.hpp"
@@ -14,22 +17,74 @@
 
 namespace ordo::detail {
 
-std::string certificate_identity(const ssl::stream<tcp::socket>& s) {
-    X509* cert =
-        ::SSL_get1_peer_certificate(const_cast<ssl::stream<tcp::socket>&>(s).native_handle());
-    if (!cert) return {};
+namespace {
+
+std::string hex_of(const unsigned char* p, unsigned int n) {
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    for (unsigned int i = 0; i < n; ++i) {
+        s += digits[p[i] >> 4];
+        s += digits[p[i] & 15];
+    }
+    return s;
+}
+
+std::string name_text(X509_NAME* name) {
+    BIO* b = ::BIO_new(::BIO_s_mem());
+    if (!b) return {};
+    ::X509_NAME_print_ex(b, name, 0, XN_FLAG_RFC2253 & ~ASN1_STRFLGS_ESC_MSB);
+    char* data = nullptr;
+    const long n = ::BIO_get_mem_data(b, &data);
+    std::string s(data ? data : "", n > 0 ? static_cast<std::size_t>(n) : 0);
+    ::BIO_free(b);
+    return s;
+}
+
+std::string asn1_text(const ASN1_STRING* a) {
+    return std::string(reinterpret_cast<const char*>(::ASN1_STRING_get0_data(a)),
+                       static_cast<std::size_t>(::ASN1_STRING_length(a)));
+}
+
+std::vector<std::string> alt_names(X509* cert) {
+    std::vector<std::string> out;
+    auto* names = static_cast<GENERAL_NAMES*>(
+        ::X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+    if (!names) return out;
+    for (int i = 0; i < sk_GENERAL_NAME_num(names) && out.size() < 64; ++i) {
+        const GENERAL_NAME* g = sk_GENERAL_NAME_value(names, i);
+        if (g->type == GEN_DNS) {
+            out.push_back("DNS:" + asn1_text(g->d.dNSName));
+        } else if (g->type == GEN_URI) {
+            out.push_back("URI:" + asn1_text(g->d.uniformResourceIdentifier));
+        } else if (g->type == GEN_EMAIL) {
+            out.push_back("email:" + asn1_text(g->d.rfc822Name));
+        } else if (g->type == GEN_IPADD) {
+            const int n = ::ASN1_STRING_length(g->d.iPAddress);
+            const unsigned char* p = ::ASN1_STRING_get0_data(g->d.iPAddress);
+            char text[64] = {};
+            if (n == 4 || n == 16)
+                ::inet_ntop(n == 4 ? AF_INET : AF_INET6, p, text, sizeof text);
+            if (text[0]) out.push_back(std::string("IP:") + text);
+        }
+    }
+    ::GENERAL_NAMES_free(names);
+    return out;
+}
+
+}  // namespace
+
+void describe_certificate(const ssl::stream<tcp::socket>& s, identity& who) {
+    SSL* ssl = const_cast<ssl::stream<tcp::socket>&>(s).native_handle();
+    // Only a certificate that chained to this side's CA names anyone.
+    if (::SSL_get_verify_result(ssl) != X509_V_OK) return;
+    X509* cert = ::SSL_get1_peer_certificate(ssl);
+    if (!cert) return;
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
-    const bool ok = ::X509_digest(cert, ::EVP_sha256(), digest, &n) == 1;
+    if (::X509_digest(cert, ::EVP_sha256(), digest, &n) == 1) who.cert_sha256 = hex_of(digest, n);
+    who.cert_subject = name_text(::X509_get_subject_name(cert));
+    who.cert_sans = alt_names(cert);
     ::X509_free(cert);
-    if (!ok) return {};
-    static const char hex[] = "0123456789abcdef";
-    std::string id = "sha256:";
-    for (unsigned int i = 0; i < n; ++i) {
-        id += hex[digest[i] >> 4];
-        id += hex[digest[i] & 15];
-    }
-    return id;
 }
 
 namespace {
@@ -142,6 +197,8 @@ std::unique_ptr<transport> tls_transport(std::shared_ptr<tls_stream> ts, std::st
 
 // Accepts tcp connections and runs their handshakes side by side, so that one slow or silent
 // client holds up nobody; async_accept hands out the connections whose handshake succeeded.
+// Unfinished handshakes are capped, in all and per address (port aside): beyond a cap the
+// oldest is dropped, so that silent connections cannot stop the listener from accepting.
 class tls_listener final : public listener {
   public:
     tls_listener(const net::any_io_executor& ex, const address& a, const transport_options& to)
@@ -176,7 +233,16 @@ class tls_listener final : public listener {
     }
 
   private:
-    static constexpr std::size_t max_pending = 256;  // handshakes running + ready, not taken
+    static constexpr std::size_t max_ready = 256;          // handshakes done, not yet taken
+    static constexpr std::size_t max_handshakes = 256;     // running, in all
+    static constexpr std::size_t max_per_address = 32;     // running, from one address
+
+    // A handshake running on its connection's executor, as the listener's loop sees it.
+    struct shaking {
+        std::string from;  // the address, port aside
+        net::any_io_executor ex;
+        std::weak_ptr<tls_stream> ts;
+    };
 
     struct state {
         state(const net::any_io_executor& ex, const address& a, const transport_options& to)
@@ -191,7 +257,8 @@ class tls_listener final : public listener {
         tcp::acceptor acceptor;
         net::steady_timer wake;
         std::deque<std::unique_ptr<transport>> ready;
-        std::size_t handshaking = 0;
+        std::list<std::shared_ptr<shaking>> handshakes;  // oldest first
+        std::uint64_t dropped = 0;
         bool open = true;
         std::string local;
         std::function<net::any_io_executor()> choose;  // set_placement
@@ -201,8 +268,7 @@ class tls_listener final : public listener {
         const net::any_io_executor home = s->acceptor.get_executor();
         net::steady_timer backoff(home);
         while (s->open) {
-            while (s->open && s->handshaking + s->ready.size() >= max_pending)
-                co_await s->wake.async_wait(use_tuple);
+            while (s->open && s->ready.size() >= max_ready) co_await s->wake.async_wait(use_tuple);
             if (!s->open) break;
             const net::any_io_executor ex = s->choose ? s->choose() : home;
             auto [ec, sock] = co_await s->acceptor.async_accept(ex, use_tuple);
@@ -213,26 +279,71 @@ class tls_listener final : public listener {
                 continue;
             }
             sock.set_option(tcp::no_delay(true), ec);
-            ++s->handshaking;
-            net::co_spawn(ex, shake(s, home, std::move(sock)), detail::rethrow_escaped{});
+            std::error_code no_peer;
+            const auto peer = sock.remote_endpoint(no_peer);
+            auto h = std::make_shared<shaking>();
+            h->from = no_peer ? std::string() : peer.address().to_string();
+            h->ex = ex;
+            std::string remote = tcp_url(peer, "tls");
+            auto ts = std::make_shared<tls_stream>(std::move(sock), s->ctx);
+            h->ts = ts;
+            make_room(*s, h->from);
+            s->handshakes.push_back(h);
+            net::co_spawn(ex, shake(s, h, home, std::move(ts), std::move(remote)),
+                          detail::rethrow_escaped{});
         }
     }
 
+    // Before a handshake from `from` starts: drops the oldest of that address's when it has
+    // max_per_address running, and the oldest of all when max_handshakes run.
+    static void make_room(state& s, const std::string& from) {
+        std::size_t mine = 0;
+        auto oldest_mine = s.handshakes.end();
+        for (auto it = s.handshakes.begin(); it != s.handshakes.end(); ++it) {
+            if ((*it)->from != from) continue;
+            if (mine++ == 0) oldest_mine = it;
+        }
+        if (mine >= max_per_address)
+            drop(s, oldest_mine, "more than " + std::to_string(max_per_address) +
+                                     " unfinished TLS handshakes from " + from);
+        else if (s.handshakes.size() >= max_handshakes)
+            drop(s, s.handshakes.begin(),
+                 "more than " + std::to_string(max_handshakes) + " unfinished TLS handshakes");
+    }
+
+    static void drop(state& s, std::list<std::shared_ptr<shaking>>::iterator it,
+                     const std::string& why) {
+        auto h = std::move(*it);
+        s.handshakes.erase(it);
+        ++s.dropped;
+        if (s.on_refused)
+            s.on_refused("ordo: dropped the oldest TLS handshake" +
+                         (h->from.empty() ? std::string() : " from " + h->from) + " on " +
+                         s.local + ": " + why);
+        // Its socket belongs to its executor: closed there, which ends the handshake.
+        net::post(h->ex, [w = h->ts] {
+            if (auto ts = w.lock()) {
+                std::error_code ignored;
+                ts->stream.next_layer().close(ignored);
+            }
+        });
+    }
+
     // Runs on the connection's executor; the listener's state is touched back on `home`.
-    static net::awaitable<void> shake(std::shared_ptr<state> s, net::any_io_executor home,
-                                      tcp::socket sock) {
-        std::error_code ec;
-        std::string remote = tcp_url(sock.remote_endpoint(ec), "tls");
-        auto ts = std::make_shared<tls_stream>(std::move(sock), s->ctx);
+    static net::awaitable<void> shake(std::shared_ptr<state> s, std::shared_ptr<shaking> h,
+                                      net::any_io_executor home, std::shared_ptr<tls_stream> ts,
+                                      std::string remote) {
         std::string why = co_await handshake(ts, ssl::stream_base::server, s->o.handshake_timeout);
         if (!why.empty()) {
             std::error_code ignored;
             ts->stream.next_layer().close(ignored);
         }
         auto t = why.empty() ? tls_transport(std::move(ts), remote) : nullptr;
-        net::dispatch(home, [s, t = std::move(t), why = std::move(why),
+        net::dispatch(home, [s, h, t = std::move(t), why = std::move(why),
                              remote = std::move(remote)]() mutable {
-            --s->handshaking;
+            auto it = std::find(s->handshakes.begin(), s->handshakes.end(), h);
+            if (it == s->handshakes.end()) return;  // dropped: already reported
+            s->handshakes.erase(it);
             s->wake.cancel();
             if (!why.empty()) {
                 if (s->on_refused)

@@ -9,8 +9,8 @@
 
 #include "counter.hpp"
 
-/// Registers counter (examples/counter.hpp, count_to included), echo(any) and square_batch(int)
-/// on `srv`. `total`
+/// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami() and
+/// square_batch(int) on `srv`. `total`
 /// is the process-wide sum that add() changes; it must outlive the server. `shared` is how add()
 /// and total() run: on a server with several loops, give them a strand (run_on) so that calls
 /// from every loop take turns at `total`.
@@ -28,6 +28,8 @@ inline void serve_counter(ordo::server& srv, long& total, ordo::handler_options 
     });
     srv.on(counter{}.fail, [](std::string why) { throw std::runtime_error(why); });
     srv.on("echo", [](msgpack::object v) { return v; });
+    // Who the server took the caller to be (server_options::authenticate): empty without it.
+    srv.on("whoami", [](ordo::peer& p) { return p.identity().subject; });
     // A stream: 0 .. n-1, each item sent as soon as the caller has credit for it.
     srv.on(counter{}.count_to, [](ordo::writer<int>& out, int n) -> net::awaitable<void> {
         for (int i = 0; i < n; ++i) co_await out.write(i);

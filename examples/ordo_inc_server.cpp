@@ -19,6 +19,10 @@
 // --register etcd://HOST:PORT/PREFIX keeps the first listen URL (with its real port) listed in
 // etcd as the key PREFIX + URL under a lease of --register-ttl-s seconds (ordo/fleet.hpp), prints
 // "registered etcd://HOST:PORT/PREFIXURL" once it is there, and revokes it first on SIGINT/SIGTERM.
+// --auth-tokens FILE (lines `TOKEN SUBJECT`) refuses callers without one of those tokens, or a
+// client certificate, with errc::unauthenticated (ordo::authenticate_tokens); whoami() answers
+// the caller's subject. --allow-introspection SUBJECT (repeatable) lets that caller use
+// ordo.stats and ordo.methods, which authentication otherwise closes.
 #include <asio/signal_set.hpp>
 #include <fcntl.h>
 #include <unistd.h>
@@ -125,7 +129,27 @@ int main(int argc, char** argv) {
                    "its last keep-alive")
         ->check(ordo_cli::at_least(1))
         ->type_name("N");
+    std::string auth_tokens;
+    app.add_option("--auth-tokens", auth_tokens,
+                   "serve only callers that present a token listed in FILE (lines \"TOKEN "
+                   "SUBJECT\"), or a client certificate signed by --ca")
+        ->type_name("FILE");
+    std::vector<std::string> introspectors;
+    app.add_option("--allow-introspection", introspectors,
+                   "with --auth-tokens: this subject may call ordo.stats and ordo.methods "
+                   "(repeat for more)")
+        ->type_name("SUBJECT");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
+    if (!auth_tokens.empty()) {
+        try {
+            options.authenticate = ordo::authenticate_tokens(ordo::read_token_file(auth_tokens));
+        } catch (const std::exception& e) {
+            std::cerr << "error: --auth-tokens: " << e.what() << "\n";
+            return 1;
+        }
+        if (!introspectors.empty())
+            options.allow_introspection = ordo::allow_subjects(introspectors);
+    }
     if (liveness_timeout_ms >= 0)
         options.peer.liveness_timeout = std::chrono::milliseconds(liveness_timeout_ms);
     if (urls.empty()) urls.push_back("tcp://127.0.0.1:7000");

@@ -51,7 +51,7 @@ class http_call final : public detail::pending_call {
 
 // Makes the call on the channel's executor and waits for it here (an HTTP thread). While the
 // gateway stops, the call is cancelled (on the executor) and its cancellation awaited.
-std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
+std::shared_ptr<waiter> call(gateway::state& s, const channel& ch, const std::string& method,
                              detail::params_buffer params, call_options o) {
     auto w = std::make_shared<waiter>();
     auto c = std::make_unique<http_call>(w, s);
@@ -60,14 +60,14 @@ std::shared_ptr<waiter> call(gateway::state& s, const std::string& method,
     c->options = std::move(o);
     c->slot = w->signal.slot();
     ++s.calls;
-    net::post(s.ch.get_executor(),
-              [impl = s.ch.impl(), c = std::move(c)]() mutable { impl->start_call(std::move(c)); });
+    net::post(ch.get_executor(),
+              [impl = ch.impl(), c = std::move(c)]() mutable { impl->start_call(std::move(c)); });
     std::unique_lock lk(w->m);
     bool cancel_sent = false;
     while (!w->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w->done; })) {
         if (s.stopping && !cancel_sent) {
             cancel_sent = true;
-            net::post(s.ch.get_executor(),
+            net::post(ch.get_executor(),
                       [w] { w->signal.emit(net::cancellation_type::terminal); });
         }
     }
@@ -231,8 +231,8 @@ reply notify(gateway::state& s, const call_request& r, detail::params_buffer par
     };
     auto res = std::make_shared<result>();
     ++s.notifications;
-    net::post(s.ch.get_executor(),
-              [impl = s.ch.impl(), res, method = r.method, p = std::move(params)] {
+    net::post(r.via.get_executor(),
+              [impl = r.via.impl(), res, method = r.method, p = std::move(params)] {
                   std::error_code ec;
                   std::string why;
                   try {
@@ -262,7 +262,7 @@ reply run_call(gateway::state& s, const call_request& r) {
     if (auto bad = params_of(r, params)) return *bad;
     if (r.already_due) return timed_out_before(s, r);
     if (r.notify) return notify(s, r, std::move(params));
-    auto w = call(s, r.method, std::move(params), options_of(s, r));
+    auto w = call(s, r.via, r.method, std::move(params), options_of(s, r));
     if (w->ec)
         return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
     std::string body = json_codec::dump(w->out.result);
@@ -299,10 +299,10 @@ int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
     }
     auto o = options_of(s, r);
     auto st = std::make_shared<detail::stream_state<value>>(
-        r.method, s.remote(), s.ch.get_executor(), default_stream_window,
+        r.method, s.remote(), r.via.get_executor(), default_stream_window,
         default_stream_window_bytes);
     ++s.calls;
-    detail::start_stream(s.ch.impl(), st, std::move(params), std::move(o));
+    detail::start_stream(r.via.impl(), st, std::move(params), std::move(o));
     bool started = false, cancelled = false;
     for (;;) {
         std::optional<value> v;
@@ -358,7 +358,7 @@ namespace {
 std::map<std::string, std::string> read_methods(gateway::state& s) {
     call_options o;
     o.timeout = std::chrono::milliseconds(5'000);
-    auto w = call(s, "ordo.methods", json_codec::pack_params(json::array()), std::move(o));
+    auto w = call(s, s.ch, "ordo.methods", json_codec::pack_params(json::array()), std::move(o));
     if (w->ec) throw rpc_error(w->ec, "ordo.methods", s.remote(), w->out.detail);
     std::map<std::string, std::string> m;
     const msgpack::object& obj = w->out.result;
@@ -422,7 +422,7 @@ reply routes(gateway::state& s) {
 reply healthz(gateway::state& s) {
     call_options o;
     o.timeout = std::chrono::milliseconds(2'000);
-    auto w = call(s, "ordo.ping", json_codec::pack_params(json::array()), std::move(o));
+    auto w = call(s, s.ch, "ordo.ping", json_codec::pack_params(json::array()), std::move(o));
     // A foreign msgpack-rpc server answers ordo.ping with an error: it is alive.
     const bool alive = !w->ec || w->ec == errc::method_not_found || w->ec == errc::remote_error ||
                        w->ec == errc::bad_arguments;

@@ -3,9 +3,12 @@
 // The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
 // body within the limits, writing responses. What a request does on the channel is in
 // gateway/calls.cpp.
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <strings.h>
 
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -165,6 +168,49 @@ int respond(mg_connection* c, gateway::state& s, const gw::reply& r) {
     return r.status;
 }
 
+// The caller's bearer token, when the gateway has auth_tokens: empty and no reply if it has
+// none; a 401 reply if the request carries no token the gateway accepts.
+std::optional<gw::reply> bearer_refused(mg_connection* c, gateway::state& s, std::string& token) {
+    if (!s.check_token) return std::nullopt;
+    const char* h = mg_get_header(c, "Authorization");
+    std::string_view v = h ? h : "";
+    if (v.size() > 7 && strncasecmp(v.data(), "Bearer ", 7) == 0) {
+        v.remove_prefix(7);
+        while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+        while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+        token.assign(v);
+    }
+    std::string why = "ordo gateway: this gateway needs Authorization: Bearer TOKEN";
+    if (!token.empty()) {
+        const auto verdict = s.check_token(identity{}, credentials{token});
+        if (verdict.accepted) return std::nullopt;
+        why = "ordo gateway: the bearer token is not accepted";
+    }
+    auto r = gw::request_error(401, "unauthenticated", why);
+    r.headers = "\r\nWWW-Authenticate: Bearer";
+    return r;
+}
+
+// The upstream that carries the calls of the caller with `token`: its own channel, opened
+// once (gateway_options::connect_as), or the gateway's.
+channel upstream_for(gateway::state& s, const std::string& token) {
+    if (token.empty() || !s.o.connect_as) return s.ch;
+    std::lock_guard lk(s.upstream_mu);  // held while the first one for a token opens
+    if (auto it = s.upstreams.find(token); it != s.upstreams.end()) return it->second;
+    std::promise<channel> p;
+    auto f = p.get_future();
+    net::co_spawn(s.ch.get_executor(), s.o.connect_as(credentials{token}),
+                  [&p](std::exception_ptr e, channel ch) {
+                      if (e)
+                          p.set_exception(e);
+                      else
+                          p.set_value(std::move(ch));
+                  });
+    channel ch = f.get();
+    s.upstreams.emplace(token, ch);
+    return ch;
+}
+
 int handle(mg_connection* c, gateway::state& s) {
     const mg_request_info* ri = mg_get_request_info(c);
     if (s.connections > s.o.max_connections) {
@@ -180,6 +226,9 @@ int handle(mg_connection* c, gateway::state& s) {
     const std::string_view path = ri->local_uri ? ri->local_uri : "/";
     if (auto bad = host_refused(c, s)) return respond(c, s, *bad);
     if (verb == "OPTIONS" && !s.o.cors_origin.empty()) return respond(c, s, preflight(c, s));
+    std::string token;
+    if (path != "/-/healthz")
+        if (auto refused = bearer_refused(c, s, token)) return respond(c, s, *refused);
     const bool get = verb == "GET" || verb == "HEAD";
     if (const auto n = header_bytes(ri); n > s.o.max_header_bytes)
         return limit_close(c, 431,
@@ -212,6 +261,11 @@ int handle(mg_connection* c, gateway::state& s) {
                                          "ordo gateway: call " + std::string(path.substr(1)) +
                                              " with POST, not " + std::string(verb)));
     gw::call_request r;
+    try {
+        r.via = upstream_for(s, token);
+    } catch (const std::system_error& e) {
+        return respond(c, s, gw::error_reply(e.code(), e.what(), e.what()));
+    }
     r.method = std::string(path.substr(1));
     if (r.method.starts_with("ordo.") && !s.o.expose_admin)
         return respond(c, s,
@@ -297,31 +351,91 @@ int on_log(const mg_connection* c, const char* message) {
     return 1;
 }
 
-std::string listen_address(const std::string& url) {
-    constexpr std::string_view scheme = "http://";
-    if (url.rfind(scheme, 0) != 0 || url.size() == scheme.size())
-        throw std::system_error(make_error_code(errc::bad_address),
-                                "ordo gateway: the listen address must be http://HOST:PORT, not " +
-                                    url);
-    std::string hp = url.substr(scheme.size());
+[[noreturn]] void bad_listen(const std::string& url, const std::string& why) {
+    throw std::system_error(make_error_code(errc::bad_address),
+                            "ordo gateway: the listen address must be http://HOST:PORT or "
+                            "https://HOST:PORT?cert=F&key=F[&ca=F], not " +
+                                url + (why.empty() ? "" : " (" + why + ")"));
+}
+
+// HOST:PORT of `url`; for https://, its certificate, key and client CA go to `s`.
+std::string listen_address(const std::string& url, gateway::state& s) {
+    const bool tls = url.rfind("https://", 0) == 0;
+    if (!tls && url.rfind("http://", 0) != 0) bad_listen(url, "");
+    std::string hp = url.substr(tls ? 8 : 7);
+    std::string query;
+    if (const auto q = hp.find('?'); q != std::string::npos) {
+        query = hp.substr(q + 1);
+        hp.resize(q);
+    }
     if (!hp.empty() && hp.back() == '/') hp.pop_back();
-    if (hp.find_first_of("/?#,") != std::string::npos || hp.rfind(':') == std::string::npos)
-        throw std::system_error(make_error_code(errc::bad_address),
-                                "ordo gateway: the listen address must be http://HOST:PORT, not " +
-                                    url);
+    if (hp.empty() || hp.find_first_of("/?#,") != std::string::npos ||
+        hp.rfind(':') == std::string::npos)
+        bad_listen(url, "");
+    if (!tls && !query.empty()) bad_listen(url, "parameters are for https:// only");
+    while (!query.empty()) {
+        const auto amp = query.find('&');
+        const std::string item = query.substr(0, amp);
+        query = amp == std::string::npos ? "" : query.substr(amp + 1);
+        const auto eq = item.find('=');
+        const std::string key = item.substr(0, eq);
+        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+        if (key == "cert")
+            s.tls_cert = value;
+        else if (key == "key")
+            s.tls_key = value;
+        else if (key == "ca")
+            s.tls_ca = value;
+        else
+            bad_listen(url, "unknown parameter \"" + key + "\"");
+    }
+    if (tls && (s.tls_cert.empty() || s.tls_key.empty()))
+        bad_listen(url, "https needs cert= and key=");
     return hp;
+}
+
+std::string ssl_error_text() {
+    char buf[256] = "unknown error";
+    if (unsigned long e = ::ERR_get_error()) ::ERR_error_string_n(e, buf, sizeof buf);
+    return buf;
+}
+
+// civetweb's SSL_CTX for https://: the certificate, key and client CA from the listen URL,
+// TLS 1.2 at least. 1: set up here; -1: failed (mg_start2 then fails, with the reason noted).
+int on_init_ssl(void* ssl_ctx, void* user_data) {
+    auto& s = *static_cast<gateway::state*>(user_data);
+    auto* ctx = static_cast<SSL_CTX*>(ssl_ctx);
+    ::SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    if (::SSL_CTX_use_certificate_chain_file(ctx, s.tls_cert.c_str()) != 1) {
+        s.tls_error = "cert=" + s.tls_cert + ": " + ssl_error_text();
+        return -1;
+    }
+    if (::SSL_CTX_use_PrivateKey_file(ctx, s.tls_key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        ::SSL_CTX_check_private_key(ctx) != 1) {
+        s.tls_error = "key=" + s.tls_key + ": " + ssl_error_text();
+        return -1;
+    }
+    if (!s.tls_ca.empty()) {
+        if (::SSL_CTX_load_verify_locations(ctx, s.tls_ca.c_str(), nullptr) != 1) {
+            s.tls_error = "ca=" + s.tls_ca + ": " + ssl_error_text();
+            return -1;
+        }
+        ::SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    }
+    return 1;
 }
 
 }  // namespace
 
 gateway::gateway(channel ch, gateway_options o)
     : s_(std::make_unique<state>(std::move(ch), std::move(o))) {
-    const std::string hp = listen_address(s_->o.listen);
+    const std::string hp = listen_address(s_->o.listen, *s_);
+    const bool tls = !s_->tls_cert.empty();
     // Threads: one per connection served, and a few more that only answer refusals, so that a
     // connection over max_connections hears why instead of waiting in civetweb's queue.
     const auto num = [](auto v) { return std::to_string(v); };
     const std::vector<std::string> opts = {
-        "listening_ports", hp,
+        "listening_ports", tls ? hp + "s" : hp,
         "num_threads", num(s_->o.max_connections + 4),
         // Headers up to 4 x max_header_bytes are read, so that those over max_header_bytes are
         // refused by name (431); beyond, civetweb refuses them itself (on_http_error).
@@ -344,6 +458,7 @@ gateway::gateway(channel ch, gateway_options o)
     cb.connection_close = on_connection_close;
     cb.http_error = on_http_error;
     cb.log_message = on_log;
+    if (tls) cb.init_ssl = on_init_ssl;
     mg_init_library(0);
     mg_error_data err{};
     unsigned code = 0;
@@ -360,13 +475,16 @@ gateway::gateway(channel ch, gateway_options o)
         mg_exit_library();
         throw std::system_error(make_error_code(errc::bad_address),
                                 "ordo gateway: cannot listen on " + s_->o.listen + ": " +
-                                    (text[0] ? std::string(text) : "civetweb did not start"));
+                                    (!s_->tls_error.empty() ? s_->tls_error
+                                     : text[0]              ? std::string(text)
+                                                            : "civetweb did not start"));
     }
     mg_set_request_handler(s_->ctx, "/", on_request, nullptr);
     mg_server_port ports[4] = {};
     const int n = mg_get_server_ports(s_->ctx, 4, ports);
     const std::string host = hp.substr(0, hp.rfind(':'));
-    s_->url = "http://" + host + ":" + (n > 0 ? std::to_string(ports[0].port) : hp.substr(hp.rfind(':') + 1));
+    s_->url = std::string(tls ? "https://" : "http://") + host + ":" +
+              (n > 0 ? std::to_string(ports[0].port) : hp.substr(hp.rfind(':') + 1));
 }
 
 gateway::~gateway() {
@@ -379,6 +497,19 @@ void gateway::stop() {
     mg_stop(s_->ctx);
     s_->ctx = nullptr;
     mg_exit_library();
+    // The callers' channels are released on their executor, as channels must be.
+    std::map<std::string, channel> ups;
+    {
+        std::lock_guard lk(s_->upstream_mu);
+        ups.swap(s_->upstreams);
+    }
+    if (ups.empty()) return;
+    std::promise<void> released;
+    net::post(s_->ch.get_executor(), [&] {
+        ups.clear();
+        released.set_value();
+    });
+    released.get_future().wait();
 }
 
 const std::string& gateway::url() const noexcept {
@@ -417,6 +548,8 @@ std::string code_name(std::error_code ec) {
         case errc::bad_address: return "bad_address";
         case errc::bad_result: return "bad_result";
         case errc::session_lost: return "session_lost";
+        case errc::unauthenticated: return "unauthenticated";
+        case errc::permission_denied: return "permission_denied";
     }
     return ec.message();
 }
@@ -440,6 +573,9 @@ int http_status(std::error_code ec, const std::string& detail) {
         case errc::bad_result: return 502;
         case errc::remote_error:
         case errc::bad_address: return 500;
+        // The backend refused the gateway's (or the forwarded caller's) credentials.
+        case errc::unauthenticated: return 401;
+        case errc::permission_denied: return 403;
     }
     return 500;
 }
@@ -473,6 +609,7 @@ void send_reply(mg_connection* c, const reply& r) {
                    "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
                    "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
     }
+    out += r.headers;
     out += "\r\nContent-Length: ";
     out += std::to_string(r.body.size());
     if (v10 && conn && strcasecmp(conn, "keep-alive") == 0) out += "\r\nConnection: keep-alive";

@@ -20,7 +20,9 @@ struct gateway::state {
     using clock = std::chrono::steady_clock;
 
     state(channel c, gateway_options opt)
-        : ch(std::move(c)), o(std::move(opt)), remote_(ch.remote_address()) {}
+        : ch(std::move(c)), o(std::move(opt)), remote_(ch.remote_address()) {
+        if (!o.auth_tokens.empty()) check_token = authenticate_tokens(o.auth_tokens);
+    }
 
     /// The channel's name for messages. A router's changes with its members and may only be
     /// read on its executor: note_remote() copies it from there, after each call.
@@ -36,6 +38,13 @@ struct gateway::state {
 
     channel ch;
     gateway_options o;
+    authenticate_fn check_token;  // set with auth_tokens
+    // https: the listener's certificate, key and client CA (listen's parameters).
+    std::string tls_cert, tls_key, tls_ca;
+    std::string tls_error;  // why civetweb's SSL setup failed
+    // The channels opened for callers' tokens (gateway_options::connect_as), by token.
+    std::mutex upstream_mu;
+    std::map<std::string, channel> upstreams;
     std::string url;
     mg_context* ctx = nullptr;
     std::atomic<bool> stopping{false};
@@ -68,6 +77,7 @@ namespace gw {
 
 /// What a request asks for, from its query string and headers.
 struct call_request {
+    channel via;  // the upstream that carries it: the gateway's, or the caller's own
     std::string method;
     std::string body;
     bool notify = false;
@@ -79,9 +89,13 @@ struct call_request {
 
 /// A finished response: status, content type, body.
 struct reply {
+    reply() = default;
+    reply(int st, std::string t, std::string b)
+        : status(st), type(std::move(t)), body(std::move(b)) {}
     int status = 200;
     std::string type = "application/json";
     std::string body;
+    std::string headers;  // more header lines, each "\r\nName: value"
 };
 
 /// {"code": ..., "message": ...} with the status of `ec` (http_status()).

@@ -31,6 +31,8 @@ const char* to_string(errc e) noexcept {
         case errc::bad_address: return "bad address";
         case errc::bad_result: return "bad result";
         case errc::session_lost: return "session lost";
+        case errc::unauthenticated: return "unauthenticated";
+        case errc::permission_denied: return "permission denied";
     }
     return "unknown ordo error";
 }

@@ -32,6 +32,8 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
         o.resume = ms();
     else if (key == "max_unacked_bytes")
         o.max_unacked_bytes = number_parameter(url, key, value);
+    else if (key == "token_file")
+        o.credentials.token = read_token(value);
     else
         return false;
     return true;

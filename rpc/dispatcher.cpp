@@ -136,6 +136,11 @@ void dispatcher::on_reserved(const message& m) {
             if (it != streams_.end())
                 it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
         }
+    } else if ((m.method == "ordo.methods" || m.method == "ordo.stats") && req && h_ &&
+               h_->introspection() && !self_.identity().may_introspect) {
+        respond_error(m.msgid, errc::permission_denied,
+                      "permission denied: " + std::string(m.method) + " is not open to " +
+                          self_.identity().name() + " (server_options::allow_introspection)");
     } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
         // {name: "(parameter types)"} for every method served, in name order.
         buffer b(small_buffer);
@@ -167,8 +172,14 @@ void dispatcher::on_reserved(const message& m) {
     } else if (m.method == "ordo.closing") {
         // [code, reason]: the remote side closes the connection next, and says why.
         const auto& a = m.params.via.array;
-        if (a.size == 2 && a.ptr[1].type == msgpack::type::STR)
-            host_.remote_closing(std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+        if (a.size == 2 && a.ptr[1].type == msgpack::type::STR) {
+            std::error_code code;
+            if (a.ptr[0].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 >= 1 &&
+                a.ptr[0].via.u64 <= static_cast<std::uint64_t>(errc::permission_denied))
+                code = static_cast<errc>(a.ptr[0].via.u64);
+            host_.remote_closing(code,
+                                 std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+        }
     } else if (m.method == "ordo.goaway") {
         // [grace_ms, reason]: the remote side is draining (docs/protocol.md "Draining"). One
         // that does not have this shape is ignored, like any reserved notification.
@@ -260,6 +271,8 @@ void dispatcher::dispatch(message& m) {
         }
         return;
     }
+    if (e->allow && !e->allow(self_.identity())) [[unlikely]]
+        return deny(*e, m);
     if (e->stream) {
         if (req) return start_async(*e, m, window, window_bytes);
         ++c_.notification_errors;
@@ -277,6 +290,19 @@ void dispatcher::dispatch(message& m) {
     }
     if (e->sync) return run_sync(*e, m);
     start_async(*e, m, 0, 0);
+}
+
+void dispatcher::deny(const handler_entry& e, const message& m) {
+    const std::string why = "permission denied: " + self_.identity().name() +
+                            " may not call method \"" + std::string(m.method) + "\"";
+    if (m.kind == message_kind::request) {
+        e.counters->request_done(errc::permission_denied);
+        respond_error(m.msgid, errc::permission_denied, why);
+    } else {
+        ++c_.notification_errors;
+        e.counters->notification_done(true);
+        report_dropped(m.method, errc::permission_denied, why);
+    }
 }
 
 void dispatcher::run_sync(const handler_entry& e, const message& m) {

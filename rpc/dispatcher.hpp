@@ -43,7 +43,7 @@ class dispatcher_host {
     /// The connection, kept alive by each handler coroutine until it ends.
     virtual std::shared_ptr<void> keep_alive() = 0;
     /// The remote side said (ordo.closing) that it is closing the connection, and why.
-    virtual void remote_closing(std::string reason) = 0;
+    virtual void remote_closing(std::error_code code, std::string reason) = 0;
     /// The remote side said (ordo.goaway) that it is going away: it serves what it has and
     /// what still comes for `grace`, then closes. Each time it says so (the host keeps the
     /// first).
@@ -80,9 +80,10 @@ class dispatcher {
         if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
             [[unlikely]]
             return on_message_slow(m, bytes);
-        // A synchronous handler runs from here; anything else (an unknown method, a handler
-        // that suspends or streams) takes dispatch(), which looks the method up again.
-        if (const handler_entry* e = find(m.method); e && e->sync && !e->stream) [[likely]]
+        // A synchronous handler open to every caller runs from here; anything else (an unknown
+        // method, a handler that suspends, streams or checks its caller) takes dispatch(), which
+        // looks the method up again.
+        if (const handler_entry* e = find(m.method); e && e->direct) [[likely]]
             return run_sync(*e, m);
         dispatch(m);
     }
@@ -112,6 +113,7 @@ class dispatcher {
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     void dispatch(message& m);
     void run_sync(const handler_entry& e, const message& m);
+    void deny(const handler_entry& e, const message& m);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
                      std::uint64_t window_bytes);
     bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);

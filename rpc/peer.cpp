@@ -22,8 +22,10 @@ void peer::start() {
 void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     auto& s = *s_;
     ++s.c.calls_started;
-    if (s.left) [[unlikely]]
-        return s.calls.fail(std::move(call), errc::peer_lost, s.goaway_why);
+    if (s.left || s.heard_eof) [[unlikely]]
+        return s.calls.fail(std::move(call),
+                            s.sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
+                            s.heard_eof ? s.eof_why : s.goaway_why);
     if (!s.sess->is_open())
         return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
@@ -57,6 +59,9 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
 
 const std::string& peer::remote_address() const noexcept {
     return s_->remote;
+}
+const identity& peer::identity() const noexcept {
+    return s_->sess->who();
 }
 net::any_io_executor peer::get_executor() const {
     return s_->ex;

@@ -102,6 +102,17 @@ void server::state::serve(loop& lp, std::unique_ptr<transport> t) {
     // A caller coming back lands on any loop; its session's connection moves to the loop the
     // session lives on (session_handshake.cpp).
     rc.registry = sessions;
+    if (o.authenticate) {
+        rc.gate = [auth = o.authenticate, intro = o.allow_introspection](
+                      identity& who, const credentials& presented) {
+            auth_verdict v = auth(who, presented);
+            if (v.accepted) {
+                who.subject = v.subject;
+                who.may_introspect = intro && intro(who);
+            }
+            return v;
+        };
+    }
     std::shared_ptr<peer> p;
     const std::string remote = t->remote_address();
     try {

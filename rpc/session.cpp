@@ -43,7 +43,6 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
       on_ended_(std::move(on_ended)),
       ex_(t->get_executor()),
       remote_(t->remote_address()),
-      identity_(t->peer_identity()),
       ack_timer_(ex_),
       window_timer_(ex_),
       changed_(ex_, std::chrono::steady_clock::time_point::max()) {
@@ -62,7 +61,10 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
     // Of what a connection could not write, only notifications are reported (report_undelivered);
     // the rest is never copied.
     options_.keep_undelivered = [](std::string_view m) { return is_notification_head(m); };
+    who_.address = remote_;
+    t->describe(who_);
     attach(std::move(t));
+    send_credentials();
     rc_.window = std::min(rc_.window, longest_window);
     if (rc_.window.count() > 0 && rc_.reconnect) {
         mode_ = mode::offering;
@@ -73,6 +75,13 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
         attached_ = true;
     } else {
         attached_ = true;
+    }
+    if (rc_.gate) {
+        // Nothing is served before the gate has decided (on the first message, ordo.auth or
+        // not); the take-message fast path is off meanwhile, as in every mode but plain.
+        after_gate_ = mode_;
+        mode_ = mode::gated;
+        who_.may_introspect = false;
     }
 }
 
@@ -104,6 +113,12 @@ void session::attach(std::unique_ptr<transport> t) {
     comm_->take_messages_with([l](std::string_view bytes, const limits& lim) -> std::size_t {
         return l->s ? l->s->take_message(bytes, lim) : 0;
     });
+    // A resumable session's end of stream is a drop to resume from, not a half-close.
+    comm_->on_end_of_stream([l] {
+        session* s = l->s;
+        return s && s->mode_ != mode::offering && s->mode_ != mode::resumable &&
+               s->host_.peer_finished_sending();
+    });
     link_ = std::move(l);
     if (paused_) comm_->pause_reading(true);
 }
@@ -123,7 +138,85 @@ void session::drop_comm() {
 void session::on_comm_message(std::string_view bytes) {
     if (mode_ == mode::plain) [[likely]]
         return host_.on_message(bytes);
+    if (mode_ == mode::gated || mode_ == mode::refused) return on_gated_message(bytes);
     on_session_message(bytes);
+}
+
+// ---- authentication (docs/protocol.md "Authentication") ----
+
+void session::send_credentials() {
+    if (rc_.credentials_message.empty()) return;
+    buffer b(small_buffer);
+    b.write(rc_.credentials_message.data(), rc_.credentials_message.size());
+    write_control(b);
+}
+
+namespace {
+
+// ordo.auth [{"token": string}]: what the caller presented. False if it is not of that shape.
+bool read_credentials(const message& m, credentials& c) {
+    const auto& p = m.params;
+    if (p.type != msgpack::type::ARRAY || p.via.array.size != 1) return false;
+    const auto& map = p.via.array.ptr[0];
+    if (map.type != msgpack::type::MAP) return false;
+    for (std::uint32_t i = 0; i < map.via.map.size; ++i) {
+        const auto& kv = map.via.map.ptr[i];
+        if (kv.key.type != msgpack::type::STR) return false;
+        const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
+        if (key != "token") continue;  // room for other kinds of credentials
+        if (kv.val.type != msgpack::type::STR) return false;
+        c.token.assign(kv.val.via.str.ptr, kv.val.via.str.size);
+    }
+    return true;
+}
+
+}  // namespace
+
+void session::on_gated_message(std::string_view bytes) {
+    message m = decode_message(bytes, options_.limits);
+    const bool request = m.kind == message_kind::request;
+    if (mode_ == mode::refused) {
+        if (request) answer_error(m.msgid, errc::unauthenticated, refusal_);
+        return;
+    }
+    credentials presented;
+    const bool auth = m.kind == message_kind::notification && m.method == "ordo.auth";
+    auth_verdict v;
+    if (auth && !read_credentials(m, presented)) {
+        v = auth_verdict::refuse("ordo.auth expects [{\"token\": string}]");
+    } else {
+        try {
+            v = rc_.gate(who_, presented);
+        } catch (const std::exception& e) {
+            v = auth_verdict::refuse(std::string("the server could not decide: ") + e.what());
+        }
+    }
+    if (!v.accepted) {
+        refuse(v.reason.empty() ? "refused" : v.reason);
+        if (request) answer_error(m.msgid, errc::unauthenticated, refusal_);
+        return;
+    }
+    who_.subject = v.subject;
+    if (!presented.empty()) who_.token_subject = v.subject;
+    mode_ = after_gate_;
+    if (!auth) on_comm_message(bytes);  // the first message, served as any other
+}
+
+// The caller is told why (ordo.closing, and each request read before the close), and the
+// connection closes once this turn's messages are answered.
+void session::refuse(std::string reason) {
+    refusal_ = std::move(reason);
+    mode_ = mode::refused;
+    buffer b(small_buffer);
+    encode_notification(b, "ordo.closing", static_cast<int>(errc::unauthenticated), refusal_);
+    write_control(b);
+    net::post(ex_, [l = link_] {
+        if (!l->s) return;
+        session& s = *l->s;
+        s.local_code_ = errc::unauthenticated;
+        s.local_reason_ = "ordo: refused " + s.remote_ + ": " + s.refusal_;
+        if (s.comm_) s.comm_->close();
+    });
 }
 
 // ---- connections ending ----
@@ -142,7 +235,7 @@ void session::end(const close_result& r) {
     if (!open_) return;
     open_ = false;
     attached_ = false;
-    close_code_ = local_code_ ? local_code_ : r.code;
+    close_code_ = remote_code_ ? remote_code_ : local_code_ ? local_code_ : r.code;
     close_reason_ = local_reason_.empty() ? r.reason : local_reason_;
     if (!remote_reason_.empty() && close_reason_.find(remote_reason_) == std::string::npos)
         close_reason_ += " (the peer said: " + remote_reason_ + ")";
@@ -251,6 +344,11 @@ void session::cut(std::string reason) {
 void session::note_remote_reason(std::string reason) {
     remote_reason_ = std::move(reason);
     said_goodbye_ = true;
+}
+
+void session::note_remote_reason(std::error_code code, std::string reason) {
+    if (code == errc::unauthenticated) remote_code_ = code;
+    note_remote_reason(std::move(reason));
 }
 
 const comm_counters& session::summed_counters() const noexcept {

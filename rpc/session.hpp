@@ -25,6 +25,7 @@
 
 #include "ordo/batched_comm.hpp"
 #include "ordo/codec.hpp"
+#include "ordo/identity.hpp"
 #include "rpc/detail/resend_buffer.hpp"
 
 namespace ordo {
@@ -51,7 +52,7 @@ class session_registry : public std::enable_shared_from_this<session_registry> {
     struct place {
         session* s = nullptr;
         net::any_io_executor ex;
-        std::string identity;  // the caller's (tls), checked on resume
+        std::string identity;  // the caller's identity::resume_key(), checked on resume
     };
 
     /// The longest window this server grants (0: it does not resume sessions).
@@ -125,9 +126,13 @@ class session_host {
     virtual void session_lost(const close_result& r) = 0;
     /// The other side agreed to a session: a new one (`resumed` false) or this one again.
     virtual void session_opened(bool resumed) = 0;
+    /// A plain connection's peer ended its sending side (half-close): nothing more will be
+    /// read. True: the host serves what it read and closes the session itself; false: the
+    /// connection ends as lost.
+    virtual bool peer_finished_sending() { return false; }
 };
 
-/// How a session resumes.
+/// How a session resumes, and how its connections are let in.
 struct resume_config {
     /// The caller's side: the window asked for (0: plain session), and how to open a new
     /// connection to the same place (given how long it may take).
@@ -137,6 +142,13 @@ struct resume_config {
     std::shared_ptr<session_registry> registry;
     /// Most bytes sent and not acknowledged; send() refuses beyond (errc::overloaded).
     std::size_t max_unacked_bytes = std::size_t{64} << 20;
+    /// The caller's side: its ordo.auth notification, encoded, written first on every
+    /// connection, before ordo.hello (empty: none). docs/protocol.md "Authentication".
+    std::string credentials_message;
+    /// The server's side: decides on each connection before any of its messages is served,
+    /// from the identity its transport proved and the ordo.auth it sent first, if any; may set
+    /// identity::may_introspect. Null: every caller is served.
+    std::function<auth_verdict(identity&, const credentials&)> gate;
 };
 
 /// Belongs to the transport's executor.
@@ -194,9 +206,12 @@ class session {
     /// the connection's end. (A resumable session keeps what it is sent between connections.)
     bool can_send() const noexcept {
         if (!open_ || ending_) return false;
-        if (mode_ == mode::plain || mode_ == mode::awaiting) return comm_ && !comm_->is_closing();
+        if (mode_ != mode::offering && mode_ != mode::resumable)
+            return comm_ && !comm_->is_closing();
         return true;
     }
+    /// Who the other side is (peer::identity()).
+    const identity& who() const noexcept { return who_; }
     /// True once the other side has agreed to resume this session after drops.
     bool is_resumable() const noexcept { return mode_ == mode::resumable; }
     /// How it ended; empty while open.
@@ -205,6 +220,12 @@ class session {
     /// What the remote side said (ordo.closing) before it closed: added to the close reason,
     /// and the session will not wait for a resume.
     void note_remote_reason(std::string reason);
+    /// The same, where the other side's code says more than the connection's end: its refusal
+    /// of this side (errc::unauthenticated) becomes the code the session ends with.
+    void note_remote_reason(std::error_code code, std::string reason);
+    /// What the other side said of its closing (empty if nothing), and its refusal's code.
+    const std::string& remote_reason() const noexcept { return remote_reason_; }
+    const std::error_code& remote_code() const noexcept { return remote_code_; }
     /// Marks the session ended by its owner's destruction (no callback runs).
     void end_locally(std::error_code code, std::string reason);
 
@@ -230,6 +251,9 @@ class session {
         offering,   ///< caller: ordo.hello sent, no answer yet; messages are kept, not sent
         awaiting,   ///< server: the first message may still be ordo.hello
         resumable,  ///< both sides keep counts and resend buffers
+        gated,      ///< server: nothing is served until resume_config::gate accepts the caller
+        refused,    ///< server: the gate refused; requests read before the close are answered
+                    ///< errc::unauthenticated, nothing else is served
     };
     struct link;
 
@@ -244,6 +268,9 @@ class session {
         return mode_ == mode::plain ? host_.take_message(bytes, l) : 0;
     }
     void on_session_message(std::string_view bytes);
+    void on_gated_message(std::string_view bytes);
+    void refuse(std::string reason);
+    void send_credentials();
     void on_comm_closed(const close_result& r);
     bool on_control(std::string_view bytes);
     bool on_hello_answer(std::string_view bytes);
@@ -251,7 +278,7 @@ class session {
     void on_hello_request(message& m);
     void take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link> l, std::uint32_t msgid,
                    std::uint64_t their_received);
-    static void resume_here(session_registry& reg, const session_id& id,
+    static void resume_here(session_registry& reg, const session_id& id, const std::string& key,
                             std::unique_ptr<transport> t, std::string rest, std::uint32_t msgid,
                             std::uint64_t their_received);
     static std::string no_session(const session_id& id);
@@ -283,11 +310,13 @@ class session {
     ended_fn on_ended_;
     net::any_io_executor ex_;
     std::string remote_;
-    std::string identity_;  // what the caller proved to be (tls), checked on resume
+    identity who_;  // the other side; the server checks its resume_key() on resume
     std::unique_ptr<batched_comm> comm_;
     std::shared_ptr<link> link_;
     std::unique_ptr<batched_comm> dead_comm_;  // the last dropped connection, freed later
     mode mode_ = mode::plain;
+    mode after_gate_ = mode::plain;  // what a gated connection becomes once let in
+    std::string refusal_;            // why the gate refused
     bool open_ = true;
     bool ending_ = false;         // close()/abort() was called: no resume
     bool close_pending_ = false;  // close() during the handshake
@@ -301,6 +330,7 @@ class session {
     std::string remote_reason_;
     std::string local_reason_;    // why this side closed, when it said
     std::error_code local_code_;  // and with which code, when it said
+    std::error_code remote_code_;  // the other side's refusal of this one, when it said
     std::string last_error_;      // why the last connection dropped (for the window's error)
 
     // Resumption.

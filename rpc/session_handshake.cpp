@@ -88,7 +88,10 @@ bool session::on_hello_answer(std::string_view bytes) {
     } else {
         std::string detail;
         const std::error_code code = error_from_wire(m.error, detail);
-        if (mode_ == mode::resumable) {
+        if (code == errc::unauthenticated) {
+            // The server refused this side's credentials (it closes the connection next).
+            abort(code, "ordo: " + remote_ + " refused this side: " + detail);
+        } else if (mode_ == mode::resumable) {
             // The other side no longer knows the session (it restarted, or the session
             // expired or was given up): what was in flight cannot be completed.
             lose({code == errc::session_lost ? code : make_error_code(errc::session_lost),
@@ -146,7 +149,7 @@ void session::on_hello_request(message& m) {
     if (fresh) {
         id_ = random_session_id();
         window_ = std::min(rc_.registry->max_window(), window_of(asked));
-        rc_.registry->add(id_, this, ex_, identity_);
+        rc_.registry->add(id_, this, ex_, who_.resume_key());
         mode_ = mode::resumable;
         // This connection carried everything sent so far: nothing to send again.
         if (their_received <= sent_.end() && their_received >= sent_.first())
@@ -155,8 +158,9 @@ void session::on_hello_request(message& m) {
         return answer_welcome(m.msgid);
     }
     auto at = rc_.registry->find(id);
-    // Over tls, only the client that opened a session may resume it.
-    if (at.s && at.identity != identity_) at.s = nullptr;
+    // Only a caller that proves the identity that opened a session may resume it: the same
+    // client certificate, the same token subject.
+    if (at.s && at.identity != who_.resume_key()) at.s = nullptr;
     const bool here = at.s && at.ex == ex_;
     if (!at.s || at.s == this || (here && (!at.s->open_ || at.s->ending_))) {
         become_plain(false);
@@ -172,7 +176,8 @@ void session::on_hello_request(message& m) {
         // The session lives on another loop: once what this side queued is written, the
         // connection moves there (with what the caller sent after its hello, if anything).
         l->s = nullptr;
-        comm->hand_over([reg = rc_.registry, ex = at.ex, id, msgid = m.msgid, their_received](
+        comm->hand_over([reg = rc_.registry, ex = at.ex, id, msgid = m.msgid, their_received,
+                         key = who_.resume_key()](
                             std::unique_ptr<transport> t, std::string rest) {
             if (!t) return;  // it failed meanwhile: the caller comes back again
             auto moved = t->rehome(ex);
@@ -181,10 +186,10 @@ void session::on_hello_request(message& m) {
                 t->reset();
                 return;
             }
-            net::post(ex, [reg, id, msgid, their_received, rest = std::move(rest),
+            net::post(ex, [reg, id, msgid, their_received, key, rest = std::move(rest),
                            t = std::move(moved)]() mutable {
-                resume_here(*reg, id, std::move(t), std::move(rest),
-                            msgid, their_received);
+                resume_here(*reg, id, key, std::move(t), std::move(rest), msgid,
+                            their_received);
             });
         });
         dead_comm_ = std::move(comm);
@@ -197,12 +202,12 @@ std::string session::no_session(const session_id& id) {
 }
 
 // On the loop of session `id`, with a connection that claimed it on another loop.
-void session::resume_here(session_registry& reg, const session_id& id,
+void session::resume_here(session_registry& reg, const session_id& id, const std::string& key,
                           std::unique_ptr<transport> t, std::string rest, std::uint32_t msgid,
                           std::uint64_t their_received) {
     auto at = reg.find(id);
     session* s = at.s;
-    if (s && (!s->open_ || s->ending_ || s->identity_ != t->peer_identity())) s = nullptr;
+    if (s && (!s->open_ || s->ending_ || s->who_.resume_key() != key)) s = nullptr;
     if (!s) {
         // It ended while the connection was on its way: say so, and close the connection.
         auto ex = t->get_executor();
@@ -234,6 +239,7 @@ void session::take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link
     link_ = std::move(l);
     link_->s = this;
     remote_ = comm_->remote_address();
+    who_.address = remote_;
     if (paused_) comm_->pause_reading(true);
     if (their_received < sent_.first() || their_received > sent_.end()) {
         answer_error(msgid, errc::session_lost,

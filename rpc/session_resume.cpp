@@ -45,6 +45,9 @@ void session::note_unacked() {
 }
 
 void session::send_kept(std::string_view head, std::string_view body) {
+    if ((mode_ == mode::refused || (mode_ == mode::gated && after_gate_ == mode::plain)) &&
+        comm_)
+        return comm_->send(head, body);  // a plain connection not yet (or never) let in
     if (!open_ || ending_ || (!comm_ && mode_ == mode::plain))
         throw rpc_error(
             close_code_ ? close_code_ : make_error_code(errc::closed), {}, {},
@@ -318,6 +321,7 @@ net::awaitable<void> session::reconnect_loop(session* self, std::weak_ptr<void> 
         }
         self->attach(std::move(t));
         self->comm_->start();
+        self->send_credentials();
         self->send_hello();
         co_return;
     }

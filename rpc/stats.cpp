@@ -167,6 +167,7 @@ void handlers::add(std::string name, detail::handler_entry e) {
         e.counters = it->second.counters;  // the name's figures go on
     else
         e.counters = std::make_shared<detail::method_counters>();
+    e.direct = e.sync && !e.stream && !e.allow;
     map_.insert_or_assign(std::move(name), std::move(e));
 }
 

@@ -23,7 +23,8 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
             else if (k == "message" && kv.val.type == msgpack::type::STR)
                 detail.assign(kv.val.via.str.ptr, kv.val.via.str.size);
         }
-        if (code && *code >= 1 && *code <= static_cast<int>(errc::session_lost) && !detail.empty())
+        if (code && *code >= 1 && *code <= static_cast<int>(errc::permission_denied) &&
+            !detail.empty())
             return static_cast<errc>(*code);
     }
     if (detail.empty()) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <ordo/connect.hpp>
+#include <ordo/peer.hpp>
 
 namespace ordo_tool {
 
@@ -16,7 +17,9 @@ namespace net = ordo::net;
 
 void add_gateway_options(CLI::App* sub, gateway_args& a) {
     auto& o = a.options;
-    sub->add_option("--listen", o.listen, "http://HOST:PORT to serve HTTP on (PORT 0: any)")
+    sub->add_option("--listen", o.listen,
+                    "http://HOST:PORT to serve HTTP on (PORT 0: any), or "
+                    "https://HOST:PORT?cert=F&key=F[&ca=F] (ca: clients need a certificate)")
         ->capture_default_str();
     sub->add_option("--to", a.to, "the channel: tcp://, unix://, tls://, route+..., ?mode=pooled")
         ->required();
@@ -51,6 +54,11 @@ void add_gateway_options(CLI::App* sub, gateway_args& a) {
     sub->add_flag("--no-reconnect", a.no_reconnect,
                   "open --to as it is: a plain tcp://, unix:// or tls:// connection that is lost "
                   "stays lost (by default the gateway reconnects)");
+    sub->add_option("--auth-tokens", a.auth_tokens,
+                    "callers need Authorization: Bearer TOKEN with a token of FILE (lines "
+                    "\"TOKEN SUBJECT\"; 401 otherwise); each caller's calls go upstream over a "
+                    "connection that presents its token, so the backend names the caller")
+        ->type_name("FILE");
     sub->add_option("--connect-timeout-ms", a.connect_timeout_ms,
                     "opening the channel may take this long")
         ->capture_default_str()
@@ -66,6 +74,32 @@ std::string channel_url(const gateway_args& a) {
         return u;
     return "route+" + u;
 }
+
+namespace {
+
+// `url` without its token_file= parameter: the caller's own token replaces the gateway's.
+std::string without_token_file(std::string url) {
+    const auto q = url.find('?');
+    if (q == std::string::npos) return url;
+    std::string kept;
+    std::string_view rest = std::string_view(url).substr(q + 1);
+    while (!rest.empty()) {
+        const auto amp = rest.find('&');
+        const std::string_view item = rest.substr(0, amp);
+        rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+        if (item.starts_with("token_file=")) continue;
+        kept += (kept.empty() ? "?" : "&") + std::string(item);
+    }
+    return url.substr(0, q) + kept;
+}
+
+net::awaitable<ordo::channel> connect_as(std::string url, ordo::credentials who) {
+    ordo::peer_options o;
+    o.credentials = std::move(who);
+    co_return co_await ordo::async_connect(url, std::move(o), nullptr);
+}
+
+}  // namespace
 
 int run_gateway(gateway_args a) {
     // SIGINT and SIGTERM are taken by sigwait() below, in this thread only: every thread
@@ -114,6 +148,17 @@ int run_gateway(gateway_args a) {
         return finish(1);
     }
     a.options.on_event = [](const std::string& line) { std::cerr << line << std::endl; };
+    if (!a.auth_tokens.empty()) {
+        try {
+            a.options.auth_tokens = ordo::read_token_file(a.auth_tokens);
+        } catch (const std::exception& e) {
+            std::cerr << "ordo: gateway --auth-tokens: " << e.what() << '\n';
+            return finish(1);
+        }
+        a.options.connect_as = [url = without_token_file(channel_url(a))](ordo::credentials c) {
+            return connect_as(url, std::move(c));
+        };
+    }
     try {
         ordo::gateway gw(ch, a.options);
         std::cout << "listening on " << gw.url() << " for " << a.to << std::endl;

@@ -15,6 +15,7 @@ struct gateway_args {
     ordo::gateway_options options;
     long connect_timeout_ms = 10'000;
     bool no_reconnect = false;  // --to as it is, even a plain connection that cannot come back
+    std::string auth_tokens;    // --auth-tokens FILE
 };
 
 /// The channel the gateway opens for `a`: an ordered tcp://, unix:// or tls:// URL (not pooled,

@@ -51,8 +51,8 @@ struct tls_stream {
     ssl::stream<tcp::socket> stream;
 };
 
-// "sha256:<hex>" of the peer's certificate, or empty when it showed none (tls.cpp).
-std::string certificate_identity(const ssl::stream<tcp::socket>& s);
+// The peer's certificate, if it showed one: its subject, SANs and SHA-256 (tls.cpp).
+void describe_certificate(const ssl::stream<tcp::socket>& s, identity& who);
 
 inline tcp::socket& lowest(tcp::socket& s) {
     return s;
@@ -150,11 +150,16 @@ class stream_transport final : public transport {
 
     net::any_io_executor get_executor() override { return lowest(socket_).get_executor(); }
 
-    std::string peer_identity() const override {
-        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>)
-            return certificate_identity(socket_->stream);
-        else
-            return {};
+    void describe(identity& who) const override {
+        if constexpr (std::is_same_v<Socket, std::shared_ptr<tls_stream>>) {
+            describe_certificate(socket_->stream, who);
+        } else if constexpr (std::is_same_v<Socket, unix_stream::socket>) {
+            ::ucred c{};
+            ::socklen_t n = sizeof c;
+            auto& s = const_cast<unix_stream::socket&>(socket_);
+            if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &c, &n) == 0)
+                who.unix_peer = unix_credentials{c.uid, c.gid, c.pid};
+        }
     }
 
     void reset() noexcept override {

@@ -177,6 +177,12 @@ class batched_comm {
     using taker_fn = std::function<std::size_t(std::string_view bytes, const limits& limits)>;
     void take_messages_with(taker_fn f);
 
+    /// Half-close: told when the peer ends its sending side cleanly (end of stream between
+    /// messages). Returning true keeps the connection open for writing: nothing more is read,
+    /// what this side sends still goes out, and close() ends it (it then waits for no end of
+    /// stream). False (and without it): the connection ends with errc::peer_lost.
+    void on_end_of_stream(std::function<bool()> f);
+
     /// Bytes an earlier owner read from the transport past its last message (hand_over()):
     /// delivered before anything read. Before start() only.
     void preload(std::string_view bytes);

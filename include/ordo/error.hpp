@@ -24,6 +24,9 @@ enum class errc {
     bad_address = 11,      ///< an address (URL) that cannot be parsed or used
     bad_result = 12,       ///< a response's result does not convert to the caller's type
     session_lost = 13,     ///< a resumable session cannot resume: the other side no longer has it
+    unauthenticated = 14,  ///< the server refused the caller (server_options::authenticate): no
+                           ///< credentials, or ones it does not accept; the connection closes
+    permission_denied = 15,  ///< the caller may not call that method (handler_options::allow)
 };
 
 /// The category of ordo::errc; its name is "ordo".

@@ -25,17 +25,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "ordo/channel.hpp"
+#include "ordo/identity.hpp"
 
 namespace ordo {
 
 struct gateway_options {
-    /// http://HOST:PORT to listen on (PORT 0: any free port; gateway::url() says which).
+    /// http://HOST:PORT to listen on (PORT 0: any free port; gateway::url() says which), or
+    /// https://HOST:PORT?cert=F&key=F: HTTPS with that certificate and key (PEM); with &ca=F,
+    /// clients must also show a certificate that CA signed.
     std::string listen = "http://127.0.0.1:8080";
     /// Connections served at once. One more is answered 503 and closed.
     std::size_t max_connections = 256;
@@ -63,6 +67,15 @@ struct gateway_options {
     /// When not empty, requests whose Host header (port aside) is none of these are 403: a
     /// name an attacker's DNS points at 127.0.0.1 (DNS rebinding) does not reach the gateway.
     std::vector<std::string> allowed_hosts;
+    /// Bearer tokens (token -> subject, as ordo::read_token_file reads them). When not empty,
+    /// every request but GET /-/healthz needs `Authorization: Bearer TOKEN` with one of them:
+    /// else 401 unauthenticated.
+    std::map<std::string, std::string> auth_tokens;
+    /// With auth_tokens: opens the channel that carries one caller's calls, presenting its
+    /// token to the backend, which then names the caller itself (its own token table, e.g. the
+    /// same file). Called once per token, on the gateway channel's executor. Null: every call
+    /// goes over the gateway's own channel, and the backend sees the gateway as the caller.
+    std::function<net::awaitable<channel>(const credentials&)> connect_as;
     /// Called (on a gateway thread) with a line for each connection refused or closed by a
     /// limit, and for civetweb's own errors.
     std::function<void(const std::string&)> on_event{};

@@ -60,6 +60,11 @@ struct handler_options {
     /// go). A handler on the loop may take a std::stop_token too: its body then runs on a
     /// strand of the loop, as if on run_on.
     net::any_io_executor run_on{};
+    /// Who may call it: a rule on the caller's identity (peer::identity(); on a server that
+    /// authenticates, identity::subject is who it accepted), e.g. ordo::allow_subjects({"alice"}).
+    /// A caller it refuses gets errc::permission_denied naming the method, and nothing runs (a
+    /// notification is dropped, as peer_options::on_dropped reports). Null: everyone.
+    allow_fn allow{};
 };
 
 namespace detail {
@@ -98,6 +103,7 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     handler_entry e;
     e.signature = signature_of<values_t>::get();
     e.concurrent = o.concurrent;
+    e.allow = o.allow;
     if constexpr (shape::streams) {
         static_assert(std::is_same_v<typename traits::result, net::awaitable<void>>,
                       "a streaming handler (one taking ordo::writer<T>&) is a coroutine "

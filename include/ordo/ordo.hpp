@@ -14,6 +14,7 @@
 #include "ordo/connect.hpp"
 #include "ordo/error.hpp"
 #include "ordo/handlers.hpp"
+#include "ordo/identity.hpp"
 #include "ordo/interface.hpp"
 #include "ordo/limits.hpp"
 #include "ordo/net.hpp"

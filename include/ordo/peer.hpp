@@ -11,6 +11,7 @@
 
 #include "ordo/batched_comm.hpp"
 #include "ordo/channel.hpp"
+#include "ordo/identity.hpp"
 #include "ordo/transport.hpp"
 
 namespace ordo {
@@ -119,6 +120,10 @@ struct peer_options {
     /// what the peer does then. Runs on the peer's executor, before the handlers given to
     /// peer::on_goaway; must not throw.
     goaway_fn on_goaway;
+    /// What this side presents to the server on every connection it opens (ordo.auth, before
+    /// any call; docs/protocol.md "Authentication"); the URL parameter token_file=PATH reads
+    /// the token from a file. Pools and routers present it on each of their connections.
+    ordo::credentials credentials;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;
@@ -179,6 +184,10 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     void start_call(std::unique_ptr<detail::pending_call> call) override;
     void notify_raw(std::string_view method, std::string_view params) override;
     const std::string& remote_address() const noexcept override;
+    /// Who the other side is: its address, what its transport proved (certificate, unix
+    /// credentials) and, on a server that authenticates (server_options::authenticate), the
+    /// subject it was accepted as. After a resume, the address is the new connection's.
+    const ordo::identity& identity() const noexcept;
     net::any_io_executor get_executor() const override;
 
     /// Flushes what is queued and closes; pending calls fail with errc::closed. Completes when

@@ -92,6 +92,17 @@ struct server_options {
     /// written for this long (its peer does not read) is closed with errc::overloaded and the
     /// reason. Checked every quarter of it.
     std::chrono::milliseconds output_grace{10'000};
+    /// Authentication (docs/security.md): decides on each connection, before any of its
+    /// messages is served, from what its transport proved and the credentials the caller sent
+    /// first (ordo.auth), and names the caller (identity::subject, peer::identity()). A refused
+    /// caller's requests are answered errc::unauthenticated with the reason, and its connection
+    /// closes. Once accepted, a connection costs nothing more per call. A resumed session must
+    /// present the same certificate and token subject. ordo::authenticate_tokens(
+    /// ordo::read_token_file(path)) is a ready one. Null: every caller is served.
+    authenticate_fn authenticate;
+    /// With authenticate set: the callers that ordo.stats and ordo.methods answer (null: none;
+    /// they get errc::permission_denied).
+    allow_fn allow_introspection;
 };
 
 /// One line for a server event, e.g. `ordo: closed tcp://127.0.0.1:50412: protocol error

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "ordo/address.hpp"
+#include "ordo/identity.hpp"
 #include "ordo/net.hpp"
 
 namespace ordo {
@@ -98,10 +99,11 @@ class transport {
     /// elsewhere.
     virtual void set_liveness(std::chrono::milliseconds liveness) noexcept { (void)liveness; }
 
-    /// Who the peer proved to be: for tls with a peer certificate, "sha256:" and the hex SHA-256
-    /// of that certificate (DER); empty for other transports. A resumable session resumes only
-    /// over a connection whose peer proves the same identity.
-    virtual std::string peer_identity() const { return {}; }
+    /// Fills in what the transport proves about the other side (identity): for tls:// with a
+    /// peer certificate, its subject, subject alternative names and SHA-256; for unix://, the
+    /// peer process's uid, gid and pid (SO_PEERCRED). Nothing elsewhere. A resumable session
+    /// resumes only over a connection whose peer proves the same certificate.
+    virtual void describe(identity& who) const { (void)who; }
 
     /// The peer's address as a URL ("tcp://127.0.0.1:41234", "unix:///run/app.sock").
     const std::string& remote_address() const noexcept { return remote_; }

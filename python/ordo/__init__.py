@@ -13,15 +13,16 @@ wake-up draining every completion queued meanwhile. See README.md, "Python".
 import atexit as _atexit
 
 from . import _ordo
-from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Closed,
-                   MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, ProtocolError,
-                   RemoteError, SessionLost, ShuttingDown, Stream, TimedOut, connect)
+from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Closed, Identity,
+                   MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, PermissionDenied,
+                   ProtocolError, RemoteError, SessionLost, ShuttingDown, Stream, TimedOut,
+                   Unauthenticated, connect)
 from ._server import END, Server
 
-__all__ = ["connect", "Channel", "Peer", "Stream", "Server", "END", "OrdoError", "PeerLost",
+__all__ = ["connect", "Channel", "Peer", "Identity", "Stream", "Server", "END", "OrdoError", "PeerLost",
            "TimedOut", "Cancelled", "ProtocolError", "MethodNotFound", "BadArguments",
            "RemoteError", "Overloaded", "ShuttingDown", "Closed", "BadAddress", "BadResult",
-           "SessionLost", "shutdown"]
+           "SessionLost", "Unauthenticated", "PermissionDenied", "shutdown"]
 
 
 def shutdown(wait_s: float = 2.0) -> None:

@@ -95,9 +95,18 @@ class SessionLost(PeerLost):
     code = 13
 
 
+class Unauthenticated(OrdoError, PermissionError):
+    code = 14
+
+
+class PermissionDenied(OrdoError, PermissionError):
+    code = 15
+
+
 _by_code = {c.code: c for c in (PeerLost, TimedOut, Cancelled, ProtocolError, MethodNotFound,
                                 BadArguments, RemoteError, Overloaded, ShuttingDown, Closed,
-                                BadAddress, BadResult, SessionLost)}
+                                BadAddress, BadResult, SessionLost, Unauthenticated,
+                                PermissionDenied)}
 
 
 def _error(code: int, text: str | None, detail: str | None) -> OrdoError:
@@ -403,9 +412,36 @@ class Channel:
         self.close()
 
 
+class Identity:
+    """Who a handler's caller is (Peer.identity; C++ ordo::identity): `subject`, as the
+    server's authentication accepted it ("" without one); `address`; for a tls:// client
+    certificate, `cert_subject`, `cert_sans` and `cert_sha256`; for unix://, `unix` as
+    (uid, gid, pid); `token_subject`, when the caller presented a token."""
+
+    __slots__ = ("subject", "address", "cert_subject", "cert_sans", "cert_sha256",
+                 "token_subject", "unix")
+
+    def __init__(self, d: dict):
+        self.subject: str = d.get("subject", "")
+        self.address: str = d.get("address", "")
+        self.cert_subject: str = d.get("cert_subject", "")
+        self.cert_sans: list[str] = list(d.get("cert_sans", ()))
+        self.cert_sha256: str = d.get("cert_sha256", "")
+        self.token_subject: str = d.get("token_subject", "")
+        self.unix: tuple[int, int, int] | None = d.get("unix")
+
+    def __repr__(self) -> str:
+        return f"Identity(subject={self.subject!r}, address={self.address!r})"
+
+
 class Peer(Channel):
     """The caller of a handler, as a channel back to it over the same ordered connection.
     Dropping it does not close the connection (the server owns it)."""
+
+    @property
+    def identity(self) -> Identity:
+        """Who the caller is (see Identity)."""
+        return Identity(_ordo.peer_identity(self._id) or {})
 
     def close(self) -> None:
         if not self._closed:

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -103,6 +104,10 @@ class runtime {
         peer_ids;
     std::unordered_map<std::uint64_t, std::weak_ptr<channel_impl>> peers_by_id;
     std::uint64_t peer_channel(channel_impl& p);
+    /// Server-side peers' identities by id, recorded by peer_channel (any thread, under the
+    /// lock): a server peer's identity is settled before any of its messages is served.
+    std::mutex identities_mu;
+    std::unordered_map<std::uint64_t, identity> identities;
     /// A connected channel's or a live server peer's implementation, or null.
     std::shared_ptr<channel_impl> find_channel(std::uint64_t id);
 
@@ -145,13 +150,17 @@ void describe_failure(completion& c, std::error_code ec, const std::string& meth
                       const std::string& peer, const std::string& detail);
 
 // ---- server (_server.cpp); each runs on the io thread ----
-void server_create(std::uint64_t id);
+/// `tokens` (token -> subject) non-empty: the server authenticates (authenticate_tokens), and
+/// `introspectors` may call ordo.stats and ordo.methods.
+void server_create(std::uint64_t id, std::map<std::string, std::string> tokens,
+                   std::vector<std::string> introspectors);
 /// The handler table of server `id` (kept alive by the returned pointer), or null; its
 /// requests go to `h` if no loop listens for it yet.
 std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h);
-/// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming.
+/// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming, 4 only the callers
+/// whose subject is in `allow`.
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
-                std::string signature);
+                std::string signature, std::vector<std::string> allow);
 void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token,
                    std::string url, long resume_window_ms);
 void server_stop(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token);

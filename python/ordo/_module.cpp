@@ -154,17 +154,23 @@ PYBIND11_MODULE(_ordo, m) {
             release())
         .def(
             "server_create",
-            [](const hub&, std::uint64_t id) {
-                runtime::get().submit([id] { op::server_create(id); });
+            [](const hub&, std::uint64_t id, std::map<std::string, std::string> tokens,
+               std::vector<std::string> introspectors) {
+                runtime::get().submit([id, t = std::move(tokens),
+                                       i = std::move(introspectors)]() mutable {
+                    op::server_create(id, std::move(t), std::move(i));
+                });
             },
             release())
         .def(
             "server_add",
             [](const hub&, std::uint64_t id, std::string name, std::uint64_t hid, int flags,
-               std::string signature) {
+               std::string signature, std::vector<std::string> allow) {
                 runtime::get().submit([id, name = std::move(name), hid, flags,
-                                       sig = std::move(signature)]() mutable {
-                    op::server_add(id, std::move(name), hid, flags, std::move(sig));
+                                       sig = std::move(signature),
+                                       allow = std::move(allow)]() mutable {
+                    op::server_add(id, std::move(name), hid, flags, std::move(sig),
+                                   std::move(allow));
                 });
             },
             release())
@@ -201,6 +207,38 @@ PYBIND11_MODULE(_ordo, m) {
             },
             release());
 
+    m.def(
+        "read_token_file",
+        [](const std::string& path) {
+            try {
+                return ordo::read_token_file(path);
+            } catch (const std::system_error& e) {
+                throw pyb::value_error(e.what());
+            }
+        },
+        "The token -> subject table of a token file (lines `TOKEN SUBJECT`).");
+    m.def(
+        "peer_identity",
+        [](std::uint64_t id) -> pyb::object {
+            auto& rt = runtime::get();
+            std::lock_guard l(rt.identities_mu);
+            auto it = rt.identities.find(id);
+            if (it == rt.identities.end()) return pyb::none();
+            const ordo::identity& w = it->second;
+            pyb::dict d;
+            d["subject"] = w.subject;
+            d["address"] = w.address;
+            d["cert_subject"] = w.cert_subject;
+            d["cert_sans"] = w.cert_sans;
+            d["cert_sha256"] = w.cert_sha256;
+            d["token_subject"] = w.token_subject;
+            if (w.unix_peer)
+                d["unix"] = pyb::make_tuple(w.unix_peer->uid, w.unix_peer->gid, w.unix_peer->pid);
+            else
+                d["unix"] = pyb::none();
+            return d;
+        },
+        "What the server knows of the caller behind a handler's peer channel, or None.");
     m.def(
         "shutdown", [](int wait_ms) { runtime::get().stop(wait_ms); }, release(),
         "Closes every channel and server and ends ordo's io thread (at exit).");

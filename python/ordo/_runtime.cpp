@@ -90,8 +90,15 @@ std::uint64_t runtime::peer_channel(channel_impl& p) {
     if (peer_ids.size() > 1024) {  // forget the peers that have gone
         for (auto i = peer_ids.begin(); i != peer_ids.end();)
             i = i->second.second.expired() ? peer_ids.erase(i) : std::next(i);
-        for (auto i = peers_by_id.begin(); i != peers_by_id.end();)
-            i = i->second.expired() ? peers_by_id.erase(i) : std::next(i);
+        std::lock_guard l(identities_mu);
+        for (auto i = peers_by_id.begin(); i != peers_by_id.end();) {
+            if (!i->second.expired()) {
+                ++i;
+                continue;
+            }
+            identities.erase(i->first);
+            i = peers_by_id.erase(i);
+        }
     }
     auto* as_peer = dynamic_cast<peer*>(&p);
     std::shared_ptr<channel_impl> sp;
@@ -99,6 +106,10 @@ std::uint64_t runtime::peer_channel(channel_impl& p) {
     const std::uint64_t id = next_id++;
     peer_ids[&p] = {id, sp};
     peers_by_id[id] = sp;
+    if (as_peer) {
+        std::lock_guard l(identities_mu);
+        identities[id] = as_peer->identity();
+    }
     return id;
 }
 

@@ -15,7 +15,7 @@ namespace ordo::py {
 
 class server_binding {
   public:
-    server_binding() : srv(runtime::get().io.get_executor()) {}
+    explicit server_binding(server_options o) : srv(runtime::get().io.get_executor(), o) {}
     ordo::server srv;
     std::shared_ptr<hub> h;  ///< the hub of the loop that listened first
 };
@@ -152,8 +152,14 @@ net::awaitable<void> stop_then(std::shared_ptr<server_binding> b, std::shared_pt
 
 }  // namespace
 
-void server_create(std::uint64_t id) {
-    runtime::get().servers[id] = std::make_shared<server_binding>();
+void server_create(std::uint64_t id, std::map<std::string, std::string> tokens,
+                   std::vector<std::string> introspectors) {
+    server_options o;
+    if (!tokens.empty()) {
+        o.authenticate = authenticate_tokens(std::move(tokens));
+        o.allow_introspection = allow_subjects(std::move(introspectors));
+    }
+    runtime::get().servers[id] = std::make_shared<server_binding>(std::move(o));
 }
 
 std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h) {
@@ -166,12 +172,13 @@ std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::sha
 }
 
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
-                std::string signature) {
+                std::string signature, std::vector<std::string> allow) {
     auto* b = find_server(id);
     if (!b) return;
     detail::handler_entry e;
     e.signature = std::move(signature);
     e.concurrent = (flags & 1) != 0;
+    if (flags & 4) e.allow = allow_subjects(std::move(allow));
     if (flags & 2) {
         e.signature += " [stream]";
         e.stream = [b, hid, name](peer& p, msgpack::object params, detail::stream_out& out) {

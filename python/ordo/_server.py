@@ -12,6 +12,7 @@ import inspect
 import itertools
 import types
 
+from . import _ordo
 from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens,
                    _unpackb, _LoopHub)
 
@@ -36,6 +37,7 @@ class _Handler:
         self.fn = fn
         self.concurrent = concurrent
         self.with_peer = with_peer
+        self.allow: list[str] | None = None  # subjects that may call it (None: everyone)
         self.stream = inspect.isasyncgenfunction(fn)
         self.coro = inspect.iscoroutinefunction(fn)
         sig = inspect.signature(fn)
@@ -391,7 +393,16 @@ class Server:
     that awaits a call back to a serial handler of its caller deadlocks until a deadline).
     """
 
-    def __init__(self):
+    def __init__(self, *, auth_tokens: str | None = None, allow_introspection=()):
+        """auth_tokens: a token file (lines `TOKEN SUBJECT`): only callers that present one
+        of its tokens (the URL parameter token_file=, or ordo.auth), or a client certificate
+        signed by the listener's CA, are served; the others get Unauthenticated and their
+        connection closes. allow_introspection: the subjects that may then call ordo.stats
+        and ordo.methods. Raises ValueError naming the file and line it cannot read."""
+        self._tokens: dict[str, str] = {}
+        self._introspectors = [str(s) for s in allow_introspection]
+        if auth_tokens is not None:
+            self._tokens = _ordo.read_token_file(str(auth_tokens))
         self._id = next(_tokens)
         self._lh: _LoopHub | None = None
         self._registered: dict[str, _Handler] = {}
@@ -399,11 +410,14 @@ class Server:
         self._stopped = False
 
     def method(self, fn=None, *, name: str | None = None, concurrent: bool = False,
-               with_peer: bool = False):
+               with_peer: bool = False, allow=None):
         """Registers `fn` under its name (or `name`); usable as @srv.method or
-        @srv.method(concurrent=True)."""
+        @srv.method(concurrent=True). allow: the subjects (Peer.identity.subject) that may
+        call it; others get PermissionDenied and nothing runs. None: everyone."""
         def register(f):
-            self._register(_Handler(name or f.__name__, f, concurrent, with_peer))
+            h = _Handler(name or f.__name__, f, concurrent, with_peer)
+            h.allow = None if allow is None else [str(s) for s in allow]
+            self._register(h)
             return f
         return register(fn) if fn is not None else register
 
@@ -449,15 +463,16 @@ class Server:
             self._add(h)
 
     def _add(self, h: _Handler) -> None:
-        flags = (1 if h.concurrent else 0) | (2 if h.stream else 0)
-        self._lh.hub.server_add(self._id, h.name, h.hid, flags, h.signature)
+        flags = ((1 if h.concurrent else 0) | (2 if h.stream else 0) |
+                 (4 if h.allow is not None else 0))
+        self._lh.hub.server_add(self._id, h.name, h.hid, flags, h.signature, h.allow or [])
 
     def _attach(self, lh: _LoopHub) -> None:
         if self._stopped:
             raise OrdoError("ordo: the server has stopped", 10)
         if self._lh is None:
             self._lh = lh
-            lh.hub.server_create(self._id)
+            lh.hub.server_create(self._id, self._tokens, self._introspectors)
             for h in self._registered.values():
                 self._add(h)
         elif self._lh is not lh:

@@ -28,11 +28,18 @@ struct peer::state final : detail::call_table_host,
           ex(t->get_executor()),
           remote(t->remote_address()),
           closed_event(ex, std::chrono::steady_clock::time_point::max()),
+          eof_probe(ex),
           live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
           disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         rc.max_unacked_bytes = o.max_unacked_bytes;
+        if (!o.credentials.empty()) {
+            buffer b(small_buffer);
+            encode_notification(b, "ordo.auth",
+                                std::map<std::string, std::string>{{"token", o.credentials.token}});
+            rc.credentials_message.assign(b.data(), b.size());
+        }
         sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
                                                  [this](const close_result& r) { on_ended(r); });
     }
@@ -55,6 +62,7 @@ struct peer::state final : detail::call_table_host,
     bool ended = false;
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
+    net::steady_timer eof_probe;  // half-close: the second probe (peer_finished_sending)
     detail::liveness live;
     std::unique_ptr<detail::call_observer> observer;  // before `calls`: it outlives them
     detail::call_table calls;
@@ -138,17 +146,51 @@ struct peer::state final : detail::call_table_host,
                 disp.queued() > 0)
                 return;
             left = true;
-            sess->close(make_error_code(errc::peer_lost), goaway_why);
+            sess->close(make_error_code(errc::peer_lost), heard_eof ? eof_why : goaway_why);
         });
     }
     void handler_finished() override {
-        if (heard_goaway) leave_when_idle();
+        if (heard_goaway || heard_eof) leave_when_idle();
+    }
+
+    // ---- half-close ----
+
+    bool heard_eof = false;  // the other side ended its sending side
+    std::string eof_why;
+
+    // Nothing more will arrive: this side's calls cannot be answered and fail now, while what
+    // the other side sent is served to its end and answered; then this side closes. End of
+    // stream is also how a peer that closed altogether looks: two probes (ordo.ping, now and
+    // 100 ms later) find that out, as the second write fails on the reset the first one drew
+    // (unix: the first fails), and its work is cancelled then. A peer that only half-closed
+    // cannot answer them: liveness_timeout after its last bytes, it is lost like any silent peer.
+    bool peer_finished_sending() override {
+        if (!sess->is_open() || heard_eof) return false;
+        heard_eof = true;
+        eof_why = "ordo: peer " + remote + " closed the connection";
+        if (!sess->remote_reason().empty())
+            eof_why += " (the peer said: " + sess->remote_reason() + ")";
+        const std::error_code code =
+            sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
+        calls.fail_all(code, eof_why);
+        leave_when_idle();
+        if (disp.running() > 0 || disp.queued() > 0) {
+            send_ping();
+            live.note_work();
+            eof_probe.expires_after(std::chrono::milliseconds(100));
+            eof_probe.async_wait([w = self.weak_from_this(), this](std::error_code ec) {
+                auto keep = w.lock();
+                if (!ec && keep && sess->is_open()) send_ping();
+            });
+        }
+        return true;
     }
 
     void on_ended(const close_result& r) {
         const auto& code = sess->close_code();
         const auto& why = sess->close_reason();
         live.stop();
+        eof_probe.cancel();
         calls.fail_all(code, why);
         sess->report_undelivered(r, o.on_undelivered, c);
         disp.stop();
@@ -215,8 +257,8 @@ struct peer::state final : detail::call_table_host,
     void pause_reading(bool paused) override { sess->pause_reading(paused); }
     void handler_started() override { live.note_work(); }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
-    void remote_closing(std::string reason) override {
-        sess->note_remote_reason(std::move(reason));
+    void remote_closing(std::error_code code, std::string reason) override {
+        sess->note_remote_reason(code, std::move(reason));
     }
     void dropped(std::string_view method, errc code, std::string reason) override {
         if (o.on_dropped)

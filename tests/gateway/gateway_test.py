@@ -17,7 +17,9 @@ import re
 import signal
 import socket
 import subprocess
+import ssl
 import sys
+import tempfile
 import time
 import unittest
 
@@ -48,9 +50,9 @@ def replica():
     return start([INC_SERVER, "--listen", "tcp://127.0.0.1:0"], r"listening on (tcp://\S+)")
 
 
-def gateway(to, *flags):
-    p, url = start([ORDO, "gateway", "--listen", "http://127.0.0.1:0", "--to", to, *flags],
-                   r"listening on http://(\S+) for")
+def gateway(to, *flags, listen="http://127.0.0.1:0"):
+    p, url = start([ORDO, "gateway", "--listen", listen, "--to", to, *flags],
+                   r"listening on https?://(\S+) for")
     gateways.append(p)
     host, port = url.rsplit(":", 1)
     return p, (host, int(port))
@@ -248,6 +250,57 @@ class Reconnect(unittest.TestCase):
         self.assertEqual((status, text), (200, "42\n"))
         self.assertEqual(request(g, "GET", "/-/healthz")[0], 200)
         stop(again)
+
+
+ALICE = "alice-token-0123456789"
+BOB = "bob-token-0123456789ab"
+GATEWAY = "gateway-token-0123456789"
+
+
+class Auth(unittest.TestCase):
+    """--auth-tokens: bearer tokens at the edge, each caller's calls presenting its own token
+    to a backend that authenticates (the same table), so that the backend names the caller."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.tokens = os.path.join(cls.dir, "tokens")
+        with open(cls.tokens, "w") as f:
+            f.write(f"{ALICE} alice\n{BOB} bob\n{GATEWAY} gateway\n")
+        own = os.path.join(cls.dir, "gateway-token")
+        with open(own, "w") as f:
+            f.write(GATEWAY + "\n")
+        _, backend = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--auth-tokens",
+                            cls.tokens, "--allow-introspection", "gateway"],
+                           r"listening on (tcp://\S+)")
+        _, cls.g = gateway(backend + "?token_file=" + own, "--auth-tokens", cls.tokens,
+                           "--max-connections", "8")
+
+    def test_a_request_without_an_accepted_token_is_401(self):
+        for headers in ({}, {"Authorization": "Bearer not-a-token-0123456789"},
+                        {"Authorization": "Basic " + ALICE}):
+            c = http.client.HTTPConnection(*self.g, timeout=10)
+            c.request("POST", "/inc", body="[1]", headers={**JSON, **headers})
+            r = c.getresponse()
+            text = r.read().decode()
+            self.assertEqual(r.status, 401, text)
+            self.assertEqual(r.getheader("WWW-Authenticate"), "Bearer")
+            self.assertEqual(error_of(text)[0], "unauthenticated")
+            c.close()
+
+    def test_the_backend_sees_each_caller_by_its_token(self):
+        for token, subject in ((ALICE, "alice"), (BOB, "bob"), (ALICE, "alice")):
+            auth = {"Authorization": "Bearer " + token}
+            self.assertEqual(post(self.g, "/whoami", headers=auth)[::2], (200, f'"{subject}"\n'))
+            self.assertEqual(post(self.g, "/inc", "[1]", headers=auth)[::2], (200, "2\n"))
+
+    def test_health_needs_no_token_and_routes_use_the_gateways_own(self):
+        self.assertEqual(request(self.g, "GET", "/-/healthz")[0], 200)
+        self.assertEqual(request(self.g, "GET", "/-/routes")[0], 401)
+        status, _, text = request(self.g, "GET", "/-/routes",
+                                  headers={"Authorization": "Bearer " + BOB})
+        self.assertEqual(status, 200, text)
+        self.assertIn("whoami", text)
 
 
 class Browsers(unittest.TestCase):

@@ -53,7 +53,9 @@ struct fake_host final : detail::dispatcher_host {
     void pause_reading(bool p) override { pauses.push_back(p); }
     void handler_started() override { ++started; }
     std::shared_ptr<void> keep_alive() override { return token; }
-    void remote_closing(std::string reason) override { closing = std::move(reason); }
+    void remote_closing(std::error_code, std::string reason) override {
+        closing = std::move(reason);
+    }
     void dropped(std::string_view method, errc code, std::string reason) override {
         drops.push_back({std::string(method), code, std::move(reason)});
     }

@@ -149,6 +149,36 @@ err=$("$ordo" replicas "$url" 2>&1 >/dev/null); rc=$?
 kill -TERM "$pid"; wait "$pid" || fail "server exited $? after SIGTERM"
 pid=
 
+# Authentication from the shell: a server with --auth-tokens refuses a caller without a token
+# (exit 1, "unauthenticated" on stderr), serves one with ?token_file=, and whoami answers its
+# subject; introspection is closed to all but --allow-introspection's subjects.
+printf '# tokens\nalice-token-0123456789 alice\nbob-token-0123456789ab bob\n' >"$dir/tokens"
+echo alice-token-0123456789 >"$dir/alice"
+echo bob-token-0123456789ab >"$dir/bob"
+"$server" --listen tcp://127.0.0.1:0 --auth-tokens "$dir/tokens" --allow-introspection alice \
+    >"$dir/auth.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/auth.out" && break; sleep 0.1; done
+aurl=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/auth.out" | head -1)
+[ -n "$aurl" ] || fail "auth server did not listen: $(cat "$dir/auth.out")"
+err=$("$ordo" call "$aurl" inc 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *unauthenticated* ]] && [[ "$err" == *"requires a token"* ]] ||
+    fail "no token: rc=$rc $err"
+out=$("$ordo" call "$aurl?token_file=$dir/alice" inc 1) || fail "inc with a token: $out"
+[ "$out" = 2 ] || fail "inc 1 with a token printed '$out'"
+out=$("$ordo" call "$aurl?token_file=$dir/alice" whoami) || fail "whoami: $out"
+[ "$out" = '"alice"' ] || fail "whoami printed '$out'"
+out=$("$ordo" methods "$aurl?token_file=$dir/alice") || fail "methods as alice: $out"
+[[ "$out" == *whoami* ]] || fail "methods as alice printed '$out'"
+err=$("$ordo" methods "$aurl?token_file=$dir/bob" 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"permission denied"* ]] || fail "methods as bob: rc=$rc $err"
+echo wrong-token-0123456789 >"$dir/wrong"
+err=$("$ordo" call "$aurl?token_file=$dir/wrong" inc 1 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"not accepted"* ]] || fail "wrong token: rc=$rc $err"
+grep -q "refused" "$dir/auth.out" || fail "the server did not report the refusals: $(cat "$dir/auth.out")"
+kill -TERM "$pid"; wait "$pid" || fail "auth server exited $? after SIGTERM"
+pid=
+
 # A msgpack-rpc server nobody here wrote (skipped without neovim).
 if command -v nvim >/dev/null; then
     sock=$dir/nvim.sock

@@ -13,6 +13,7 @@
 #include "ordo/codec.hpp"
 #include "ordo/detail/handler_shapes.hpp"
 #include "ordo/detail/type_traits.hpp"
+#include "ordo/identity.hpp"
 #include "ordo/net.hpp"
 
 namespace ordo {
@@ -36,8 +37,13 @@ struct handler_entry {
     /// A streaming handler: writes its items to `out` (ordo::writer); the final response is
     /// the dispatcher's.
     std::function<net::awaitable<void>(peer&, msgpack::object params, stream_out& out)> stream;
+    /// Who may call it (handler_options::allow); null: everyone.
+    std::function<bool(const identity&)> allow;
     /// Its counters (ordo.stats), set by handlers when registered; kept across re-registration.
     std::shared_ptr<method_counters> counters;
+    /// Set by handlers when registered: `sync`, no `stream`, no `allow`. The dispatcher runs
+    /// such a handler straight from the read, for a message with nothing queued ahead of it.
+    bool direct = false;
 };
 
 template <class T>
