@@ -3,8 +3,6 @@
 // The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
 // body within the limits, writing responses. What a request does on the channel is in
 // gateway/calls.cpp.
-#include <openssl/err.h>
-#include <openssl/ssl.h>
 #include <strings.h>
 
 #include <cstring>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "gateway/gateway_state.hpp"
+#include "gateway/tls_front.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -394,36 +393,6 @@ std::string listen_address(const std::string& url, gateway::state& s) {
     return hp;
 }
 
-std::string ssl_error_text() {
-    char buf[256] = "unknown error";
-    if (unsigned long e = ::ERR_get_error()) ::ERR_error_string_n(e, buf, sizeof buf);
-    return buf;
-}
-
-// civetweb's SSL_CTX for https://: the certificate, key and client CA from the listen URL,
-// TLS 1.2 at least. 1: set up here; -1: failed (mg_start2 then fails, with the reason noted).
-int on_init_ssl(void* ssl_ctx, void* user_data) {
-    auto& s = *static_cast<gateway::state*>(user_data);
-    auto* ctx = static_cast<SSL_CTX*>(ssl_ctx);
-    ::SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    if (::SSL_CTX_use_certificate_chain_file(ctx, s.tls_cert.c_str()) != 1) {
-        s.tls_error = "cert=" + s.tls_cert + ": " + ssl_error_text();
-        return -1;
-    }
-    if (::SSL_CTX_use_PrivateKey_file(ctx, s.tls_key.c_str(), SSL_FILETYPE_PEM) != 1 ||
-        ::SSL_CTX_check_private_key(ctx) != 1) {
-        s.tls_error = "key=" + s.tls_key + ": " + ssl_error_text();
-        return -1;
-    }
-    if (!s.tls_ca.empty()) {
-        if (::SSL_CTX_load_verify_locations(ctx, s.tls_ca.c_str(), nullptr) != 1) {
-            s.tls_error = "ca=" + s.tls_ca + ": " + ssl_error_text();
-            return -1;
-        }
-        ::SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
-    }
-    return 1;
-}
 
 }  // namespace
 
@@ -431,11 +400,13 @@ gateway::gateway(channel ch, gateway_options o)
     : s_(std::make_unique<state>(std::move(ch), std::move(o))) {
     const std::string hp = listen_address(s_->o.listen, *s_);
     const bool tls = !s_->tls_cert.empty();
+    // https: civetweb serves plain HTTP on a loopback port of its own, behind ordo's TLS.
+    const std::string civetweb_at = tls ? "127.0.0.1:0" : hp;
     // Threads: one per connection served, and a few more that only answer refusals, so that a
     // connection over max_connections hears why instead of waiting in civetweb's queue.
     const auto num = [](auto v) { return std::to_string(v); };
     const std::vector<std::string> opts = {
-        "listening_ports", tls ? hp + "s" : hp,
+        "listening_ports", civetweb_at,
         "num_threads", num(s_->o.max_connections + 4),
         // Headers up to 4 x max_header_bytes are read, so that those over max_header_bytes are
         // refused by name (431); beyond, civetweb refuses them itself (on_http_error).
@@ -458,7 +429,6 @@ gateway::gateway(channel ch, gateway_options o)
     cb.connection_close = on_connection_close;
     cb.http_error = on_http_error;
     cb.log_message = on_log;
-    if (tls) cb.init_ssl = on_init_ssl;
     mg_init_library(0);
     mg_error_data err{};
     unsigned code = 0;
@@ -475,16 +445,30 @@ gateway::gateway(channel ch, gateway_options o)
         mg_exit_library();
         throw std::system_error(make_error_code(errc::bad_address),
                                 "ordo gateway: cannot listen on " + s_->o.listen + ": " +
-                                    (!s_->tls_error.empty() ? s_->tls_error
-                                     : text[0]              ? std::string(text)
-                                                            : "civetweb did not start"));
+                                    (text[0] ? std::string(text) : "civetweb did not start"));
     }
     mg_set_request_handler(s_->ctx, "/", on_request, nullptr);
     mg_server_port ports[4] = {};
     const int n = mg_get_server_ports(s_->ctx, 4, ports);
     const std::string host = hp.substr(0, hp.rfind(':'));
-    s_->url = std::string(tls ? "https://" : "http://") + host + ":" +
-              (n > 0 ? std::to_string(ports[0].port) : hp.substr(hp.rfind(':') + 1));
+    std::string port = n > 0 ? std::to_string(ports[0].port) : hp.substr(hp.rfind(':') + 1);
+    if (tls) {
+        std::string front = "tls://" + hp + "?cert=" + s_->tls_cert + "&key=" + s_->tls_key;
+        if (!s_->tls_ca.empty()) front += "&ca=" + s_->tls_ca;
+        try {
+            s_->front = std::make_unique<gw::tls_front>(
+                front, static_cast<std::uint16_t>(std::stoi(port)), s_->o.on_event);
+        } catch (const std::system_error& e) {
+            mg_stop(s_->ctx);
+            s_->ctx = nullptr;
+            mg_exit_library();
+            throw std::system_error(make_error_code(errc::bad_address),
+                                    "ordo gateway: cannot listen on " + s_->o.listen + ": " +
+                                        e.what());
+        }
+        port = std::to_string(s_->front->port());
+    }
+    s_->url = std::string(tls ? "https://" : "http://") + host + ":" + port;
 }
 
 gateway::~gateway() {
@@ -494,6 +478,7 @@ gateway::~gateway() {
 void gateway::stop() {
     if (!s_->ctx) return;
     s_->stopping = true;
+    if (s_->front) s_->front->stop();
     mg_stop(s_->ctx);
     s_->ctx = nullptr;
     mg_exit_library();

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include <civetweb.h>
 
+#include "gateway/tls_front.hpp"
 #include "ordo/gateway.hpp"
 
 namespace ordo {
@@ -41,7 +43,7 @@ struct gateway::state {
     authenticate_fn check_token;  // set with auth_tokens
     // https: the listener's certificate, key and client CA (listen's parameters).
     std::string tls_cert, tls_key, tls_ca;
-    std::string tls_error;  // why civetweb's SSL setup failed
+    std::unique_ptr<gw::tls_front> front;  // https: ordo's TLS in front of civetweb
     // The channels opened for callers' tokens (gateway_options::connect_as), by token.
     std::mutex upstream_mu;
     std::map<std::string, channel> upstreams;

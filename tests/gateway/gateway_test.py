@@ -303,6 +303,49 @@ class Auth(unittest.TestCase):
         self.assertIn("whoami", text)
 
 
+class Https(unittest.TestCase):
+    def test_https_with_a_certificate_and_key(self):
+        d = tempfile.mkdtemp()
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+                        "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        _, url = replica()
+        _, g = gateway(url, "--max-connections", "8",
+                       listen=f"https://127.0.0.1:0?cert={cert}&key={key}")
+        ctx = ssl.create_default_context(cafile=cert)
+        c = http.client.HTTPSConnection(*g, timeout=10, context=ctx)
+        c.request("POST", "/inc", body="[41]", headers=JSON)
+        r = c.getresponse()
+        self.assertEqual((r.status, r.read().decode()), (200, "42\n"))
+        c.close()
+        # Plain HTTP to the https port is not served.
+        plain = raw_exchange(g, b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n", 5.0)
+        self.assertNotIn(b"200 OK", plain or b"")
+        # With ca=, a client must show a certificate that CA signed (here the same
+        # self-signed one).
+        _, m = gateway(url, "--max-connections", "8",
+                       listen=f"https://127.0.0.1:0?cert={cert}&key={key}&ca={cert}")
+        c = http.client.HTTPSConnection(*m, timeout=10, context=ctx)
+        with self.assertRaises((ssl.SSLError, ConnectionError, OSError)):
+            c.request("POST", "/inc", body="[1]", headers=JSON)
+            c.getresponse().read()
+        c.close()
+        mutual = ssl.create_default_context(cafile=cert)
+        mutual.load_cert_chain(cert, key)
+        c = http.client.HTTPSConnection(*m, timeout=10, context=mutual)
+        c.request("POST", "/inc", body="[1]", headers=JSON)
+        r = c.getresponse()
+        self.assertEqual((r.status, r.read().decode()), (200, "2\n"))
+        c.close()
+        # A listen URL that names no key is refused, naming what is missing.
+        p = subprocess.run([ORDO, "gateway", "--listen", f"https://127.0.0.1:0?cert={cert}",
+                            "--to", url], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("cert= and key=", p.stderr)
+
+
 class Browsers(unittest.TestCase):
     """What a web page of another origin, or a DNS name rebound to 127.0.0.1, can do."""
 
