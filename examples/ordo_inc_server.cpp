@@ -43,15 +43,46 @@
 namespace net = ordo::net;
 
 // --register: etcd://HOST:PORT/PREFIX is the endpoint http://HOST:PORT and the key prefix
-// /PREFIX (everything from the first '/' after the host, kept as written).
-ordo::etcd_registration_options etcd_options(const std::string& where, long ttl_s) {
-    const std::string scheme = "etcd://";
+// /PREFIX (everything from the first '/' after the host, kept as written);
+// etcd+https://HOST:PORT/PREFIX?ca=F&cert=F&key=F&user=U&password_file=F&token_file=F reaches
+// etcd over https, with those files and etcd credentials (ordo::etcd_access).
+ordo::etcd_registration_options etcd_options(std::string where, long ttl_s) {
+    const bool https = where.rfind("etcd+https://", 0) == 0;
+    const std::string scheme = https ? "etcd+https://" : "etcd://";
+    std::string query;
+    if (const auto q = where.find('?'); q != std::string::npos) {
+        query = where.substr(q + 1);
+        where.resize(q);
+    }
     const auto slash = where.find('/', scheme.size());
     if (where.rfind(scheme, 0) != 0 || slash == std::string::npos || slash == scheme.size())
-        throw std::invalid_argument("--register: '" + where + "' is not etcd://HOST:PORT/PREFIX");
+        throw std::invalid_argument("--register: '" + where +
+                                    "' is not etcd://HOST:PORT/PREFIX or etcd+https://...");
     ordo::etcd_registration_options o;
-    o.endpoint = "http://" + where.substr(scheme.size(), slash - scheme.size());
+    o.endpoint = (https ? "https://" : "http://") + where.substr(scheme.size(), slash - scheme.size());
     o.prefix = where.substr(slash);
+    while (!query.empty()) {
+        const auto amp = query.find('&');
+        const std::string item = query.substr(0, amp);
+        query = amp == std::string::npos ? "" : query.substr(amp + 1);
+        const auto eq = item.find('=');
+        const std::string key = item.substr(0, eq);
+        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+        if (key == "ca")
+            o.access.ca_file = value;
+        else if (key == "cert")
+            o.access.cert_file = value;
+        else if (key == "key")
+            o.access.key_file = value;
+        else if (key == "user")
+            o.access.user = value;
+        else if (key == "password_file")
+            o.access.password = ordo::read_token(value);
+        else if (key == "token_file")
+            o.access.token = ordo::read_token(value);
+        else
+            throw std::invalid_argument("--register: unknown parameter \"" + key + "\"");
+    }
     o.ttl = std::chrono::seconds(ttl_s);
     o.on_event = [](const std::string& line) { std::cerr << line << std::endl; };
     return o;
@@ -240,7 +271,8 @@ int main(int argc, char** argv) {
     if (registration) {
         net::co_spawn(io, registration->async_start(), [&](std::exception_ptr e) {
             if (!e) {
-                std::cout << "registered " << register_at << registered_url << std::endl;
+                std::cout << "registered " << register_at.substr(0, register_at.find('?'))
+                          << registered_url << std::endl;
                 return;
             }
             try {

@@ -139,6 +139,13 @@ void curl_multi::add(transfer& t) {
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, ms);
         curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(t.req.max_body));
     }
+    if (!t.req.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, t.req.ca_file.c_str());
+    if (!t.req.cert_file.empty()) curl_easy_setopt(e, CURLOPT_SSLCERT, t.req.cert_file.c_str());
+    if (!t.req.key_file.empty()) curl_easy_setopt(e, CURLOPT_SSLKEY, t.req.key_file.c_str());
+    if (!t.req.authorization.empty()) {
+        t.headers = curl_slist_append(t.headers, ("Authorization: " + t.req.authorization).c_str());
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, t.headers);
+    }
     if (t.req.post) {
         t.headers = curl_slist_append(t.headers, "Content-Type: application/json");
         t.headers = curl_slist_append(t.headers, "Expect:");

@@ -28,6 +28,10 @@ struct http_request {
     std::chrono::milliseconds timeout{2'000};
     /// A longer body fails the request (errc::protocol_error) instead of growing without bound.
     std::size_t max_body = 16 * 1024 * 1024;
+    /// https://: the CA to trust (empty: the system's), a client certificate and its key.
+    std::string ca_file, cert_file, key_file;
+    /// The Authorization header's value, if not empty.
+    std::string authorization;
 };
 
 struct http_response {

@@ -148,19 +148,72 @@ std::string etcd_reason(const std::string& body) {
     return body.substr(0, 200);
 }
 
+// How requests reach one etcd: its endpoint, TLS files, and the token its authentication
+// gave (user and password), kept until etcd says it is no longer valid.
+struct etcd_client {
+    detail::curl_multi& http;
+    std::string endpoint;
+    etcd_access access;
+    std::chrono::milliseconds timeout;
+    std::string token;  // from /v3/auth/authenticate
+
+    // A request to `path` with the TLS files and the token.
+    detail::http_request request(const char* path) const {
+        detail::http_request r;
+        r.url = endpoint + path;
+        r.label = "etcd";
+        r.timeout = timeout;
+        r.ca_file = access.ca_file;
+        r.cert_file = access.cert_file;
+        r.key_file = access.key_file;
+        r.authorization = access.token.empty() ? token : access.token;
+        return r;
+    }
+
+    // With a user and no token yet: asks etcd for one.
+    net::awaitable<void> log_in() {
+        if (access.user.empty() || !token.empty()) co_return;
+        detail::http_request r = request("/v3/auth/authenticate");
+        r.authorization.clear();
+        r.post = json{{"name", access.user}, {"password", access.password}}.dump();
+        const detail::http_response a = co_await http.async_request(std::move(r));
+        const json j = json::parse(a.body, nullptr, false);
+        if (a.status != 200 || !j.is_object() || !j.contains("token") || !j["token"].is_string())
+            fail(errc::remote_error, "etcd " + endpoint + "/v3/auth/authenticate as '" +
+                                         access.user + "' answered HTTP " +
+                                         std::to_string(a.status) + ": " + etcd_reason(a.body));
+        token = j["token"].get<std::string>();
+    }
+};
+
+// etcd's answer for a token it no longer knows (it restarted, or the token expired): gRPC
+// UNAUTHENTICATED (16), or "invalid auth token".
+bool token_refused(long status, const json& j) {
+    if (status == 401) return true;
+    return j.is_object() && (j.value("code", 0) == 16 ||
+                             (j.contains("message") && j["message"].is_string() &&
+                              j["message"].get<std::string>().find("invalid auth token") !=
+                                  std::string::npos));
+}
+
 // One POST to etcd's gateway: the parsed answer of a 200, else std::system_error naming the
 // URL and etcd's reason. `not_found` is set (and nothing thrown) for etcd's NOT_FOUND (gRPC
-// code 5) when asked for.
-net::awaitable<json> etcd_call(detail::curl_multi& http, const std::string& endpoint,
-                               const char* path, const json& body,
-                               std::chrono::milliseconds timeout, bool* not_found = nullptr) {
-    detail::http_request r;
-    r.url = endpoint + path;
-    r.label = "etcd";
+// code 5) when asked for. With a user, a refused token is renewed once.
+net::awaitable<json> etcd_call(etcd_client& c, const char* path, const json& body,
+                               bool* not_found = nullptr) {
+    co_await c.log_in();
+    detail::http_request r = c.request(path);
     r.post = body.dump();
-    r.timeout = timeout;
-    const detail::http_response a = co_await http.async_request(std::move(r));
+    detail::http_response a = co_await c.http.async_request(r);
     json j = json::parse(a.body, nullptr, false);
+    if (a.status != 200 && !c.access.user.empty() && token_refused(a.status, j)) {
+        c.token.clear();
+        co_await c.log_in();
+        r.authorization = c.token;
+        a = co_await c.http.async_request(std::move(r));
+        j = json::parse(a.body, nullptr, false);
+    }
+    const std::string& endpoint = c.endpoint;
     if (a.status != 200) {
         if (not_found && j.is_object() && j.value("code", 0) == 5) {
             *not_found = true;
@@ -228,12 +281,17 @@ class etcd_source final : public replica_source {
   private:
     struct state {
         state(net::any_io_executor e, etcd_source_options opts)
-            : ex(std::move(e)), o(std::move(opts)), http(ex), wake(ex) {
-            o.endpoint = trimmed_endpoint(o.endpoint);
+            : ex(std::move(e)),
+              o(std::move(opts)),
+              http(ex),
+              client{http, trimmed_endpoint(o.endpoint), o.access, o.timeout, {}},
+              wake(ex) {
+            o.endpoint = client.endpoint;
         }
         net::any_io_executor ex;
         etcd_source_options o;
         detail::curl_multi http;
+        etcd_client client;
         std::function<void(std::vector<member>)> update;
         std::function<void(const std::string&)> problem;
         bool started = false;
@@ -296,7 +354,7 @@ class etcd_source final : public replica_source {
         // The range read: every key under the prefix; yields the revision it saw.
         net::awaitable<std::int64_t> read_all() {
             last_read = steady::now();
-            const json a = co_await etcd_call(http, o.endpoint, "/v3/kv/range", range(), o.timeout);
+            const json a = co_await etcd_call(client, "/v3/kv/range", range());
             const auto rev =
                 a.contains("header") && a["header"].is_object() && a["header"].contains("revision")
                     ? as_int64(a["header"]["revision"])
@@ -336,10 +394,8 @@ class etcd_source final : public replica_source {
             try {
                 json create = range();
                 create["start_revision"] = std::to_string(revision);
-                detail::http_request r;
-                r.url = url;
-                r.label = "etcd";
-                r.timeout = o.timeout;
+                co_await client.log_in();
+                detail::http_request r = client.request("/v3/watch");
                 r.post = json{{"create_request", std::move(create)}}.dump();
                 const long status =
                     co_await http.async_stream(std::move(r), [&](std::string_view chunk) {
@@ -444,8 +500,12 @@ std::unique_ptr<replica_source> make_etcd_source(net::any_io_executor ex, etcd_s
 
 struct etcd_registration::state {
     state(net::any_io_executor e, etcd_registration_options opts)
-        : ex(std::move(e)), o(std::move(opts)), http(ex), loop_done(ex) {
-        o.endpoint = trimmed_endpoint(o.endpoint);
+        : ex(std::move(e)),
+          o(std::move(opts)),
+          http(ex),
+          client{http, trimmed_endpoint(o.endpoint), o.access, o.timeout, {}},
+          loop_done(ex) {
+        o.endpoint = client.endpoint;
         key = o.prefix + o.url;
         json v{{"weight", o.weight}};
         if (!o.group.empty()) v["group"] = o.group;
@@ -454,6 +514,7 @@ struct etcd_registration::state {
     net::any_io_executor ex;
     etcd_registration_options o;
     detail::curl_multi http;
+    etcd_client client;
     std::string key, value;
     std::int64_t lease = 0;  // 0: none
     bool stopping = false;
@@ -465,7 +526,7 @@ struct etcd_registration::state {
         if (o.on_event && !stopping) o.on_event(line);
     }
     net::awaitable<json> call(const char* path, const json& body, bool* not_found = nullptr) {
-        co_return co_await etcd_call(http, o.endpoint, path, body, o.timeout, not_found);
+        co_return co_await etcd_call(client, path, body, not_found);
     }
     // A new lease, and the key put under it.
     net::awaitable<void> grant_and_put() {

@@ -158,7 +158,8 @@ std::vector<std::string> split(std::string_view s, char sep) {
 std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_maker(
     std::string_view url, const std::string& scheme, const std::string& rest,
     const std::string& kept, const std::string& dns_server,
-    std::optional<std::chrono::milliseconds> refresh, std::chrono::milliseconds min_refresh) {
+    std::optional<std::chrono::milliseconds> refresh, std::chrono::milliseconds min_refresh,
+    const etcd_access& access) {
     if (scheme.rfind("dns+", 0) == 0) {
         dns_source_options d;
         d.scheme = scheme.substr(4);
@@ -196,7 +197,8 @@ std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_make
     if (slash == std::string::npos || slash == 0 || slash + 1 == rest.size())
         bad(url, "an etcd router needs HOST:PORT/PREFIX");
     etcd_source_options e;
-    e.endpoint = "http://" + rest.substr(0, slash);
+    e.endpoint = (scheme == "etcd+https" ? "https://" : "http://") + rest.substr(0, slash);
+    e.access = access;
     e.prefix = rest.substr(slash);
     e.url_suffix = kept;
     if (refresh) e.reread = *refresh;
@@ -230,7 +232,10 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
     std::string kept;  // transport parameters, passed on to every replica
     // A source instead of a list: dns+SCHEME, file, etcd.
     const bool dns = scheme.rfind("dns+", 0) == 0;
-    const bool sourced = dns || scheme == "file" || scheme == "etcd";
+    const bool etcd = scheme == "etcd" || scheme == "etcd+https";
+    const bool sourced = dns || scheme == "file" || etcd;
+    etcd_access access;      // etcd_*= parameters
+    std::string route_tls[3];  // the route's own ca=, cert=, key=: etcd's too, unless etcd_*= say
     std::string dns_server;
     std::optional<std::chrono::milliseconds> refresh;
     std::chrono::milliseconds min_refresh{500};
@@ -292,6 +297,21 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.max_ejected_percent = std::min<std::size_t>(100, n());
         } else if (key == "wait_for_replica_ms") {
             ro.wait_for_replica = std::chrono::milliseconds(n());
+        } else if (etcd && key.rfind("etcd_", 0) == 0) {
+            if (key == "etcd_ca")
+                access.ca_file = value;
+            else if (key == "etcd_cert")
+                access.cert_file = value;
+            else if (key == "etcd_key")
+                access.key_file = value;
+            else if (key == "etcd_user")
+                access.user = value;
+            else if (key == "etcd_password_file")
+                access.password = read_token(value);
+            else if (key == "etcd_token_file")
+                access.token = read_token(value);
+            else
+                bad(url, "unknown parameter \"" + key + "\"");
         } else if (dns && key == "dns_server") {
             dns_server = value;
         } else if (sourced && key == "refresh_ms") {
@@ -301,16 +321,24 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (is_transport_parameter(key)) {
             kept += (kept.empty() ? "?" : "&") + item;
+            if (key == "ca") route_tls[0] = value;
+            if (key == "cert") route_tls[1] = value;
+            if (key == "key") route_tls[2] = value;
         } else {
             bad(url, "unknown parameter \"" + key + "\"");
         }
+    }
+    if (access.ca_file.empty()) access.ca_file = route_tls[0];
+    if (access.cert_file.empty() && access.key_file.empty()) {
+        access.cert_file = route_tls[1];
+        access.key_file = route_tls[2];
     }
     spec.options.peer = std::move(o);
     if (sourced) {
         if (!weights.empty() || !shadows.empty())
             bad(url, "weights and shadow name replicas of a list, not of a " + scheme + " source");
         spec.source = source_maker(url, scheme, std::string(rest), kept, dns_server, refresh,
-                                   min_refresh);
+                                   min_refresh, access);
         return spec;
     }
     auto replica_url = [&](const std::string& item) {

@@ -80,9 +80,24 @@ struct file_source_options {
 };
 std::unique_ptr<replica_source> make_file_source(net::any_io_executor ex, file_source_options o);
 
+/// How ordo reaches etcd over https://, and who it is there (etcd_source_options::access,
+/// etcd_registration_options::access).
+struct etcd_access {
+    /// https://: trust this CA (PEM); empty: the system's CAs.
+    std::string ca_file;
+    /// A client certificate and key (PEM), for an etcd that checks them (--client-cert-auth).
+    std::string cert_file, key_file;
+    /// etcd's authentication: a user and password, exchanged for a token
+    /// (/v3/auth/authenticate), again whenever etcd says the token is no longer valid.
+    std::string user, password;
+    /// Or a token etcd gave, sent as it is (Authorization).
+    std::string token;
+};
+
 struct etcd_source_options {
-    /// etcd's client URL, e.g. "http://127.0.0.1:2379" (its v3 JSON gateway).
+    /// etcd's client URL, e.g. "http://127.0.0.1:2379" or "https://..." (its v3 JSON gateway).
     std::string endpoint;
+    etcd_access access;
     /// Replicas are the keys `prefix + url`; a key's value is empty or JSON
     /// `{"weight": 2, "group": "canary"}`.
     std::string prefix;
@@ -100,6 +115,7 @@ std::unique_ptr<replica_source> make_etcd_source(net::any_io_executor ex, etcd_s
 
 struct etcd_registration_options {
     std::string endpoint;  ///< as in etcd_source_options
+    etcd_access access;
     std::string prefix;
     std::string url;  ///< what callers connect to; the key is prefix + url
     double weight = 1;

@@ -16,11 +16,14 @@
 
 #include "fleet/curl_multi.hpp"
 #include "ordo/error.hpp"
+#include "ordo/connect.hpp"
 #include "ordo/fleet.hpp"
+#include "ordo/server.hpp"
 #include "support/etcd_server.hpp"
 #include "support/processes.hpp"
 #include "support/source_recorder.hpp"
 #include "support/run_test.hpp"
+#include "support/streams.hpp"
 
 namespace ordo {
 namespace {
@@ -588,6 +591,177 @@ TEST_F(Etcd, KilledRegisteredServerLeavesWithinTheTtlAndAStoppedOneAtOnce) {
                 EXPECT_TRUE(srv.wait_exit(10s).has_value());
             }
             src->stop();
+        },
+        120s);
+}
+
+// ---- etcd over https (etcd_access) ----
+
+// Restores plain http for the tests' own requests when a TLS test ends.
+// (Fields set one by one: GCC 12 cannot brace-initialize these from string literals inside a
+// coroutine.)
+struct access_scope {
+    access_scope(const std::string& ca, const std::string& cert, const std::string& key) {
+        auto& a = test::test_access();
+        a.ca = ca;
+        a.cert = cert;
+        a.key = key;
+    }
+    ~access_scope() { test::test_access() = {}; }
+};
+
+std::string write_secret(const std::string& dir, const std::string& name, const std::string& v) {
+    const std::string path = dir + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs((v + "\n").c_str(), f);
+    std::fclose(f);
+    return path;
+}
+
+// Adds the user root (password secret-pw, role root) and turns etcd's authentication on.
+net::awaitable<void> enable_auth(detail::curl_multi& http, std::string ep) {
+    nlohmann::json user, grant;
+    user["name"] = "root";
+    user["password"] = "secret-pw";
+    grant["user"] = "root";
+    grant["role"] = "root";
+    co_await test::etcd_post(http, ep, "/v3/auth/user/add", user);
+    co_await test::etcd_post(http, ep, "/v3/auth/user/grant", grant);
+    co_await test::etcd_post(http, ep, "/v3/auth/enable", nlohmann::json::object());
+}
+
+// etcd over https with its authentication on, tokens living 1 s: a router following
+// route+etcd+https with the CA, a user and a password file reaches a server that registered
+// itself the same way, and the registration outlives many tokens (each renewed when etcd
+// refuses it). Without the user, or with a wrong password, the reason is etcd's.
+TEST(EtcdTls, OverHttpsWithAUserARouterFollowsWhatAServerRegistered) {
+    run_test(
+        []() -> net::awaitable<void> {
+            auto ex = co_await net::this_coro::executor;
+            const auto& f = test::shared_tls_files();
+            test::etcd_server e;
+            test::etcd_tls tls;
+            tls.cert = f.server_cert;
+            tls.key = f.server_key;
+            tls.token_ttl_s = 1;
+            e.tls = tls;
+            e.start();
+            access_scope scope(f.ca, std::string(), std::string());
+            detail::curl_multi http(ex);
+            ORDO_CO_ASSERT_TRUE(co_await e.async_ready(http));
+            const std::string ep = e.endpoint();
+            co_await enable_auth(http, ep);
+            const std::string pw = write_secret(e.dir(), "pw", "secret-pw");
+
+            server srv(ex);
+            srv.on("inc", [](int x) { return x + 1; });
+            const std::string at = srv.listen("tcp://127.0.0.1:0");
+            etcd_registration_options ro = registration_options(ep, "/tls/", at);
+            ro.access.ca_file = f.ca;
+            ro.access.user = "root";
+            ro.access.password = "secret-pw";
+            std::vector<std::string> events;
+            ro.on_event = [&](const std::string& line) { events.push_back(line); };
+            etcd_registration reg(ex, ro);
+            co_await reg.async_start();
+
+            const std::string route = "route+etcd+https://127.0.0.1:" +
+                                      std::to_string(e.client_port()) + "/tls/?etcd_ca=" + f.ca +
+                                      "&etcd_user=root&etcd_password_file=" + pw +
+                                      "&wait_for_replica_ms=20000";
+            auto c = co_await async_connect(route);
+            EXPECT_EQ(co_await c.async_call<int>("inc", 1), 2);
+            // Several token lifetimes: the lease is kept alive throughout.
+            net::steady_timer t(ex, 4s);
+            co_await t.async_wait(use_tuple);
+            EXPECT_EQ(co_await c.async_call<int>("inc", 2), 3);
+            for (const auto& line : events) ADD_FAILURE() << "registration event: " << line;
+
+            // etcd restarts: the tokens it gave are gone. A source that had one logs in again.
+            recorder user;
+            auto uo = source_options(ep, "/tls/");
+            uo.access.ca_file = f.ca;
+            uo.access.user = "root";
+            uo.access.password = "secret-pw";
+            auto usrc = make_etcd_source(ex, uo);
+            user.start(*usrc);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return user.has(at); }, 20s));
+            e.kill();
+            e.start();
+            ORDO_CO_ASSERT_TRUE(co_await e.async_ready(http));
+            nlohmann::json login;
+            login["name"] = "root";
+            login["password"] = "secret-pw";
+            test::test_access().token =
+                (co_await test::etcd_post(http, ep, "/v3/auth/authenticate", login))["token"];
+            co_await test::etcd_put(http, ep, "/tls/tcp://127.0.0.1:7999", "");
+            EXPECT_TRUE(co_await wait_until([&] { return user.has("tcp://127.0.0.1:7999"); }, 30s));
+            usrc->stop();
+            test::test_access().token.clear();
+
+            recorder nobody;
+            auto o = source_options(ep, "/tls/");
+            o.access.ca_file = f.ca;
+            auto src = make_etcd_source(ex, o);
+            nobody.start(*src);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !nobody.problems.empty(); }, 20s));
+            EXPECT_TRUE(nobody.said("user name is empty")) << nobody.problems.front();
+            EXPECT_TRUE(nobody.updates.empty());
+            src->stop();
+
+            ro.access.password = "wrong";
+            etcd_registration bad(ex, ro);
+            try {
+                co_await bad.async_start();
+                ADD_FAILURE() << "a wrong password registered";
+            } catch (const std::system_error& x) {
+                EXPECT_NE(std::string(x.what()).find("authentication failed"), std::string::npos)
+                    << x.what();
+            }
+            co_await reg.async_stop();
+            co_await srv.async_stop();
+        },
+        120s);
+}
+
+// An etcd that requires client certificates: a source with one reads the set; one without is
+// refused at the handshake, and says so.
+TEST(EtcdTls, AClientCertificateIsPresentedToAnEtcdThatRequiresOne) {
+    run_test(
+        []() -> net::awaitable<void> {
+            auto ex = co_await net::this_coro::executor;
+            const auto& f = test::shared_tls_files();
+            test::etcd_server e;
+            test::etcd_tls tls;
+            tls.cert = f.server_cert;
+            tls.key = f.server_key;
+            tls.client_ca = f.ca;
+            e.tls = tls;
+            e.start();
+            access_scope scope(f.ca, f.client_cert, f.client_key);
+            detail::curl_multi http(ex);
+            ORDO_CO_ASSERT_TRUE(co_await e.async_ready(http));
+            co_await test::etcd_put(http, e.endpoint(), "/cert/tcp://127.0.0.1:7001", "");
+            recorder with;
+            auto o = source_options(e.endpoint(), "/cert/");
+            o.access.ca_file = f.ca;
+            o.access.cert_file = f.client_cert;
+            o.access.key_file = f.client_key;
+            auto src = make_etcd_source(ex, o);
+            with.start(*src);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !with.updates.empty(); }, 20s));
+            EXPECT_TRUE(with.has("tcp://127.0.0.1:7001"));
+            src->stop();
+            recorder without;
+            o.access.cert_file.clear();
+            o.access.key_file.clear();
+            auto bare = make_etcd_source(ex, o);
+            without.start(*bare);
+            ORDO_CO_ASSERT_TRUE(
+                co_await wait_until([&] { return !without.problems.empty(); }, 20s));
+            EXPECT_TRUE(without.updates.empty());
+            EXPECT_TRUE(without.said(e.endpoint())) << without.problems.front();
+            bare->stop();
         },
         120s);
 }

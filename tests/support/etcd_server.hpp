@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +51,30 @@ inline std::string on_path(const std::string& name) {
     return "";
 }
 
+/// What the test's own requests to etcd carry (https: the CA, a client certificate; a token
+/// once etcd's authentication is on). Empty: plain http, as most tests use.
+struct etcd_test_access {
+    std::string ca, cert, key, token;
+    void apply(detail::http_request& r) const {
+        r.ca_file = ca;
+        r.cert_file = cert;
+        r.key_file = key;
+        r.authorization = token;
+    }
+};
+inline etcd_test_access& test_access() {
+    static etcd_test_access a;
+    return a;
+}
+
+/// etcd serving https (its client URL): its certificate and key, and, when `client_ca` is set,
+/// the CA whose client certificates it requires (--client-cert-auth). `token_ttl_s`: how long
+/// its authentication's tokens live.
+struct etcd_tls {
+    std::string cert, key, client_ca;
+    int token_ttl_s = 300;
+};
+
 class etcd_server {
   public:
     etcd_server() : client_(free_port()), peer_(free_port()) {
@@ -70,14 +95,14 @@ class etcd_server {
         const std::string etcd = on_path("etcd");
         if (etcd.empty())
             throw std::runtime_error("etcd not found on PATH (apt-get install -y etcd-server)");
-        const std::string c = "http://127.0.0.1:" + std::to_string(client_);
+        const std::string c = endpoint();
         const std::string p = "http://127.0.0.1:" + std::to_string(peer_);
         // exec: the shell becomes etcd, so the child's PID is etcd's.
         const std::string cmd = "exec '" + etcd + "' --name default --data-dir '" + dir_ +
                                 "/data' --listen-client-urls " + c + " --advertise-client-urls " +
                                 c + " --listen-peer-urls " + p + " --initial-advertise-peer-urls " +
-                                p + " --initial-cluster default=" + p + " >>'" + dir_ +
-                                "/etcd.log' 2>&1";
+                                p + " --initial-cluster default=" + p + tls_flags() + " >>'" +
+                                dir_ + "/etcd.log' 2>&1";
         proc_ = std::make_unique<child>(std::vector<std::string>{"/bin/sh", "-c", cmd});
     }
     /// SIGKILLs etcd (by PID) and reaps it.
@@ -94,6 +119,8 @@ class etcd_server {
         while (std::chrono::steady_clock::now() < deadline) {
             try {
                 detail::http_request r;
+                test_access().apply(r);
+                r.authorization.clear();
                 r.url = endpoint() + "/health";
                 r.timeout = std::chrono::milliseconds(1000);
                 const auto a = co_await http.async_request(r);
@@ -106,11 +133,23 @@ class etcd_server {
         co_return false;
     }
 
-    std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(client_); }
+    std::string endpoint() const {
+        return (tls ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client_);
+    }
+    /// Set before start(): https.
+    std::optional<etcd_tls> tls;
     std::uint16_t client_port() const { return client_; }
     const std::string& dir() const { return dir_; }
 
   private:
+    std::string tls_flags() const {
+        if (!tls) return "";
+        std::string f = " --cert-file '" + tls->cert + "' --key-file '" + tls->key +
+                        "' --auth-token simple --auth-token-ttl " + std::to_string(tls->token_ttl_s);
+        if (!tls->client_ca.empty())
+            f += " --client-cert-auth --trusted-ca-file '" + tls->client_ca + "'";
+        return f;
+    }
     std::uint16_t client_, peer_;
     std::string dir_;
     std::unique_ptr<child> proc_;
@@ -135,6 +174,7 @@ inline std::string b64(std::string_view in) {
 inline net::awaitable<nlohmann::json> etcd_post(detail::curl_multi& http, std::string endpoint,
                                                 std::string path, nlohmann::json body) {
     detail::http_request r;
+    test_access().apply(r);
     r.url = endpoint + path;
     r.post = body.dump();
     const auto a = co_await http.async_request(r);
