@@ -51,8 +51,11 @@ class http_call final : public detail::pending_call {
 
 // Makes the call on the channel's executor and waits for it here (an HTTP thread). While the
 // gateway stops, the call is cancelled (on the executor) and its cancellation awaited.
+// `conn`, when given, is the HTTP connection the call serves: a call still pending when its
+// client closes the connection is cancelled (ordo.cancel reaches the server).
 std::shared_ptr<waiter> call(gateway::state& s, const channel& ch, const std::string& method,
-                             detail::params_buffer params, call_options o) {
+                             detail::params_buffer params, call_options o,
+                             mg_connection* conn = nullptr) {
     auto w = std::make_shared<waiter>();
     auto c = std::make_unique<http_call>(w, s);
     c->method = method;
@@ -65,6 +68,13 @@ std::shared_ptr<waiter> call(gateway::state& s, const channel& ch, const std::st
     std::unique_lock lk(w->m);
     bool cancel_sent = false;
     while (!w->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w->done; })) {
+        if (!cancel_sent && conn && client_gone(conn)) {
+            cancel_sent = true;
+            ++s.calls_abandoned;
+            s.event("ordo gateway: call " + method + " cancelled: its client went away");
+            net::post(ch.get_executor(),
+                      [w] { w->signal.emit(net::cancellation_type::terminal); });
+        }
         if (s.stopping && !cancel_sent) {
             cancel_sent = true;
             net::post(ch.get_executor(),
@@ -262,7 +272,7 @@ reply run_call(gateway::state& s, const call_request& r) {
     if (auto bad = params_of(r, params)) return *bad;
     if (r.already_due) return timed_out_before(s, r);
     if (r.notify) return notify(s, r, std::move(params));
-    auto w = call(s, r.via, r.method, std::move(params), options_of(s, r));
+    auto w = call(s, r.via, r.method, std::move(params), options_of(s, r), r.conn);
     if (w->ec)
         return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
     std::string body = json_codec::dump(w->out.result);
@@ -454,6 +464,8 @@ reply metrics(gateway::state& s) {
          "Connections refused over max_connections", {{"", double(s.refused)}});
     line("ordo_gateway_limit_closes_total", "counter", "Connections closed by a size or time limit",
          {{"", double(s.limit_closes)}});
+    line("ordo_gateway_calls_abandoned_total", "counter",
+         "Calls cancelled because their client went away", {{"", double(s.calls_abandoned)}});
     line("ordo_gateway_streams_abandoned_total", "counter",
          "Streams cancelled because their client went away", {{"", double(s.abandoned)}});
     line("ordo_gateway_connections", "gauge", "HTTP connections open",

@@ -3,7 +3,12 @@
 // The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
 // body within the limits, writing responses. What a request does on the channel is in
 // gateway/calls.cpp.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include <cstring>
 #include <future>
@@ -23,7 +28,46 @@ using clock_type = std::chrono::steady_clock;
 // arriving (accepted, or the previous response written), to tell a timeout from bad bytes.
 struct conn_data {
     clock_type::time_point since = clock_type::now();
+    int fd = -2;  // the connection's socket, once looked up (client_gone); -1: not found
 };
+
+// The socket of `c`: civetweb does not say, so the one whose two ends are the request's.
+int socket_of(const mg_request_info* ri) {
+    DIR* d = ::opendir("/proc/self/fd");
+    if (!d) return -1;
+    int found = -1;
+    while (const dirent* e = ::readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        if (fd <= 2) continue;
+        sockaddr_storage peer{}, self{};
+        socklen_t pn = sizeof peer, sn = sizeof self;
+        if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pn) != 0 ||
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sn) != 0)
+            continue;
+        char ip[INET6_ADDRSTRLEN] = {};
+        int pport = 0, sport = 0;
+        if (peer.ss_family == AF_INET) {
+            const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+            ::inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+            pport = ntohs(a->sin_port);
+            sport = ntohs(reinterpret_cast<const sockaddr_in*>(&self)->sin_port);
+        } else if (peer.ss_family == AF_INET6) {
+            const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+            ::inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+            pport = ntohs(a->sin6_port);
+            sport = ntohs(reinterpret_cast<const sockaddr_in6*>(&self)->sin6_port);
+        } else {
+            continue;
+        }
+        if (pport == ri->remote_port && sport == ri->server_port &&
+            std::strcmp(ip, ri->remote_addr) == 0) {
+            found = fd;
+            break;
+        }
+    }
+    ::closedir(d);
+    return found;
+}
 
 gateway::state& state_of(const mg_connection* c) {
     return *static_cast<gateway::state*>(mg_get_user_data(mg_get_context(c)));
@@ -210,6 +254,24 @@ channel upstream_for(gateway::state& s, const std::string& token) {
     return ch;
 }
 
+}  // namespace
+
+namespace gw {
+
+bool client_gone(mg_connection* c) {
+    auto* d = static_cast<conn_data*>(mg_get_user_connection_data(c));
+    if (!d) return false;
+    if (d->fd == -2) d->fd = socket_of(mg_get_request_info(c));
+    if (d->fd < 0) return false;
+    // The client ended its side: it closed (an HTTP client does not half-close and wait).
+    pollfd p{d->fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace gw
+
+namespace {
+
 int handle(mg_connection* c, gateway::state& s) {
     const mg_request_info* ri = mg_get_request_info(c);
     if (s.connections > s.o.max_connections) {
@@ -260,6 +322,7 @@ int handle(mg_connection* c, gateway::state& s) {
                                          "ordo gateway: call " + std::string(path.substr(1)) +
                                              " with POST, not " + std::string(verb)));
     gw::call_request r;
+    r.conn = c;
     try {
         r.via = upstream_for(s, token);
     } catch (const std::system_error& e) {
@@ -512,6 +575,7 @@ gateway_counters gateway::counters() const {
     c.refused_connections = s_->refused;
     c.limit_closes = s_->limit_closes;
     c.streams_abandoned = s_->abandoned;
+    c.calls_abandoned = s_->calls_abandoned;
     c.connections = s_->connections;
     c.in_flight = s_->in_flight;
     return c;

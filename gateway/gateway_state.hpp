@@ -53,7 +53,7 @@ struct gateway::state {
 
     std::atomic<std::uint64_t> requests{0}, calls{0}, notifications{0};
     std::atomic<std::uint64_t> s2xx{0}, s4xx{0}, s5xx{0};
-    std::atomic<std::uint64_t> refused{0}, limit_closes{0}, abandoned{0};
+    std::atomic<std::uint64_t> refused{0}, limit_closes{0}, abandoned{0}, calls_abandoned{0};
     std::atomic<std::size_t> connections{0}, in_flight{0};
 
     // ordo.methods, as last read: name -> signature ("(int)", "(int) [stream]").
@@ -79,6 +79,7 @@ namespace gw {
 
 /// What a request asks for, from its query string and headers.
 struct call_request {
+    mg_connection* conn = nullptr;  // the HTTP connection it came on (client_gone)
     channel via;  // the upstream that carries it: the gateway's, or the caller's own
     std::string method;
     std::string body;
@@ -120,6 +121,10 @@ bool method_streams(gateway::state& s, const std::string& method);
 reply routes(gateway::state& s);
 reply healthz(gateway::state& s);
 reply metrics(gateway::state& s);
+
+/// Whether the client of `c` has closed its connection (checked without reading: a request
+/// it pipelined stays unread).
+bool client_gone(mg_connection* c);
 
 /// Writes `r` as one HTTP/1.1 response (one write), keeping the connection.
 void send_reply(mg_connection* c, const reply& r);

@@ -89,6 +89,7 @@ struct gateway_counters {
     std::uint64_t refused_connections = 0;  ///< over max_connections
     std::uint64_t limit_closes = 0;       ///< connections closed by a size or time limit
     std::uint64_t streams_abandoned = 0;  ///< streams cancelled because their client went away
+    std::uint64_t calls_abandoned = 0;    ///< calls cancelled because their client went away
     std::size_t connections = 0;          ///< open now
     std::size_t in_flight = 0;            ///< requests being served now
 };

@@ -303,6 +303,34 @@ class Auth(unittest.TestCase):
         self.assertIn("whoami", text)
 
 
+class Disconnect(unittest.TestCase):
+    def test_a_client_that_goes_away_cancels_its_unary_call(self):
+        p, url = replica()
+        _, g = gateway(url, "--max-connections", "8", "--metrics")
+        sock = socket.create_connection(g, timeout=10)
+        body = b"[20000]"
+        sock.sendall(b"POST /sleep_ms HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.5)
+        sock.close()
+        # The backend's handler is cancelled (ordo.cancel), long before its 20 s.
+        deadline = time.monotonic() + 10
+        cancelled = 0
+        while time.monotonic() < deadline and not cancelled:
+            out = subprocess.run([ORDO, "stats", url], capture_output=True, text=True,
+                                 timeout=10).stdout
+            try:
+                sleep = json.loads(out)["methods"]["sleep_ms"]
+                cancelled = sleep["errors"].get("cancelled", 0)
+            except (ValueError, KeyError):
+                cancelled = 0
+            time.sleep(0.1)
+        self.assertEqual(cancelled, 1, out)
+        metrics = request(g, "GET", "/metrics")[2]
+        self.assertIn("ordo_gateway_calls_abandoned_total 1", metrics)
+        stop(p)
+
+
 class Https(unittest.TestCase):
     def test_https_with_a_certificate_and_key(self):
         d = tempfile.mkdtemp()
