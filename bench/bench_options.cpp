@@ -52,6 +52,10 @@ void declare_flags(CLI::App& app, config& c) {
     app.add_option("--connect", c.connect, "client only: a server started elsewhere")
         ->type_name("URL");
     app.add_option("--serve", c.serve, "serve on URL (what the client starts)")->type_name("URL");
+    app.add_option("--auth-tokens", c.auth_tokens,
+                   "server only: authenticate callers with FILE's tokens (server_options::"
+                   "authenticate); a client presents one with ?token_file= on its URL")
+        ->type_name("FILE");
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct config {
     bool json = false;
     std::string connect;      // client only, to a server started elsewhere
     std::string serve;        // server only
+    std::string auth_tokens;  // server only: authenticate callers with this token file
     long work_us = 100;       // cpu: CPU each "work" call spins on the server
     long slow_ms = 50;        // beside-slow: CPU each "slow" call spins on the server
     long threads = 1;         // server only: its event loops (server_options::threads)

@@ -5,6 +5,8 @@
 #   low load:   wrk -c 1 -t 1 -d LOW_SECONDS --latency                        (p50 over HTTP)
 #   direct:     ordo-bench --workload seq over the same route+ URL            (p50 of an ordo call)
 # usage: bench/gateway_wrk.sh ORDO INC_SERVER ORDO_BENCH [SECONDS=10] [CONNS=64] [LOW_SECONDS=5]
+# AUTH=1: the replicas and the gateway authenticate (--auth-tokens), wrk sends a bearer token,
+# and each caller's calls go upstream over a connection that presents it.
 # A smoke run (the test suite): SECONDS=1 LOW_SECONDS=1; it checks that every request was
 # answered 200 and that wrk ran, not the figures.
 set -u
@@ -16,27 +18,37 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v wrk >/dev/null || fail "wrk is not installed (apt-get install wrk)"
 
+auth=() gw_auth=() bearer=() q=""
+if [ "${AUTH:-0}" = 1 ]; then
+    printf 'wrk-token-0123456789 wrk\ngateway-token-0123456789 gateway\n' >"$dir/tokens"
+    echo gateway-token-0123456789 >"$dir/gw.token"
+    auth=(--auth-tokens "$dir/tokens")
+    gw_auth=(--auth-tokens "$dir/tokens")
+    bearer=(-H "Authorization: Bearer wrk-token-0123456789")
+    q="&token_file=$dir/gw.token"
+fi
 items=()
 for i in 1 2 3; do
-    "$server" --listen tcp://127.0.0.1:0 >"$dir/r$i" 2>&1 &
+    "$server" --listen tcp://127.0.0.1:0 "${auth[@]}" >"$dir/r$i" 2>&1 &
     pids+=($!)
     for _ in $(seq 100); do grep -q '^listening on ' "$dir/r$i" && break; sleep 0.1; done
     u=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/r$i" | head -1)
     [ -n "$u" ] || fail "replica $i did not start: $(cat "$dir/r$i")"
     items+=("${u#tcp://}")
 done
-route="route+tcp://$(IFS=,; echo "${items[*]}")?max_concurrent=64"
-"$ordo" gateway --listen http://127.0.0.1:0 --to "$route" >"$dir/gw" 2>"$dir/gw.err" &
+route="route+tcp://$(IFS=,; echo "${items[*]}")?max_concurrent=64$q"
+"$ordo" gateway --listen http://127.0.0.1:0 --to "$route" "${gw_auth[@]}" >"$dir/gw" 2>"$dir/gw.err" &
 pids+=($!)
 for _ in $(seq 100); do grep -q '^listening on ' "$dir/gw" && break; sleep 0.1; done
 http=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$dir/gw" | head -1)
 [ -n "$http" ] || fail "the gateway did not start: $(cat "$dir/gw" "$dir/gw.err")"
-[ "$(curl -s --json '[41]' "$http/inc")" = 42 ] || fail "curl --json '[41]' $http/inc did not print 42"
+[ "$(curl -s "${bearer[@]}" --json '[41]' "$http/inc")" = 42 ] || fail "curl --json '[41]' $http/inc did not print 42"
 
 cat >"$dir/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.body = "[41]"
 wrk.headers["Content-Type"] = "application/json"
+if os.getenv("BEARER") then wrk.headers["Authorization"] = "Bearer " .. os.getenv("BEARER") end
 local non200 = 0
 response = function(status, headers, body)
     if status ~= 200 or body ~= "42\n" then non200 = non200 + 1 end
@@ -47,6 +59,7 @@ end
 LUA
 # wrk's done() runs in its own Lua state, so `non200` there is 0; its summary.errors.status
 # counts non-2xx statuses, and a wrong body is caught by the smoke test's curl above.
+[ "${AUTH:-0}" = 1 ] && export BEARER=wrk-token-0123456789
 wrk -c "$conns" -t 2 -d "${secs}s" --latency -s "$dir/post.lua" "$http/inc" >"$dir/wrk" 2>&1 ||
     fail "wrk failed: $(cat "$dir/wrk")"
 rps=$(awk '/^Requests\/sec/ {print $2}' "$dir/wrk")

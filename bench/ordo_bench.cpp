@@ -264,6 +264,8 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
     ordo::server_options so;
     so.peer.comm.interval = std::chrono::milliseconds(cfg.interval_ms);
     so.threads = static_cast<std::size_t>(cfg.threads);
+    if (!cfg.auth_tokens.empty())
+        so.authenticate = ordo::authenticate_tokens(ordo::read_token_file(cfg.auth_tokens));
     ordo::server srv(io.get_executor(), so);
     oneway_state st;  // oneway runs one connection: one loop touches it
     srv.on("echo", [](msgpack::object v) { return v; });

@@ -188,13 +188,23 @@ envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]
               b"\x93\x02\xd9\x01m\x90", b"\x93\x02\xda\x00\x01m\x90",
               b"\x93\x02\xa1m\xdc\x00\x01\x01", b"\x93\x02\xa1m\x91\xc1"]
 
+# Authentication (docs/protocol.md "Authentication"): an input that starts with a notification
+# (an odd first byte) meets a server with a token table (tests/fuzz/server_fuzz.cpp).
+token = {"token": "fuzz-token-0123456789"}
+auths = [p([2, "ordo.auth", [token]], [0, 1, "inc", [1]], [0, 2, "ordo.methods", []]),
+         p([2, "ordo.auth", [{"token": "not-the-token-000000"}]], [0, 1, "inc", [1]],
+           [0, 2, "whoami", []]),
+         p([2, "ordo.auth", ["just a string"]], [0, 1, "inc", [1]]),
+         p([2, "ordo.auth", [token]], hello(), [0, 1, "whoami", []]),
+         p([2, "add", [1]], [0, 1, "inc", [1]])]
+
 seeds = {
     "decoder": [bytes([s]) + data for s in (0, 1, 7, 63)
                 for data in [p(*requests), p(*notes), p(*responses)] + malformed]
                + [bytes([63]) + e for e in envelopes],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
               + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
-              + sessions,
+              + sessions + auths,
     "client": [p(*responses), p(*reversed(responses)), p(responses[0], responses[0]),
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),
