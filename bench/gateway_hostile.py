@@ -2,8 +2,9 @@
 """Hostile requests against `ordo gateway`: does it keep serving, and does its memory hold?
 
 Starts ordo-inc-server and a gateway in front of it on loopback (free ports, stopped by PID),
-makes 2,000 normal calls on one connection and 4,000 on connections of their own, 32 at a time
-(so that every civetweb thread has served), reads its RSS, sends N hostile requests, each
+makes 2,000 normal calls on one connection and 4,000 on connections of their own, 32 at a time,
+half of them with a 110 KB body (so that every civetweb thread has served a large request),
+reads its RSS, sends N hostile requests, each
 on a fresh connection, in a fixed rotation (bodies nested 70, 300 and 100,000 deep, reserved
 ordo.* methods, two Content-Lengths, Content-Length with Transfer-Encoding, a text/plain body, a
 body over --max-body-bytes, numbers JSON cannot hold, garbage JSON, a preflight from a foreign
@@ -118,6 +119,23 @@ def normal_calls(addr, n):
     return None
 
 
+def large_call(addr):
+    """One normal call with a large body (a 20,000-number array, ~110 KB), on a connection of
+    its own: legitimate traffic that fills a civetweb thread's request buffer as a large hostile
+    body does."""
+    body = "[[" + ",".join(str(i) for i in range(20000)) + "]]"
+    c = http.client.HTTPConnection(*addr, timeout=10)
+    try:
+        c.request("POST", "/echo", body=body, headers=JSON)
+        r = c.getresponse()
+        got = r.read()
+        if r.status != 200 or got.strip() != body[1:-1].encode():
+            return f"large call: {r.status} {got[:80]!r}"
+    finally:
+        c.close()
+    return None
+
+
 def main():
     ordo, inc = sys.argv[1], sys.argv[2]
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 10_000
@@ -133,11 +151,14 @@ def main():
         if (err := normal_calls(addr, 2000)):
             failures.append("before: " + err)
         first = rss_kib(gw.pid)
-        # Normal traffic first: 4,000 calls, each on a connection of its own, 32 at a time, so
-        # that civetweb's threads (max_connections + 4, each with its stack and malloc arena)
-        # have all served; what they cost then is the gateway's size in use, not growth.
+        # Normal traffic first: 4,000 calls, each on a connection of its own, 32 at a time, half
+        # of them with a large body, so that civetweb's threads (max_connections + 4, each with
+        # its stack, its request buffer of 2 x max_header_bytes and a malloc arena) have all
+        # served; what they cost then is the gateway's size in use, not growth.
+        def warm(i):
+            return large_call(addr) if i % 2 else normal_calls(addr, 1)
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            errs = [e for e in pool.map(lambda _: normal_calls(addr, 1), range(4000)) if e]
+            errs = [e for e in pool.map(warm, range(4000)) if e]
         if errs:
             failures.append("warm-up: " + errs[0])
         before = rss_kib(gw.pid)
