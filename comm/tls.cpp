@@ -282,7 +282,7 @@ class tls_listener final : public listener {
             std::error_code no_peer;
             const auto peer = sock.remote_endpoint(no_peer);
             auto h = std::make_shared<shaking>();
-            h->from = no_peer ? std::string() : peer.address().to_string();
+            h->from = no_peer ? std::string() : address_group(peer.address());
             h->ex = ex;
             std::string remote = tcp_url(peer, "tls");
             auto ts = std::make_shared<tls_stream>(std::move(sock), s->ctx);
@@ -292,6 +292,15 @@ class tls_listener final : public listener {
             net::co_spawn(ex, shake(s, h, home, std::move(ts), std::move(remote)),
                           detail::rethrow_escaped{});
         }
+    }
+
+    // Whose handshakes count together: an IPv4 address, or an IPv6 /64 (one host can hold a
+    // whole /64, and would otherwise step around the per-address cap).
+    static std::string address_group(const net::ip::address& a) {
+        if (!a.is_v6() || a.to_v6().is_v4_mapped()) return a.to_string();
+        auto bytes = a.to_v6().to_bytes();
+        std::fill(bytes.begin() + 8, bytes.end(), 0);
+        return net::ip::address_v6(bytes).to_string() + "/64";
     }
 
     // Before a handshake from `from` starts: drops the oldest of that address's when it has

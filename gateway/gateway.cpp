@@ -235,23 +235,43 @@ std::optional<gw::reply> bearer_refused(mg_connection* c, gateway::state& s, std
 }
 
 // The upstream that carries the calls of the caller with `token`: its own channel, opened
-// once (gateway_options::connect_as), or the gateway's.
+// once (gateway_options::connect_as), or the gateway's. Callers of other tokens never wait
+// for it; one whose channel is still opening waits up to request_timeout. A failed opening
+// is forgotten, so that the next request tries again.
 channel upstream_for(gateway::state& s, const std::string& token) {
     if (token.empty() || !s.o.connect_as) return s.ch;
-    std::lock_guard lk(s.upstream_mu);  // held while the first one for a token opens
-    if (auto it = s.upstreams.find(token); it != s.upstreams.end()) return it->second;
-    std::promise<channel> p;
-    auto f = p.get_future();
-    net::co_spawn(s.ch.get_executor(), s.o.connect_as(credentials{token}),
-                  [&p](std::exception_ptr e, channel ch) {
-                      if (e)
-                          p.set_exception(e);
-                      else
-                          p.set_value(std::move(ch));
-                  });
-    channel ch = f.get();
-    s.upstreams.emplace(token, ch);
-    return ch;
+    std::shared_ptr<const std::shared_future<channel>> f;
+    {
+        std::lock_guard lk(s.upstream_mu);
+        auto it = s.upstreams.find(token);
+        if (it == s.upstreams.end()) {
+            auto p = std::make_shared<std::promise<channel>>();
+            it = s.upstreams
+                     .emplace(token, std::make_shared<const std::shared_future<channel>>(
+                                         p->get_future().share()))
+                     .first;
+            net::co_spawn(s.ch.get_executor(), s.o.connect_as(credentials{token}),
+                          [p](std::exception_ptr e, channel ch) {
+                              if (e)
+                                  p->set_exception(e);
+                              else
+                                  p->set_value(std::move(ch));
+                          });
+        }
+        f = it->second;
+    }
+    if (f->wait_for(s.o.request_timeout) != std::future_status::ready)
+        throw std::system_error(make_error_code(errc::timed_out),
+                                "ordo gateway: the caller's upstream connection is not open "
+                                "after " + std::to_string(s.o.request_timeout.count()) + " ms");
+    try {
+        return f->get();
+    } catch (...) {
+        std::lock_guard lk(s.upstream_mu);
+        if (auto it = s.upstreams.find(token); it != s.upstreams.end() && it->second == f)
+            s.upstreams.erase(it);
+        throw;
+    }
 }
 
 }  // namespace
@@ -274,6 +294,10 @@ namespace {
 
 int handle(mg_connection* c, gateway::state& s) {
     const mg_request_info* ri = mg_get_request_info(c);
+    // Behind the https front, civetweb's loopback port serves the front's connections only.
+    if (s.front && !(std::strcmp(ri->remote_addr, "127.0.0.1") == 0 &&
+                     s.front->relays(static_cast<std::uint16_t>(ri->remote_port))))
+        return close_with(c, 403, "ordo gateway: this port serves the https listener only");
     if (s.connections > s.o.max_connections) {
         ++s.refused;
         s.event("ordo gateway: refused a connection from " + std::string(ri->remote_addr) +
@@ -522,7 +546,8 @@ gateway::gateway(channel ch, gateway_options o)
         if (!s_->tls_ca.empty()) front += "&ca=" + s_->tls_ca;
         try {
             s_->front = std::make_unique<gw::tls_front>(
-                front, static_cast<std::uint16_t>(std::stoi(port)), s_->o.on_event);
+                front, static_cast<std::uint16_t>(std::stoi(port)),
+                2 * (s_->o.max_connections + 4), s_->o.on_event);
         } catch (const std::system_error& e) {
             mg_stop(s_->ctx);
             s_->ctx = nullptr;
@@ -548,7 +573,7 @@ void gateway::stop() {
     s_->ctx = nullptr;
     mg_exit_library();
     // The callers' channels are released on their executor, as channels must be.
-    std::map<std::string, channel> ups;
+    std::map<std::string, std::shared_ptr<const std::shared_future<channel>>> ups;
     {
         std::lock_guard lk(s_->upstream_mu);
         ups.swap(s_->upstreams);

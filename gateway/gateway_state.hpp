@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,7 +47,7 @@ struct gateway::state {
     std::unique_ptr<gw::tls_front> front;  // https: ordo's TLS in front of civetweb
     // The channels opened for callers' tokens (gateway_options::connect_as), by token.
     std::mutex upstream_mu;
-    std::map<std::string, channel> upstreams;
+    std::map<std::string, std::shared_ptr<const std::shared_future<channel>>> upstreams;
     std::string url;
     mg_context* ctx = nullptr;
     std::atomic<bool> stopping{false};

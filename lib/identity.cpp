@@ -67,6 +67,9 @@ std::map<std::string, std::string> read_token_file(const std::string& path) {
         if (!tokens.emplace(std::move(token), std::move(subject)).second)
             bad_file(path, where + " repeats a token");
     }
+    // An empty table would let a server or gateway that reads it authenticate nobody, or
+    // (where an empty table means "off") everybody: neither is what the file's owner meant.
+    if (tokens.empty()) bad_file(path, "has no tokens");
     return tokens;
 }
 

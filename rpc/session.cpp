@@ -202,6 +202,24 @@ void session::on_gated_message(std::string_view bytes) {
     if (!auth) on_comm_message(bytes);  // the first message, served as any other
 }
 
+// The caller's side, before a resume's answer: ordo.closing [14, reason] says the server
+// refused this side's credentials. The session ends with errc::unauthenticated (true).
+bool session::refused_credentials(std::string_view bytes) {
+    if (bytes.size() < 3 || bytes[0] != '\x93' || bytes[1] != '\x02') return false;
+    message m = decode_message(bytes, options_.limits);
+    if (m.method != "ordo.closing") return false;
+    const auto& a = m.params.via.array;
+    if (m.params.type != msgpack::type::ARRAY || a.size != 2 ||
+        a.ptr[0].type != msgpack::type::POSITIVE_INTEGER ||
+        a.ptr[0].via.u64 != static_cast<std::uint64_t>(errc::unauthenticated) ||
+        a.ptr[1].type != msgpack::type::STR)
+        return false;
+    abort(errc::unauthenticated,
+          "ordo: " + remote_ + " refused this side: " +
+              std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+    return true;
+}
+
 // The caller is told why (ordo.closing, and each request read before the close), and the
 // connection closes once this turn's messages are answered.
 void session::refuse(std::string reason) {

@@ -269,6 +269,7 @@ class session {
     }
     void on_session_message(std::string_view bytes);
     void on_gated_message(std::string_view bytes);
+    bool refused_credentials(std::string_view bytes);
     void refuse(std::string reason);
     void send_credentials();
     void on_comm_closed(const close_result& r);

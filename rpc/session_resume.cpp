@@ -122,6 +122,12 @@ void session::send_ack() {
             message m = decode_message(bytes, options_.limits);
             if (m.method == "ordo.hello") return on_hello_request(m);
         }
+        // A caller's credentials to a server that does not ask for them: dropped, and its
+        // ordo.hello, next, still opens a session.
+        if (bytes.size() > 2 && bytes[0] == '\x93' && bytes[1] == '\x02') {
+            message m = decode_message(bytes, options_.limits);
+            if (m.method == "ordo.auth") return;
+        }
         become_plain(false);
         return host_.on_message(bytes);
     }
@@ -129,7 +135,9 @@ void session::send_ack() {
     if (hello_pending_ && mode_ == mode::resumable) {
         // On a resume the server answers ordo.hello before anything else: this message is not
         // the session's (a server over max_connections saying why it refuses, say). Drop the
-        // connection and try again.
+        // connection and try again; unless the server refused this side's credentials, which
+        // another try would not change.
+        if (refused_credentials(bytes)) return;
         return cut("ordo: " + remote_ + " sent a message before answering the resume");
     }
     ++received_;

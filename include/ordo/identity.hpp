@@ -43,8 +43,12 @@ struct identity {
     /// server does not authenticate; else as server_options::allow_introspection says.
     bool may_introspect = true;
 
-    /// What a resumed session must present again: the certificate and the token subject.
-    std::string resume_key() const { return cert_sha256 + "\n" + token_subject; }
+    /// What a resumed session must present again: the certificate, the subject the server
+    /// accepted, and a unix peer's user.
+    std::string resume_key() const {
+        return cert_sha256 + "\n" + subject + "\n" +
+               (unix_peer ? std::to_string(unix_peer->uid) : std::string());
+    }
     /// The subject if there is one, else the address: how messages name the caller.
     const std::string& name() const noexcept { return subject.empty() ? address : subject; }
 };
@@ -80,7 +84,7 @@ allow_fn allow_subjects(std::vector<std::string> subjects);
 /// Reads a token file: one `TOKEN SUBJECT` per line; blank lines and lines starting with `#`
 /// are skipped. Throws std::system_error (errc::bad_address) naming the file and line for
 /// what it cannot read: a missing subject, a token shorter than 16 characters, a token given
-/// twice, a file over 1 MiB.
+/// twice, a file over 1 MiB, a file with no token at all.
 std::map<std::string, std::string> read_token_file(const std::string& path);
 
 /// An authenticate_fn over a table of tokens (token -> subject): a caller that presents a

@@ -618,6 +618,19 @@ std::string write_secret(const std::string& dir, const std::string& name, const 
     return path;
 }
 
+// Starts `e` serving https with the shared test certificate; `client_ca`: it requires client
+// certificates that CA signed; `token_ttl_s`: its authentication's tokens live this long.
+void start_over_https(test::etcd_server& e, const std::string& client_ca, int token_ttl_s) {
+    const auto& f = test::shared_tls_files();
+    test::etcd_tls tls;
+    tls.cert = f.server_cert;
+    tls.key = f.server_key;
+    tls.client_ca = client_ca;
+    tls.token_ttl_s = token_ttl_s;
+    e.tls = tls;
+    e.start();
+}
+
 // Adds the user root (password secret-pw, role root) and turns etcd's authentication on.
 net::awaitable<void> enable_auth(detail::curl_multi& http, std::string ep) {
     nlohmann::json user, grant;
@@ -640,12 +653,7 @@ TEST(EtcdTls, OverHttpsWithAUserARouterFollowsWhatAServerRegistered) {
             auto ex = co_await net::this_coro::executor;
             const auto& f = test::shared_tls_files();
             test::etcd_server e;
-            test::etcd_tls tls;
-            tls.cert = f.server_cert;
-            tls.key = f.server_key;
-            tls.token_ttl_s = 1;
-            e.tls = tls;
-            e.start();
+            start_over_https(e, "", 1);
             access_scope scope(f.ca, std::string(), std::string());
             detail::curl_multi http(ex);
             ORDO_CO_ASSERT_TRUE(co_await e.async_ready(http));
@@ -732,12 +740,7 @@ TEST(EtcdTls, AClientCertificateIsPresentedToAnEtcdThatRequiresOne) {
             auto ex = co_await net::this_coro::executor;
             const auto& f = test::shared_tls_files();
             test::etcd_server e;
-            test::etcd_tls tls;
-            tls.cert = f.server_cert;
-            tls.key = f.server_key;
-            tls.client_ca = f.ca;
-            e.tls = tls;
-            e.start();
+            start_over_https(e, f.ca, 300);
             access_scope scope(f.ca, f.client_cert, f.client_key);
             detail::curl_multi http(ex);
             ORDO_CO_ASSERT_TRUE(co_await e.async_ready(http));

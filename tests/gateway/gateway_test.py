@@ -367,6 +367,25 @@ class Https(unittest.TestCase):
         r = c.getresponse()
         self.assertEqual((r.status, r.read().decode()), (200, "2\n"))
         c.close()
+        # When civetweb closes an idle connection, the client's connection closes too.
+        _, idle = gateway(url, "--max-connections", "8", "--idle-timeout-ms", "300",
+                          listen=f"https://127.0.0.1:0?cert={cert}&key={key}")
+        c = http.client.HTTPSConnection(*idle, timeout=10, context=ctx)
+        c.request("POST", "/inc", body="[1]", headers=JSON)
+        self.assertEqual(c.getresponse().read(), b"2\n")
+        self.assertEqual(c.sock.recv(1), b"")  # the end of the stream, not the 10 s timeout
+        c.close()
+        # civetweb's own loopback port serves the https front only.
+        pid = gateways[-1].pid
+        ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        ports = {int(m.group(1)) for m in re.finditer(r"127\.0\.0\.1:(\d+)\s.*pid=%d," % pid, ss)}
+        inner = ports - {idle[1]}
+        self.assertEqual(len(inner), 1, ss)
+        plain = raw_exchange(("127.0.0.1", inner.pop()),
+                             b"POST /inc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 3\r\n\r\n[1]", 5.0)
+        self.assertIn(b"403", (plain or b"")[:20], plain)
+        self.assertIn(b"https listener only", plain or b"")
         # A listen URL that names no key is refused, naming what is missing.
         p = subprocess.run([ORDO, "gateway", "--listen", f"https://127.0.0.1:0?cert={cert}",
                             "--to", url], capture_output=True, text=True, timeout=30)

@@ -445,6 +445,15 @@ TEST(Auth, TokenFilesAreReadWithLimits) {
     }
     write(std::string(std::size_t{2} << 20, 'x'));
     EXPECT_THROW(read_token_file(tmpl), std::system_error);
+    // A file with no token at all would turn authentication off where an empty table means
+    // "none", or refuse everyone where it does not: it is refused instead.
+    write("# nothing yet\n\n");
+    try {
+        read_token_file(tmpl);
+        ADD_FAILURE() << "a file with no token was accepted";
+    } catch (const std::system_error& e) {
+        EXPECT_CONTAINS(e.what(), "has no tokens");
+    }
     ::unlink(tmpl);
 }
 
@@ -557,6 +566,47 @@ TEST(TlsAcceptQueue, SilentConnectionsDoNotStopOthersFromBeingAccepted) {
         EXPECT_EQ(co_await c.async_call<int>("inc", 1), 2);
         for (auto& sock : silent) sock.close();
         co_await srv.async_stop();
+    });
+}
+
+// A caller with credentials and a resumable session, against a server that does not
+// authenticate: the ordo.auth it sends first is dropped, and its session is still resumable.
+TEST(Auth, CredentialsToAServerThatDoesNotAskForThemKeepTheSessionResumable) {
+    run_test([]() -> net::awaitable<void> {
+        server_options none;
+        auth_server s(co_await net::this_coro::executor, "tcp://127.0.0.1:0", std::move(none));
+        peer_options o = as(alice_token);
+        o.resume = 10s;
+        auto c = co_await async_connect(s.url, o, nullptr);
+        EXPECT_EQ(co_await c.async_call<int>("inc", 1), 2);
+        EXPECT_TRUE(peer_of(c)->is_resumable());
+        co_await s.srv.async_stop();
+    });
+}
+
+// A server that stops accepting a caller's credentials between two connections of its
+// session: the resume fails at once with unauthenticated, not after the window.
+TEST(Auth, AResumeTheServerRefusesFailsWithUnauthenticated) {
+    run_test([]() -> net::awaitable<void> {
+        auto accepted = std::make_shared<int>(0);
+        server_options o;
+        o.authenticate = [accepted](const identity&, const credentials& c) {
+            if (c.token == alice_token && (*accepted)++ == 0) return auth_verdict::accept("alice");
+            return auth_verdict::refuse("alice's token was revoked");
+        };
+        auth_server s(co_await net::this_coro::executor, "tcp://127.0.0.1:0", std::move(o));
+        test::cutting_proxy proxy("127.0.0.1", static_cast<std::uint16_t>(std::stoi(
+                                                   s.url.substr(s.url.rfind(':') + 1))));
+        peer_options po = as(alice_token);
+        po.resume = 30s;
+        auto c = co_await async_connect("tcp://127.0.0.1:" + std::to_string(proxy.port()), po,
+                                        nullptr);
+        EXPECT_EQ(co_await c.async_call<int>("inc", 1), 2);
+        proxy.cut_all();
+        auto [code, text] = co_await failure([&] { return c.async_call<int>("inc", 2); });
+        EXPECT_EQ(code, errc::unauthenticated) << text;
+        EXPECT_CONTAINS(text, "revoked");
+        co_await s.srv.async_stop();
     });
 }
 
