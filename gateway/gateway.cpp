@@ -295,9 +295,12 @@ namespace {
 int handle(mg_connection* c, gateway::state& s) {
     const mg_request_info* ri = mg_get_request_info(c);
     // Behind the https front, civetweb's loopback port serves the front's connections only.
-    if (s.front && !(std::strcmp(ri->remote_addr, "127.0.0.1") == 0 &&
-                     s.front->relays(static_cast<std::uint16_t>(ri->remote_port))))
-        return close_with(c, 403, "ordo gateway: this port serves the https listener only");
+    if (s.https) {
+        const gw::tls_front* f = s.front_seen.load(std::memory_order_acquire);
+        if (!f || std::strcmp(ri->remote_addr, "127.0.0.1") != 0 ||
+            !f->relays(static_cast<std::uint16_t>(ri->remote_port)))
+            return close_with(c, 403, "ordo gateway: this port serves the https listener only");
+    }
     if (s.connections > s.o.max_connections) {
         ++s.refused;
         s.event("ordo gateway: refused a connection from " + std::string(ri->remote_addr) +
@@ -487,6 +490,7 @@ gateway::gateway(channel ch, gateway_options o)
     : s_(std::make_unique<state>(std::move(ch), std::move(o))) {
     const std::string hp = listen_address(s_->o.listen, *s_);
     const bool tls = !s_->tls_cert.empty();
+    s_->https = tls;
     // https: civetweb serves plain HTTP on a loopback port of its own, behind ordo's TLS.
     const std::string civetweb_at = tls ? "127.0.0.1:0" : hp;
     // Threads: one per connection served, and a few more that only answer refusals, so that a
@@ -557,6 +561,7 @@ gateway::gateway(channel ch, gateway_options o)
                                         e.what());
         }
         port = std::to_string(s_->front->port());
+        s_->front_seen.store(s_->front.get(), std::memory_order_release);
     }
     s_->url = std::string(tls ? "https://" : "http://") + host + ":" + port;
 }

@@ -45,6 +45,11 @@ struct gateway::state {
     // https: the listener's certificate, key and client CA (listen's parameters).
     std::string tls_cert, tls_key, tls_ca;
     std::unique_ptr<gw::tls_front> front;  // https: ordo's TLS in front of civetweb
+    // What civetweb's threads read of it: `https` is set before civetweb starts; `front_seen`
+    // once the front exists (civetweb's port must be known first). Until then, nothing is
+    // served on that port.
+    bool https = false;
+    std::atomic<const gw::tls_front*> front_seen{nullptr};
     // The channels opened for callers' tokens (gateway_options::connect_as), by token.
     std::mutex upstream_mu;
     std::map<std::string, std::shared_ptr<const std::shared_future<channel>>> upstreams;
