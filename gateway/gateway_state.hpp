@@ -128,9 +128,25 @@ reply routes(gateway::state& s);
 reply healthz(gateway::state& s);
 reply metrics(gateway::state& s);
 
+/// Per connection (civetweb's connection user data): when its current request could start
+/// arriving (accepted, or the previous response written), to tell a timeout from bad bytes;
+/// its socket, once client_gone() has looked it up (-2: not yet; -1: not found).
+struct conn_data {
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+    int fd = -2;
+};
+
 /// Whether the client of `c` has closed its connection (checked without reading: a request
 /// it pipelined stays unread).
 bool client_gone(mg_connection* c);
+
+/// The caller's bearer token into `token`, when the gateway has auth_tokens: no reply if it
+/// has none or an accepted one; a 401 reply if the request carries no token it accepts.
+std::optional<reply> bearer_refused(mg_connection* c, gateway::state& s, std::string& token);
+/// The upstream that carries the calls of the caller with `token` (gateway_options::
+/// connect_as), or the gateway's own channel. Throws std::system_error (timed_out, or why it
+/// could not open).
+channel upstream_for(gateway::state& s, const std::string& token);
 
 /// Writes `r` as one HTTP/1.1 response (one write), keeping the connection.
 void send_reply(mg_connection* c, const reply& r);
