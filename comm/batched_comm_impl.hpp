@@ -2,7 +2,7 @@
 // side is in batched_comm.cpp, the reader's in batched_read.cpp.
 #pragma once
 
-#include "ordo/batched_comm.hpp"
+#include "ordo/comm/batched_comm.hpp"
 #include "ordo/detail/copy_small.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// tcp:// connections and listeners (comm/detail/streams.hpp holds the transport they share with
-// unix and tls), and the keepalive settings of tcp sockets.
+// tcp:// connections and listeners (comm/detail/byte_streams.hpp holds the transport they share
+// with unix and tls), and the keepalive settings of tcp sockets.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -7,7 +7,7 @@
 
 #include <asio/connect.hpp>
 
-#include "comm/detail/streams.hpp"
+#include "comm/detail/byte_streams.hpp"
 
 namespace ordo::detail {
 
@@ -20,8 +20,8 @@ std::string tcp_url(const tcp::endpoint& ep, std::string scheme) {
 }
 
 // Only connections with nothing pending rely on this: while calls are pending or handlers run,
-// ordo pings and gives up after `liveness` itself (rpc/liveness.cpp). So the probes can be rare,
-// and must never end a healthy connection:
+// ordo pings and gives up after `liveness` itself (rpc/connection/liveness.cpp). So the probes can
+// be rare, and must never end a healthy connection:
 //  - The first probe comes after 6 x liveness of silence (60 s by default), plus up to half as
 //    much again, spread evenly over the sockets. Without the spread, connections opened together
 //    probe together forever (the kernel's timers round to the same tick), and a burst of

@@ -1,6 +1,6 @@
 // tls:// connections and listeners: TLS settings from the URL and transport_options, the
 // context, handshakes with a timeout (a listener runs them side by side), and the identity a
-// client's certificate proves. The stream is tcp's (comm/detail/streams.hpp).
+// client's certificate proves. The stream is tcp's (comm/detail/byte_streams.hpp).
 #include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -10,7 +10,7 @@
 #include <deque>
 #include <list>
 
-#include "comm/detail/streams.hpp"
+#include "comm/detail/byte_streams.hpp"
 #include "lib/escaped.hpp"
 #include "lib/url_number.hpp"
 #include "ordo/error.hpp"

@@ -1,9 +1,9 @@
 // ordo::async_connect_transport and ordo::listen: a URL's scheme picks the transport (tcp.cpp,
 // unix.cpp, tls.cpp, inproc.cpp, zmq.cpp; comm/transports.hpp declares them). Also what a
 // batched_comm keeps in place of a transport it handed over.
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 
-#include "comm/detail/streams.hpp"
+#include "comm/detail/byte_streams.hpp"
 #include "comm/transports.hpp"
 #include "ordo/error.hpp"
 

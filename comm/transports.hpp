@@ -9,7 +9,7 @@
 #include <system_error>
 
 #include "ordo/address.hpp"
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 
 namespace ordo::detail {
 

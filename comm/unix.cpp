@@ -1,9 +1,9 @@
 // unix:// connections and listeners, on the transport tcp and tls share
-// (comm/detail/streams.hpp).
+// (comm/detail/byte_streams.hpp).
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "comm/detail/streams.hpp"
+#include "comm/detail/byte_streams.hpp"
 
 namespace ordo::detail {
 

@@ -7,7 +7,7 @@
 
 #include <msgpack.hpp>
 
-#include "ordo/batched_comm.hpp"
+#include "ordo/comm/batched_comm.hpp"
 #include "run_main.hpp"
 
 namespace net = ordo::net;

@@ -10,15 +10,16 @@
 // What the server drops or refuses (server_options::on_event:
 // protocol errors, timeouts, refused connections, dropped notifications...) goes to stderr, one
 // line each; --verbose adds every connection opened and closed. --metrics serves Prometheus
-// metrics (ordo/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help lists the
-// flags; a usage error (an unknown flag, a value that is not a number) prints CLI11's message
-// naming the flag and exits 2. --threads N serves connections on N event loops (the main thread
-// and N - 1 more); add() and total() then take turns on a strand. --journal FILE also serves
+// metrics (ordo/metrics/prometheus.hpp) and prints "metrics on http://HOST:PORT/metrics". --help
+// lists the flags; a usage error (an unknown flag, a value that is not a number) prints CLI11's
+// message naming the flag and exits 2. --threads N serves connections on N event loops (the main
+// thread and N - 1 more); add() and total() then take turns on a strand. --journal FILE also serves
 // note(key, n), which appends "key n" to FILE: replicas sharing one file show, in the file's
 // order, which calls ran and in what order (tests/fleet/fleet_test.cpp).
 // --register etcd://HOST:PORT/PREFIX keeps the first listen URL (with its real port) listed in
-// etcd as the key PREFIX + URL under a lease of --register-ttl-s seconds (ordo/fleet.hpp), prints
-// "registered etcd://HOST:PORT/PREFIXURL" once it is there, and revokes it first on SIGINT/SIGTERM.
+// etcd as the key PREFIX + URL under a lease of --register-ttl-s seconds (ordo/fleet/sources.hpp),
+// prints "registered etcd://HOST:PORT/PREFIXURL" once it is there, and revokes it first on
+// SIGINT/SIGTERM.
 // --auth-tokens FILE (lines `TOKEN SUBJECT`) refuses callers without one of those tokens, or a
 // client certificate, with errc::unauthenticated (ordo::authenticate_tokens); whoami() answers
 // the caller's subject. --allow-introspection SUBJECT (repeatable) lets that caller use
@@ -35,9 +36,9 @@
 
 #include "cli.hpp"
 #include "inc_handlers.hpp"
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 #ifdef ORDO_HAS_PROMETHEUS
-#include "ordo/prometheus.hpp"
+#include "ordo/metrics/prometheus.hpp"
 #endif
 
 namespace net = ordo::net;

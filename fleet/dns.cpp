@@ -1,4 +1,4 @@
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 #include <ares.h>
 #include <arpa/inet.h>

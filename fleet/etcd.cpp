@@ -25,7 +25,7 @@
 #include "lib/escaped.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 namespace ordo {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "fleet/curl_multi.hpp"
 #include "ordo/error.hpp"
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 namespace ordo::detail {
 

@@ -19,7 +19,7 @@
 // lines still form the set. A missing or unreadable file, or one with no usable line, is a
 // failure. The set is sorted by URL. The file is read on the source's executor with plain
 // read(2) calls (at most 1 MiB, never from a FIFO or a device: those are refused).
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 #include <fcntl.h>
 #include <sys/inotify.h>

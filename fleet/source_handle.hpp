@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 namespace ordo::detail {
 

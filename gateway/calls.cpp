@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gateway/gateway_state.hpp"
-#include "gateway/json_codec.hpp"
-#include "ordo/router.hpp"
-#include "ordo/stream.hpp"
+#include "json/json_codec.hpp"
+#include "ordo/rpc/router.hpp"
+#include "ordo/rpc/stream_call.hpp"
 
 namespace ordo::gw {
 namespace {

@@ -1,4 +1,4 @@
-#include "ordo/gateway.hpp"
+#include "ordo/gateway/gateway.hpp"
 
 // The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
 // body within the limits, writing responses. What a request does on the channel is in
@@ -520,8 +520,8 @@ int http_status(std::error_code ec, const std::string& detail) {
         case errc::closed:
         case errc::cancelled: return 503;
         case errc::peer_lost:
-            // A router with no replica able to take calls (rpc/router.cpp, no_replica_reason)
-            // is unavailable, not a broken upstream.
+            // A router with no replica able to take calls (rpc/channels/router.cpp,
+            // no_replica_reason) is unavailable, not a broken upstream.
             return detail.rfind("no live replica", 0) == 0 ? 503 : 502;
         case errc::session_lost:
         case errc::protocol_error:

@@ -15,7 +15,7 @@
 #include <civetweb.h>
 
 #include "gateway/tls_front.hpp"
-#include "ordo/gateway.hpp"
+#include "ordo/gateway/gateway.hpp"
 
 namespace ordo {
 

@@ -15,7 +15,7 @@
 #include <asio/ip/tcp.hpp>
 
 #include "ordo/error.hpp"
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 
 namespace ordo::gw {
 

@@ -8,8 +8,8 @@
 #include <iostream>
 #include <thread>
 
-#include <ordo/connect.hpp>
-#include <ordo/peer.hpp>
+#include <ordo/rpc/connect.hpp>
+#include <ordo/rpc/peer.hpp>
 
 namespace ordo_tool {
 

@@ -1,12 +1,12 @@
-// `ordo gateway`: the HTTP gateway (ordo/gateway.hpp) in front of one channel, until SIGINT or
-// SIGTERM.
+// `ordo gateway`: the HTTP gateway (ordo/gateway/gateway.hpp) in front of one channel, until SIGINT
+// or SIGTERM.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <ordo/gateway.hpp>
+#include <ordo/gateway/gateway.hpp>
 
 namespace ordo_tool {
 

@@ -44,12 +44,12 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <ordo/connect.hpp>
+#include <ordo/rpc/connect.hpp>
 
-#include <ordo/peer.hpp>
-#include <ordo/router.hpp>
+#include <ordo/rpc/peer.hpp>
+#include <ordo/rpc/router.hpp>
 
-#include "gateway/json_codec.hpp"
+#include "json/json_codec.hpp"
 #ifdef ORDO_WITH_GATEWAY
 #include "tools/gateway_command.hpp"
 #endif
@@ -74,7 +74,7 @@ struct failure : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// ---- JSON <-> msgpack (gateway/json_codec.hpp) ---------------------------------------------
+// ---- JSON <-> msgpack (json/json_codec.hpp) ---------------------------------------------
 
 // One command-line word as a value: JSON if it parses, else the word itself as a string, so
 // that plain words need no shell-quoted JSON quotes.

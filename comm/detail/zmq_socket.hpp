@@ -21,7 +21,7 @@
 
 #include <asio/posix/stream_descriptor.hpp>
 
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 
 namespace ordo::detail {
 

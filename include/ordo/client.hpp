@@ -1,7 +1,7 @@
 // What a call site needs, and no more: typed interfaces and their stubs, channels, calls,
 // one-way messages, streams, ordo::async_connect and ordo::run. About half the compile time of
 // <ordo/ordo.hpp> for a hello world: no server, handlers, batching or transports, and of
-// msgpack-c only the common adaptors (ordo/detail/msgpack_core.hpp says which; include
+// msgpack-c only the common adaptors (ordo/rpc/detail/msgpack_core.hpp says which; include
 // <msgpack.hpp> for the rest, e.g. MSGPACK_DEFINE structs).
 //
 //   #include <ordo/client.hpp>
@@ -12,10 +12,10 @@
 
 #include "ordo/config.hpp"
 
-#include "ordo/call.hpp"
-#include "ordo/channel.hpp"
-#include "ordo/connect.hpp"
+#include "ordo/rpc/call.hpp"
+#include "ordo/rpc/channel.hpp"
+#include "ordo/rpc/connect.hpp"
 #include "ordo/error.hpp"
-#include "ordo/interface.hpp"
+#include "ordo/rpc/interface.hpp"
 #include "ordo/net.hpp"
 #include "ordo/run.hpp"

@@ -4,7 +4,7 @@
 
 #include "lib/url_number.hpp"
 #include "ordo/error.hpp"
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 
 namespace ordo {
 namespace {

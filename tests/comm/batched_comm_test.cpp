@@ -1,4 +1,4 @@
-#include "ordo/batched_comm.hpp"
+#include "ordo/comm/batched_comm.hpp"
 
 #include <netinet/in.h>
 #include <poll.h>

@@ -1,7 +1,7 @@
 // ordo::make_dns_source against a real DNS server (dnsmasq from Debian's dnsmasq-base, started
 // here on 127.0.0.1 and a free port, stopped by PID), and against a fake one inside the test
 // that answers with garbage, truncated records or a wrong id.
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>

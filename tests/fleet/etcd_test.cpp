@@ -16,9 +16,9 @@
 
 #include "fleet/curl_multi.hpp"
 #include "ordo/error.hpp"
-#include "ordo/connect.hpp"
-#include "ordo/fleet.hpp"
-#include "ordo/server.hpp"
+#include "ordo/rpc/connect.hpp"
+#include "ordo/fleet/sources.hpp"
+#include "ordo/rpc/server.hpp"
 #include "support/etcd_server.hpp"
 #include "support/processes.hpp"
 #include "support/source_recorder.hpp"

@@ -1,7 +1,7 @@
 // ordo::make_file_source: the set a file lists, seen again when the file is edited in place,
 // renamed into place or written where inotify cannot see it; garbage lines left out by line
 // number; a missing, all-bad or oversized file keeps the last good set.
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

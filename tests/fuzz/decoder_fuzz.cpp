@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "ordo/codec.hpp"
+#include "ordo/rpc/codec.hpp"
 
 namespace {
 // Equal as msgpack: the same bytes when packed (operator== says a NaN differs from itself).

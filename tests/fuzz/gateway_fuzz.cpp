@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/json_codec.hpp"
-#include "ordo/codec.hpp"
-#include "ordo/detail/message_heads.hpp"
+#include "json/json_codec.hpp"
+#include "ordo/rpc/codec.hpp"
+#include "ordo/rpc/detail/message_heads.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     const std::string_view body(reinterpret_cast<const char*>(data), size);

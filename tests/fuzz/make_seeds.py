@@ -139,7 +139,7 @@ takeovers = [
     two(p(*calls3), p(hello(placeholder, received=3, msgid=101), inc), reset_first=False),
 ]
 
-# The hand decoder of the envelope (rpc/codec.cpp, decode_envelope): each valid kind cut at
+# The hand decoder of the envelope (rpc/wire/codec.cpp, decode_envelope): each valid kind cut at
 # every byte, a wrong type in each slot, msgids at and past 32 bits in every uint width, methods
 # as bin, str 8 and str 16, envelopes as array 16, and bytes after a whole message.
 valid_envelopes = [p([0, 70000, "inc", [1, "x"]]), p([1, 300, None, [1]]),

@@ -1,5 +1,5 @@
 // The gateway's status for every ordo::errc (README.md's table), and the code names in bodies.
-#include "ordo/gateway.hpp"
+#include "ordo/gateway/gateway.hpp"
 
 #include <gtest/gtest.h>
 

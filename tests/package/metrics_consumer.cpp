@@ -1,6 +1,6 @@
 // Built by tests/package/CMakeLists.txt when the install has ordo::prometheus: an exporter that
 // listens and says where.
-#include <ordo/prometheus.hpp>
+#include <ordo/metrics/prometheus.hpp>
 
 #include <iostream>
 

@@ -1,12 +1,12 @@
 // The call table alone, without a connection: msgid allocation and wrap, deadlines racing
 // responses, cancellation before and after the response, protocol errors, fail-all.
-#include "rpc/call_table.hpp"
+#include "rpc/connection/call_table.hpp"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "ordo/peer.hpp"
+#include "ordo/rpc/peer.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 

@@ -1,6 +1,6 @@
-#include "ordo/codec.hpp"
+#include "ordo/rpc/codec.hpp"
 
-#include "ordo/detail/message_heads.hpp"
+#include "ordo/rpc/detail/message_heads.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -201,7 +201,7 @@ TEST(Codec, RequestHeadInPlaceIsTheGeneralEncodersBytes) {
 namespace ordo {
 namespace {
 
-// ordo decodes with a reader of its own (rpc/codec.cpp); msgpack-c's unpack is the reference.
+// ordo decodes with a reader of its own (rpc/wire/codec.cpp); msgpack-c's unpack is the reference.
 // Every msgpack type and every length form, in params of a notification, must decode to the
 // same msgpack::object both ways, owned and borrowed.
 TEST(Codec, OwnReaderMatchesMsgpackUnpackForEveryTypeAndLengthForm) {

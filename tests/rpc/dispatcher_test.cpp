@@ -1,14 +1,14 @@
 // The dispatcher alone, fed decoded messages without a connection: serial order with a
 // suspended handler, concurrent handlers overlapping, ordo.cancel of a running and of a queued
 // request, read pausing at the queue limit, and stop().
-#include "rpc/dispatcher.hpp"
+#include "rpc/connection/dispatcher.hpp"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "ordo/handlers.hpp"
-#include "ordo/peer.hpp"
+#include "ordo/rpc/handlers.hpp"
+#include "ordo/rpc/peer.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 #include "support/streams.hpp"

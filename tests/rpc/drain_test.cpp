@@ -12,10 +12,10 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/write.hpp>
 
-#include "ordo/connect.hpp"
-#include "ordo/pool.hpp"
-#include "ordo/server.hpp"
-#include "ordo/stream.hpp"
+#include "ordo/rpc/connect.hpp"
+#include "ordo/rpc/pool.hpp"
+#include "ordo/rpc/server.hpp"
+#include "ordo/rpc/stream_call.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/processes.hpp"
 #include "support/run_test.hpp"

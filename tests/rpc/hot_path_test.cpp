@@ -14,7 +14,7 @@
 #include <asio/bind_executor.hpp>
 #include <asio/strand.hpp>
 
-#include "rpc/detail/id_table.hpp"
+#include "rpc/connection/id_table.hpp"
 #include "support/run_test.hpp"
 
 namespace ordo {

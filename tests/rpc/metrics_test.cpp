@@ -1,5 +1,5 @@
-// The Prometheus exporter (ordo/prometheus.hpp): scraped over HTTP while a server serves.
-#include "ordo/prometheus.hpp"
+// The Prometheus exporter (ordo/metrics/prometheus.hpp): scraped over HTTP while a server serves.
+#include "ordo/metrics/prometheus.hpp"
 
 #include <asio/ip/tcp.hpp>
 #include <asio/write.hpp>

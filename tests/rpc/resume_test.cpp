@@ -1,5 +1,5 @@
-// Resumable sessions (docs/protocol.md, "Resumable sessions"): across dropped connections, every request,
-// notification and response arrives exactly once and in order. Connections are cut by a
+// Resumable sessions (docs/protocol.md, "Resumable sessions"): across dropped connections, every
+// request, notification and response arrives exactly once and in order. Connections are cut by a
 // userspace proxy (tests/support/cutting_proxy.hpp) on loopback.
 #include <cstdlib>
 #include <atomic>
@@ -8,10 +8,10 @@
 
 #include <gtest/gtest.h>
 
-#include "ordo/connect.hpp"
-#include "ordo/router.hpp"
-#include "ordo/server.hpp"
-#include "rpc/detail/wire_errors.hpp"
+#include "ordo/rpc/connect.hpp"
+#include "ordo/rpc/router.hpp"
+#include "ordo/rpc/server.hpp"
+#include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/streams.hpp"

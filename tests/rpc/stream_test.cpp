@@ -1,6 +1,6 @@
-// Streaming calls (ordo/stream.hpp, docs/protocol.md "Streams"): order, credit, cancellation,
-// errors after items, dead peers, many streams at once, callers that do not stream, and streams
-// over pools, routers and resumable sessions.
+// Streaming calls (ordo/rpc/stream_call.hpp, docs/protocol.md "Streams"): order, credit,
+// cancellation, errors after items, dead peers, many streams at once, callers that do not stream,
+// and streams over pools, routers and resumable sessions.
 #include "ordo/ordo.hpp"
 
 #include <future>

@@ -1,6 +1,6 @@
 // ordo::sync_client: blocking calls from plain threads, against a server on an io_context thread
 // of the test's own.
-#include "ordo/sync_client.hpp"
+#include "ordo/rpc/sync_client.hpp"
 
 #include <atomic>
 #include <chrono>

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ordo/ordo.hpp"
-#include "rpc/detail/wire_errors.hpp"
+#include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ordo/fleet.hpp"
+#include "ordo/fleet/sources.hpp"
 
 namespace ordo::test {
 

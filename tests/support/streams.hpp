@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ordo/transport.hpp"
+#include "ordo/comm/transport.hpp"
 #include "support/certs.hpp"
 
 namespace ordo::test {

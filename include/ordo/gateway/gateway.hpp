@@ -1,0 +1,134 @@
+// ordo::gateway: HTTP/1.1 in front of any ordo channel (libordo-gateway, on civetweb).
+//
+//   POST /METHOD            body: the params as a JSON array, or one JSON value for a
+//                           one-parameter method (an array argument alone: [[1, 2]]); no body:
+//                           no params. 200 with the result as JSON.
+//   ... ?notify=1           (or header Ordo-Notify: 1) a one-way message: 202 once taken.
+//   ... ?stream=1           (or header Ordo-Stream: 1; implied for methods that ordo.methods
+//                           marks as streams) 200, chunked, one JSON item a line (NDJSON).
+//   ... ?relative_slo_ms=N  the call's deadline, N ms from now; ?absolute_slo_ms=N: at N ms since
+//                           the Unix epoch (the names of Ray Serve's HTTP proxy); or the headers
+//                           Ordo-Relative-Slo-Ms / Ordo-Absolute-Slo-Ms. One at most; > 0.
+//   ... ?key=K              (or header Ordo-Key: K) the call's affinity key (routers).
+//   GET /-/routes           the methods ordo.methods lists: path, signature, whether it streams.
+//   GET /-/healthz          200 when the channel answers ordo.ping, else 503 with the reason.
+//   GET /metrics            the gateway's counters in Prometheus' text format (metrics = true).
+//
+// Errors answer {"code": NAME, "message": TEXT} with TEXT as ordo prints the failure and NAME
+// the errc in snake_case (http_status() gives the table, README.md shows it). HTTP-level
+// failures (a limit, a malformed request) answer text/plain and close that connection.
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "ordo/rpc/channel.hpp"
+#include "ordo/identity.hpp"
+
+namespace ordo {
+
+struct gateway_options {
+    /// http://HOST:PORT to listen on (PORT 0: any free port; gateway::url() says which), or
+    /// https://HOST:PORT?cert=F&key=F: HTTPS with that certificate and key (PEM); with &ca=F,
+    /// clients must also show a certificate that CA signed.
+    std::string listen = "http://127.0.0.1:8080";
+    /// Connections served at once. One more is answered 503 and closed.
+    std::size_t max_connections = 256;
+    /// A request line and headers larger than this: 413, connection closed.
+    std::size_t max_header_bytes = 16 * 1024;
+    /// A body larger than this: 413, connection closed.
+    std::size_t max_body_bytes = 1024 * 1024;
+    /// A request's headers, and then its body, must each arrive within this (slow clients):
+    /// else 408, connection closed.
+    std::chrono::milliseconds request_timeout{10'000};
+    /// A keep-alive connection with no request for this long is closed.
+    std::chrono::milliseconds idle_timeout{30'000};
+    /// The deadline of calls that carry none (0: none, or the channel's default).
+    std::chrono::milliseconds default_timeout{30'000};
+    /// Serve GET /metrics.
+    bool metrics = false;
+    /// Let HTTP clients call the reserved `ordo.*` methods (ordo.cancel, ordo.goaway,
+    /// ordo.stats, ...). Off, they answer 404: through one shared connection, one client's
+    /// ordo.cancel could cancel another's call and ordo.goaway end the connection for all.
+    bool expose_admin = false;
+    /// The one origin granted cross-origin calls (CORS: its preflights are answered and its
+    /// responses carry Access-Control-Allow-Origin). Empty: none, so that a web page of another
+    /// origin cannot read what a gateway on the user's machine answers.
+    std::string cors_origin;
+    /// When not empty, requests whose Host header (port aside) is none of these are 403: a
+    /// name an attacker's DNS points at 127.0.0.1 (DNS rebinding) does not reach the gateway.
+    std::vector<std::string> allowed_hosts;
+    /// Bearer tokens (token -> subject, as ordo::read_token_file reads them). When not empty,
+    /// every request but GET /-/healthz needs `Authorization: Bearer TOKEN` with one of them:
+    /// else 401 unauthenticated.
+    std::map<std::string, std::string> auth_tokens;
+    /// With auth_tokens: opens the channel that carries one caller's calls, presenting its
+    /// token to the backend, which then names the caller itself (its own token table, e.g. the
+    /// same file). Called once per token, on the gateway channel's executor. Null: every call
+    /// goes over the gateway's own channel, and the backend sees the gateway as the caller.
+    std::function<net::awaitable<channel>(const credentials&)> connect_as;
+    /// Called (on a gateway thread) with a line for each connection refused or closed by a
+    /// limit, and for civetweb's own errors.
+    std::function<void(const std::string&)> on_event{};
+};
+
+struct gateway_counters {
+    std::uint64_t requests = 0;           ///< answered, any status
+    std::uint64_t calls = 0;              ///< calls and streams started on the channel
+    std::uint64_t notifications = 0;
+    std::uint64_t status_2xx = 0, status_4xx = 0, status_5xx = 0;
+    std::uint64_t refused_connections = 0;  ///< over max_connections
+    std::uint64_t limit_closes = 0;       ///< connections closed by a size or time limit
+    std::uint64_t streams_abandoned = 0;  ///< streams cancelled because their client went away
+    std::uint64_t calls_abandoned = 0;    ///< calls cancelled because their client went away
+    std::size_t connections = 0;          ///< open now
+    std::size_t in_flight = 0;            ///< requests being served now
+};
+
+/// The HTTP status for a failed call's code: method_not_found 404, bad_arguments 400,
+/// timed_out 504, overloaded / shutting_down / closed / cancelled 503, peer_lost /
+/// session_lost / protocol_error / bad_result 502 (a router's "no live replica" 503),
+/// remote_error 500, anything else 500. `detail` is the failure's reason.
+int http_status(std::error_code ec, const std::string& detail);
+/// The errc's name in snake_case ("method_not_found"), or the code's message for other codes.
+std::string code_name(std::error_code ec);
+
+/// Serves HTTP on civetweb's threads (one per connection being served) and hands each call to
+/// the channel's executor (net::post); a thread waits for its own call's completion, never the
+/// executor for a thread. The channel's executor must keep running while the gateway lives.
+/// Not copyable or movable.
+class gateway {
+  public:
+    /// Listens at once. Throws std::system_error (errc::bad_address) for a bad listen URL or
+    /// one that cannot be bound, naming it. Reads the channel's name (remote_address()): make
+    /// it where that is safe (on the channel's executor, or while the router's members do not
+    /// change); later names are read on the executor.
+    gateway(channel ch, gateway_options o);
+    /// stop().
+    ~gateway();
+    gateway(const gateway&) = delete;
+    gateway& operator=(const gateway&) = delete;
+
+    /// http://HOST:PORT with the port bound.
+    const std::string& url() const noexcept;
+    gateway_counters counters() const;
+    /// Stops listening, closes the connections and waits for the requests in flight (their
+    /// calls complete on the channel's executor, which must still run). Idempotent.
+    void stop();
+
+    struct state;
+
+  private:
+    std::unique_ptr<state> s_;
+};
+
+}  // namespace ordo

@@ -1,0 +1,67 @@
+// What one call takes and yields: call_options (deadline, affinity key), ordo::value and
+// call_outcome, the untyped result a channel_impl completes a call with.
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <typeinfo>
+#include <utility>
+
+#include "ordo/rpc/detail/msgpack_core.hpp"
+
+namespace ordo {
+
+/// Per-call options; pass as the last argument before the completion token (if any).
+struct call_options {
+    /// Deadline for the whole call. 0: the channel's default (none unless configured). On
+    /// expiry the call fails with errc::timed_out, its pending entry is removed and ordo.cancel
+    /// tells the remote side to cancel the handler.
+    std::chrono::milliseconds timeout{0};
+    /// Affinity key, read by routers (ordo::router): calls with one key go to one replica, in
+    /// the order made, while its replica lives. Ordered peers and pools ignore it.
+    std::string key;
+    /// Streaming calls (ordo::stream): items the server may send ahead of the reader; more are
+    /// granted as the reader takes them. 0: default_stream_window (8192); at most 65,536.
+    std::uint32_t window = 0;
+    /// The same in bytes of items as sent (the server always may send one item). 0:
+    /// default_stream_window_bytes (1 MiB).
+    std::uint64_t window_bytes = 0;
+};
+
+/// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.
+inline call_options timeout(std::chrono::milliseconds t) {
+    return call_options{t, {}};
+}
+
+/// call_options with an affinity key: `co_await c.inc(1, ordo::key("user-42"))`. Both:
+/// `call_options{.timeout = 50ms, .key = "user-42"}`.
+inline call_options key(std::string k) {
+    return call_options{std::chrono::milliseconds(0), std::move(k)};
+}
+
+/// A msgpack value that owns its memory: the result type of untyped calls.
+using value = msgpack::object_handle;
+
+/// What a channel completes a call with, before conversion to the caller's type.
+struct call_outcome {
+    msgpack::object_handle message;  ///< owns the response's memory
+    msgpack::object result;          ///< the result, on success
+    std::string detail;              ///< on failure: the remote message or the local reason
+    /// `result` lives in the connection's read zone (`message` is empty): valid during
+    /// complete*() only. Given only to calls whose takes_borrowed() is true.
+    bool borrowed = false;
+};
+
+namespace detail {
+
+/// Throws ordo::rpc_error(errc::bad_result) naming both types: `result does not convert:
+/// expected int, got str "abc"` (the received value shortened). Out of line: the message needs
+/// no template.
+[[noreturn]] void throw_bad_result(const std::type_info& expected, const msgpack::object& got);
+
+}  // namespace detail
+
+}  // namespace ordo

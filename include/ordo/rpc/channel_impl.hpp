@@ -1,0 +1,33 @@
+// ordo::channel_impl: the interface behind every channel, implemented by ordo::peer,
+// ordo::pool and ordo::router.
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ordo/rpc/detail/pending_call.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+/// The interface of everything a channel can stand for. Implementations: ordo::peer (one
+/// ordered connection), ordo::pool (a connection per call in flight) and ordo::router (calls
+/// spread over replicas).
+class channel_impl {
+  public:
+    virtual ~channel_impl();
+    /// Sends `call` and completes it when its response arrives, its deadline passes, it is
+    /// cancelled through its slot, or the connection ends. Called on get_executor().
+    virtual void start_call(std::unique_ptr<detail::pending_call> call) = 0;
+    /// Sends a one-way message. Called on get_executor(). Throws std::system_error
+    /// (errc::overloaded, or the close reason once the connection has ended).
+    virtual void notify_raw(std::string_view method, std::string_view params) = 0;
+    /// The remote side's address, as a URL.
+    virtual const std::string& remote_address() const noexcept = 0;
+    virtual net::any_io_executor get_executor() const = 0;
+};
+
+}  // namespace ordo

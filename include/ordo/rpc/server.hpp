@@ -1,0 +1,204 @@
+// ordo::server: listeners, a handler table, and one peer per accepted connection.
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ordo/rpc/handlers.hpp"
+#include "ordo/rpc/peer.hpp"
+
+namespace ordo {
+
+class router;
+
+/// What a server tells its application about its connections (server_options::on_event).
+struct server_event {
+    enum class kind {
+        opened,         ///< a connection was accepted and is served (a connection that
+                        ///< resumes a session shows as opened, then closed with the reason
+                        ///< "resumed an earlier session": the session goes on over it)
+        closed,         ///< a served connection ended; `code` and `reason` say how
+        refused,        ///< accepted beyond max_connections, or with no descriptors left (a
+                        ///< spare one is kept for this): told why, then closed
+        accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries
+        over_budget,    ///< the memory budget was found used up (again); `reason` has figures
+        dropped,        ///< a notification was dropped: no such method, or its handler threw
+                        ///< (`reason` names the method; peer_options::on_dropped)
+        draining,       ///< async_drain began: `reason` has the grace, the reason and how
+                        ///< many connections were told
+        drained,        ///< async_drain ended (the server is stopped): `reason` says how many
+                        ///< connections were still open when the grace passed and were closed
+                        ///< by the server (server_stats::connections_closed_by_grace)
+    };
+    kind what = kind::opened;
+    std::string peer;  ///< the remote address (empty for accept_failed)
+    std::error_code code;
+    std::string reason;
+};
+
+struct server_options {
+    peer_options peer;  ///< for every accepted connection
+    /// Event loops serving connections. 1: all on the executor given at construction. N > 1:
+    /// that executor is loop 0 and the server runs N - 1 more loops, each on a thread of its
+    /// own (stopped and joined when the server is destroyed). Each accepted tcp://, unix:// or
+    /// tls:// connection is placed on the loop with the fewest connections and stays there: its
+    /// peer, its handlers' coroutines and timers run on that loop only, so an ordered connection
+    /// never spreads over threads (inproc:// and zmq+ connections stay on loop 0). The same
+    /// handler may then run on several threads at once: state it shares across connections
+    /// needs a lock or handler_options::run_on (a strand). Listeners, max_connections and the
+    /// memory budget stay server-wide; on_event still runs on the server's executor.
+    /// Resumable sessions work on every loop: a caller that comes back on another loop than
+    /// its session's has its connection moved to the session's loop at its ordo.hello
+    /// (server_stats::sessions_moved counts these).
+    std::size_t threads = 1;
+    /// Connections served at once. One accepted beyond it gets an ordo.closing notification
+    /// saying why and is closed at once, instead of waiting in the kernel's backlog.
+    std::size_t max_connections = 10'000;
+    /// The one place a server reports what it drops or refuses: told of connections opened,
+    /// closed (with the reason: end of stream, protocol error, message_timeout, dead peer...),
+    /// refused, of accept failures, of the memory budget running out and of notifications
+    /// dropped. Silent when unset. Runs on the server's executor (whichever loop the connection
+    /// is on); must not throw. ordo::to_string(event) (below) gives each as one line.
+    std::function<void(const server_event&)> on_event;
+    /// A connection with no bytes either way for this long, and nothing pending (no calls
+    /// waiting, no handlers running, nothing queued), is told why (ordo.closing) and closed.
+    /// Checked every quarter of it. A resumable session waiting for its caller counts as
+    /// idle too: keep this longer than resume_window. 0: off.
+    std::chrono::milliseconds idle_timeout{0};
+    /// Resumable sessions (peer_options::resume, asked for by callers): the longest window this
+    /// server grants; a session whose caller has not come back within it ends. 0: sessions are
+    /// not resumed (callers that ask are served as plain connections).
+    std::chrono::milliseconds resume_window{30'000};
+    /// Sessions waiting for their caller to come back, at most; beyond it the one that has
+    /// waited longest among those of the address (port aside) with the most waiting is given
+    /// up (its caller gets errc::session_lost when it returns): one address's flood does not
+    /// push out another caller's session.
+    std::size_t max_detached_sessions = 1024;
+    /// Memory all connections together may hold for their peers: read buffers (incomplete
+    /// messages included), queued incoming messages, output not yet written, resend buffers.
+    /// While it is used up, small messages are still read and served on every connection, but
+    /// no connection grows its read buffer beyond 32 KiB, a connection with queued messages
+    /// stops reading until its queue drains, and one with more than 32 KiB of unwritten output
+    /// stops reading (see comm_options::budget). Each connection also costs ~15 KiB that is
+    /// not counted here. 0: no budget.
+    std::size_t memory_budget = std::size_t{1} << 30;
+    /// While the budget is used up, a connection whose output (over 32 KiB) has not been
+    /// written for this long (its peer does not read) is closed with errc::overloaded and the
+    /// reason. Checked every quarter of it.
+    std::chrono::milliseconds output_grace{10'000};
+    /// Authentication (docs/security.md): decides on each connection, before any of its
+    /// messages is served, from what its transport proved and the credentials the caller sent
+    /// first (ordo.auth), and names the caller (identity::subject, peer::identity()). A refused
+    /// caller's requests are answered errc::unauthenticated with the reason, and its connection
+    /// closes. Once accepted, a connection costs nothing more per call. A resumed session must
+    /// present the same certificate and token subject. ordo::authenticate_tokens(
+    /// ordo::read_token_file(path)) is a ready one. Null: every caller is served.
+    authenticate_fn authenticate;
+    /// With authenticate set: the callers that ordo.stats and ordo.methods answer (null: none;
+    /// they get errc::permission_denied).
+    allow_fn allow_introspection;
+};
+
+/// One line for a server event, e.g. `ordo: closed tcp://127.0.0.1:50412: protocol error
+/// (...)`, as the examples and tools print them.
+std::string to_string(const server_event& e);
+
+/// Serves the registered handlers on every listener. Each accepted connection becomes an
+/// ordo::peer (so handlers can call back through their peer&). Belongs to the executor given at
+/// construction. Stop it with async_stop() before destroying it.
+class server {
+  public:
+    server(net::any_io_executor ex, server_options o);
+    explicit server(net::any_io_executor ex);
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    /// Registers a handler (see ordo::handlers::on).
+    template <class F>
+    server& on(std::string name, F f, handler_options o = {}) {
+        handlers_.on(std::move(name), std::move(f), o);
+        return *this;
+    }
+    template <class Sig, class F>
+    server& on(const method<Sig>& m, F f, handler_options o = {}) {
+        handlers_.on(m, std::move(f), o);
+        return *this;
+    }
+
+    /// Registers a batch handler (see ordo::handlers::on_batch).
+    template <class F>
+    batch_handle on_batch(std::string name, batch_options o, F f) {
+        return handlers_.on_batch(std::move(name), o, std::move(f));
+    }
+    /// Registers a streaming batch handler (see ordo::handlers::on_batch_stream).
+    template <class F>
+    batch_handle on_batch_stream(std::string name, batch_options o, F f) {
+        return handlers_.on_batch_stream(std::move(name), o, std::move(f));
+    }
+
+    /// Binds `url` and starts accepting. Returns the bound address (with the real port for
+    /// tcp port 0). Throws std::system_error naming the address on failure.
+    std::string listen(std::string_view url);
+
+    /// Stops accepting, fails calls waiting in batch handlers with errc::shutting_down, closes
+    /// every connection (flushing responses already queued; handlers still running are
+    /// cancelled) and completes when all of them have ended.
+    net::awaitable<void> async_stop();
+
+    /// Stops gracefully (docs/protocol.md "Draining"). At once: stops accepting (the
+    /// listeners close: new connections are refused), ends detached resumable sessions (their
+    /// callers cannot come back), and sends every connection, on every loop, the reserved
+    /// notification ordo.goaway [grace_ms, reason]. Then it keeps serving: running handlers,
+    /// queued calls, batches, streams, and requests that arrive after the goaway (sent before
+    /// the peer read it) all run and are answered as usual. An ordo peer closes its connection
+    /// once nothing is pending on it; a foreign peer does not know the notification. When every
+    /// connection has closed, or when `grace` has passed, whatever is left is closed as
+    /// async_stop() does (told why with ordo.closing; running handlers are cancelled; a peer
+    /// that does not close its side then is cut after comm_options::close_timeout), and the
+    /// drain completes: the server is then stopped, as after async_stop(). on_event hears
+    /// `draining` and `drained`. Called again while a drain or a stop runs: waits for it.
+    net::awaitable<void> async_drain(std::chrono::milliseconds grace,
+                                     std::string reason = "draining");
+
+    /// Shows `r` in ordo.stats (server.routers, under `name`): its counts and each replica's
+    /// state, read on the router's executor when asked. For a server that fronts a fleet (a
+    /// gateway, a proxy). stats() leaves routers out (it would have to block on their
+    /// executors); read r->view() there. Holds the router weakly; any thread.
+    void show_router(std::shared_ptr<router> r, std::string name);
+
+    /// Connections currently open.
+    std::size_t peer_count() const noexcept;
+    /// Connections accepted since construction.
+    std::uint64_t connections_accepted() const noexcept;
+    /// Resumable sessions whose connection dropped, waiting for their caller to come back.
+    std::size_t detached_sessions() const noexcept;
+    /// Bytes charged to the memory budget now (0 without one).
+    std::size_t memory_used() const noexcept;
+    /// Everything the server counts (also answered to the reserved method ordo.stats). Call on
+    /// the server's executor. With threads > 1 it asks each other loop for its connections'
+    /// figures and waits for them (up to 1 s; a loop that does not answer in time is left out):
+    /// do not call it from a handler.
+    server_stats stats() const;
+    /// stats() as a function that may outlive the server (it then returns nothing); call it on
+    /// the server's executor. The Prometheus exporter reads servers through it.
+    std::function<std::optional<server_stats>()> stats_reader() const;
+    net::any_io_executor get_executor() const;
+    ordo::handlers& handlers() noexcept { return handlers_; }
+
+    struct state;
+    struct loops;
+
+  private:
+    ordo::handlers handlers_;
+    std::shared_ptr<state> s_;
+    std::unique_ptr<loops> loops_;  // threads > 1: the loops the server runs itself
+};
+
+}  // namespace ordo

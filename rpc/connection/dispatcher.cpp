@@ -1,0 +1,501 @@
+// detail::dispatcher: the remote side's messages in arrival order (rpc/connection/dispatcher.hpp
+// says which guarantees): reserved ordo.* methods answered at once, the bounded queue, plain and
+// coroutine handlers, cancellation. Streaming handlers' output is
+// rpc/streams/dispatcher_stream.cpp.
+#include "rpc/connection/dispatcher.hpp"
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "lib/escaped.hpp"
+#include "ordo/detail/memory_budget.hpp"
+#include "ordo/rpc/handlers.hpp"
+#include "ordo/rpc/peer.hpp"
+#include "ordo/rpc/stream_call.hpp"
+#include "rpc/streams/stream_run.hpp"
+#include "rpc/wire/errors.hpp"
+#include "rpc/server/stats_answer.hpp"
+
+namespace ordo::detail {
+
+std::string type_name(const std::type_info& t) {
+    int status = 0;
+    char* raw = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+    std::string name = status == 0 && raw ? raw : t.name();
+    std::free(raw);
+    if (name.find("basic_string<char") != std::string::npos) return "std::string";
+    return name;
+}
+
+void throw_bad_arguments(std::string_view method, const std::string& signature,
+                         const std::string& what) {
+    throw_error(errc::bad_arguments,
+                "bad arguments for " + std::string(method) + signature + ": " + what);
+}
+
+void throw_argument_count(std::string_view method, const std::string& signature, std::size_t got,
+                          std::size_t expected) {
+    throw_bad_arguments(
+        method, signature,
+        "got " + std::to_string(got) + " arguments, expected " + std::to_string(expected));
+}
+
+void throw_argument_type(std::string_view method, const std::string& signature, std::size_t index,
+                         const std::type_info& type) {
+    throw_bad_arguments(
+        method, signature,
+        "argument " + std::to_string(index + 1) + " does not convert to " + type_name(type));
+}
+
+struct dispatcher::run {
+    std::uint32_t msgid = 0;
+    bool is_request = false;
+    bool serial = false;
+    bool cancelled = false;
+    bool orphan = false;  // of a session that was lost: its answer is not sent
+    // Shared: a handler may outlive the table it was registered in (a server destroyed while
+    // a cancelled handler still unwinds).
+    std::shared_ptr<method_counters> counters;
+    std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
+    net::cancellation_signal signal;
+    stream_run* stream = nullptr;  // a streaming handler's output, while its body runs
+};
+
+dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
+                       std::size_t max_queued_messages, std::size_t max_queued_bytes,
+                       memory_budget* budget, dispatcher_host& host, peer_counters& c)
+    : self_(self),
+      h_(h),
+      max_queued_(max_queued_messages),
+      max_queued_bytes_(max_queued_bytes),
+      budget_(budget),
+      host_(host),
+      c_(c),
+      ex_(std::move(ex)) {}
+
+dispatcher::~dispatcher() {
+    if (budget_)
+        for (const auto& q : queue_) budget_->release(q.held);
+}
+
+namespace {
+bool is_stream_request(const message& m) {
+    return m.kind == message_kind::request && m.method == "ordo.stream";
+}
+}  // namespace
+
+void dispatcher::on_message_slow(message& m, std::size_t bytes) {
+    if (stopped_) return;
+    if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
+    if (serial_busy_ || !queue_.empty()) {
+        own(m);
+        // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
+        // of many small values holds far more than its wire size). Its wire bytes are in the
+        // read buffer, which is charged on its own and reused.
+        const std::size_t held =
+            sizeof(queued_message) + msgpack::aligned_zone_size(m.handle.get());
+        queue_.push_back({std::move(m), bytes, held});
+        queued_bytes_ += bytes;
+        if (budget_) budget_->charge(held);
+        c_.queued_messages = queue_.size();
+        // Over the server's memory budget, a connection with a queue stops reading until the
+        // queue has drained (its queue drains by itself; reading would only add to it).
+        if (!paused_ && (queue_.size() >= max_queued_ || queued_bytes_ >= max_queued_bytes_ ||
+                         (budget_ && budget_->over()))) {
+            paused_ = true;
+            host_.pause_reading(true);
+        }
+        return;
+    }
+    dispatch(m);
+}
+
+// Reserved methods are answered at once, never queued behind a handler: a ping must prove the
+// connection alive while a long serial handler runs, and a cancel must reach that handler.
+void dispatcher::on_reserved(const message& m) {
+    const bool req = m.kind == message_kind::request;
+    if (m.method == "ordo.ping") {
+        if (req) {
+            buffer b(small_buffer);
+            encode_response(b, m.msgid, msgpack::type::nil_t());
+            host_.send_response(b);
+        }
+    } else if (m.method == "ordo.cancel") {
+        if (m.params.via.array.size == 1 &&
+            m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
+            cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+    } else if (m.method == "ordo.credit") {
+        // [msgid, n] or [msgid, n, bytes]: the caller of a stream read n more items (of that
+        // many bytes).
+        const auto& a = m.params.via.array;
+        if ((a.size == 2 || a.size == 3) && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
+            a.ptr[1].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 <= 0xffffffffu &&
+            (a.size == 2 || a.ptr[2].type == msgpack::type::POSITIVE_INTEGER)) {
+            auto it = streams_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
+            if (it != streams_.end())
+                it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
+        }
+    } else if ((m.method == "ordo.methods" || m.method == "ordo.stats") && req && h_ &&
+               h_->introspection() && !self_.identity().may_introspect) {
+        respond_error(m.msgid, errc::permission_denied,
+                      "permission denied: " + std::string(m.method) + " is not open to " +
+                          self_.identity().name() + " (server_options::allow_introspection)");
+    } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
+        // {name: "(parameter types)"} for every method served, in name order.
+        buffer b(small_buffer);
+        msgpack::packer<buffer> p(b);
+        p.pack_array(4);
+        p.pack(1);
+        p.pack(m.msgid);
+        p.pack_nil();
+        std::size_t n = 0;
+        h_->for_each_method([&](const std::string&, const std::string&) { ++n; });
+        p.pack_map(static_cast<std::uint32_t>(n));
+        h_->for_each_method([&](const std::string& name, const std::string& sig) {
+            p.pack(name);
+            p.pack(sig);
+        });
+        host_.send_response(b);
+    } else if (m.method == "ordo.stats" && req && h_ && h_->introspection()) {
+        if (!h_->stats_source()) {
+            buffer b(small_buffer);
+            write_response_head(b, m.msgid);
+            pack_stats(b, *h_, nullptr);
+            host_.send_response(b);
+        } else {
+            // A server's figures are gathered (from each of its loops) without blocking this
+            // one; the answer follows when they are in.
+            net::co_spawn(ex_, answer_stats(this, host_.keep_alive(), m.msgid),
+                          detail::rethrow_escaped{});
+        }
+    } else if (m.method == "ordo.closing") {
+        // [code, reason]: the remote side closes the connection next, and says why.
+        const auto& a = m.params.via.array;
+        if (a.size == 2 && a.ptr[1].type == msgpack::type::STR) {
+            std::error_code code;
+            if (a.ptr[0].type == msgpack::type::POSITIVE_INTEGER && a.ptr[0].via.u64 >= 1 &&
+                a.ptr[0].via.u64 <= static_cast<std::uint64_t>(errc::permission_denied))
+                code = static_cast<errc>(a.ptr[0].via.u64);
+            host_.remote_closing(code,
+                                 std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+        }
+    } else if (m.method == "ordo.goaway") {
+        // [grace_ms, reason]: the remote side is draining (docs/protocol.md "Draining"). One
+        // that does not have this shape is ignored, like any reserved notification.
+        const auto& a = m.params.via.array;
+        if (!req && a.size == 2 && a.ptr[0].type == msgpack::type::POSITIVE_INTEGER &&
+            a.ptr[1].type == msgpack::type::STR) {
+            const auto ms = std::min<std::uint64_t>(a.ptr[0].via.u64, 24ull * 3600 * 1000);
+            host_.remote_going_away(std::chrono::milliseconds(static_cast<std::int64_t>(ms)),
+                                    std::string(a.ptr[1].via.str.ptr, a.ptr[1].via.str.size));
+        }
+    } else if (req) {
+        respond_error(m.msgid, errc::method_not_found,
+                      "no method \"" + std::string(m.method) + "\" (reserved name)");
+    }
+}
+
+void dispatcher::cancel_handler(std::uint32_t msgid) {
+    for (auto& r : runs_) {
+        if (r.is_request && r.msgid == msgid && !r.cancelled) {
+            r.cancelled = true;
+            if (r.stream) r.stream->cancel();
+            ++c_.handlers_cancelled;
+            r.signal.emit(net::cancellation_type::terminal);
+            return;
+        }
+    }
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+        if (it->m.kind == message_kind::request && it->m.msgid == msgid) {
+            if (const handler_entry* e = h_ ? h_->find(it->m.method) : nullptr)
+                e->counters->request_done(errc::cancelled);
+            pop_queued(it);
+            c_.queued_messages = queue_.size();
+            respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
+            return;
+        }
+    }
+}
+
+// A notification dropped: told to the host, whose callback (the application's) must not throw;
+// if it does anyway, or the reason cannot be built, dispatching goes on regardless.
+void dispatcher::report_dropped(std::string_view method, errc code,
+                                std::string_view failure) noexcept {
+    try {
+        std::string reason = failure.empty() ? "notification for \"" + std::string(method) +
+                                                   "\" dropped: no such method"
+                                             : "notification handler for \"" + std::string(method) +
+                                                   "\" failed: " + std::string(failure);
+        host_.dropped(method, code, std::move(reason));
+    } catch (...) {
+    }
+}
+
+void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string& text) {
+    buffer b(small_buffer);
+    encode_error_response(b, msgid, code, text);
+    host_.send_response(b);
+}
+
+const handler_entry* dispatcher::find_and_remember(std::string_view method) {
+    if (!h_) return nullptr;
+    const std::size_t n = method.size();
+    const handler_entry* e = h_->find(method);
+    if (e && n > 0 && n <= sizeof(method_slot::name)) {
+        method_slot& s =
+            methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
+        s.e = e;
+        s.size = static_cast<std::uint8_t>(n);
+        std::copy(method.begin(), method.end(), s.name);
+    }
+    return e;
+}
+
+void dispatcher::dispatch(message& m) {
+    const bool req = m.kind == message_kind::request;
+    std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
+    std::uint64_t window_bytes = 0;
+    if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
+        !unwrap_stream(m, window, window_bytes))
+        return;
+    const handler_entry* e = find(m.method);
+    if (!e) {
+        if (h_) h_->count_unknown(req);
+        if (req) {
+            respond_error(m.msgid, errc::method_not_found,
+                          "no method \"" + std::string(m.method) + "\"");
+        } else {
+            ++c_.unknown_notifications;
+            report_dropped(m.method, errc::method_not_found, {});
+        }
+        return;
+    }
+    if (e->allow && !e->allow(self_.identity())) [[unlikely]]
+        return deny(*e, m);
+    if (e->stream) {
+        if (req) return start_async(*e, m, window, window_bytes);
+        ++c_.notification_errors;
+        e->counters->notification_done(true);
+        report_dropped(m.method, errc::bad_arguments,
+                       "it streams its results: call it, do not notify it");
+        return;
+    }
+    if (window) {
+        e->counters->request_done(errc::bad_arguments);
+        respond_error(
+            m.msgid, errc::bad_arguments,
+            "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
+        return;
+    }
+    if (e->sync) return run_sync(*e, m);
+    start_async(*e, m, 0, 0);
+}
+
+void dispatcher::deny(const handler_entry& e, const message& m) {
+    const std::string why = "permission denied: " + self_.identity().name() +
+                            " may not call method \"" + std::string(m.method) + "\"";
+    if (m.kind == message_kind::request) {
+        e.counters->request_done(errc::permission_denied);
+        respond_error(m.msgid, errc::permission_denied, why);
+    } else {
+        ++c_.notification_errors;
+        e.counters->notification_done(true);
+        report_dropped(m.method, errc::permission_denied, why);
+    }
+}
+
+void dispatcher::run_sync(const handler_entry& e, const message& m) {
+    const bool req = m.kind == message_kind::request;
+    // Taken before the handler runs: it may register its name again, which replaces `e` (the
+    // counters carry over to the new entry).
+    method_counters& counters = *e.counters;
+    const bool timed = h_->time_calls();
+    const auto started =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    scratch_.clear();
+    if (req) write_response_head(scratch_, m.msgid);
+    bool failed = false;
+    try {
+        e.sync(self_, m.params, scratch_);
+    } catch (...) {
+        failed = true;
+        auto [code, text] = describe_current_exception();
+        scratch_.clear();
+        if (req) {
+            encode_error_response(scratch_, m.msgid, code, text);
+            counters.request_done(code);
+        } else {
+            ++c_.notification_errors;
+            report_dropped(m.method, code, text);
+        }
+    }
+    if (req) {
+        host_.send_response(scratch_);
+        ++c_.requests_served;
+        if (!failed) counters.request_done();
+    } else {
+        ++c_.notifications_served;
+        counters.notification_done(failed);
+    }
+    if (timed) counters.took(std::chrono::steady_clock::now() - started);
+}
+
+void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
+                             std::uint64_t window_bytes) {
+    own(m);  // the handler's params live as long as its coroutine
+    auto& r = runs_.emplace_back();
+    r.msgid = m.msgid;
+    r.is_request = m.kind == message_kind::request;
+    r.serial = !e.concurrent;
+    r.counters = e.counters;
+    if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
+    if (r.serial) serial_busy_ = true;
+    c_.running_handlers = runs_.size();
+    host_.handler_started();
+    auto out = std::make_unique<buffer>(small_buffer);
+    if (r.is_request) write_response_head(*out, m.msgid);
+    // Creating the coroutine copies the handler into its frame: re-registering the name while
+    // it runs is harmless.
+    net::awaitable<void> body;
+    if (e.stream) {
+        auto s = std::make_unique<stream_run>(*this, m.msgid, window, window_bytes, &r.stream);
+        r.stream = s.get();
+        auto inner = e.stream(self_, m.params, *r.stream);
+        body = stream_body(std::move(s), std::move(inner), *out);
+    } else {
+        body = e.async(self_, m.params, *out);
+    }
+    // run_handler catches what the body throws, and finish_handler throws nothing (a response
+    // that cannot be sent ends the connection instead): no exception reaches the completion.
+    net::co_spawn(ex_,
+                  run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
+                              std::move(out), std::move(body)),
+                  net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+}
+
+net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
+                                              std::uint32_t msgid) {
+    buffer b(small_buffer);
+    write_response_head(b, msgid);
+    try {
+        const server_stats server = co_await d->h_->stats_source()();
+        // The connection (and with it the server's handler table) may have ended meanwhile.
+        if (d->stopped_) co_return;
+        pack_stats(b, *d->h_, &server);
+    } catch (...) {
+        const auto why = describe_current_exception();
+        b.clear();
+        encode_error_response(b, msgid, why.first, why.second);
+    }
+    // `keep` holds the connection, and so `d`, until here; once it has ended nothing is sent.
+    if (!d->stopped_) d->host_.send_response(b);
+    keep.reset();
+}
+
+net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void> keep,
+                                             std::list<run>::iterator it, message m,
+                                             std::unique_ptr<buffer> out,
+                                             net::awaitable<void> body) {
+    bool failed = false;
+    std::pair<errc, std::string> why;
+    try {
+        co_await std::move(body);
+    } catch (...) {
+        failed = true;
+        why = describe_current_exception();
+    }
+    // `keep` holds the connection, and so `d`, until here.
+    d->finish_handler(it, m, *out, failed, why);
+    keep.reset();
+}
+
+void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
+                                bool failed, const std::pair<errc, std::string>& why) {
+    const bool serial = it->serial;
+    const bool req = it->is_request;
+    const bool orphan = it->orphan;
+    const auto counters = std::move(it->counters);
+    if (it->started != std::chrono::steady_clock::time_point{})
+        counters->took(std::chrono::steady_clock::now() - it->started);
+    runs_.erase(it);
+    c_.running_handlers = runs_.size();
+    if (req && orphan) {
+        // Its caller's session is gone: the answer has nobody to go to.
+        counters->request_done(errc::cancelled);
+    } else if (req) {
+        if (failed) {
+            out.clear();
+            encode_error_response(out, m.msgid, why.first, why.second);
+            counters->request_done(why.first);
+        } else {
+            counters->request_done();
+        }
+        host_.send_response(out);
+        ++c_.requests_served;
+    } else {
+        if (failed) {
+            ++c_.notification_errors;
+            report_dropped(m.method, why.first, why.second);
+        }
+        ++c_.notifications_served;
+        counters->notification_done(failed);
+    }
+    if (serial) {
+        serial_busy_ = false;
+        drain_queue();
+    }
+    host_.handler_finished();
+}
+
+void dispatcher::drain_queue() {
+    while (!serial_busy_ && !queue_.empty() && !stopped_) {
+        message m = std::move(queue_.front().m);
+        pop_queued(queue_.begin());
+        dispatch(m);
+    }
+    c_.queued_messages = queue_.size();
+    if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2 &&
+        (queue_.empty() || !budget_ || !budget_->over())) {
+        paused_ = false;
+        host_.pause_reading(false);
+    }
+}
+
+void dispatcher::pop_queued(std::list<queued_message>::iterator it) {
+    queued_bytes_ -= it->wire;
+    if (budget_) budget_->release(it->held);
+    queue_.erase(it);
+}
+
+void dispatcher::stop() {
+    stopped_ = true;
+    drop_all();
+}
+
+void dispatcher::restart() {
+    for (auto& r : runs_) r.orphan = true;
+    drop_all();
+    if (paused_) {
+        paused_ = false;
+        host_.pause_reading(false);
+    }
+}
+
+void dispatcher::drop_all() {
+    for (auto& r : runs_) {
+        if (r.cancelled) continue;
+        r.cancelled = true;
+        if (r.stream) r.stream->cancel();
+        ++c_.handlers_cancelled;
+        r.signal.emit(net::cancellation_type::terminal);
+    }
+    if (budget_)
+        for (const auto& q : queue_) budget_->release(q.held);
+    queue_.clear();
+    queued_bytes_ = 0;
+    c_.queued_messages = 0;
+}
+
+}  // namespace ordo::detail

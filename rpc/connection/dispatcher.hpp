@@ -1,0 +1,184 @@
+// Dispatch of the messages an ordered connection receives (docs/protocol.md, "Dispatch order"; the
+// ordering guarantee): requests and notifications start their handlers in arrival order; a serial
+// handler runs to completion before the next message starts, a concurrent one lets it start while
+// suspended; what cannot start yet waits in a bounded queue (reading pauses when it is full);
+// ordo.cancel cancels a running handler or answers a queued request; ordo.ping is answered;
+// ordo.closing and ordo.goaway are passed on; when the connection ends every handler is
+// cancelled and the queue dropped.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "ordo/rpc/codec.hpp"
+#include "ordo/rpc/detail/handler_entry.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+class peer;
+class handlers;
+struct peer_counters;
+
+namespace detail {
+
+class memory_budget;
+
+/// What a dispatcher needs from its connection.
+class dispatcher_host {
+  public:
+    virtual ~dispatcher_host() = default;
+    /// Sends one encoded response (or nothing, once the connection has ended).
+    virtual void send_response(const buffer& b) = 0;
+    /// Stops (true) or resumes (false) reading from the remote side.
+    virtual void pause_reading(bool paused) = 0;
+    /// A handler started: the remote side now waits on this one (liveness).
+    virtual void handler_started() = 0;
+    /// The connection, kept alive by each handler coroutine until it ends.
+    virtual std::shared_ptr<void> keep_alive() = 0;
+    /// The remote side said (ordo.closing) that it is closing the connection, and why.
+    virtual void remote_closing(std::error_code code, std::string reason) = 0;
+    /// The remote side said (ordo.goaway) that it is going away: it serves what it has and
+    /// what still comes for `grace`, then closes. Each time it says so (the host keeps the
+    /// first).
+    virtual void remote_going_away(std::chrono::milliseconds grace, std::string reason) {
+        (void)grace;
+        (void)reason;
+    }
+    /// A handler that ran asynchronously has finished (its answer, if any, is sent).
+    virtual void handler_finished() {}
+    /// A message was dropped with nobody to answer: a notification for a method with no
+    /// handler, or whose handler threw.
+    virtual void dropped(std::string_view method, errc code, std::string reason) = 0;
+};
+
+/// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,
+/// running_handlers, requests_served, notifications_served, unknown_notifications,
+/// notification_errors, handlers_cancelled).
+class dispatcher {
+  public:
+    /// `self` is what handlers that take `ordo::peer&` receive; `h` (may be null: every request
+    /// answers method-not-found) must outlive the dispatcher.
+    dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
+               std::size_t max_queued_messages, std::size_t max_queued_bytes, memory_budget* budget,
+               dispatcher_host& host, peer_counters& c);
+    ~dispatcher();
+    dispatcher(const dispatcher&) = delete;
+    dispatcher& operator=(const dispatcher&) = delete;
+
+    /// A request or a notification, as received (possibly borrowed from the read zone: what
+    /// is kept is own()ed, and `m` may be moved from); `bytes`: its size on the wire.
+    [[gnu::always_inline]] void on_message(message& m, std::size_t bytes) {
+        // Inline: a message for a method of the application's, with nothing queued ahead of
+        // it, goes straight to its handler.
+        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
+            [[unlikely]]
+            return on_message_slow(m, bytes);
+        // A synchronous handler open to every caller runs from here; anything else (an unknown
+        // method, a handler that suspends, streams or checks its caller) takes dispatch(), which
+        // looks the method up again.
+        if (const handler_entry* e = find(m.method); e && e->direct) [[likely]]
+            return run_sync(*e, m);
+        dispatch(m);
+    }
+    /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
+    /// the queue; later messages are not dispatched.
+    void stop();
+    /// The remote side's session was lost and a new one will follow on the same connection:
+    /// cancel every running handler (their answers are dropped), drop the queue, and go on
+    /// dispatching what arrives next.
+    void restart();
+
+    std::size_t running() const noexcept { return runs_.size(); }
+    std::size_t queued() const noexcept { return queue_.size(); }
+    std::size_t queued_bytes() const noexcept { return queued_bytes_; }
+
+    /// Streaming handlers running for callers that stream (ordo.stream), by msgid.
+    std::size_t streams() const noexcept { return streams_.size(); }
+
+  private:
+    struct run;
+    class stream_run;
+
+    void on_message_slow(message& m, std::size_t bytes);
+    void on_reserved(const message& m);
+    void cancel_handler(std::uint32_t msgid);
+    void respond_error(std::uint32_t msgid, errc code, const std::string& text);
+    void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
+    void dispatch(message& m);
+    void run_sync(const handler_entry& e, const message& m);
+    void deny(const handler_entry& e, const message& m);
+    void start_async(const handler_entry& e, message& m, std::uint32_t window,
+                     std::uint64_t window_bytes);
+    bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
+    static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
+                                            net::awaitable<void> body, buffer& out);
+    static net::awaitable<void> answer_stats(dispatcher* d, std::shared_ptr<void> keep,
+                                             std::uint32_t msgid);
+    static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
+                                            std::list<run>::iterator it, message m,
+                                            std::unique_ptr<buffer> out, net::awaitable<void> body);
+    void finish_handler(std::list<run>::iterator it, const message& m, buffer& out, bool failed,
+                        const std::pair<errc, std::string>& why);
+    void drain_queue();
+    void drop_all();
+    const handler_entry* find(std::string_view method) {
+        // Inline: a hit in methods_ (below).
+        const std::size_t n = method.size();
+        if (h_ && n > 0 && n <= sizeof(method_slot::name)) {
+            const method_slot& s =
+                methods_[(n + static_cast<unsigned char>(method[n - 1])) % methods_.size()];
+            if (s.e && s.size == n) {
+                std::size_t i = 0;
+                while (i < n && s.name[i] == method[i]) ++i;
+                if (i == n) return s.e;
+            }
+        }
+        return find_and_remember(method);
+    }
+    const handler_entry* find_and_remember(std::string_view method);
+    struct queued_message {
+        message m;
+        std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
+        std::size_t held;  // what it holds in memory (charged to the budget)
+    };
+    void pop_queued(std::list<queued_message>::iterator it);
+
+    peer& self_;
+    const handlers* h_;
+    std::size_t max_queued_;
+    std::size_t max_queued_bytes_;
+    memory_budget* budget_;  // queued messages are charged to it (null: none)
+    dispatcher_host& host_;
+    peer_counters& c_;
+    net::any_io_executor ex_;
+    // A list, not a deque: a deque allocates on construction, and most connections never
+    // queue a message.
+    std::list<queued_message> queue_;
+    std::size_t queued_bytes_ = 0;
+    std::list<run> runs_;
+    std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
+    buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
+    // The methods this connection called last, by the bytes of their names: most connections
+    // call a few methods over and over, and a hit costs a compare of a few bytes instead of a
+    // walk of the table comparing strings. Entries stay valid: handlers never erases one (a
+    // name registered again keeps its entry, with the new handler in it).
+    struct method_slot {
+        const handler_entry* e = nullptr;
+        std::uint8_t size = 0;
+        char name[23];
+    };
+    std::array<method_slot, 4> methods_{};
+    bool serial_busy_ = false;
+    bool paused_ = false;
+    bool stopped_ = false;
+};
+
+}  // namespace detail
+}  // namespace ordo

@@ -1,0 +1,288 @@
+// The inside of ordo::peer: the four parts of an ordered connection, each of which keeps one
+// guarantee, and how the peer wires them together (it is the host each part calls back):
+//   session     (rpc/session.*)      the bytes: order on the wire, how the connection ended;
+//   call_table  (rpc/call_table.*)   this side's calls: msgids, deadlines, cancellation;
+//   dispatcher  (rpc/dispatcher.*)   the remote side's messages: order of handlers (section 5);
+//   liveness    (rpc/liveness.*)     dead peers within a bounded time (section 7).
+// rpc/connection/peer.cpp holds the peer's public operations, rpc/streams/peer_stream.cpp the
+// caller's side of streaming calls (ordo.stream, ordo.credit).
+#pragma once
+
+#include "ordo/rpc/detail/message_heads.hpp"
+#include "ordo/rpc/peer.hpp"
+#include "rpc/connection/call_table.hpp"
+#include "rpc/connection/dispatcher.hpp"
+#include "rpc/connection/liveness.hpp"
+#include "rpc/connection/session.hpp"
+
+namespace ordo {
+
+struct peer::state final : detail::call_table_host,
+                           detail::dispatcher_host,
+                           detail::liveness_host,
+                           detail::session_host {
+    state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h,
+          detail::resume_config rc)
+        : self(p),
+          o(std::move(opt)),
+          ex(t->get_executor()),
+          remote(t->remote_address()),
+          closed_event(ex, std::chrono::steady_clock::time_point::max()),
+          eof_probe(ex),
+          live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
+          calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
+          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
+        if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
+        rc.max_unacked_bytes = o.max_unacked_bytes;
+        if (!o.credentials.empty()) {
+            buffer b(small_buffer);
+            encode_notification(b, "ordo.auth",
+                                std::map<std::string, std::string>{{"token", o.credentials.token}});
+            rc.credentials_message.assign(b.data(), b.size());
+        }
+        sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
+                                                 [this](const close_result& r) { on_ended(r); });
+    }
+
+    ~state() override {
+        if (sess->is_open()) {
+            sess->end_locally(errc::closed, "ordo: peer " + remote + " destroyed");
+            calls.fail_all(sess->close_code(), sess->close_reason());
+        }
+    }
+
+    peer& self;
+    peer_options o;
+    net::any_io_executor ex;
+    std::string remote;
+    peer_counters c;
+    // Every incoming message is decoded into it (reused). Its zone's first chunk is what an
+    // idle connection keeps: 2 KiB holds the objects of messages with a few dozen values.
+    detail::read_area read_area{2048};
+    bool ended = false;
+    std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
+    net::steady_timer closed_event;
+    net::steady_timer eof_probe;  // half-close: the second probe (peer_finished_sending)
+    detail::liveness live;
+    std::unique_ptr<detail::call_observer> observer;  // before `calls`: it outlives them
+    detail::call_table calls;
+    detail::dispatcher disp;
+    std::unique_ptr<detail::session> sess;
+
+    void on_message(std::string_view bytes) override {
+        // Borrowed from read_area: what outlives this call (a queued message, an async
+        // handler's params, a raw result) is own()ed on the way.
+        message m = decode_message(bytes, o.comm.limits, read_area.zone);
+        handle(m, bytes.size());
+    }
+    std::size_t take_message(std::string_view bytes, const limits& l) override {
+        message m;
+        const std::size_t n = detail::decode_prefix(bytes, l, read_area, m);
+        if (n > 0) handle(m, n);
+        return n;
+    }
+    [[gnu::always_inline]] void handle(message& m, std::size_t wire_bytes) {
+        if (m.kind == message_kind::notification && m.method == "ordo.item")
+            return calls.on_item(m, wire_bytes);  // an item of one of this side's streams
+        if (m.kind != message_kind::response) {
+            disp.on_message(m, wire_bytes);
+            if (heard_goaway) [[unlikely]]
+                leave_when_idle();
+            return;
+        }
+        if (heard_goaway) [[unlikely]] {
+            // The caller's handler may drop the last reference.
+            auto keep = self.shared_from_this();
+            calls.on_response(m);
+            return leave_when_idle();
+        }
+        // The caller's handler may drop the last reference to this peer: on_response touches
+        // nothing of the peer once it has run it, and neither does anything on the way back.
+        calls.on_response(m);
+    }
+
+    // ---- draining (ordo.goaway, docs/protocol.md "Draining") ----
+
+    bool told_goaway = false;   // this side said it is going away (a server draining)
+    bool heard_goaway = false;  // the other side said so
+    bool left = false;          // and this side closed the connection once nothing was pending
+    // A response met a connection that had failed (send_response): no more are sent.
+    bool answers_stopped = false;
+    bool leave_posted = false;
+    std::chrono::milliseconds goaway_grace{0};
+    std::string goaway_reason;  // as the other side said it
+    std::string goaway_why;     // "the server is going away: <reason>": how calls fail after
+    std::vector<goaway_fn> goaway_fns;
+
+    void remote_going_away(std::chrono::milliseconds grace, std::string reason) override {
+        if (heard_goaway || !sess->is_open()) return;
+        heard_goaway = true;
+        goaway_grace = grace;
+        goaway_reason = std::move(reason);
+        goaway_why = "the server is going away: " + goaway_reason;
+        // Added to the reason if the server closes first (its grace passed); and a resumable
+        // session does not try to resume (the server's listeners are closed).
+        sess->note_remote_reason(goaway_why);
+        auto keep = self.shared_from_this();
+        if (o.on_goaway) o.on_goaway(goaway_grace, goaway_reason);
+        // Moved out: one that adds another handler has it run at once (peer::on_goaway).
+        auto fns = std::move(goaway_fns);
+        goaway_fns.clear();
+        for (auto& f : fns) f(goaway_grace, goaway_reason);
+        leave_when_idle();
+    }
+
+    // Once nothing is pending either way, this side closes the connection (the server may then
+    // finish its drain early). Checked on the next turn of the executor: a caller resumed by
+    // the last response may make another call at once, which is still sent and waited for.
+    void leave_when_idle() {
+        if (left || leave_posted) return;
+        leave_posted = true;
+        net::post(ex, [w = self.weak_from_this(), this] {
+            auto keep = w.lock();
+            if (!keep) return;
+            leave_posted = false;
+            if (left || !sess->is_open() || calls.waiting() > 0 || disp.running() > 0 ||
+                disp.queued() > 0)
+                return;
+            left = true;
+            sess->close(make_error_code(errc::peer_lost), heard_eof ? eof_why : goaway_why);
+        });
+    }
+    void handler_finished() override {
+        if (heard_goaway || heard_eof) leave_when_idle();
+    }
+
+    // ---- half-close ----
+
+    bool heard_eof = false;  // the other side ended its sending side
+    std::string eof_why;
+
+    // Nothing more will arrive: this side's calls cannot be answered and fail now, while what
+    // the other side sent is served to its end and answered; then this side closes. End of
+    // stream is also how a peer that closed altogether looks: two probes (ordo.ping, now and
+    // 100 ms later) find that out, as the second write fails on the reset the first one drew
+    // (unix: the first fails), and its work is cancelled then. A peer that only half-closed
+    // cannot answer them: liveness_timeout after its last bytes, it is lost like any silent peer.
+    bool peer_finished_sending() override {
+        if (!sess->is_open() || heard_eof) return false;
+        heard_eof = true;
+        eof_why = "ordo: peer " + remote + " closed the connection";
+        if (!sess->remote_reason().empty())
+            eof_why += " (the peer said: " + sess->remote_reason() + ")";
+        const std::error_code code =
+            sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
+        calls.fail_all(code, eof_why);
+        leave_when_idle();
+        if (disp.running() > 0 || disp.queued() > 0) {
+            send_ping();
+            live.note_work();
+            eof_probe.expires_after(std::chrono::milliseconds(100));
+            eof_probe.async_wait([w = self.weak_from_this(), this](std::error_code ec) {
+                auto keep = w.lock();
+                if (!ec && keep && sess->is_open()) send_ping();
+            });
+        }
+        return true;
+    }
+
+    void on_ended(const close_result& r) {
+        const auto& code = sess->close_code();
+        const auto& why = sess->close_reason();
+        live.stop();
+        eof_probe.cancel();
+        calls.fail_all(code, why);
+        sess->report_undelivered(r, o.on_undelivered, c);
+        disp.stop();
+        ended = true;
+        closed_event.cancel();
+        auto fns = std::move(closed_fns);
+        for (auto& f : fns) f(code, why);
+    }
+
+    // ---- the parts' view of the connection ----
+
+    std::weak_ptr<void> owner() override { return self.weak_from_this(); }
+
+    void session_lost(const close_result& r) override {
+        calls.fail_all(r.code, r.reason);
+        sess->report_undelivered(r, o.on_undelivered, c);
+        disp.restart();
+        if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
+    }
+    void session_opened(bool resumed) override {
+        if (o.on_session)
+            o.on_session(
+                {resumed ? session_event::kind::resumed : session_event::kind::opened, {}, {}});
+    }
+    std::uint32_t next_msgid() override { return calls.next_id(); }
+
+    // rpc/streams/peer_stream.cpp.
+    void send_stream_request(std::uint32_t id, detail::pending_call& call);
+    void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes);
+
+    // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
+    // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
+    // output is full) ends the connection instead, as a response that cannot be sent does.
+    template <class Encode>
+    void send_control(Encode encode) {
+        try {
+            buffer b(small_buffer);
+            encode(b);
+            sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+        }
+    }
+
+    void send_cancel(std::uint32_t msgid) override {
+        if (heard_goaway) leave_when_idle();  // a call withdrawn: maybe nothing is pending now
+        if (!sess->is_open()) return;
+        send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); });
+    }
+
+    void send_response(const buffer& b) override {
+        if (answers_stopped || !sess->is_open()) return;
+        try {
+            sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            // Refusing a response would leave its caller waiting: end the connection loudly.
+            if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+            // The connection failed (a write inside a send, maybe this one) and the loop has
+            // not yet ended it: answers and stream items stop here, rather than each paying
+            // for a thrown error until it does.
+            answers_stopped = true;
+        }
+    }
+    void pause_reading(bool paused) override { sess->pause_reading(paused); }
+    void handler_started() override { live.note_work(); }
+    std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
+    void remote_closing(std::error_code code, std::string reason) override {
+        sess->note_remote_reason(code, std::move(reason));
+    }
+    void dropped(std::string_view method, errc code, std::string reason) override {
+        if (o.on_dropped)
+            o.on_dropped({remote, std::string(method), make_error_code(code), std::move(reason)});
+    }
+
+    std::size_t calls_waiting() const override { return calls.waiting(); }
+    std::size_t handlers_running() const override { return disp.running(); }
+    std::chrono::steady_clock::time_point last_receive() const override {
+        return sess->counters().last_receive;
+    }
+    bool send_ping() override {
+        const std::uint32_t id = calls.next_id();
+        try {
+            sess->send(detail::request_head(id, "ordo.ping"), std::string_view("\x90", 1));
+        } catch (const std::system_error&) {
+            return false;
+        }
+        calls.add_ping(id);
+        ++c.pings_sent;
+        return true;
+    }
+    void lost(std::string reason) override { sess->cut("no bytes from " + remote + " " + reason); }
+    bool is_open() const override { return sess->is_open(); }
+};
+
+}  // namespace ordo

@@ -1,0 +1,26 @@
+// Watching a peer's connection end, for its owners (pools, routers, servers): the one way to
+// run owner code after a peer closed, posted and guarded by the owner's lifetime.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ordo/rpc/peer.hpp"
+
+namespace ordo::detail {
+
+/// Runs `f(code, why)` on `ex` once `p`'s connection has ended: posted, never inside the peer's own
+/// close (where releasing the peer would destroy it under its own feet), and only if `owner`
+/// still lives then (it is held while f runs).
+template <class F>
+void when_closed(peer& p, const net::any_io_executor& ex, std::weak_ptr<void> owner, F f) {
+    p.on_closed([ex, owner = std::move(owner), f = std::move(f)](const std::error_code& code,
+                                                                 const std::string& why) {
+        if (owner.expired()) return;
+        net::post(ex, [owner, f, code, why] {
+            if (auto keep = owner.lock()) f(code, why);
+        });
+    });
+}
+
+}  // namespace ordo::detail

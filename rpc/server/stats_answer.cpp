@@ -1,0 +1,195 @@
+// Per-method counters (ordo/rpc/stats.hpp) and the answer to the reserved method ordo.stats.
+#include "rpc/server/stats_answer.hpp"
+
+#include <algorithm>
+
+#include "ordo/rpc/handlers.hpp"
+
+namespace ordo {
+namespace detail {
+
+void method_counters::took(std::chrono::steady_clock::duration d) noexcept {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    const double s = static_cast<double>(ns) / 1e9;
+    const auto i = static_cast<std::size_t>(
+        std::lower_bound(latency_bounds.begin(), latency_bounds.end(), s) - latency_bounds.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    latency_count_.fetch_add(1, std::memory_order_relaxed);
+    latency_ns_.fetch_add(static_cast<std::uint64_t>(ns < 0 ? 0 : ns), std::memory_order_relaxed);
+}
+
+method_stats method_counters::snapshot(std::string name) const {
+    method_stats m;
+    m.name = std::move(name);
+    for (std::size_t i = 0; i < outcome_count; ++i)
+        m.requests[i] = requests_[i].load(std::memory_order_relaxed);
+    m.notifications = notifications_.load(std::memory_order_relaxed);
+    m.notification_errors = notification_errors_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+        m.latency_buckets[i] = buckets_[i].load(std::memory_order_relaxed);
+    m.latency_count = latency_count_.load(std::memory_order_relaxed);
+    m.latency_sum_seconds = static_cast<double>(latency_ns_.load(std::memory_order_relaxed)) / 1e9;
+    return m;
+}
+
+namespace {
+
+template <class V>
+void pack_kv(msgpack::packer<buffer>& p, const char* key, const V& v) {
+    p.pack(key);
+    p.pack(v);
+}
+
+void pack_method(msgpack::packer<buffer>& p, const method_stats& m) {
+    std::uint32_t failed_kinds = 0;
+    for (std::size_t i = 1; i < outcome_count; ++i) failed_kinds += m.requests[i] != 0;
+    const bool timed = m.latency_count != 0;
+    p.pack_map(timed ? 5 : 4);
+    pack_kv(p, "requests", m.requests_total());
+    // {"timed out": n, ...}: failed requests by the code's words (error.hpp's to_string).
+    p.pack("errors");
+    p.pack_map(failed_kinds);
+    for (std::size_t i = 1; i < outcome_count; ++i)
+        if (m.requests[i] != 0) {
+            p.pack(to_string(static_cast<errc>(i)));
+            p.pack(m.requests[i]);
+        }
+    pack_kv(p, "notifications", m.notifications);
+    pack_kv(p, "notification_errors", m.notification_errors);
+    if (timed) {
+        // {"count": n, "sum_seconds": s, "buckets": [[upper bound in seconds, calls], ...]}:
+        // only the buckets that have calls; the bound of the last one is nil (slower).
+        std::uint32_t used = 0;
+        for (auto b : m.latency_buckets) used += b != 0;
+        p.pack("latency");
+        p.pack_map(3);
+        pack_kv(p, "count", m.latency_count);
+        pack_kv(p, "sum_seconds", m.latency_sum_seconds);
+        p.pack("buckets");
+        p.pack_array(used);
+        for (std::size_t i = 0; i < m.latency_buckets.size(); ++i) {
+            if (m.latency_buckets[i] == 0) continue;
+            p.pack_array(2);
+            if (i < latency_bounds.size())
+                p.pack(latency_bounds[i]);
+            else
+                p.pack_nil();
+            p.pack(m.latency_buckets[i]);
+        }
+    }
+}
+
+// {name: {"calls": n, ..., "replicas": [{"url": u, "state": s, ...}, ...]}}
+void pack_routers(msgpack::packer<buffer>& p, const std::vector<router_view>& routers) {
+    p.pack_map(static_cast<std::uint32_t>(routers.size()));
+    for (const auto& r : routers) {
+        p.pack(r.name);
+        p.pack_map(8);
+        pack_kv(p, "calls", r.calls);
+        pack_kv(p, "queued", r.queued);
+        pack_kv(p, "replicas_lost", r.replicas_lost);
+        pack_kv(p, "reconnects", r.reconnects);
+        pack_kv(p, "ejections", r.ejections);
+        pack_kv(p, "drains", r.drains);
+        pack_kv(p, "source_problems", r.source_problems);
+        p.pack("replicas");
+        p.pack_array(static_cast<std::uint32_t>(r.replicas.size()));
+        for (const auto& rep : r.replicas) {
+            p.pack_map(6);
+            pack_kv(p, "url", rep.url);
+            pack_kv(p, "state", rep.state);
+            pack_kv(p, "in_flight", rep.in_flight);
+            pack_kv(p, "completed", rep.completed);
+            pack_kv(p, "errors", rep.errors);
+            pack_kv(p, "last_error", rep.last_error);
+        }
+    }
+}
+
+void pack_server(msgpack::packer<buffer>& p, const server_stats& s) {
+    p.pack_map(s.routers.empty() ? 12 : 13);
+    pack_kv(p, "connections", s.connections);
+    pack_kv(p, "connections_accepted", s.connections_accepted);
+    pack_kv(p, "connections_refused", s.connections_refused);
+    pack_kv(p, "bytes_received", s.bytes_received);
+    pack_kv(p, "bytes_sent", s.bytes_sent);
+    pack_kv(p, "queued_messages", s.queued_messages);
+    pack_kv(p, "running_handlers", s.running_handlers);
+    pack_kv(p, "detached_sessions", s.detached_sessions);
+    pack_kv(p, "sessions_moved", s.sessions_moved);
+    pack_kv(p, "connections_closed_by_grace", s.connections_closed_by_grace);
+    pack_kv(p, "memory_used", s.memory_used);
+    pack_kv(p, "memory_budget", s.memory_budget);
+    if (!s.routers.empty()) {  // a server that fronts routers (server::show_router)
+        p.pack("routers");
+        pack_routers(p, s.routers);
+    }
+}
+
+}  // namespace
+
+void pack_stats(buffer& out, const handlers& h, const server_stats* server) {
+    msgpack::packer<buffer> p(out);
+    const auto methods = h.stats_by_method();
+    const auto batches = h.stats_by_batch();
+    p.pack_map(server ? 5 : 4);
+    if (server) {
+        p.pack("server");
+        pack_server(p, *server);
+    }
+    pack_kv(p, "unknown_requests", h.unknown_requests());
+    pack_kv(p, "unknown_notifications", h.unknown_notifications());
+    p.pack("methods");
+    p.pack_map(static_cast<std::uint32_t>(methods.size()));
+    for (const auto& m : methods) {
+        p.pack(m.name);
+        pack_method(p, m);
+    }
+    // {name: {"batches": n, "calls": n, "queued": n, "running": n, "sizes": {size: batches}}}
+    p.pack("batches");
+    p.pack_map(static_cast<std::uint32_t>(batches.size()));
+    for (const auto& b : batches) {
+        p.pack(b.name);
+        p.pack_map(5);
+        pack_kv(p, "batches", b.stats.batches);
+        pack_kv(p, "calls", b.stats.calls);
+        pack_kv(p, "queued", b.stats.queued);
+        pack_kv(p, "running", b.stats.running);
+        pack_kv(p, "sizes", b.stats.size_histogram);
+    }
+}
+
+}  // namespace detail
+
+void handlers::add(std::string name, detail::handler_entry e) {
+    auto it = map_.find(name);
+    if (it != map_.end())
+        e.counters = it->second.counters;  // the name's figures go on
+    else
+        e.counters = std::make_shared<detail::method_counters>();
+    e.direct = e.sync && !e.stream && !e.allow;
+    map_.insert_or_assign(std::move(name), std::move(e));
+}
+
+std::vector<method_stats> handlers::stats_by_method() const {
+    std::vector<ordo::method_stats> v;
+    v.reserve(map_.size());
+    for (const auto& [name, e] : map_) v.push_back(e.counters->snapshot(name));
+    return v;
+}
+
+std::vector<batch_handler_stats> handlers::stats_by_batch() const {
+    // A name registered again keeps its earlier batcher (for stop_batches) but reports only the
+    // one that serves it now.
+    std::vector<batch_handler_stats> v;
+    v.reserve(batchers_.size());
+    for (auto b = batchers_.rbegin(); b != batchers_.rend(); ++b) {
+        const bool seen = std::any_of(
+            v.begin(), v.end(), [&](const batch_handler_stats& x) { return x.name == b->name; });
+        if (!seen) v.push_back({b->name, b->core->stats()});
+    }
+    std::reverse(v.begin(), v.end());
+    return v;
+}
+
+}  // namespace ordo

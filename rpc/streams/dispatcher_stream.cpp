@@ -1,0 +1,157 @@
+// The server's side of streaming calls (docs/protocol.md, "Streams"): a streaming handler's
+// output (dispatcher::stream_run, rpc/streams/stream_run.hpp) sending items as ordo.item while
+// the caller gives credit, or collecting them into one response for a caller that does not
+// stream; and the ordo.stream request unwrapped into the call inside.
+#include "rpc/streams/stream_run.hpp"
+
+#include <algorithm>
+
+#include "ordo/detail/memory_budget.hpp"
+#include "ordo/rpc/detail/message_heads.hpp"
+
+namespace ordo::detail {
+
+namespace {
+// A streaming handler called by a caller that does not stream (any msgpack-rpc client) answers
+// its items collected into one array, of at most this many bytes (docs/protocol.md, "Streams").
+constexpr std::size_t max_collected_bytes = std::size_t{16} << 20;
+constexpr std::size_t collect_charge_step = std::size_t{64} << 10;
+}  // namespace
+
+dispatcher::stream_run::stream_run(dispatcher& d, std::uint32_t msgid, std::uint32_t window,
+                                   std::uint64_t window_bytes, stream_run** back)
+    : d_(d),
+      msgid_(msgid),
+      streaming_(window > 0),
+      credit_(window),
+      bytes_limited_(window_bytes > 0),
+      bytes_credit_(static_cast<std::int64_t>(std::min<std::uint64_t>(window_bytes, max_bytes))),
+      back_(back),
+      wake_(d.ex_) {
+    if (streaming_) d_.streams_.emplace(msgid, this);
+}
+
+dispatcher::stream_run::~stream_run() {
+    if (streaming_) d_.streams_.erase(msgid_);
+    if (charged_ && d_.budget_) d_.budget_->release(charged_);
+    *back_ = nullptr;
+}
+
+bool dispatcher::stream_run::has_credit() const noexcept {
+    return !streaming_ || (credit_ > 0 && (!bytes_limited_ || bytes_credit_ > 0));
+}
+
+net::awaitable<void> dispatcher::stream_run::wait_credit() {
+    while (!has_credit()) {
+        if (cancelled) throw_cancelled();
+        wake_.expires_at(net::steady_timer::time_point::max());
+        waiting_ = true;
+        // Ends with operation_aborted both when credit comes (grant) and when the handler
+        // is cancelled (the coroutine's cancellation reaches the wait).
+        co_await wake_.async_wait(use_tuple);
+        waiting_ = false;
+    }
+    if (cancelled) throw_cancelled();
+}
+
+buffer& dispatcher::stream_run::begin_item() {
+    if (cancelled) throw_cancelled();
+    if (!streaming_) return collected_;
+    item_.clear();
+    detail::write_notification_head(item_, "ordo.item");
+    msgpack::packer<buffer> p(item_);
+    p.pack_array(2);
+    p.pack(msgid_);
+    return item_;
+}
+
+bool dispatcher::stream_run::end_item() {
+    ++written_;
+    if (streaming_) {
+        --credit_;
+        bytes_credit_ -= static_cast<std::int64_t>(item_.size());
+        d_.host_.send_response(item_);
+        return true;
+    }
+    if (collected_.size() > max_collected_bytes)
+        throw_error(errc::overloaded,
+                    "stream of " + std::to_string(written_) + " items (" +
+                        std::to_string(collected_.size()) +
+                        " bytes) is too long to answer as one response (at most " +
+                        std::to_string(max_collected_bytes) +
+                        " bytes): call it as a stream (ordo.stream)");
+    while (collected_.size() > charged_) {
+        if (d_.budget_) {
+            if (d_.budget_->over(collect_charge_step))
+                throw_error(errc::overloaded,
+                            "the server's memory budget is used up: the stream's items "
+                            "cannot be collected into one response");
+            d_.budget_->charge(collect_charge_step);
+        }
+        charged_ += collect_charge_step;
+    }
+    return true;
+}
+
+void dispatcher::stream_run::cancel() {
+    cancelled = true;
+    if (waiting_) wake_.cancel();
+}
+
+void dispatcher::stream_run::grant(std::uint64_t n, std::uint64_t bytes) {
+    credit_ = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(std::uint64_t{credit_} + n, std::uint64_t{max_stream_window} * 2));
+    bytes_credit_ = std::min<std::int64_t>(
+        bytes_credit_ + static_cast<std::int64_t>(std::min<std::uint64_t>(bytes, max_bytes)),
+        static_cast<std::int64_t>(max_bytes));
+    if (waiting_ && has_credit()) wake_.cancel();
+}
+
+void dispatcher::stream_run::finish(buffer& out) const {
+    msgpack::packer<buffer> p(out);
+    if (streaming_) {
+        p.pack(written_);
+    } else {
+        p.pack_array(static_cast<std::uint32_t>(written_));
+        out.write(collected_.data(), collected_.size());
+    }
+}
+
+// [method, params, window] or [method, params, window, window_bytes]: the call inside, which
+// the caller reads as a stream.
+bool dispatcher::unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes) {
+    own(m);  // the views set here point into the message's own zone, which moves with it
+    const auto& a = m.params.via.array;
+    if ((a.size != 3 && a.size != 4) ||
+        (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
+        a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER ||
+        (a.size == 4 && a.ptr[3].type != msgpack::type::POSITIVE_INTEGER)) {
+        respond_error(m.msgid, errc::bad_arguments,
+                      "ordo.stream takes [method, params, window] or [method, params, window, "
+                      "window_bytes]");
+        return false;
+    }
+    window_bytes = a.size == 4 ? a.ptr[3].via.u64 : 0;
+    if (streams_.count(m.msgid) != 0) {
+        respond_error(m.msgid, errc::bad_arguments,
+                      "msgid " + std::to_string(m.msgid) + " already streams");
+        return false;
+    }
+    const auto& name = a.ptr[0];
+    m.method =
+        std::string_view(name.type == msgpack::type::STR ? name.via.str.ptr : name.via.bin.ptr,
+                         name.type == msgpack::type::STR ? name.via.str.size : name.via.bin.size);
+    const msgpack::object inner = a.ptr[1];
+    window = static_cast<std::uint32_t>(
+        std::clamp<std::uint64_t>(a.ptr[2].via.u64, 1, max_stream_window));
+    m.params = inner;
+    return true;
+}
+
+net::awaitable<void> dispatcher::stream_body(std::unique_ptr<stream_run> s,
+                                             net::awaitable<void> body, buffer& out) {
+    co_await std::move(body);
+    s->finish(out);
+}
+
+}  // namespace ordo::detail

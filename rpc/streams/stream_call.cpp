@@ -1,0 +1,210 @@
+// The caller's side of streaming calls (include/ordo/rpc/stream_call.hpp): what the reader and the
+// connection share, and how the call is started.
+#include "ordo/rpc/stream_call.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <limits>
+#include <utility>
+
+#include "ordo/rpc/detail/async_call.hpp"
+#include "ordo/error.hpp"
+
+namespace ordo::detail {
+
+stream_core::stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
+                         std::uint32_t window, std::uint64_t window_bytes)
+    : method_(std::move(method)),
+      remote_(std::move(remote)),
+      channel_ex_(std::move(channel_ex)),
+      // The server caps what it grants itself at max_stream_window: asking for more would wait
+      // for credit this side never sends.
+      window_(std::clamp<std::uint32_t>(window, 1, max_stream_window)),
+      window_bytes_(window_bytes),
+      granted_items_(window_),
+      granted_bytes_(window_bytes) {}
+
+stream_core::~stream_core() = default;
+
+void stream_core::attach(std::function<void(std::uint32_t, std::uint64_t)> grant) {
+    std::lock_guard lk(mu_);
+    grant_ = std::move(grant);
+}
+
+void stream_core::end(std::error_code ec, call_outcome& out) {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        if (ended_) return;
+        ended_ = true;
+        if (ec) {
+            ec_ = ec;
+            detail_ = std::move(out.detail);
+        } else if (out.result.type == msgpack::type::POSITIVE_INTEGER &&
+                   out.result.via.u64 != received_) {
+            // The final response counts the items sent: a mismatch is a broken peer.
+            ec_ = make_error_code(errc::protocol_error);
+            detail_ = "the stream ended after " + std::to_string(received_) +
+                      " items, but the server counted " + std::to_string(out.result.via.u64);
+        }
+        grant_ = nullptr;
+        w = take_waiter();
+    }
+    if (w) w->wake();
+}
+
+void stream_core::bad_item(const std::exception& e, const msgpack::object& item) {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        if (ended_) return;
+        ended_ = true;
+        ec_ = make_error_code(errc::bad_result);
+        detail_ = "item " + std::to_string(received_ + 1) + " does not convert: " + e.what();
+        (void)item;
+        w = take_waiter();
+    }
+    if (w) w->wake();
+    // The items that follow have nowhere to go: stop the handler.
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+stream_core::credit stream_core::took_one(std::size_t bytes) {
+    // Credit goes back in steps of half the window (in items or in bytes, whichever comes
+    // first): one ordo.credit per half window read.
+    ++unreported_.items;
+    unreported_.bytes += bytes;
+    const bool items_due = unreported_.items >= std::max<std::uint32_t>(1, window_ / 2);
+    const bool bytes_due = window_bytes_ != 0 && unreported_.bytes >= window_bytes_ / 2;
+    if (ended_ || (!items_due && !bytes_due)) return {};
+    // Counted as granted now, before it is sent: the server can only have sent less.
+    granted_items_ += unreported_.items;
+    granted_bytes_ += unreported_.bytes;
+    return std::exchange(unreported_, credit{});
+}
+
+void stream_core::grant(credit c) {
+    // Under mu_ (grant_ only posts to the connection's executor): once end() has returned, no
+    // reader posts credit any more, so whoever ends a stream may then let its executor go
+    // (ordo::sync_client's destructor does).
+    std::lock_guard lk(mu_);
+    if (ended_ || !grant_) return;
+    grant_(c.items, c.bytes);
+}
+
+void stream_core::over_credit() {
+    // With mu_ held (on_item).
+    std::unique_ptr<parked> w;
+    ended_ = true;
+    ec_ = make_error_code(errc::protocol_error);
+    detail_ = "the server sent item " + std::to_string(received_ + 1) +
+              " beyond the credit granted (" + std::to_string(granted_items_) + " items and " +
+              std::to_string(granted_bytes_) + " bytes in all, of which " +
+              std::to_string(received_bytes_) + " bytes received; window " +
+              std::to_string(window_) + " items, " + std::to_string(window_bytes_) + " bytes)";
+    w = take_waiter();
+    if (w) w->wake();
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+void stream_core::wake_reader() {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        w = take_waiter();
+    }
+    if (w) w->wake();
+}
+
+namespace {
+
+// A thread blocked in stream_core::wait_ready, parked as a reader is: wake() may come with
+// stream_core's mutex held (over_credit), so the thread waits on a mutex of its own.
+struct blocked_reader {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+};
+
+class blocked_waiter final : public parked {
+  public:
+    explicit blocked_waiter(std::shared_ptr<blocked_reader> r) : r_(std::move(r)) {}
+    void wake() override {
+        {
+            std::lock_guard lk(r_->mu);
+            r_->woken = true;
+        }
+        r_->cv.notify_one();
+    }
+
+  private:
+    std::shared_ptr<blocked_reader> r_;
+};
+
+}  // namespace
+
+bool stream_core::wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline) {
+    auto r = std::make_shared<blocked_reader>();
+    {
+        std::lock_guard lk(mu_);
+        if (ready_locked()) return true;
+        waiter_ = std::make_unique<blocked_waiter>(r);
+    }
+    {
+        std::unique_lock lk(r->mu);
+        if (!deadline) {
+            r->cv.wait(lk, [&] { return r->woken; });
+            return true;
+        }
+        if (r->cv.wait_until(lk, *deadline, [&] { return r->woken; })) return true;
+    }
+    // The deadline passed: withdraw the waiter (unless a wake-up took it meanwhile), and say
+    // whether something came in the meantime after all.
+    std::lock_guard lk(mu_);
+    waiter_.reset();
+    return ready_locked();
+}
+
+void stream_core::throw_if_failed() const {
+    if (ec_) throw rpc_error(ec_, method_, remote_, detail_);
+}
+
+void stream_core::cancel() {
+    {
+        std::lock_guard lk(mu_);
+        if (ended_ || cancel_sent_) return;
+        cancel_sent_ = true;
+    }
+    // The call's watch (rpc/connection/call_watch.hpp) is installed in and cleared from this slot
+    // on the channel's executor: emit it there too.
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+std::uint64_t stream_core::received() const {
+    std::lock_guard lk(mu_);
+    return received_;
+}
+
+void start_stream(const std::shared_ptr<channel_impl>& ch, std::shared_ptr<stream_core> s,
+                  params_buffer params, call_options o) {
+    auto call = std::make_unique<stream_call>(s);
+    call->method = s->method();
+    call->params = std::move(params);
+    call->options = std::move(o);
+    call->slot = s->slot();
+    call->stream = std::move(s);
+    auto ex = ch->get_executor();
+    if (running_in(ex))
+        ch->start_call(std::move(call));
+    else
+        net::dispatch(ex,
+                      [ch, call = std::move(call)]() mutable { ch->start_call(std::move(call)); });
+}
+
+}  // namespace ordo::detail

@@ -1,0 +1,82 @@
+#include "rpc/wire/errors.hpp"
+
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+namespace detail {
+
+std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
+    if (e.type == msgpack::type::MAP) {
+        std::optional<std::int64_t> code;
+        for (std::uint32_t i = 0; i < e.via.map.size; ++i) {
+            const auto& kv = e.via.map.ptr[i];
+            if (kv.key.type != msgpack::type::STR) continue;
+            std::string_view k(kv.key.via.str.ptr, kv.key.via.str.size);
+            if (k == "code" && (kv.val.type == msgpack::type::POSITIVE_INTEGER ||
+                                kv.val.type == msgpack::type::NEGATIVE_INTEGER))
+                code = kv.val.via.i64;
+            else if (k == "message" && kv.val.type == msgpack::type::STR)
+                detail.assign(kv.val.via.str.ptr, kv.val.via.str.size);
+        }
+        if (code && *code >= 1 && *code <= static_cast<int>(errc::permission_denied) &&
+            !detail.empty())
+            return static_cast<errc>(*code);
+    }
+    if (detail.empty()) {
+        if (e.type == msgpack::type::STR) {
+            detail.assign(e.via.str.ptr, e.via.str.size);
+        } else if (e.type == msgpack::type::ARRAY && e.via.array.size == 2 &&
+                   e.via.array.ptr[1].type == msgpack::type::STR) {
+            detail.assign(e.via.array.ptr[1].via.str.ptr, e.via.array.ptr[1].via.str.size);
+        } else {
+            std::ostringstream text;
+            text << e;
+            detail = text.str();
+        }
+    }
+    return errc::remote_error;
+}
+
+namespace {
+
+// A system_error as a handler's answer. std::system_error appends ": <code message>" to what();
+// the code travels on its own, so that suffix is cut (`strip`), except from an rpc_error,
+// whose what() is composed without it.
+std::pair<errc, std::string> describe(const std::system_error& e, bool strip) {
+    if (e.code().category() == error_category()) {
+        std::string text = e.what();
+        const std::string suffix = ": " + e.code().message();
+        if (strip && text.size() > suffix.size() &&
+            text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0)
+            text.resize(text.size() - suffix.size());
+        return {static_cast<errc>(e.code().value()), text};
+    }
+    if (e.code() == net::error::operation_aborted) return {errc::cancelled, "handler cancelled"};
+    return {errc::remote_error, e.what()};
+}
+
+}  // namespace
+
+std::pair<errc, std::string> describe_current_exception() {
+    try {
+        throw;
+    } catch (const rpc_error& e) {
+        // One from throw_error (no method, no peer) ends in the code's words, as system_error.
+        return describe(e, e.method().empty() && e.peer().empty());
+    } catch (const std::system_error& e) {
+        return describe(e, true);
+    } catch (const std::exception& e) {
+        return {errc::remote_error, e.what()};
+    } catch (...) {
+        return {errc::remote_error, "unknown exception"};
+    }
+}
+
+}  // namespace detail
+
+}  // namespace ordo
