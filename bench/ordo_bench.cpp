@@ -16,7 +16,7 @@
 //
 // The server runs --threads event loops (server_options::threads); the client passes its
 // --server-threads (default 1) and --offload to the server it starts. Three workloads are about
-// them (bench/README.md, seventh round):
+// them (bench/README.md, "Several loops and many clients"):
 // - cpu: --clients ordered connections from this one process, --inflight calls in flight split
 //   evenly over them (at least 1 each; default 256 / 4 = 64), --count calls in all (20000) of
 //   "work", which spins --work-us microseconds of CPU on the server's loop and returns its
@@ -36,7 +36,7 @@
 // - stream: one streaming call on one ordered connection: the server writes --count items
 //   (1,000,000) of --size bytes (16), each stamped with its sequence number, and the client
 //   reads them, checking the order; --window is the stream's credit (0: ordo's default). The
-//   stream's counterpart of oneway (bench/README.md, eighth round).
+//   stream's counterpart of oneway (bench/README.md, "Streams").
 // - stream-batch: --clients streaming calls (4) on one ordered connection to a streaming batch
 //   handler, --count items in all (1,000,000): each step of the batch gives every caller one
 //   item; the client reads the streams at once, checking each one's order.

@@ -8,7 +8,7 @@
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
 //   ordo gateway --listen http://H:P --to URL [...]      serves HTTP in front of URL's channel
-//                                                          (README.md, "HTTP gateway")
+//                                                          (docs/gateway.md)
 //   ordo replicas route+URL [--timeout MS]                 a router's view of its replicas: one
 //                                                          line each (URL, state, weight, ...),
 //                                                          then its sources; exits 1 if none is
@@ -165,7 +165,7 @@ net::awaitable<ordo::value> call_packed(const ordo::channel& ch, const std::stri
                                            net::use_awaitable);
 }
 
-// Named, not a braced temporary inside co_await (README.md, "GCC 12 note").
+// Named, not a braced temporary inside co_await (docs/calls-and-channels.md, "GCC 12 note").
 const std::vector<std::string> no_args;
 
 // A response that is an error still proves the round trip: a foreign peer answers ordo.ping
@@ -215,7 +215,7 @@ net::awaitable<bool> says_it_streams(const ordo::channel& ch, const request& r) 
 // One item a line, flushed, as they arrive; --timeout bounds each wait. A closed output (the
 // reader of a pipe left) cancels the stream, which is flushed to the server before ordo exits.
 net::awaitable<void> print_stream(const ordo::channel& ch, const request& r, deadline& dl) {
-    ordo::call_options o;  // named: README.md, "GCC 12 note"
+    ordo::call_options o;  // named: docs/calls-and-channels.md, "GCC 12 note"
     auto s = co_await ordo::detail::open_stream<ordo::value>(ch.impl(), r.method, pack_args(r.args),
                                                              std::move(o));
     for (std::uint64_t n = 1;; ++n) {
@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
     auto* gateway = app.add_subcommand(
         "gateway",
         "serve HTTP/1.1 in front of a channel: POST /METHOD with JSON params answers the "
-        "result as JSON (README.md, \"HTTP gateway\"), until SIGINT or SIGTERM");
+        "result as JSON (docs/gateway.md), until SIGINT or SIGTERM");
     ordo_tool::add_gateway_options(gateway, gw);
 #endif
 

@@ -8,7 +8,7 @@
 Threading: ordo's io_context runs on a thread of its own, which never takes the GIL nor touches
 a Python object; calls are handed to it as msgpack bytes with the GIL released, and their
 completions come back to each asyncio loop through one eventfd (loop.add_reader), one
-wake-up draining every completion queued meanwhile. See README.md, "Python".
+wake-up draining every completion queued meanwhile. See docs/python.md.
 """
 import atexit as _atexit
 

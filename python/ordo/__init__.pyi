@@ -1,5 +1,5 @@
 # Hand-written type stubs of the ordo package (python/ordo). The behaviour each name promises is
-# documented in the module's docstrings and in README.md, "Python".
+# documented in the module's docstrings and in docs/python.md.
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar, overload
 

@@ -2,7 +2,7 @@
 // one completion queue per asyncio loop (hub). Nothing here touches a Python object: the
 // pybind11 layer (_module.cpp) converts bytes, ints and strings at the edge.
 //
-// Threading (README.md, "Python"):
+// Threading (docs/python.md):
 // - runtime::io runs on one thread of its own; it never takes the GIL. Everything keyed by id
 //   below (channels, calls, streams, servers, requests) is touched on that thread only.
 // - Python submits work with submit() (GIL released by the caller): the closures queue under a
@@ -125,9 +125,10 @@ class runtime {
 
 // ---- client (_client.cpp); each runs on the io thread ----
 /// Runs a batch of calls and notifications, in order: a msgpack array of
-/// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params, timeout_ms, key]
-/// (call), [2, request, code, data] (respond) and [3, request, item] (stream_write); params,
-/// data and item are msgpack bytes, as bin. Made by ordo/_api.py (_LoopHub.flush).
+/// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params,
+/// timeout_ms, key] (call), [2, request, code, data] (respond) and [3, request, item]
+/// (stream_write); params, data and item are msgpack bytes, as bin. Made by ordo/_api.py
+/// (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, const std::string& batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,

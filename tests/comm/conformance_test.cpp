@@ -1,7 +1,7 @@
-// One conformance suite for every transport (README.md, "Transports"): the same tests, unchanged,
-// over tcp, unix, inproc, tls, zmq+tcp and zmq+ipc. First the byte stream under batched_comm
-// (order, overload, bad input, close and abort), then RPC over it (mixed ordering under
-// batching, pipelined calls, a 16 MiB message, a peer that crashes).
+// One conformance suite for every transport (docs/calls-and-channels.md, "Transports"): the same
+// tests, unchanged, over tcp, unix, inproc, tls, zmq+tcp and zmq+ipc. First the byte stream under
+// batched_comm (order, overload, bad input, close and abort), then RPC over it (mixed ordering
+// under batching, pipelined calls, a 16 MiB message, a peer that crashes).
 #include <future>
 #include <thread>
 

@@ -1,4 +1,5 @@
-// The gateway's status for every ordo::errc (README.md's table), and the code names in bodies.
+// The gateway's status for every ordo::errc (docs/gateway.md, "Errors"), and the code names in
+// bodies.
 #include "ordo/gateway/gateway.hpp"
 
 #include <gtest/gtest.h>

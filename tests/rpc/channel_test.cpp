@@ -301,7 +301,8 @@ TEST(Connect, ARefusedConnectionFailsAtOnceInBothModesNotAfterTheConnectTimeout)
     });
 }
 
-// The README's custom type: msgpack-c's MSGPACK_DEFINE packs it as the array [x, y, label].
+// The custom type of docs/calls-and-channels.md: msgpack-c's MSGPACK_DEFINE packs it as the array
+// [x, y, label].
 struct point {
     double x = 0;
     double y = 0;

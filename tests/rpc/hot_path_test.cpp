@@ -1,6 +1,6 @@
-// What the speed work changed (bench/README.md): completions run inline from the read path, the
-// reader lets the writer start between turns of a long read, producers wait on async_drain, and
-// run_spinning. Each test checks behaviour a user can see, not speed.
+// What the speed work changed (CHANGELOG.md, "First round"): completions run inline from the read
+// path, the reader lets the writer start between turns of a long read, producers wait on
+// async_drain, and run_spinning. Each test checks behaviour a user can see, not speed.
 #include "ordo/ordo.hpp"
 
 #include <algorithm>

@@ -150,7 +150,7 @@ TEST_P(ResumeOnLoops, CallsAndNotificationsSurviveCuts) {
         counting_server s(ex, options());
         cutting_proxy proxy("127.0.0.1", port_of(s.url));
         auto hs = caller_handlers();
-        peer_options po;  // named: see README.md, "GCC 12 note"
+        peer_options po;  // named: see docs/calls-and-channels.md, "GCC 12 note"
         auto c = co_await async_connect(proxy.url() + "?resume_ms=10000", po, &hs);
         std::uint64_t adds = 0, echoes = 0;
         for (int round = 0; round < 20; ++round) {
@@ -210,7 +210,7 @@ TEST_P(ResumeOnLoops, RandomCutsLoseAndDuplicateNothing) {
             co.max_bytes = 40'000;
             cutting_proxy proxy("127.0.0.1", port_of(s.url), co);
             auto hs = caller_handlers();
-            peer_options po;  // named: see README.md, "GCC 12 note"
+            peer_options po;  // named: see docs/calls-and-channels.md, "GCC 12 note"
             auto c = co_await async_connect(proxy.url() + "?resume_ms=20000", po, &hs);
             auto p = peer_of(c);
             const auto one_way = static_cast<std::uint64_t>(1'000'000 * scale());

@@ -55,8 +55,7 @@ struct comm_options {
     /// After this many messages of one read, if their handlers queued messages (and the writer
     /// is not waiting for its interval), the reader lets the writer run before it goes on:
     /// replies leave while the rest of the read is processed, so both ends work at once instead
-    /// of taking turns with whole batches (pipelined calls: up to 1.5x the calls/s on 2 cores,
-    /// bench/README.md). 0: the writer waits for the end of the read.
+    /// of taking turns with whole write batches. 0: the writer waits for the end of the read.
     std::size_t messages_per_turn = 128;
     /// An incomplete message must be complete this long after its first bytes arrived, else
     /// the connection closes with errc::protocol_error (a peer that announces a large message

@@ -1,6 +1,6 @@
-// One interface over the byte transports, selected by URL scheme (README.md, "Transports"):
-// tcp://host:port, unix:///path, inproc://name, tls://host:port, zmq+tcp://host:port and
-// zmq+ipc:///path. Nothing here knows about msgpack-rpc.
+// One interface over the byte transports, selected by URL scheme (docs/calls-and-channels.md,
+// "Transports"): tcp://host:port, unix:///path, inproc://name, tls://host:port, zmq+tcp://host:port
+// and zmq+ipc:///path. Nothing here knows about msgpack-rpc.
 #pragma once
 
 #include "ordo/config.hpp"
@@ -167,7 +167,8 @@ class listener {
 /// and the reason (errc::bad_address for a bad URL or bad TLS files).
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url,
                                                                    transport_options o);
-/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
+/// The same with default options (an overload, not a default argument: docs/calls-and-channels.md,
+/// "GCC 12 note").
 net::awaitable<std::unique_ptr<transport>> async_connect_transport(std::string_view url);
 
 /// Binds and listens on `url` with the executor `ex`. tcp:// reuses the address; unix:// and

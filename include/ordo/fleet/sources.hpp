@@ -1,5 +1,6 @@
-// Where a router's replicas come from (README "Running a fleet"): DNS (A/AAAA and SRV), a file,
-// etcd v3; and the server side of etcd, a registration that keeps a replica listed while it runs.
+// Where a router's replicas come from (docs/router-and-fleets.md, "Running a fleet"): DNS (A/AAAA
+// and SRV), a file, etcd v3; and the server side of etcd, a registration that keeps a replica
+// listed while it runs.
 #pragma once
 
 #include "ordo/config.hpp"

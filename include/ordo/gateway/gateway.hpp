@@ -15,8 +15,8 @@
 //   GET /metrics            the gateway's counters in Prometheus' text format (metrics = true).
 //
 // Errors answer {"code": NAME, "message": TEXT} with TEXT as ordo prints the failure and NAME
-// the errc in snake_case (http_status() gives the table, README.md shows it). HTTP-level
-// failures (a limit, a malformed request) answer text/plain and close that connection.
+// the errc in snake_case (http_status() gives the table, docs/gateway.md, "Errors", shows it).
+// HTTP-level failures (a limit, a malformed request) answer text/plain and close that connection.
 #pragma once
 
 #include "ordo/config.hpp"

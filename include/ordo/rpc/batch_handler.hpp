@@ -1,5 +1,5 @@
-// Server-side batch handlers (README.md, "Batch handlers"): callers make single calls; the handler
-// gets them as one vector.
+// Server-side batch handlers (docs/streams-and-batches.md, "Batch handlers"): callers make single
+// calls; the handler gets them as one vector.
 //
 //   srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = 1ms},
 //                [](std::vector<int> xs) { for (auto& x : xs) x *= x; return xs; });

@@ -50,7 +50,8 @@ class handlers;
 /// TLS handshake failed: the OS's or OpenSSL's reason is in detail()).
 net::awaitable<channel> async_connect(std::string_view url, peer_options o,
                                       const handlers* h = nullptr);
-/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
+/// The same with default options (an overload, not a default argument: docs/calls-and-channels.md,
+/// "GCC 12 note").
 net::awaitable<channel> async_connect(std::string_view url);
 
 }  // namespace ordo

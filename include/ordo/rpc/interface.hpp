@@ -62,7 +62,8 @@ class method<R(Args...)> : public detail::method_base {
 
     /// Calls the method: `co_await c.inc(1)`, `co_await c.inc(1, ordo::timeout(50ms))`.
     /// Throws ordo::rpc_error on failure.
-    /// (Overloads, not a default argument for call_options: README.md, "GCC 12 note".)
+    /// (Overloads, not a default argument for call_options: docs/calls-and-channels.md, "GCC 12
+    /// note".)
     net::awaitable<R> operator()(const Args&... args) const {
         return detail::call<R>(bound(), name_, detail::pack_params(args...), call_options{},
                                net::use_awaitable);
