@@ -15,6 +15,7 @@
 
 #include <asio/posix/stream_descriptor.hpp>
 
+#include "fleet/last_good_set.hpp"
 #include "fleet/source_handle.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
@@ -25,7 +26,7 @@
 // descriptor is released, never closed), and a timer runs ares_timeout's deadlines. No thread,
 // no blocking call.
 //
-// Choices (README "Running a fleet"):
+// Choices (docs/router-and-fleets.md, "Running a fleet"):
 // - A host name gives one member per A and AAAA address, on options.port, weight 1.
 // - An SRV name: only the records of the lowest priority present are used (the others are
 //   fallbacks that DNS clients try when all of those fail; a router reaches the same end by
@@ -155,8 +156,7 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
                std::function<void(const std::string&)> problem) {
         if (started_ || stopped_) return;
         started_ = true;
-        update_ = std::move(update);
-        problem_ = std::move(problem);
+        set_.start(std::move(update), std::move(problem));
         // Posted: no callback runs inside start().
         net::post(ex_, [self = shared_from_this()] {
             if (!self->stopped_ && !self->in_flight_) self->begin_lookup();
@@ -180,12 +180,11 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
         guard_.cancel();
         ares_timer_.cancel();
         destroy_channel();
-        update_ = nullptr;
-        problem_ = nullptr;
+        set_.stop();
     }
 
     std::string describe() const { return describe_; }
-    source_counters counters() const { return counters_; }
+    source_counters counters() const { return set_.counters(); }
 
   private:
     // One socket that c-ares uses, watched for what c-ares wants.
@@ -501,42 +500,23 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
     void finish() {
         in_flight_ = false;
         guard_.cancel();
-        std::vector<std::string> problems;
-        std::vector<member> set;
         if (!failed_ && found_.empty())
             note_failure(left_out_.empty() ? "empty answer" : "no target has an address");
-        for (const auto& why : left_out_) {
-            ++counters_.rejected;
-            counters_.last_error = describe_ + ": " + why;
-            problems.push_back(counters_.last_error);
-        }
-        if (failed_) {
-            ++counters_.failures;
-            counters_.last_error = describe_ + ": " + error_;
-            problems.push_back(counters_.last_error);
-        } else {
-            ++counters_.refreshes;
-            for (const auto& [url, weight] : found_) set.push_back(member{url, weight, {}});
-            counters_.members = set.size();
-        }
         // The next lookup is planned before the callbacks, which may call refresh_now().
         auto due = clock_type::now() + o_.refresh;
         if (again_) due = std::min(due, std::max(clock_type::now(), last_start_ + o_.min_refresh));
         arm_refresh(due);
 
-        const bool changed = !failed_ && (!have_set_ || set != last_set_);
-        if (changed) {
-            have_set_ = true;
-            last_set_ = set;
-        }
-        // Copies: a callback may stop the source, which drops the stored ones.
-        for (const auto& p : problems) {
+        // A callback may stop the source: then nothing more is reported.
+        for (const auto& why : left_out_) {
             if (stopped_) return;
-            if (auto f = problem_) f(p);
+            set_.left_out(describe_ + ": " + why);
         }
-        if (changed && !stopped_) {
-            if (auto f = update_) f(std::move(set));
-        }
+        if (stopped_) return;
+        if (failed_) return set_.failed(describe_ + ": " + error_);
+        std::vector<member> set;
+        for (const auto& [url, weight] : found_) set.push_back(member{url, weight, {}});
+        set_.found(std::move(set));
     }
 
     net::any_io_executor ex_;
@@ -548,8 +528,7 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
     std::uint64_t serial_ = 0;
     net::steady_timer refresh_timer_, guard_, ares_timer_;
 
-    std::function<void(std::vector<member>)> update_;
-    std::function<void(const std::string&)> problem_;
+    detail::last_good_set set_;
     bool started_ = false, stopped_ = false;
 
     // The lookup under way (one at a time).
@@ -562,9 +541,6 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
     std::vector<std::string> left_out_;
     clock_type::time_point last_start_{};
 
-    bool have_set_ = false;
-    std::vector<member> last_set_;
-    source_counters counters_;
 };
 
 }  // namespace

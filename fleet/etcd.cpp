@@ -21,6 +21,7 @@
 
 #include "fleet/curl_multi.hpp"
 #include "fleet/etcd_client.hpp"
+#include "fleet/last_good_set.hpp"
 #include "fleet/entry.hpp"
 #include "lib/escaped.hpp"
 #include "ordo/address.hpp"
@@ -122,8 +123,7 @@ class etcd_source final : public replica_source {
                std::function<void(const std::string&)> problem) override {
         if (s_->started) throw std::logic_error("ordo: " + describe() + " started twice");
         s_->started = true;
-        s_->update = std::move(update);
-        s_->problem = std::move(problem);
+        s_->set.start(std::move(update), std::move(problem));
         net::co_spawn(s_->ex, run(s_),
                       net::bind_cancellation_slot(s_->cancel.slot(), detail::rethrow_escaped{}));
     }
@@ -134,12 +134,13 @@ class etcd_source final : public replica_source {
     void stop() override {
         if (s_->stopped) return;
         s_->stopped = true;
+        s_->set.stop();
         if (s_->started) s_->cancel.emit(net::cancellation_type::terminal);
     }
     std::string describe() const override {
         return "etcd:" + s_->o.endpoint + " prefix " + shown(s_->o.prefix);
     }
-    source_counters counters() const override { return s_->counters; }
+    source_counters counters() const override { return s_->set.counters(); }
 
   private:
     struct state {
@@ -155,8 +156,6 @@ class etcd_source final : public replica_source {
         etcd_source_options o;
         detail::curl_multi http;
         etcd_client client;
-        std::function<void(std::vector<member>)> update;
-        std::function<void(const std::string&)> problem;
         bool started = false;
         bool stopped = false;
         net::cancellation_signal cancel;
@@ -164,21 +163,15 @@ class etcd_source final : public replica_source {
         bool refresh_wanted = false;
         steady::time_point last_read{};
         std::map<std::string, member> keys;  // the usable keys, by key
-        std::vector<member> delivered;       // the last set given to `update`
-        source_counters counters;
+        detail::last_good_set set;
 
         void failure(const std::string& why) {
             if (stopped) return;
-            ++counters.failures;
-            counters.last_error = why;
-            if (problem) problem(why);
+            set.failed(why);
         }
         void reject(const std::string& key, const std::string& why) {
             if (stopped) return;
-            ++counters.rejected;
-            counters.last_error =
-                "etcd " + o.endpoint + ": key '" + shown(key) + "' left out: " + why;
-            if (problem) problem(counters.last_error);
+            set.left_out("etcd " + o.endpoint + ": key '" + shown(key) + "' left out: " + why);
         }
         // A key that was put (now, or before the range read): usable, or left out.
         void put(const std::string& key, std::string_view value) {
@@ -199,14 +192,10 @@ class etcd_source final : public replica_source {
             if (keys.empty())
                 return failure("etcd " + o.endpoint + ": no usable key under prefix '" +
                                shown(o.prefix) + "' (the last good set stays)");
-            std::vector<member> set;
-            set.reserve(keys.size());
-            for (const auto& [k, m] : keys) set.push_back(m);
-            ++counters.refreshes;
-            counters.members = set.size();
-            if (set == delivered) return;
-            delivered = set;
-            if (update) update(std::move(set));
+            std::vector<member> found;
+            found.reserve(keys.size());
+            for (const auto& [k, m] : keys) found.push_back(m);
+            set.found(std::move(found));
         }
         // The keys under the prefix, as range and watch requests name them.
         json range() const {

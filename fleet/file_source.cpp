@@ -38,6 +38,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 
 #include "fleet/entry.hpp"
+#include "fleet/last_good_set.hpp"
 #include "fleet/source_handle.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
@@ -225,8 +226,7 @@ class file_state : public std::enable_shared_from_this<file_state> {
                std::function<void(const std::string&)> problem) {
         if (started_ || stopped_) return;
         started_ = true;
-        update_ = std::move(update);
-        problem_ = std::move(problem);
+        set_.start(std::move(update), std::move(problem));
         // Posted: no callback runs inside start().
         net::post(ex_, [self = shared_from_this()] {
             if (self->stopped_) return;
@@ -245,12 +245,11 @@ class file_state : public std::enable_shared_from_this<file_state> {
         poll_timer_.cancel();
         std::error_code ignored;
         events_.close(ignored);  // the inotify descriptor is ours
-        update_ = nullptr;
-        problem_ = nullptr;
+        set_.stop();
     }
 
     std::string describe() const { return describe_; }
-    source_counters counters() const { return counters_; }
+    source_counters counters() const { return set_.counters(); }
 
   private:
     void watch_directory() {
@@ -268,7 +267,7 @@ class file_state : public std::enable_shared_from_this<file_state> {
             read_events();
             return;
         }
-        say(describe_ + ": " + why + "; checking every " + std::to_string(o_.poll.count()) +
+        set_.say(describe_ + ": " + why + "; checking every " + std::to_string(o_.poll.count()) +
             " ms instead");
     }
 
@@ -315,14 +314,8 @@ class file_state : public std::enable_shared_from_this<file_state> {
         });
     }
 
-    void say(const std::string& line) {
-        if (auto f = problem_) f(line);  // a copy: the callback may stop the source
-    }
-
     void fail(const std::string& why) {
-        ++counters_.failures;
-        counters_.last_error = describe_ + ": " + why;
-        say(counters_.last_error);
+        set_.failed(describe_ + ": " + why + (set_.has_set() ? " (the last good set stays)" : ""));
     }
 
     void reread() {
@@ -330,16 +323,14 @@ class file_state : public std::enable_shared_from_this<file_state> {
         file_text f = read_bounded(o_.path);
         if (!f.error.empty()) {
             last_text_.reset();
-            fail(f.error + (have_set_ ? " (the last good set stays)" : ""));
+            fail(f.error);
             return;
         }
         if (last_text_ && *last_text_ == f.text) return;  // read already, reported already
         last_text_ = f.text;
         parsed_file p = parse_replicas(f.text, o_.url_suffix);
         for (const auto& why : p.left_out) {
-            ++counters_.rejected;
-            counters_.last_error = "file:" + o_.path + ":" + why;
-            say(counters_.last_error);
+            set_.left_out("file:" + o_.path + ":" + why);
             if (stopped_) return;
         }
         if (p.error.empty() && p.members.empty())
@@ -348,16 +339,10 @@ class file_state : public std::enable_shared_from_this<file_state> {
                           : "no usable replica (" + std::to_string(p.left_out.size()) +
                                 " line(s) left out)";
         if (!p.error.empty()) {
-            fail(p.error + (have_set_ ? " (the last good set stays)" : ""));
+            fail(p.error);
             return;
         }
-        ++counters_.refreshes;
-        counters_.members = p.members.size();
-        if (have_set_ && p.members == last_set_) return;
-        have_set_ = true;
-        last_set_ = p.members;
-        if (stopped_) return;
-        if (auto f2 = update_) f2(std::move(p.members));
+        set_.found(std::move(p.members));
     }
 
     net::any_io_executor ex_;
@@ -369,12 +354,8 @@ class file_state : public std::enable_shared_from_this<file_state> {
     file_signature seen_;
     std::optional<std::string> last_text_;
 
-    std::function<void(std::vector<member>)> update_;
-    std::function<void(const std::string&)> problem_;
+    detail::last_good_set set_;
     bool started_ = false, stopped_ = false;
-    bool have_set_ = false;
-    std::vector<member> last_set_;
-    source_counters counters_;
 };
 
 }  // namespace
