@@ -14,6 +14,14 @@
 
 namespace ordo {
 
+/// Items a streaming call lets the server send ahead of the reader when call_options::window
+/// is 0, and the most it may ask for.
+inline constexpr std::uint32_t default_stream_window = 8192;
+inline constexpr std::uint32_t max_stream_window = 65536;
+/// Bytes (of ordo.item messages, as on the wire) a streaming call lets the server send ahead of
+/// the reader when call_options::window_bytes is 0. One item is always allowed, however large.
+inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} << 20;
+
 /// Per-call options; pass as the last argument before the completion token (if any).
 struct call_options {
     /// Deadline for the whole call. 0: the channel's default (none unless configured). On

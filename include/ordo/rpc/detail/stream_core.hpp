@@ -1,0 +1,340 @@
+// The machinery of stream calls (ordo/rpc/stream_call.hpp): the caller's queue of items and
+// credit (stream_core, stream_state<T>), and the server's side a writer<T> writes to
+// (stream_out).
+#pragma once
+
+#include "ordo/config.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/post.hpp>
+
+#include "ordo/rpc/call.hpp"
+#include "ordo/rpc/channel_impl.hpp"
+#include "ordo/rpc/detail/msgpack_core.hpp"
+#include "ordo/rpc/detail/pending_call.hpp"
+#include "ordo/error.hpp"
+#include "ordo/net.hpp"
+
+namespace ordo {
+
+namespace detail {
+
+/// One suspended coroutine (its completion handler), parked until another thread wakes it:
+/// wake() posts it to its own executor.
+class parked {
+  public:
+    virtual ~parked() = default;
+    virtual void wake() = 0;
+};
+
+template <class H>
+class parked_handler final : public parked {
+  public:
+    // While parked, the handler counts as work of its executor (as an Asio operation in
+    // progress would): its io_context does not run out of work and stop meanwhile.
+    explicit parked_handler(H h)
+        : h_(std::move(h)),
+          work_(net::prefer(net::get_associated_executor(h_),
+                            net::execution::outstanding_work.tracked)),
+          slot_(net::get_associated_cancellation_slot(h_)) {}
+    void wake() override {
+        auto ex = net::get_associated_executor(h_);
+        // The work goes with the handler, and ends on its own thread: once posted, the handler
+        // may run, and its io_context end, before this function returns. The handler's
+        // cancellation slot (if one was installed) is cleared there too, where it is emitted.
+        net::post(ex, [h = std::move(h_), w = std::move(work_), slot = slot_]() mutable {
+            if (slot.is_connected()) slot.clear();
+            std::move(h)();
+        });
+    }
+
+  private:
+    H h_;
+    net::any_io_executor work_;
+    net::cancellation_slot slot_;
+};
+
+template <class H>
+std::unique_ptr<parked> park(H h) {
+    return std::make_unique<parked_handler<H>>(std::move(h));
+}
+
+/// The server's side of one stream, as a handler's writer sees it
+/// (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
+class stream_out {
+  public:
+    virtual ~stream_out() = default;
+    /// Whether an item may be sent now (a caller that does not stream always may: its items
+    /// are collected into one response).
+    virtual bool has_credit() const noexcept = 0;
+    /// Completes when credit has come. Throws std::system_error(errc::cancelled) when the
+    /// handler is cancelled meanwhile.
+    virtual net::awaitable<void> wait_credit() = 0;
+    /// The buffer to pack one item into; end_item() sends it (or collects it), and returns
+    /// false when the item is still to be handed over (hand_over()). begin_item and end_item
+    /// throw when the stream has been cancelled, or when a collection outgrows its limit.
+    virtual buffer& begin_item() = 0;
+    virtual bool end_item() = 0;
+    /// Hands the item packed since begin_item() over to the connection's loop and completes
+    /// once it has been sent there (after credit came); throws errc::cancelled when the call
+    /// is cancelled meanwhile. Only where end_item() returned false.
+    virtual net::awaitable<void> hand_over();
+    /// Items written so far.
+    virtual std::uint64_t written() const noexcept = 0;
+};
+
+/// A streaming handler's output as a body on handler_options::run_on sees it: each item is
+/// packed on the body's thread and handed to the connection's loop, where it waits for credit
+/// and goes out in order; the body's write() suspends until then. rpc/connection/offload.cpp.
+class offload_out final : public stream_out {
+  public:
+    /// `loop_side` (on `loop`) outlives this; `stop` is the call's.
+    offload_out(stream_out& loop_side, net::any_io_executor loop, std::stop_token stop)
+        : loop_side_(loop_side), loop_(std::move(loop)), stop_(std::move(stop)) {}
+    bool has_credit() const noexcept override { return true; }  // checked on the loop
+    net::awaitable<void> wait_credit() override;
+    buffer& begin_item() override;
+    bool end_item() override { return false; }
+    net::awaitable<void> hand_over() override;
+    std::uint64_t written() const noexcept override { return written_; }
+
+  private:
+    stream_out& loop_side_;
+    net::any_io_executor loop_;
+    std::stop_token stop_;
+    buffer item_{small_buffer};
+    std::uint64_t written_ = 0;
+};
+
+/// The caller's side of one stream, untyped (rpc/streams/stream_call.cpp). Items arrive on the
+/// channel's executor; the reader may be on another thread: what both touch is under a mutex.
+class stream_core : public std::enable_shared_from_this<stream_core> {
+  public:
+    /// `window` is clamped to 1 .. max_stream_window; `window_bytes` 0 means no byte limit.
+    stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
+                std::uint32_t window, std::uint64_t window_bytes);
+    virtual ~stream_core();
+    stream_core(const stream_core&) = delete;
+    stream_core& operator=(const stream_core&) = delete;
+
+    // ---- the connection's side (the channel's executor) ----
+    /// One item, borrowed (valid during the call only), `wire_bytes` long as received.
+    virtual void on_item(const msgpack::object& item, std::size_t wire_bytes) = 0;
+    /// The connection that sent the call: how to grant more credit, items and bytes (called
+    /// from any thread, with the stream's mutex held: it must only post, never block or call
+    /// back into the stream).
+    void attach(std::function<void(std::uint32_t, std::uint64_t)> grant);
+    /// The call completed: the stream ends after the items received, with `ec` if set.
+    void end(std::error_code ec, call_outcome& out);
+    std::uint32_t window() const noexcept { return window_; }
+    std::uint64_t window_bytes() const noexcept { return window_bytes_; }
+    net::cancellation_slot slot() { return signal_.slot(); }
+
+    // ---- the reader's side ----
+    /// Asks the remote side to stop (ordo.cancel); the reader gets what had arrived, then
+    /// errc::cancelled. Does nothing once the stream has ended.
+    void cancel();
+    std::uint64_t received() const;
+    const std::string& method() const noexcept { return method_; }
+    const std::string& remote() const noexcept { return remote_; }
+    /// For readers without an event loop (ordo::sync_client): blocks the calling thread until
+    /// the reader has something to take (an item, or the end) and returns true, or until
+    /// `deadline` (none: no limit) has passed with nothing to take and returns false.
+    bool wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline);
+
+  protected:
+    struct credit {
+        std::uint32_t items = 0;
+        std::uint64_t bytes = 0;
+    };
+    /// With mu_ held: the reader took one item of `bytes`. Returns the credit to grant (items
+    /// 0: none yet), to be passed to grant() once mu_ is released.
+    credit took_one(std::size_t bytes);
+    void grant(credit c);
+    /// With mu_ held: whether one more item keeps within the credit granted so far, the window
+    /// and every ordo.credit since (docs/protocol.md, "Streams": one item may take more bytes
+    /// than were left). What the reader has taken without granting it back yet is not credit:
+    /// a server that ignores credit is caught even while the reader keeps up, and cannot fill
+    /// this side's memory (at most `window` items, and window_bytes plus one item, queued).
+    bool within_credit() const noexcept {
+        return received_ < granted_items_ &&
+               (window_bytes_ == 0 || received_bytes_ < granted_bytes_);
+    }
+    /// With mu_ held: one item of `bytes` has been received (within the credit).
+    void count_item(std::size_t bytes) noexcept {
+        ++received_;
+        received_bytes_ += bytes;
+    }
+    /// An item beyond the credit: the stream fails with errc::protocol_error (and is cancelled).
+    void over_credit();
+    /// With mu_ held: the stream has ended; throws its error, if any.
+    void throw_if_failed() const;
+    /// An item that does not convert: the stream fails with errc::bad_result (and is cancelled).
+    void bad_item(const std::exception& e, const msgpack::object& item);
+    /// With mu_ held by the caller of push: takes the waiting reader out, to wake unlocked.
+    std::unique_ptr<parked> take_waiter() { return std::move(waiter_); }
+
+    mutable std::mutex mu_;
+    bool ended_ = false;
+    std::error_code ec_;
+    std::string detail_;
+    std::unique_ptr<parked> waiter_;
+    std::uint64_t received_ = 0;
+    std::uint64_t received_bytes_ = 0;
+
+    /// With mu_ held: whether the reader has something to take.
+    virtual bool ready_locked() const noexcept = 0;
+
+    /// Completes when an item has arrived or the stream has ended (at once if so already), or
+    /// when the awaiting coroutine is cancelled (next() then throws, taking nothing).
+    auto wait_more() {
+        return net::async_initiate<const net::use_awaitable_t<>&, void()>(
+            [this](auto handler) {
+                std::unique_lock lk(mu_);
+                if (ready_locked()) {
+                    lk.unlock();
+                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    return;
+                }
+                auto slot = net::get_associated_cancellation_slot(handler);
+                waiter_ = park(std::move(handler));
+                if (slot.is_connected())
+                    slot.assign([this](net::cancellation_type) { wake_reader(); });
+            },
+            net::use_awaitable);
+    }
+    /// Wakes a parked reader, if any (its cancellation: emitted on the reader's thread).
+    void wake_reader();
+
+  private:
+    std::string method_;
+    std::string remote_;
+    net::any_io_executor channel_ex_;
+    std::uint32_t window_;
+    std::uint64_t window_bytes_;
+    credit unreported_;  // read since the last grant
+    // The window plus every grant since: what the server may have sent in all.
+    std::uint64_t granted_items_;
+    std::uint64_t granted_bytes_;
+    std::function<void(std::uint32_t, std::uint64_t)> grant_;
+    net::cancellation_signal signal_;
+    bool cancel_sent_ = false;
+};
+
+template <class T>
+class stream_state final : public stream_core {
+  public:
+    using stream_core::stream_core;
+
+    void on_item(const msgpack::object& item, std::size_t wire_bytes) override {
+        std::optional<T> v;
+        try {
+            if constexpr (std::is_same_v<T, msgpack::object_handle>)
+                v.emplace(msgpack::clone(item));  // ordo::value: the raw item, kept
+            else
+                v.emplace(item.as<T>());
+        } catch (const std::exception& e) {
+            return bad_item(e, item);
+        }
+        std::unique_ptr<parked> w;
+        {
+            std::lock_guard lk(mu_);
+            if (ended_) return;
+            if (!within_credit()) return over_credit();
+            items_.push_back({std::move(*v), wire_bytes});
+            count_item(wire_bytes);
+            w = take_waiter();
+        }
+        if (w) w->wake();
+    }
+
+    /// The next item; std::nullopt at the end; throws ordo::rpc_error when the stream failed
+    /// (after every item received before the failure has been returned), and
+    /// std::system_error(operation_aborted) when the awaiting coroutine is cancelled (no item
+    /// is taken then). `s` is held until it completes.
+    static net::awaitable<std::optional<T>> next(std::shared_ptr<stream_state> s) {
+        std::optional<T> v;
+        while (!s->take(v)) {
+            co_await s->wait_more();
+            auto cs = co_await net::this_coro::cancellation_state;
+            if (cs.cancelled() != net::cancellation_type::none)
+                throw std::system_error(make_error_code(net::error::operation_aborted),
+                                        "ordo: waiting for an item of " + s->method());
+        }
+        co_return v;
+    }
+
+    /// next() for a blocked thread (ordo::sync_client): true with `v` holding the next item,
+    /// or empty at the end (throws as next() does when the stream failed); false when
+    /// `deadline` passed first (nothing is taken then).
+    bool next_until(std::optional<T>& v,
+                    std::optional<std::chrono::steady_clock::time_point> deadline) {
+        while (!take(v))
+            if (!wait_ready(deadline)) return false;
+        return true;
+    }
+
+  private:
+    struct queued {
+        T value;
+        std::size_t bytes;
+    };
+
+    bool ready_locked() const noexcept override { return !items_.empty() || ended_; }
+
+    // True when `v` holds the next item, or the stream ended well (v empty); throws when it
+    // failed; false when the reader must wait.
+    bool take(std::optional<T>& v) {
+        credit c;
+        {
+            std::lock_guard lk(mu_);
+            if (items_.empty()) {
+                if (!ended_) return false;
+                throw_if_failed();
+                return true;
+            }
+            v.emplace(std::move(items_.front().value));
+            const std::size_t bytes = items_.front().bytes;
+            items_.pop_front();
+            c = took_one(bytes);
+        }
+        if (c.items) grant(c);
+        return true;
+    }
+
+    std::deque<queued> items_;
+};
+
+/// The pending call of a stream: its completion ends the stream.
+class stream_call final : public pending_call {
+  public:
+    explicit stream_call(std::shared_ptr<stream_core> s) : s_(std::move(s)) {}
+    void complete(std::error_code ec, call_outcome out) override { s_->end(ec, out); }
+
+  private:
+    std::shared_ptr<stream_core> s_;
+};
+
+/// Sends the streaming call (from any thread: dispatched to the channel's executor).
+void start_stream(const std::shared_ptr<channel_impl>& ch, std::shared_ptr<stream_core> s,
+                  params_buffer params, call_options o);
+
+}  // namespace detail
+}  // namespace ordo
