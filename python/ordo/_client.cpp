@@ -124,7 +124,7 @@ net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, s
                                                       ": the handlers' server has stopped");
         }
         // A named lvalue: GCC 12 relocates a temporary passed by value to a coroutine
-        // bitwise (README.md, "GCC 12 note"), which breaks its strings.
+        // bitwise (docs/calls-and-channels.md, "GCC 12 note"), which breaks its strings.
         const peer_options po;
         channel ch = co_await async_connect(url, po, table.get());
         auto& rt = runtime::get();
@@ -295,12 +295,7 @@ void close_channel(std::uint64_t chan) {
         if (auto p = std::dynamic_pointer_cast<peer>(impl))
             p->on_closed([keep](const std::error_code&, const std::string&) {});
     }
-    if (auto p = std::dynamic_pointer_cast<peer>(impl))
-        p->close();  // sends what is queued first
-    else if (auto q = std::dynamic_pointer_cast<pool>(impl))
-        q->close();
-    else if (auto r = std::dynamic_pointer_cast<router>(impl))
-        r->close();
+    if (impl) impl->close();  // an ordered peer sends what is queued first
 }
 
 }  // namespace ordo::py

@@ -129,12 +129,7 @@ void runtime::stop(int wait_ms) {
     submit([this, &closed] {
         for (auto& [id, ch] : channels) {
             const auto& impl = ch.impl();
-            if (auto p = std::dynamic_pointer_cast<peer>(impl))
-                p->close();
-            else if (auto q = std::dynamic_pointer_cast<pool>(impl))
-                q->close();
-            else if (auto r = std::dynamic_pointer_cast<router>(impl))
-                r->close();
+            if (impl) impl->close();  // an ordered peer sends what is queued first
         }
         channels.clear();
         for (auto& [id, s] : streams) s->cancel();

@@ -108,7 +108,7 @@ struct pool::state {
         while (!idle.empty()) {
             auto conn = std::move(idle.back().conn);
             idle.pop_back();
-            if (conn->is_open() && !conn->going_away()) return conn;
+            if (conn->takes_calls() && !conn->going_away()) return conn;
             retire(conn);
         }
         return nullptr;
@@ -133,7 +133,7 @@ struct pool::state {
     }
 
     void release(const std::shared_ptr<peer>& conn, bool ok) {
-        if (!ok || closed || !conn->is_open()) {
+        if (!ok || closed || !conn->takes_calls()) {
             discard(conn);
             maybe_connect();
             return;

@@ -2,7 +2,7 @@
 
 // Where calls go: picking a replica, the waiting queue, the key-order guard, shadow traffic,
 // retries. Who the replicas are is rpc/channels/router_members.cpp; how least_loaded's aperture
-// moves, rpc/channels/router_aperture.cpp.
+// moves, rpc/channels/aperture.cpp.
 #include <algorithm>
 #include <cmath>
 
@@ -42,7 +42,6 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
     aperture_on = o.aperture && o.policy == route_policy::least_loaded;
-    ap.since = clock_type::now();
     rename();
 }
 
@@ -127,7 +126,7 @@ bool router::state::key_may_go(const std::string& key, const replica* to) const 
 // first from the cursor on), else among the rest.
 [[gnu::always_inline]] inline router::state::replica* router::state::least_loaded() {
     const std::size_t n = order.size();
-    const std::size_t span = aperture_on ? ap.size : aperture_state::all;
+    const std::size_t span = aperture_on ? ap.size() : detail::aperture::all;
     if (n > many_replicas && span > many_replicas) {
         // Many replicas: the less loaded of two drawn at random (the power of two choices, as
         // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
@@ -267,10 +266,7 @@ std::string router::state::no_replica_reason() const {
         o.idempotent_methods.count(call->method))
         saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
-    // Started by a handler while a read is passed on, a call without a deadline takes that
-    // read's time, as finished() takes a response's (its latency then spans read to read), and
-    // no clock read.
-    call->routed.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
+    call->routed.sent = clock_type::now();
     if (!call->options.key.empty()) {
         key_flight& k = keys[call->options.key];
         k.at = &rep;
@@ -281,7 +277,7 @@ std::string router::state::no_replica_reason() const {
     rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
     // A write that failed inside that send ended the connection: the calls after this one go
     // elsewhere now, not to a connection that is only waiting for the event loop to end it.
-    if (rep.conn && !rep.conn->is_open()) [[unlikely]]
+    if (rep.conn && !rep.conn->takes_calls()) [[unlikely]]
         lose(rep, "its connection failed while a call was being written");
 }
 
@@ -308,10 +304,10 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
 
 // A call sent on connection `gen` of replica `r` ended, before its caller hears (conn_watch).
 // Runs inside the replica's peer: what starts waiting calls is posted. The peer completes the
-// caller's call after this returns (inline when `now`), unless this took it for a second try.
+// caller's call after this returns, unless this took it for a second try.
 void router::state::finished(replica& r, std::uint64_t gen,
                              std::unique_ptr<detail::pending_call>& call, std::error_code ec,
-                             call_outcome& out, bool now) {
+                             call_outcome& out) {
     --r.in_flight;
     const detail::pending_call& sent = *call;  // as it went out
     const auto& notes = sent.routed;
@@ -321,26 +317,14 @@ void router::state::finished(replica& r, std::uint64_t gen,
     }
     if (!ec) {
         ++r.completed;
-        // A response arrives only by a read of the replica's connection, which noted the time:
-        // its latency costs no second clock read. Completed inline, it is that read's time
-        // now (read_clock.hpp).
-        const auto reading = detail::delivering_read_at;
-        const auto arrived = now && reading != clock_type::time_point{} ? reading
-                             : r.conn && gen == r.gen ? r.conn->comm().last_receive
-                                                      : clock_type::now();
+        // A response arrives only by a read of the replica's connection, which noted the time
+        // (batched_comm's counters): its latency costs no second clock read.
+        const auto arrived =
+            r.conn && gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
         const auto took = std::max(arrived - notes.sent, clock_type::duration::zero());
         r.latency.record(took);
-        if (aperture_on && !notes.shadow && sent.options.key.empty() && notes.sent >= ap.since) {
-            if (ap.trial) {
-                trial_took(notes.tag, took, arrived);
-            } else {
-                ap.sum += took;
-                // The first spell needs only its calls: a mean to size the first trial's slots.
-                if (++ap.count >= aperture_state::spell_calls &&
-                    (arrived - ap.since >= aperture_state::spell_time || ap.last == 0))
-                    end_spell(arrived);
-            }
-        }
+        if (aperture_on && !notes.shadow && sent.options.key.empty())
+            ap.answered(notes.tag, notes.sent, arrived);
         // Only a waiting call with a deadline is judged by it: calls without one pay no
         // lookup.
         if (!notes.shadow && sent.options.timeout.count() > 0) {
@@ -354,7 +338,9 @@ void router::state::finished(replica& r, std::uint64_t gen,
         if (!ec) {
             r.failures_in_a_row = 0;  // note_outcome's success, without the call
         } else {
-            if (ec == errc::peer_lost && r.conn && !r.conn->is_open()) lose(r, out.detail);
+            // A connection that ended, or whose other side ended its sending side (its calls
+            // fail at once): lost now, before the pump gives it the calls that wait.
+            if (ec == errc::peer_lost && r.conn && !r.conn->takes_calls()) lose(r, out.detail);
             note_outcome(r, ec);
         }
     }
@@ -486,7 +472,9 @@ net::any_io_executor router::get_executor() const {
 const router_counters& router::counters() const noexcept {
     s_->update();
     s_->c.aperture =
-        std::min(s_->aperture_on ? s_->ap.chosen() : state::aperture_state::all, s_->usable());
+        std::min(s_->aperture_on ? s_->ap.chosen() : detail::aperture::all, s_->usable());
+    s_->c.aperture_trials = s_->ap.trials();
+    s_->c.aperture_changes = s_->ap.changes();
     return s_->c;
 }
 

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/read_clock.hpp"
 #include "ordo/rpc/router.hpp"
+#include "rpc/channels/aperture.hpp"
 #include "rpc/channels/histogram.hpp"
 #include "rpc/channels/wait_queue.hpp"
 
@@ -63,9 +63,9 @@ struct router::state {
     struct conn_watch final : detail::call_observer {
         conn_watch(std::shared_ptr<replica> r, std::uint64_t g) : rep(std::move(r)), gen(g) {}
         void ended(std::unique_ptr<detail::pending_call>& call, std::error_code ec,
-                   call_outcome& out, bool now) override {
+                   call_outcome& out, bool /*now*/) override {
             // The router's destruction began: the caller hears as from a plain peer.
-            if (state* s = *rep->owner) s->finished(*rep, gen, call, ec, out, now);
+            if (state* s = *rep->owner) s->finished(*rep, gen, call, ec, out);
         }
         std::shared_ptr<replica> rep;
         std::uint64_t gen;  // the connection's (replica::gen when it was made)
@@ -113,46 +113,14 @@ struct router::state {
     // Calls without a key go to the first `size` of those that take calls, while one of them
     // has room; trials of one fewer or one more are kept only if they make calls faster.
     std::vector<replica*> order;
-    struct aperture_state {
-        static constexpr std::size_t all = std::size_t(-1);
-        // A spell: at least this many calls answered, over at least this long; trials that do
-        // not pay wait up to max_backoff spells.
-        static constexpr std::uint64_t spell_calls = 64;
-        static constexpr std::chrono::milliseconds spell_time{20};
-        static constexpr unsigned max_backoff = 64;
-        // A trial: this many slots, each ended by at least this many answers (of calls sent in
-        // any of its slots).
-        static constexpr std::uint8_t trial_slots = 8;
-        static constexpr std::uint64_t slot_calls = 16;
-        std::size_t size = all;    // of order's replicas that take calls; all: every one
-        std::size_t before = all;  // the size a trial started from (the size chosen)
-        std::size_t target = all;  // and the size it tries
-        bool trial = false;
-        bool up = false;  // which way the next trial goes, when both can
-        std::uint8_t slot = 0;  // the trial's slot now (0 when steady)
-        std::uint8_t trial_number = 0;  // counts trials, modulo 32
-        // The spell's or trial's start (calls sent before it do not count), and the slot's.
-        clock_type::time_point since, slot_since;
-        clock_type::duration slot_time{};  // how long the trial's slots last
-        clock_type::duration cap{};        // what one call counts for at most in a trial
-        clock_type::duration sum{};  // send to response, of the spell's calls
-        std::uint64_t count = 0;     // the spell's, or the slot's
-        // A trial's calls, by the slot they were sent in.
-        clock_type::duration sums[trial_slots]{};
-        std::uint64_t counts[trial_slots]{};
-        double last = 0;  // the mean of the last spell (or of a kept size's trial), in seconds
-        unsigned wait = 1, backoff = 1;  // spells until the next trial; its doubling
-        // The size of the slot's calls: the halves of the trial go old, new, new, old, so
-        // that a drift in the calls' times weighs on both sizes alike.
-        static constexpr bool tries(std::uint8_t slot) noexcept { return ((slot + 1) >> 1) & 1; }
-        // What a call sent now carries: the slot, and the trial's number, so that a call sent
-        // at the end of one trial does not count for a slot of the next.
-        static_assert(trial_slots == 8, "a tag holds the slot in its low 3 bits");
-        std::uint8_t tag() const noexcept {
-            return static_cast<std::uint8_t>(slot | ((trial_number & 31) << 3));
-        }
-        std::size_t chosen() const noexcept { return trial ? before : size; }
-    } ap;
+    // least_loaded's aperture, and what it asks of the router.
+    struct aperture_link final : detail::aperture::host {
+        explicit aperture_link(state& st) : s(st) {}
+        std::size_t usable() const override { return s.usable(); }
+        void event(const std::string& line) override { s.event(line); }
+        state& s;
+    } ap_link{*this};
+    detail::aperture ap{ap_link, clock_type::now()};
     bool aperture_on = false;  // least_loaded with router_options::aperture
     double shadow_credit = 0;
     bool pump_posted = false;
@@ -200,11 +168,6 @@ struct router::state {
     replica* pick(const detail::pending_call& call);
     replica* least_loaded();
     std::size_t usable() const;  // replicas that take calls without a key now
-    void end_spell(clock_type::time_point now);
-    void start_trial(clock_type::time_point now);
-    void end_slot(clock_type::time_point now);
-    void end_trial(clock_type::time_point now);
-    void trial_took(std::uint8_t tag, clock_type::duration took, clock_type::time_point arrived);
     replica* peek(const detail::pending_call& call) const;
     void start_call(std::unique_ptr<detail::pending_call> call);
     std::string no_replica_reason() const;
@@ -212,7 +175,7 @@ struct router::state {
               std::chrono::milliseconds timeout, bool retry);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
     void finished(replica& r, std::uint64_t gen, std::unique_ptr<detail::pending_call>& call,
-                  std::error_code ec, call_outcome& out, bool now);
+                  std::error_code ec, call_outcome& out);
     void schedule_pump();
     void pump();
     void arm_wait_timer();

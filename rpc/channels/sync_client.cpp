@@ -84,12 +84,7 @@ struct sync_client::state {
             w->cancel.emit(net::cancellation_type::terminal);
         }
         const auto& impl = ch.impl();
-        if (auto p = std::dynamic_pointer_cast<peer>(impl))
-            p->close();  // sends what is queued first
-        else if (auto q = std::dynamic_pointer_cast<pool>(impl))
-            q->close();
-        else if (auto r = std::dynamic_pointer_cast<router>(impl))
-            r->close();
+        if (impl) impl->close();  // an ordered peer sends what is queued first
         ch = channel();
     }
 };

@@ -143,6 +143,9 @@ void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::st
 bool peer::is_open() const noexcept {
     return s_->sess->can_send();
 }
+bool peer::takes_calls() const noexcept {
+    return s_->sess->can_send() && !s_->left && !s_->heard_eof;
+}
 bool peer::is_resumable() const noexcept {
     return s_->sess->is_resumable();
 }

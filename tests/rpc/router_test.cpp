@@ -535,7 +535,7 @@ TEST(Router, TheApertureNarrowsWhileSpreadingSlowsCallsAndWidensWhenSpreadingSpe
         // Sharing a CPU: one replica answers faster than two or three (kept twice).
         ORDO_CO_ASSERT_TRUE(co_await wait_until(
             [&] { return r->counters().aperture == 1 && r->counters().aperture_changes >= 2; },
-            60s));
+            120s));
         EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const std::string& e) {
             return e.find("aperture 2 -> 1 replicas: calls took") != std::string::npos;
         }));
@@ -569,22 +569,22 @@ TEST(Router, TheApertureNarrowsWhileSpreadingSlowsCallsAndWidensWhenSpreadingSpe
             [&] {
                 return r->counters().aperture == 3 && r->counters().aperture_changes >= changes + 2;
             },
-            60s));
+            120s));
         const int before = loop.done;
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return loop.done >= before + 300; }, 30s));
         ORDO_CO_ASSERT_TRUE(co_await loop.stop());
         EXPECT_EQ(loop.failed, 0);
         for (int id = 0; id < 3; ++id) EXPECT_GT(loop.by_replica[id], 0) << id;
         co_await rs.stop();
-    });
+    }, 360s);
 }
 
-// Calls one at a time, whose time falls with every call whichever replica runs them: no size
-// of the aperture is faster, though each spell is faster than the spell before it. A trial
-// whose sizes take turns in one spell sees that; one that compared spells in turn moved, and
-// so would one whose slots went old, new, old, new (each new slot some 15% faster than the
-// old one before it, as a slot ends after 16 answers here).
-TEST(Router, ApertureTrialsDoNotTakeCallsGettingFasterForAFasterSize) {
+// Calls one at a time, whose time falls with every call whichever replica runs them: the
+// router feeds its aperture the calls' real times, and trials run on live calls without failing
+// any. Whether a trial keeps its size depends on times a busy machine bends: that the drift
+// moves nothing is aperture_test.cpp's TrialsDoNotTakeCallsGettingFasterForAFasterSize, on a
+// simulated clock.
+TEST(Router, ApertureTrialsRunOnLiveCallsAndFailNone) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         double cost_us = 3000;
@@ -610,12 +610,13 @@ TEST(Router, ApertureTrialsDoNotTakeCallsGettingFasterForAFasterSize) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return loop.done == 2500; }, 120s));
         EXPECT_EQ(loop.failed, 0);
         EXPECT_GE(r->counters().aperture_trials, 2u);
-        std::string seen;
-        for (auto& e : events) seen += e + "\n";
-        EXPECT_EQ(r->counters().aperture_changes, 0u) << seen;
-        EXPECT_EQ(r->counters().aperture, 3u);
+        EXPECT_GE(r->counters().aperture_trials, r->counters().aperture_changes);
+        EXPECT_EQ(r->counters().aperture_changes,
+                  std::count_if(events.begin(), events.end(), [](const std::string& e) {
+                      return e.rfind("aperture ", 0) == 0;
+                  }));
         for (auto& s : servers) co_await s->async_stop();
-    });
+    }, 300s);
 }
 
 TEST(Router, WithTheApertureAtAllCallsSpreadOverEveryReplicaEvenWhenThatSlowsThem) {
@@ -634,7 +635,7 @@ TEST(Router, WithTheApertureAtAllCallsSpreadOverEveryReplicaEvenWhenThatSlowsThe
         EXPECT_EQ(r->counters().aperture, 3u);
         EXPECT_EQ(r->counters().aperture_changes, 0u);
         co_await rs.stop();
-    });
+    }, 180s);
 }
 
 // An ordo-inc-server process (killed by PID) as a replica.
@@ -686,6 +687,73 @@ struct replica_process {
     test::child* proc;
     void kill() const { proc->signal(SIGKILL); }
 };
+
+// A replica whose connection ends cleanly (an end of stream, as from a process that died with
+// nothing unread) while calls are in flight on it and others wait: its calls fail at once,
+// it is lost at once, and the waiting calls go to the other replica, none to it.
+TEST(Router, AReplicaWhoseStreamEndsIsLostAtOnceAndTheWaitingCallsMove) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        replicas rs(ex, 1);
+        // A replica that reads the calls sent to it, answers none, and closes once it has
+        // read two requests and nothing more came for 200 ms: a FIN, not a reset.
+        net::ip::tcp::acceptor acc(ex, {net::ip::make_address("127.0.0.1"), 0});
+        const std::string fin_url = "tcp://127.0.0.1:" + std::to_string(acc.local_endpoint().port());
+        std::size_t requests = 0;
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                auto sock = co_await acc.async_accept(net::use_awaitable);
+                acc.close();  // the router's reconnects are refused
+                msgpack::unpacker u;
+                for (;;) {
+                    net::steady_timer quiet(sock.get_executor(), 200ms);
+                    u.reserve_buffer(4096);
+                    using namespace net::experimental::awaitable_operators;
+                    auto got = co_await (
+                        sock.async_read_some(net::buffer(u.buffer(), 4096),
+                                             use_tuple) ||
+                        quiet.async_wait(use_tuple));
+                    if (got.index() == 1) {
+                        if (requests >= 2) break;
+                        continue;
+                    }
+                    auto [ec, n] = std::get<0>(got);
+                    if (ec) co_return;
+                    u.buffer_consumed(n);
+                    msgpack::object_handle h;
+                    while (u.next(h)) {
+                        const auto& m = h.get();  // [0, msgid, "work", [ms]]; pings aside
+                        if (m.via.array.size == 4 && m.via.array.ptr[0].as<int>() == 0 &&
+                            m.via.array.ptr[2].as<std::string>() == "work")
+                            ++requests;
+                    }
+                }
+                sock.shutdown(net::ip::tcp::socket::shutdown_both);
+                sock.close();
+            },
+            net::detached);
+        const router_options o{.max_concurrent = 2, .policy = route_policy::round_robin};
+        auto r = make_router(ex, o);
+        co_await r->async_add_replica(fin_url);
+        co_await r->async_add_replica(rs.all[0]->url);
+        channel ch(r);
+        // 2 s calls: the other replica is still busy with its two when the stream ends, so
+        // that the two waiting could only go to the replica that ended, if it were not lost.
+        fan f;
+        f.start(ch, 6, 2000);
+        EXPECT_EQ(r->counters().queued, 2u);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return f.done == 6; }, 30s));
+        // The two sent to it fail; the two waiting, and the two on the other, succeed there.
+        EXPECT_EQ(f.by_replica[-1], 2);
+        EXPECT_EQ(f.by_replica[0], 4);
+        for (auto& ec : f.errors) EXPECT_EQ(ec, errc::peer_lost);
+        EXPECT_EQ(requests, 2u);
+        EXPECT_EQ(r->counters().replicas_lost, 1u);
+        r->close();
+        co_await rs.stop();
+    });
+}
 
 TEST(Router, AKilledReplicasQueuedCallsMoveItsIdempotentCallsRetryAndTheRestFail) {
     std::unique_ptr<test::child> a_proc, b_proc;

@@ -25,6 +25,9 @@ class channel_impl {
     /// Sends a one-way message. Called on get_executor(). Throws std::system_error
     /// (errc::overloaded, or the close reason once the connection has ended).
     virtual void notify_raw(std::string_view method, std::string_view params) = 0;
+    /// Stops taking calls and closes, without waiting: calls in flight and waiting fail with
+    /// errc::closed. An ordered peer first sends what it has queued. Called on get_executor().
+    virtual void close() = 0;
     /// The remote side's address, as a URL.
     virtual const std::string& remote_address() const noexcept = 0;
     virtual net::any_io_executor get_executor() const = 0;

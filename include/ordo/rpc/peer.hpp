@@ -194,7 +194,7 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// the connection has ended.
     net::awaitable<void> async_close();
     /// close() without waiting.
-    void close();
+    void close() override;
     /// close(), after telling the remote side why: an ordo.closing [code, reason] notification,
     /// which an ordo peer adds to the reason its connection ended with (foreign peers ignore it).
     void close(errc code, std::string reason);
@@ -236,6 +236,11 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// included), before on_closed() hears how it ended. A resumable session between
     /// connections is open: it keeps what it is sent for the resume.
     bool is_open() const noexcept;
+    /// True while a call started here can be answered: is_open(), and the other side has not
+    /// ended its sending side (a half-close; or a peer that closed altogether, before the
+    /// probes find that out) nor has this side begun to leave. A call started otherwise fails
+    /// at once with errc::peer_lost.
+    bool takes_calls() const noexcept;
     /// True once the other side agreed to a resumable session (peer_options::resume).
     bool is_resumable() const noexcept;
     const peer_counters& counters() const noexcept;
@@ -252,7 +257,8 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
 /// Creates a peer over a connected transport. `h` (optional) must outlive the peer.
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t, peer_options o,
                                 const handlers* h = nullptr);
-/// The same with default options (an overload, not a default argument: README.md, "GCC 12 note").
+/// The same with default options (an overload, not a default argument: docs/calls-and-channels.md,
+/// "GCC 12 note").
 std::shared_ptr<peer> make_peer(std::unique_ptr<transport> t);
 
 }  // namespace ordo

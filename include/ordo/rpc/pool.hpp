@@ -1,5 +1,6 @@
-// ordo::pool: pooled calls (README.md, "Ordered or pooled"). One connection per call in flight,
-// reused after calls that succeed; no ordering between calls and no head-of-line blocking.
+// ordo::pool: pooled calls (docs/calls-and-channels.md, "Ordered or pooled"). One connection per
+// call in flight, reused after calls that succeed; no ordering between calls and no head-of-line
+// blocking.
 #pragma once
 
 #include "ordo/config.hpp"
@@ -73,7 +74,7 @@ class pool final : public channel_impl, public std::enable_shared_from_this<pool
     /// that wait for a connection which cannot be opened fail with the same code and reason.
     net::awaitable<void> async_warm_up();
     /// Closes every connection; calls in flight and waiting fail with errc::closed.
-    void close();
+    void close() override;
 
     const pool_counters& counters() const noexcept;
 

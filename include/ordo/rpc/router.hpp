@@ -41,10 +41,9 @@ enum class queue_order {
 struct router_options {
     /// Calls in flight on one replica at most. An ordered connection pipelines calls cheaply,
     /// so this is a bound on what piles up on one replica, not a parallelism setting: the
-    /// default is Envoy's circuit-breaker default for requests to a cluster (1024). With 8,
-    /// ordo's earlier default, a router in front of one replica ran at 0.09x of a direct
-    /// channel on 256 calls in flight, and at 100 (Ray Serve's old default) at 0.3x: calls
-    /// waited in the router's queue and went out a few per completion (bench/README.md).
+    /// default is Envoy's circuit-breaker default for requests to a cluster (1024). A small
+    /// bound makes calls wait in the router's queue and go out a few per completion
+    /// (docs/design.md, 5.7).
     std::size_t max_concurrent = 1024;
     /// Calls waiting when no replica they may use has room (one queue for the router, in
     /// `queue` order). One more fails at once with errc::overloaded. A waiting call's deadline
@@ -256,7 +255,7 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     net::any_io_executor get_executor() const override;
 
     /// Closes every replica's connection; calls in flight and waiting fail with errc::closed.
-    void close();
+    void close() override;
 
     const router_counters& counters() const noexcept;
     /// One entry per replica: every member in whatever state, and removed ones still draining.
