@@ -60,7 +60,7 @@ LUA
 # wrk's done() runs in its own Lua state, so `non200` there is 0; its summary.errors.status
 # counts non-2xx statuses, and a wrong body is caught by the smoke test's curl above.
 [ "${AUTH:-0}" = 1 ] && export BEARER=wrk-token-0123456789
-wrk -c "$conns" -t 2 -d "${secs}s" --latency -s "$dir/post.lua" "$http/inc" >"$dir/wrk" 2>&1 ||
+wrk -c "$conns" -t 2 -d "${secs}s" --timeout 30s --latency -s "$dir/post.lua" "$http/inc" >"$dir/wrk" 2>&1 ||
     fail "wrk failed: $(cat "$dir/wrk")"
 rps=$(awk '/^Requests\/sec/ {print $2}' "$dir/wrk")
 p50=$(awk '$1 == "50%" {print $2}' "$dir/wrk")
@@ -70,7 +70,7 @@ sockerr=$(grep -c 'Socket errors\|Non-2xx' "$dir/wrk")
 [ "$wrong" = 0 ] && [ "$sockerr" = 0 ] || fail "errors under load: $(cat "$dir/wrk")"
 echo "throughput: wrk -c $conns -t 2 -d ${secs}s: $rps requests/s, p50 $p50"
 
-wrk -c 1 -t 1 -d "${low}s" --latency -s "$dir/post.lua" "$http/inc" >"$dir/wrk1" 2>&1 ||
+wrk -c 1 -t 1 -d "${low}s" --timeout 30s --latency -s "$dir/post.lua" "$http/inc" >"$dir/wrk1" 2>&1 ||
     fail "wrk -c 1 failed: $(cat "$dir/wrk1")"
 echo "low load: wrk -c 1 -t 1 -d ${low}s: p50 $(awk '$1 == "50%" {print $2}' "$dir/wrk1"), $(awk '/^Requests\/sec/ {print $2}' "$dir/wrk1") requests/s"
 

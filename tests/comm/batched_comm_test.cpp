@@ -348,7 +348,9 @@ TEST(BatchedComm, ASenderThatNeverYieldsGoesOnWritingAsThePeerReads) {
         // Then, as the peer reads, the rest of those and 4 MB more: 12 MB reach it only if
         // send() goes on writing. The sender slows down while far ahead of the peer (which
         // may get little of the CPU), so that its queue stays well within max_buffer_bytes.
-        const auto until = std::chrono::steady_clock::now() + 20s;
+        // (A time bound only stops a run that would never get there: on a busy machine each
+        // short sleep may last a millisecond or more.)
+        const auto until = std::chrono::steady_clock::now() + 120s;
         while (received_bytes < 12'000'000 && std::chrono::steady_clock::now() < until &&
                client.counters().buffered_bytes < (64u << 20)) {
             client.send(seq_msg(sent++, 1000));
@@ -375,7 +377,7 @@ TEST(BatchedComm, ASenderThatNeverYieldsGoesOnWritingAsThePeerReads) {
         EXPECT_LE(behind, 6000u) << "the peer is " << behind << " bytes behind after "
                                  << sent - tail_from << " slow sends";
         co_await client.async_close();  // writes the rest, then ends
-    });
+    }, 240s);
     peer.join();
     ::close(lfd);
     detail::framer f;

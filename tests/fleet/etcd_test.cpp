@@ -493,7 +493,8 @@ TEST_F(Etcd, RegistrationAppearsWithItsWeightAndAsyncStopRemovesItAtOnce) {
         EXPECT_FALSE(co_await w.has(w.p + "tcp://127.0.0.1:7100"));
         ORDO_CO_ASSERT_TRUE(
             co_await wait_until([&] { return !rec.has("tcp://127.0.0.1:7100"); }, 20s));
-        EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+        // The key went with the revoke (checked above); the watch tells the source soon after.
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
         src->stop();
     });
 }
@@ -555,7 +556,9 @@ TEST_F(Etcd, RegistrationRefusesAUrlOrdoCannotParseAndNamesAnUnreachableEtcd) {
 }
 
 // ordo-inc-server --register as a child: a SIGKILLed replica leaves the set when its lease
-// expires (within ttl + 1 s), and a SIGTERMed one revokes its key before it stops.
+// expires, not before (a ttl of 6 s, kept alive every 2 s: at least 4 s after the kill, and
+// within ttl + 4 s on a busy machine); a SIGTERMed one revokes its key before it stops, well
+// before a lease could expire.
 TEST_F(Etcd, KilledRegisteredServerLeavesWithinTheTtlAndAStoppedOneAtOnce) {
     const char* server = std::getenv("ORDO_INC_SERVER");
     ASSERT_NE(server, nullptr) << "ORDO_INC_SERVER is not set (run through meson test)";
@@ -570,7 +573,7 @@ TEST_F(Etcd, KilledRegisteredServerLeavesWithinTheTtlAndAStoppedOneAtOnce) {
                 "etcd://127.0.0.1:" + std::to_string(w.etcd.client_port()) + w.p;
             for (const int sig : {SIGKILL, SIGTERM}) {
                 test::child srv({server, "--listen", "tcp://127.0.0.1:0", "--register", where,
-                                 "--register-ttl-s", "2"});
+                                 "--register-ttl-s", "6"});
                 const std::string listening = srv.read_line(20s);
                 ORDO_CO_ASSERT_TRUE(listening.rfind("listening on ", 0) == 0);
                 const std::string url = listening.substr(13);
@@ -584,10 +587,12 @@ TEST_F(Etcd, KilledRegisteredServerLeavesWithinTheTtlAndAStoppedOneAtOnce) {
                 srv.signal(sig);
                 ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return !rec.has(url); }, 20s));
                 const auto took = std::chrono::steady_clock::now() - t0;
-                if (sig == SIGKILL)
-                    EXPECT_LT(took, 3s) << "ttl 2 s + 1 s";
-                else
-                    EXPECT_LT(took, 1s) << "revoked at once";
+                if (sig == SIGKILL) {
+                    EXPECT_GE(took, 3500ms) << "the lease outlives its last keep-alive by ttl";
+                    EXPECT_LT(took, 10s) << "ttl 6 s + 4 s";
+                } else {
+                    EXPECT_LT(took, 3s) << "revoked at once, not expired";
+                }
                 EXPECT_TRUE(srv.wait_exit(10s).has_value());
             }
             src->stop();

@@ -317,7 +317,9 @@ TEST(Fleet, ARollingRestartUnderDnsWithAReplicaAddedAndOneRemovedFailsNoCall) {
         const long ms = ms_until_serving(d.io, *d.r, f.reps[i].url, f.reps[i].listening);
         std::printf("%s took calls again %ld ms after listening\n", f.reps[i].url.c_str(), ms);
         EXPECT_GE(ms, 0) << f.reps[i].url;
-        EXPECT_LE(ms, 2000) << f.reps[i].url;
+        // A reconnect comes at most reconnect_max_ms (+-20%) after the last: with the connect
+        // and a call's answer, within 5 s on a busy machine.
+        EXPECT_LE(ms, 5000) << f.reps[i].url;
     }
     // A fourth replica in DNS takes calls; then the second leaves DNS, drains and stops.
     auto& fourth = f.add();
@@ -392,7 +394,8 @@ TEST(Fleet, EtcdRegistrationsComeAndGoWithinTheirLease) {
              20'000);
     EXPECT_GE(ms_until_serving(d.io, *d.r, f.reps[0].url, clock_type::now()), 0);
     EXPECT_GE(ms_until_serving(d.io, *d.r, f.reps[1].url, clock_type::now()), 0);
-    // Killed without revoking: out of the set within the lease (2 s) and a second.
+    // Killed without revoking: out of the set once the lease (2 s) expires; within 6 s on a
+    // busy machine (etcd's lease check, its revoke, the watch and the router all run late).
     const auto killed = clock_type::now();
     f.reps[1].crash();
     while (router_lists(d.io, *d.r, f.reps[1].url) && clock_type::now() < killed + 10s)
@@ -401,13 +404,13 @@ TEST(Fleet, EtcdRegistrationsComeAndGoWithinTheirLease) {
         std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - killed).count();
     std::printf("a SIGKILLed replica left the set %ld ms after the kill (lease 2 s)\n",
                 static_cast<long>(left_ms));
-    EXPECT_LE(left_ms, 3000);
-    // A new registration takes calls within a second of being registered.
+    EXPECT_LE(left_ms, 6000);
+    // A new registration takes calls within seconds of being registered.
     auto& third = f.add(at);
     const long ms = ms_until_serving(d.io, *d.r, third.url, clock_type::now());
     std::printf("a new registration took calls %ld ms after it was registered\n", ms);
     EXPECT_GE(ms, 0);
-    EXPECT_LE(ms, 1000);
+    EXPECT_LE(ms, 5000);
     d.finish();
     d.print_events();
 }

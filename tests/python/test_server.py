@@ -148,9 +148,11 @@ async def test_a_handler_calls_back_over_the_same_peer():
 async def test_a_cancelled_call_cancels_the_python_handler():
     srv = ordo.Server()
     seen = asyncio.Event()
+    started = asyncio.Event()
 
     @srv.method
     async def wait_forever():
+        started.set()
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -158,12 +160,16 @@ async def test_a_cancelled_call_cancels_the_python_handler():
             raise
 
     ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    # The deadline passes while the handler runs (a busy machine may start it late: then the
+    # deadline is 2 s, not 0.1 s, so that it starts first).
     with pytest.raises(ordo.TimedOut):
-        await ch.wait_forever(timeout=0.1)
+        await ch.wait_forever(timeout=2)
+    assert started.is_set()
     await asyncio.wait_for(seen.wait(), 20)
     seen.clear()
+    started.clear()
     task = asyncio.ensure_future(ch.wait_forever())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(started.wait(), 20)
     task.cancel()
     await asyncio.wait_for(seen.wait(), 20)
     ch.close()

@@ -240,7 +240,9 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
         co_await b.connect(url);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return srv.peer_count() == 2; }));
 
-        constexpr auto grace = 1500ms;
+        // Long enough that reading the goaway, sending a request and reading its answer fit in
+        // it on a busy machine.
+        constexpr auto grace = 5000ms;
         const auto began = clock_type::now();
         bool drained = false;
         start_drain(srv, grace, "rolling restart", drained);
@@ -251,8 +253,8 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
             ORDO_CO_ASSERT_TRUE(is_notification(o, "ordo.goaway"));
             const auto& params = o.via.array.ptr[2];
             ORDO_CO_ASSERT_EQ(params.via.array.size, 2u);
-            EXPECT_LE(params.via.array.ptr[0].as<std::int64_t>(), 1500);
-            EXPECT_GE(params.via.array.ptr[0].as<std::int64_t>(), 1000);
+            EXPECT_LE(params.via.array.ptr[0].as<std::int64_t>(), 5000);
+            EXPECT_GE(params.via.array.ptr[0].as<std::int64_t>(), 4000);
             EXPECT_EQ(params.via.array.ptr[1].as<std::string>(), "rolling restart");
         }
 
@@ -283,7 +285,7 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
             ORDO_CO_ASSERT_TRUE(m.has_value());
             ORDO_CO_ASSERT_TRUE(is_notification(m->get(), "ordo.closing"));
             const auto why = m->get().via.array.ptr[2].via.array.ptr[1].as<std::string>();
-            EXPECT_NE(why.find("grace of 1500 ms has passed"), std::string::npos) << why;
+            EXPECT_NE(why.find("grace of 5000 ms has passed"), std::string::npos) << why;
             EXPECT_FALSE((co_await c->next(10s)).has_value());
             EXPECT_TRUE(c->eof);
         }
@@ -539,7 +541,8 @@ TEST(Drain, OrdoIncServerDrainsOnSigtermAndStopsAtOnceOnSigint) {
             auto ch = co_await async_connect(line.substr(13));
             // One call running (its handler is serial) and two queued behind it.
             std::list<outcome> calls;
-            call_into(ch, "sleep_ms", 2000, calls.emplace_back());
+            // SIGINT does not wait for it: 20 s, so that stopping well before shows that.
+            call_into(ch, "sleep_ms", sig == SIGTERM ? 2000 : 20000, calls.emplace_back());
             for (int i = 0; i < 2; ++i) call_into(ch, "inc", i, calls.emplace_back());
             stats_probe probe;
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return probe.ask(ch) == 1; }, 10s));
@@ -567,7 +570,7 @@ TEST(Drain, OrdoIncServerDrainsOnSigtermAndStopsAtOnceOnSigint) {
             } else {
                 ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return calls.back().done; }, 5s));
                 for (auto& o : calls) EXPECT_EQ(o.ec, errc::peer_lost);  // stopped under them
-                EXPECT_LT(clock_type::now() - sent, 1500ms);
+                EXPECT_LT(clock_type::now() - sent, 10s);
             }
         }
     });

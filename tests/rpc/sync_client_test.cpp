@@ -312,7 +312,7 @@ TEST(SyncClient, ANextPastItsWaitThrowsTimedOutAndTheStreamGoesOn) {
 TEST(SyncClient, AStreamPastItsDeadlineFailsWithTimedOutAndItsHandlerIsCancelled) {
     server_thread s;
     sync_client c(s.url);
-    auto st = c.stream<int>("pause_after", 3, 30'000, timeout(300ms));
+    auto st = c.stream<int>("pause_after", 3, 30'000, timeout(3s));
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = read_to_end(st);
     EXPECT_EQ(r.items, iota(3));

@@ -330,14 +330,14 @@ class cutting_proxy {
         reset(c);
     }
 
-    // Waits, up to 100 ms, until the kernel has sent every byte the proxy wrote on the connection:
+    // Waits, up to 1 s, until the kernel has sent every byte the proxy wrote on the connection:
     // a reset discards unsent bytes, which the budget counted as forwarded. They stay unsent only
-    // while a peer does not read.
+    // while a peer does not read (for a moment, on a busy machine; for good, if it stopped).
     net::awaitable<void> drain(connection& c) {
 #ifdef SIOCOUTQNSD
         using namespace std::chrono_literals;
         net::steady_timer tick(io_);
-        const auto deadline = clock_type::now() + 100ms;
+        const auto deadline = clock_type::now() + 1s;
         while (!c.closed && (unsent(c.down) > 0 || unsent(c.up) > 0) &&
                clock_type::now() < deadline) {
             tick.expires_after(1ms);
