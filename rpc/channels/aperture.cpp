@@ -8,17 +8,6 @@
 
 namespace ordo::detail {
 
-void aperture::answered(std::uint8_t tag, clock_type::time_point sent,
-                        clock_type::time_point arrived) {
-    if (sent < since_) return;
-    const auto took = std::max(arrived - sent, clock_type::duration::zero());
-    if (trial_) return trial_took(tag, took, arrived);
-    sum_ += took;
-    // The first spell needs only its calls: a mean to size the first trial's slots.
-    if (++count_ >= spell_calls && (arrived - since_ >= spell_time || last_ == 0))
-        end_spell(arrived);
-}
-
 // A steady spell of the aperture has ended (enough calls sent in it were answered, over long
 // enough): now and then, a trial begins.
 void aperture::end_spell(clock_type::time_point now) {

@@ -3,6 +3,7 @@
 // reads no clock: whoever feeds it gives the times, so a test can drive it with made-up ones.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -49,8 +50,17 @@ class aperture {
         return static_cast<std::uint8_t>(slot_ | ((trial_number_ & 31) << 3));
     }
     /// A call without a key, sent at `sent` carrying `tag`, was answered at `arrived`. Calls
-    /// sent before the current spell or trial began do not count.
-    void answered(std::uint8_t tag, clock_type::time_point sent, clock_type::time_point arrived);
+    /// sent before the current spell or trial began do not count. (Inline: it runs once per
+    /// answered call, and a steady spell only adds.)
+    void answered(std::uint8_t tag, clock_type::time_point sent, clock_type::time_point arrived) {
+        if (sent < since_) return;
+        const auto took = std::max(arrived - sent, clock_type::duration::zero());
+        if (trial_) return trial_took(tag, took, arrived);
+        sum_ += took;
+        // The first spell needs only its calls: a mean to size the first trial's slots.
+        if (++count_ >= spell_calls && (arrived - since_ >= spell_time || last_ == 0))
+            end_spell(arrived);
+    }
 
     std::uint64_t trials() const noexcept { return trials_; }
     std::uint64_t changes() const noexcept { return changes_; }

@@ -266,7 +266,10 @@ std::string router::state::no_replica_reason() const {
         o.idempotent_methods.count(call->method))
         saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
-    call->routed.sent = clock_type::now();
+    // Started by a handler while a read is passed on, a call without a deadline takes that
+    // read's time, as finished() takes a response's (its latency then spans read to read), and
+    // no clock read (comm/read_clock.hpp).
+    call->routed.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
     if (!call->options.key.empty()) {
         key_flight& k = keys[call->options.key];
         k.at = &rep;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/read_clock.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/aperture.hpp"
 #include "rpc/channels/histogram.hpp"
