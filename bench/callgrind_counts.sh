@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instruction counts of ordo's hot paths under callgrind (repeatable where wall clock is not):
 #   pipelined client (100 k calls), one-way server (300 k messages), seq client and server
-#   (20 k calls). Usage: bench/callgrind_counts.sh [path/to/ordo-bench] (default build/bench/).
+#   (20 k calls), and the pipelined client through route+ (100 k calls, one replica).
+#   Usage: bench/callgrind_counts.sh [path/to/ordo-bench] (default build/bench/).
 # AUTH=1: every connection authenticated (--auth-tokens on the server, ?token_file= on the
 # client), to compare with the counts without.
 # Compare two builds by running it with each binary; the totals are in the last lines.
@@ -38,7 +39,11 @@ port=$((port + 1)); serve oneway-server $port callgrind
 "$bin" --workload oneway --count 300000 --connect "tcp://127.0.0.1:$port$client_q" >/dev/null; stop
 port=$((port + 1)); serve seq-server $port callgrind
 cg seq-client "$bin" --workload seq --count 20000 --connect "tcp://127.0.0.1:$port$client_q"; stop
-for run in pipelined-client oneway-server seq-client seq-server; do
-    printf '%-18s %s instructions\n' "$run" "$(total $run)"
+# The pipelined client again, through a router (route+) over one server.
+port=$((port + 1)); serve routed $port
+cg route-pipelined-client "$bin" --workload pipelined --count 100000 \
+    --connect "route+tcp://127.0.0.1:$port$client_q"; stop
+for run in pipelined-client oneway-server seq-client seq-server route-pipelined-client; do
+    printf '%-24s %s instructions\n' "$run" "$(total $run)"
 done
 rm -rf "$out"
