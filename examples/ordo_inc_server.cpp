@@ -36,6 +36,7 @@
 
 #include "cli.hpp"
 #include "inc_handlers.hpp"
+#include "ordo/address.hpp"
 #include "ordo/fleet/sources.hpp"
 #ifdef ORDO_HAS_PROMETHEUS
 #include "ordo/metrics/prometheus.hpp"
@@ -62,13 +63,7 @@ ordo::etcd_registration_options etcd_options(std::string where, long ttl_s) {
     ordo::etcd_registration_options o;
     o.endpoint = (https ? "https://" : "http://") + where.substr(scheme.size(), slash - scheme.size());
     o.prefix = where.substr(slash);
-    while (!query.empty()) {
-        const auto amp = query.find('&');
-        const std::string item = query.substr(0, amp);
-        query = amp == std::string::npos ? "" : query.substr(amp + 1);
-        const auto eq = item.find('=');
-        const std::string key = item.substr(0, eq);
-        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    for (const auto& [key, value] : ordo::query_params(query)) {
         if (key == "ca")
             o.access.ca_file = value;
         else if (key == "cert")

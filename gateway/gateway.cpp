@@ -12,6 +12,7 @@
 
 #include "gateway/gateway_state.hpp"
 #include "gateway/tls_front.hpp"
+#include "ordo/address.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
@@ -336,13 +337,7 @@ std::string listen_address(const std::string& url, gateway::state& s) {
         hp.rfind(':') == std::string::npos)
         bad_listen(url, "");
     if (!tls && !query.empty()) bad_listen(url, "parameters are for https:// only");
-    while (!query.empty()) {
-        const auto amp = query.find('&');
-        const std::string item = query.substr(0, amp);
-        query = amp == std::string::npos ? "" : query.substr(amp + 1);
-        const auto eq = item.find('=');
-        const std::string key = item.substr(0, eq);
-        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    for (const auto& [key, value] : query_params(query)) {
         if (key == "cert")
             s.tls_cert = value;
         else if (key == "key")

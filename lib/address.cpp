@@ -11,23 +11,23 @@ namespace {
                 "ordo: invalid address \"" + std::string(url) + "\": " + std::string(why));
 }
 
-void parse_params(std::string_view url, std::string_view query, address& a) {
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> query_params(std::string_view query) {
+    std::vector<std::pair<std::string, std::string>> params;
     while (!query.empty()) {
-        auto amp = query.find('&');
-        auto item = query.substr(0, amp);
+        const auto amp = query.find('&');
+        const auto item = query.substr(0, amp);
         query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
         if (item.empty()) continue;
-        auto eq = item.find('=');
-        if (eq == 0) bad(url, "query parameter without a name");
+        const auto eq = item.find('=');
         if (eq == std::string_view::npos)
-            a.params.emplace_back(std::string(item), std::string());
+            params.emplace_back(std::string(item), std::string());
         else
-            a.params.emplace_back(std::string(item.substr(0, eq)),
-                                  std::string(item.substr(eq + 1)));
+            params.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
     }
+    return params;
 }
-
-}  // namespace
 
 std::optional<std::string> address::param(std::string_view key) const {
     std::optional<std::string> found;
@@ -54,7 +54,9 @@ address parse_address(std::string_view url) {
     auto rest = url.substr(sep + 3);
     auto q = rest.find('?');
     if (q != std::string_view::npos) {
-        parse_params(url, rest.substr(q + 1), a);
+        a.params = query_params(rest.substr(q + 1));
+        for (const auto& [key, value] : a.params)
+            if (key.empty()) bad(url, "query parameter without a name");
         rest = rest.substr(0, q);
     }
     if (a.has_path()) {

@@ -37,4 +37,9 @@ struct address {
 /// wrong with it (unknown scheme, missing port, port out of range, empty path...).
 address parse_address(std::string_view url);
 
+/// The parameters of a URL's query (`query`: what follows '?'), in order: "a=1&b&&c=" gives
+/// {"a", "1"}, {"b", ""}, {"c", ""}. Empty items are skipped; an item "=v" gives an empty
+/// name, which the caller refuses. Nothing is percent-decoded.
+std::vector<std::pair<std::string, std::string>> query_params(std::string_view query);
+
 }  // namespace ordo

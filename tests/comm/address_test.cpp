@@ -20,6 +20,18 @@ TEST(Address, TcpHostPortAndParameters) {
     EXPECT_EQ(a.to_string(), "tcp://127.0.0.1:7000");
 }
 
+// One reading of a query for every URL: parse_address, the gateway's https listen address and
+// ordo-inc-server's --register.
+TEST(Address, QueryParamsKeepTheirOrderAndSkipEmptyItems) {
+    using kv = std::pair<std::string, std::string>;
+    EXPECT_EQ(query_params("a=1&b&&c=&d=x=y"),
+              (std::vector<kv>{{"a", "1"}, {"b", ""}, {"c", ""}, {"d", "x=y"}}));
+    EXPECT_EQ(query_params("=v"), (std::vector<kv>{{"", "v"}}));
+    EXPECT_TRUE(query_params("").empty());
+    EXPECT_TRUE(query_params("&&").empty());
+    EXPECT_EQ(query_params("k=a%20b"), (std::vector<kv>{{"k", "a%20b"}}));  // not decoded
+}
+
 TEST(Address, TcpIpv6InBrackets) {
     auto a = parse_address("tcp://[::1]:0");
     EXPECT_EQ(a.host, "::1");
@@ -52,7 +64,7 @@ TEST(Address, EveryTransportScheme) {
 TEST(Address, BadAddressesNameTheUrlAndTheProblem) {
     for (const char* url : {"127.0.0.1:7000", "tcp://127.0.0.1", "tcp://:7000", "tcp://h:70000",
                             "tcp://h:7x", "tcp://[::1:7000", "unix://", "udp://h:1", "inproc://",
-                            "zmq+ipc://", "zmq+tcp://h", "tls://:1"}) {
+                            "zmq+ipc://", "zmq+tcp://h", "tls://:1", "tcp://h:1?a=1&=2"}) {
         try {
             parse_address(url);
             ADD_FAILURE() << url << " was accepted";
