@@ -260,7 +260,12 @@ void dispatcher::dispatch(message& m) {
     if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
         !unwrap_stream(m, window, window_bytes))
         return;
-    const handler_entry* e = find(m.method);
+    dispatch_to(find(m.method), m, window, window_bytes);
+}
+
+void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
+                             std::uint64_t window_bytes) {
+    const bool req = m.kind == message_kind::request;
     if (!e) {
         if (h_) h_->count_unknown(req);
         if (req) {

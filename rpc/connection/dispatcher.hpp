@@ -81,11 +81,12 @@ class dispatcher {
             [[unlikely]]
             return on_message_slow(m, bytes);
         // A synchronous handler open to every caller runs from here; anything else (an unknown
-        // method, a handler that suspends, streams or checks its caller) takes dispatch(), which
-        // looks the method up again.
-        if (const handler_entry* e = find(m.method); e && e->direct) [[likely]]
+        // method, a handler that suspends, streams or checks its caller) takes the one
+        // dispatch path, with what was found.
+        const handler_entry* e = find(m.method);
+        if (e && e->direct) [[likely]]
             return run_sync(*e, m);
-        dispatch(m);
+        dispatch_to(e, m, 0, 0);
     }
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
@@ -111,7 +112,11 @@ class dispatcher {
     void cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
+    // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
     void dispatch(message& m);
+    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams.
+    void dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
+                     std::uint64_t window_bytes);
     void run_sync(const handler_entry& e, const message& m);
     void deny(const handler_entry& e, const message& m);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
