@@ -62,7 +62,7 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
     if (o.budget && queue.capacity() > charged_out) charge_out();
     if (writer_wait == wait::idle) {
         if (!direct) return wake_writer();
-        if (delivering) {
+        if (rd == reader::delivering) {
             flush_due = true;
             return;
         }
@@ -77,7 +77,7 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
         });
     } else if (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes) {
         wake_writer();
-    } else if (room_wait && queue.size() >= retry_at && !delivering) {
+    } else if (room_wait && queue.size() >= retry_at && rd != reader::delivering) {
         continue_batch();
     }
 }
@@ -145,7 +145,7 @@ bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
     ++c.writes;
     c.buffered_bytes -= writing.size();
     charge_out();
-    if (budget_wait) reader_wake.cancel();  // it may wait for this output to drain
+    if (rd == reader::budget) reader_wake.cancel();  // it may wait for this output to drain
     if (ec) {
         hand_back(writing, writing_ends, whole);
         fail(errc::peer_lost, "ordo: write to " + t->remote_address() + " failed: " + ec.message());
@@ -201,7 +201,7 @@ net::awaitable<void> batched_comm::impl::write_batches() {
     // Flushed after close(): end our direction, then give the peer close_timeout to end its.
     t->shutdown_send();
     const auto deadline = clock::now() + o.close_timeout;
-    while (!reader_done && st == state::closing && clock::now() < deadline)
+    while (rd != reader::done && st == state::closing && clock::now() < deadline)
         co_await sleep_writer(wait::peer_eof, deadline);
     fail(errc::closed, "ordo: connection to " + t->remote_address() + " closed by this side");
 }
@@ -321,7 +321,7 @@ void batched_comm::send(std::string_view head, std::string_view body) {
 
 void batched_comm::pause_reading(bool paused) {
     impl_->paused = paused;
-    if (!paused && impl_->reader_paused) impl_->reader_wake.cancel();
+    if (!paused && impl_->rd == impl::reader::parked) impl_->reader_wake.cancel();
 }
 
 net::awaitable<void> batched_comm::async_drain() {

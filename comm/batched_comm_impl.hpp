@@ -69,7 +69,13 @@ class byte_queue {
 struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     using clock = std::chrono::steady_clock;
     using state = batched_comm::comm_state;
+    // The writer's state: writing (none), or asleep until woken (idle), until its interval
+    // has passed (interval), or until the peer ends its stream after close() (peer_eof).
     enum class wait { none, idle, interval, peer_eof };
+    // The reader's state: reading (or about to), passing on the messages of a read
+    // (delivering: what their handlers send is flushed when it is done), parked while its
+    // owner pauses it, waiting for room in the memory budget, or done.
+    enum class reader { reading, delivering, parked, budget, done };
 
     impl(std::unique_ptr<transport> tr, comm_options opt, message_fn m, closed_fn c)
         : t(std::move(tr)),
@@ -98,10 +104,10 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // Of `writing`, what the kernel took when flush() began the batch; the writer writes the rest.
     std::size_t written = 0;
     // Whether flush() may write (no interval to wait for; the transport has try_write); whether
-    // one is posted; whether the reader is passing on messages (and flushes what their handlers
-    // sent when it is done, with no post), and whether they sent any.
+    // one is posted; whether handlers the reader is passing messages to sent any (flushed when
+    // it is done, with no post).
     bool direct = o.interval.count() <= 0, flush_posted = false;
-    bool delivering = false, flush_due = false;
+    bool flush_due = false;
     // Whether a batch was taken only in part and the writer is to finish it (woken, or waiting
     // for room: write_in_steps), with no write of its pending; it stays set until the writer
     // runs, even if send() has written everything meanwhile. And the queue's size at which
@@ -111,8 +117,9 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
 
     state st = state::open;
     wait writer_wait = wait::none;
-    bool started = false, finished = false, detached = false, reader_done = false;
-    bool paused = false, reader_paused = false;
+    reader rd = reader::reading;
+    bool started = false, finished = false, detached = false;
+    bool paused = false;  // the owner's pause_reading(true): the reader parks at its next step
     net::steady_timer reader_wake{t->get_executor(), clock::time_point::max()};
     bool has_reason = false;
     // hand_over(): where the connection goes once both loops have stopped, and the bytes read
@@ -139,7 +146,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     static constexpr std::size_t budget_floor = 32 * 1024;
     static constexpr std::size_t out_step = 64 * 1024;  // output is charged in these steps
     std::size_t charged_read = 0, charged_out = 0;
-    bool budget_wait = false, budget_registered = false;
+    bool budget_registered = false;
 
     void charge_read() {
         if (o.budget) o.budget->adjust(charged_read, framer.capacity());
@@ -192,7 +199,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     void flush();
     // The reader's flush, after the messages of a read or of a turn.
     void flush_delivered() {
-        delivering = false;
+        if (rd == reader::delivering) rd = reader::reading;
         if (!flush_due) return;
         flush_due = false;
         flush();

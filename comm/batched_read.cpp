@@ -18,8 +18,8 @@ net::awaitable<void> batched_comm::impl::read_loop() {
         fail(errc::protocol_error, "ordo: message handler failed: " + std::string(e.what()) +
                                        " (from " + t->remote_address() + ")");
     }
-    reader_done = true;
     flush_delivered();  // a handler that threw may have sent first
+    rd = reader::done;
     if (writer_wait == wait::peer_eof) wake_writer();
 }
 
@@ -32,9 +32,9 @@ net::awaitable<void> batched_comm::impl::read_messages() {
     }
     while (st != state::ended && !quitting && !handing) {
         while (paused && st != state::ended && !quitting) {
-            reader_paused = true;
+            rd = reader::parked;
             co_await reader_wake.async_wait(use_tuple);
-            reader_paused = false;
+            rd = reader::reading;
         }
         if (st == state::ended || quitting) break;
         // The budget's common case (room for the read) costs one load, not a coroutine.
@@ -88,7 +88,7 @@ thread_local std::chrono::steady_clock::time_point delivering_read_at{};
 bool batched_comm::impl::deliver_some(bool& took) {
     const detail::delivering_read_scope reading(c.last_receive);
     std::size_t turn = 0;
-    delivering = true;
+    rd = reader::delivering;
     while (st != state::ended && !quitting) {
         // The taker takes the common message in one pass; the framer cuts what it declines
         // (not all there, another shape, over a limit). Counted while handled, either way.
@@ -167,9 +167,9 @@ net::awaitable<batched_comm::impl::read_plan> batched_comm::impl::budgeted_read(
             budget_registered = true;
         }
         ++c.budget_waits;
-        budget_wait = true;
+        rd = reader::budget;
         co_await reader_wake.async_wait(use_tuple);
-        budget_wait = false;
+        rd = reader::reading;
     }
     co_return read_plan{0};
 }
@@ -199,7 +199,7 @@ void batched_comm::impl::check_partial() {
                           " bytes of an incomplete message from " + t->remote_address() +
                           ", not completed within message_timeout (" +
                           std::to_string(o.message_timeout.count()) + " ms)";
-        if (budget_wait)
+        if (rd == reader::budget)
             why += "; it was waiting for room in the memory budget (" +
                    std::to_string(o.budget->used()) + " of " +
                    std::to_string(o.budget->limit()) + " bytes used)";
