@@ -11,9 +11,10 @@ dir=$(mktemp -d)
 fail() { echo "FAIL: $*"; [ -n "${pid:-}" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; exit 1; }
 
 for sig in TERM INT; do
+    : >"$dir/out"  # emptied first: the wait below must not read the last server's lines
     "$server" --listen tcp://127.0.0.1:0 --listen "unix://$dir/s.sock" >"$dir/out" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do [ "$(grep -c '^listening on ' "$dir/out")" = 2 ] && break; sleep 0.1; done
+    for _ in $(seq 300); do [ "$(grep -c '^listening on ' "$dir/out")" = 2 ] && break; sleep 0.1; done
     url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out" | head -1)
     [ -n "$url" ] && [ "${url##*:}" != 0 ] || fail "no listening line with a real port: $(cat "$dir/out")"
     grep -q "^listening on unix://$dir/s.sock$" "$dir/out" || fail "no unix listening line"
@@ -30,7 +31,7 @@ for sig in TERM INT; do
     [ $rc = 1 ] && [[ "$err" == error:* ]] || fail "bad mode: rc=$rc $err"
 
     kill -"$sig" "$pid"
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$pid" 2>/dev/null && fail "server still running 10 s after SIG$sig"
     wait "$pid"; rc=$?
     [ $rc = 0 ] || fail "server exited $rc after SIG$sig"
@@ -39,9 +40,10 @@ done
 
 # --threads 2: connections spread over two loops; add() runs on a strand and stays in order with
 # the calls of its connection (total() grew by exactly the adds), while other clients call.
+: >"$dir/out"  # emptied first: the wait below must not read the last server's lines
 "$server" --listen tcp://127.0.0.1:0 --threads 2 >"$dir/out" 2>&1 &
 pid=$!
-for _ in $(seq 100); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
 url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out")
 [ -n "$url" ] || fail "--threads 2: no listening line: $(cat "$dir/out")"
 "$client" --connect "$url" --calls 5000 --inflight 16 >"$dir/side" 2>&1 &
@@ -59,9 +61,10 @@ pid=
 # --adds: add(1) notifications among the calls, and total() grew by exactly that many (over a
 # resumable session too); refused where notifications are not ordered with calls; and the
 # error when another client adds meanwhile.
+: >"$dir/out"  # emptied first: the wait below must not read the last server's lines
 "$server" --listen tcp://127.0.0.1:0 >"$dir/out" 2>&1 &
 pid=$!
-for _ in $(seq 100); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q '^listening on ' "$dir/out" && break; sleep 0.1; done
 url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/out")
 [ -n "$url" ] || fail "no listening line: $(cat "$dir/out")"
 out=$("$client" --connect "$url" --calls 2000 --inflight 16 --adds 500) || fail "adds: $out"
@@ -98,7 +101,7 @@ openssl x509 -req -in "$dir/srv.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAc
 "$server" --listen tls://127.0.0.1:0 --listen zmq+tcp://127.0.0.1:0 --listen "zmq+ipc://$dir/z.sock" \
     --cert "$dir/srv.pem" --key "$dir/srv.key" >"$dir/out2" 2>"$dir/err2" &
 pid=$!
-for _ in $(seq 100); do [ "$(grep -c '^listening on ' "$dir/out2")" = 3 ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ "$(grep -c '^listening on ' "$dir/out2")" = 3 ] && break; sleep 0.1; done
 tls=$(grep -o 'tls://127\.0\.0\.1:[0-9]*' "$dir/out2")
 zmq=$(grep -o 'zmq+tcp://127\.0\.0\.1:[0-9]*' "$dir/out2")
 [ -n "$tls" ] && [ -n "$zmq" ] || fail "no tls or zmq listening line: $(cat "$dir/out2" "$dir/err2")"
@@ -120,7 +123,7 @@ pid=
 pid=$!
 "$server" --listen tcp://127.0.0.1:0 >"$dir/r2" 2>&1 &
 pid2=$!
-for _ in $(seq 100); do grep -q '^listening on ' "$dir/r1" && grep -q '^listening on ' "$dir/r2" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q '^listening on ' "$dir/r1" && grep -q '^listening on ' "$dir/r2" && break; sleep 0.1; done
 h1=$(grep -o '127\.0\.0\.1:[0-9]*' "$dir/r1"); h2=$(grep -o '127\.0\.0\.1:[0-9]*' "$dir/r2")
 [ -n "$h1" ] && [ -n "$h2" ] || { kill -9 "$pid2"; fail "router replicas did not start"; }
 out=$("$client" --connect "route+tcp://$h1,$h2?max_concurrent=8&policy=round_robin" --calls 2000 \
