@@ -1,32 +1,13 @@
 #include "ordo/rpc/router.hpp"
 
-// Where calls go: picking a replica, the waiting queue, the key-order guard, shadow traffic,
-// retries. Who the replicas are is rpc/channels/router_members.cpp; how least_loaded's aperture
-// moves, rpc/channels/aperture.cpp.
+// How calls flow: to the replica placement picks, or into the waiting queue; shadow copies;
+// second tries; booking each call's end. Who the replicas are is rpc/channels/router_members.cpp;
+// which one a call goes to, rpc/channels/placement.hpp.
 #include <algorithm>
-#include <cmath>
 
 #include "rpc/channels/router_state.hpp"
 
 namespace ordo {
-namespace {
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer: spreads FNV's similar outputs
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-std::uint64_t hash_of(std::string_view s) {
-    std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-    return mix(h);
-}
-
-}  // namespace
-
 router::state::state(router& r, net::any_io_executor e, router_options opt)
     : self(r),
       ex(std::move(e)),
@@ -38,10 +19,8 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
           },
           "cancelled by the caller while waiting for a replica", [this] { update(); }),
       wait_timer(ex) {
-    o.max_concurrent = std::max<std::size_t>(1, o.max_concurrent);
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
-    aperture_on = o.aperture && o.policy == route_policy::least_loaded;
     rename();
 }
 
@@ -59,7 +38,7 @@ void router::state::rename() {
 // Replicas that may still serve ordinary calls, now or once connected for the first time.
 bool router::state::any_usable() const {
     return std::any_of(reps.begin(), reps.end(), [&](const auto& r) {
-        return !is_shadow(*r) && (takes_calls(*r) || r->ph == phase::connecting);
+        return !r->shadow && (r->takes_calls() || r->ph == phase::connecting);
     });
 }
 
@@ -73,151 +52,6 @@ std::shared_ptr<router::state::replica> router::state::find(const std::string& u
     return nullptr;
 }
 
-// Computes `r`'s places on the ring (ring_points per unit of weight, at least one), once per
-// URL and weight, sorted: a membership change then only takes points off and merges new ones in.
-void router::state::place(replica& r) {
-    const auto n = std::max<std::size_t>(
-        1, static_cast<std::size_t>(std::llround(static_cast<double>(o.ring_points) * r.weight)));
-    r.points.clear();
-    r.points.reserve(n);
-    for (std::size_t i = 0; i < n; ++i)
-        r.points.push_back(hash_of(r.url + "#" + std::to_string(i)));
-    std::sort(r.points.begin(), r.points.end());
-    r.replaced = r.in_ring;
-}
-
-// Brings the ring in line with who takes calls: the points of replicas that stopped (or whose
-// weight changed) come off in one pass, those of replicas that started are merged in. Linear
-// in the ring's size (64 points per replica by default), with no full sort.
-void router::state::rebuild_ring() {
-    bool drop = false;
-    for (auto& r : reps) {
-        const bool keep = r->in_ring && !r->replaced && takes_calls(*r) && !is_shadow(*r);
-        drop = drop || (r->in_ring && !keep);
-        r->in_ring = keep;
-        r->replaced = false;
-    }
-    if (drop) std::erase_if(ring, [](const auto& e) { return !e.second->in_ring; });
-    const auto old_end = static_cast<std::ptrdiff_t>(ring.size());
-    for (auto& r : reps) {
-        if (r->in_ring || !takes_calls(*r) || is_shadow(*r)) continue;
-        for (auto h : r->points) ring.emplace_back(h, r.get());
-        r->in_ring = true;
-    }
-    if (ring.size() == static_cast<std::size_t>(old_end)) return;
-    std::sort(ring.begin() + old_end, ring.end());
-    std::inplace_merge(ring.begin(), ring.begin() + old_end, ring.end());
-}
-
-router::state::replica* router::state::owner_of(const std::string& key) const {
-    if (ring.empty()) return nullptr;
-    auto it = std::lower_bound(ring.begin(), ring.end(),
-                               std::make_pair(hash_of(key), static_cast<replica*>(nullptr)));
-    return (it == ring.end() ? ring.front() : *it).second;
-}
-
-// A key's call may go to `to` unless calls of that key are still in flight elsewhere.
-bool router::state::key_may_go(const std::string& key, const replica* to) const {
-    auto it = keys.find(key);
-    return it == keys.end() || it->second.at == to;
-}
-
-// Fewest calls in flight per unit of weight among the aperture's replicas with room (ties: the
-// first from the cursor on), else among the rest.
-[[gnu::always_inline]] inline router::state::replica* router::state::least_loaded() {
-    const std::size_t n = order.size();
-    const std::size_t span = aperture_on ? ap.size() : detail::aperture::all;
-    if (n > many_replicas && span > many_replicas) {
-        // Many replicas: the less loaded of two drawn at random (the power of two choices, as
-        // Envoy's least-request), so that a call costs the same at 1,000 replicas as at 20.
-        // Only when neither draw finds room does the full scan below run. (The draws are among
-        // the aperture's first places, a few of which may not take calls.)
-        const std::size_t within = std::min(span, n);
-        auto draw = [&]() -> replica* {
-            for (int t = 0; t < 4; ++t) {
-                replica& r = *order[std::uniform_int_distribution<std::size_t>(0, within - 1)(rng)];
-                if (!is_shadow(r) && has_room(r)) return &r;
-            }
-            return nullptr;
-        };
-        replica* a = draw();
-        replica* b = draw();
-        auto load = [](const replica* r) { return static_cast<double>(r->in_flight) / r->weight; };
-        if (a && b) return load(a) <= load(b) ? a : b;
-        if (a || b) return a ? a : b;
-    }
-    replica* best = nullptr;
-    std::size_t best_at = 0, seen = 0;
-    // Ties go in turn: to the first from the cursor on.
-    auto turn = [&](std::size_t i) { return i >= cursor ? i - cursor : i + n - cursor; };
-    for (std::size_t i = 0; i < n; ++i) {
-        replica& r = *order[i];
-        if (is_shadow(r) || !takes_calls(r)) continue;
-        if (seen++ >= span && best) break;  // the aperture had room
-        if (r.in_flight >= o.max_concurrent) continue;
-        if (best) {
-            // in_flight / weight, compared by cross-multiplying (weights are positive): no
-            // division per replica, as this runs once per call.
-            const double mine = static_cast<double>(r.in_flight) * best->weight;
-            const double theirs = static_cast<double>(best->in_flight) * r.weight;
-            if (mine > theirs || (mine == theirs && turn(i) > turn(best_at))) continue;
-        }
-        best = &r;
-        best_at = i;
-    }
-    if (best) cursor = best_at + 1;
-    return best;
-}
-
-// The replica `call` goes to now, or null if it must wait.
-[[gnu::always_inline]] inline router::state::replica* router::state::pick(
-    const detail::pending_call& call) {
-    if (!call.options.key.empty()) {
-        replica* r = owner_of(call.options.key);
-        return r && has_room(*r) && key_may_go(call.options.key, r) ? r : nullptr;
-    }
-    const std::size_t n = reps.size();
-    replica* best = nullptr;
-    if (o.policy == route_policy::weighted) {
-        double total = 0;
-        for (auto& r : reps)
-            if (!is_shadow(*r) && has_room(*r)) {
-                total += r->weight;
-                r->current += r->weight;
-                if (!best || r->current > best->current) best = r.get();
-            }
-        if (best) best->current -= total;
-        return best;
-    }
-    if (o.policy == route_policy::least_loaded) return least_loaded();
-    // round_robin: from the cursor on, wrapping.
-    std::size_t i = cursor < n ? cursor : 0;
-    for (std::size_t k = 0; k < n; ++k, i = i + 1 == n ? 0 : i + 1) {
-        replica& r = *reps[i];
-        if (is_shadow(r) || !has_room(r)) continue;
-        cursor = i + 1;
-        return &r;
-    }
-    return nullptr;
-}
-
-std::size_t router::state::usable() const {
-    return std::size_t(std::count_if(reps.begin(), reps.end(), [&](const auto& r) {
-        return !is_shadow(*r) && takes_calls(*r);
-    }));
-}
-
-// pick() without moving round-robin state.
-router::state::replica* router::state::peek(const detail::pending_call& call) const {
-    if (!call.options.key.empty()) {
-        replica* r = owner_of(call.options.key);
-        return r && has_room(*r) && key_may_go(call.options.key, r) ? r : nullptr;
-    }
-    for (auto& r : reps)
-        if (!is_shadow(*r) && has_room(*r)) return r.get();
-    return nullptr;
-}
-
 void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     if (closed)
         return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
@@ -228,7 +62,7 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     // Calls already waiting go first: a new call never overtakes them, even into room that
     // freed up before the queue was served (which keeps the order of a key across failover).
     if (queue.empty())
-        if (replica* r = pick(*call)) return send(*r, std::move(call), timeout, retry);
+        if (replica* r = place.pick(*call)) return send(*r, std::move(call), timeout, retry);
     if (!any_usable() && o.wait_for_replica.count() == 0)
         return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
     if (queue.size() >= o.max_queued_calls)
@@ -237,8 +71,8 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
                                      " calls already wait for a replica of " + name +
                                      " (max_queued_calls)");
     if (!call->options.key.empty()) {
-        const replica* owner = owner_of(call->options.key);
-        if (owner && !key_may_go(call->options.key, owner)) ++c.key_waits;
+        const replica* owner = place.owner_of(call->options.key);
+        if (owner && !place.key_may_go(call->options.key, owner)) ++c.key_waits;
     }
     queue.push(std::move(call), timeout);
     update();
@@ -270,12 +104,8 @@ std::string router::state::no_replica_reason() const {
     // read's time, as finished() takes a response's (its latency then spans read to read), and
     // no clock read (comm/read_clock.hpp).
     call->routed.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
-    if (!call->options.key.empty()) {
-        key_flight& k = keys[call->options.key];
-        k.at = &rep;
-        ++k.calls;
-    }
-    call->routed.tag = ap.tag();
+    if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
+    call->routed.tag = place.tag();
     ++rep.in_flight;
     rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
     // A write that failed inside that send ended the connection: the calls after this one go
@@ -287,7 +117,7 @@ std::string router::state::no_replica_reason() const {
 void router::state::shadow(const detail::pending_call& call, std::chrono::milliseconds timeout) {
     replica* best = nullptr;
     for (auto& r : reps)
-        if (is_shadow(*r) && has_room(*r) && (!best || r->in_flight < best->in_flight))
+        if (r->shadow && place.has_room(*r) && (!best || r->in_flight < best->in_flight))
             best = r.get();
     if (!best) {
         ++c.shadow_skipped;
@@ -314,28 +144,18 @@ void router::state::finished(replica& r, std::uint64_t gen,
     --r.in_flight;
     const detail::pending_call& sent = *call;  // as it went out
     const auto& notes = sent.routed;
-    if (!sent.options.key.empty()) {
-        auto it = keys.find(sent.options.key);
-        if (it != keys.end() && --it->second.calls == 0) keys.erase(it);
-    }
+    if (!sent.options.key.empty()) place.key_ended(sent.options.key);
     if (!ec) {
-        ++r.completed;
         // A response arrives only by a read of the replica's connection, which noted the time
         // (batched_comm's counters): its latency costs no second clock read.
         const auto arrived =
             r.conn && gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
         const auto took = std::max(arrived - notes.sent, clock_type::duration::zero());
-        r.latency.record(took);
-        if (aperture_on && !notes.shadow && sent.options.key.empty())
-            ap.answered(notes.tag, notes.sent, arrived);
-        // Only a waiting call with a deadline is judged by it: calls without one pay no
-        // lookup.
-        if (!notes.shadow && sent.options.timeout.count() > 0) {
-            auto& e = service_estimates[sent.method];
-            e += (std::chrono::duration_cast<std::chrono::microseconds>(took) - e) / 8;
-        }
+        books.answered(r, sent, took, notes.shadow);
+        if (place.aperture_on() && !notes.shadow && sent.options.key.empty())
+            place.answered(notes.tag, notes.sent, arrived);
     } else {
-        ++r.errors;
+        books.failed(r);
     }
     if (gen == r.gen) {
         if (!ec) {
@@ -411,13 +231,9 @@ void router::state::pump() {
         return;
     }
     while (auto t = queue.take_first(
-               [this](const detail::pending_call& call) { return peek(call) != nullptr; },
-               [this](const detail::pending_call& call) {
-                   auto it = service_estimates.find(call.method);
-                   return it == service_estimates.end() ? std::chrono::microseconds(0)
-                                                        : 2 * it->second;
-               })) {
-        replica* r = pick(*t->call);
+               [this](const detail::pending_call& call) { return place.peek(call) != nullptr; },
+               [this](const detail::pending_call& call) { return books.needed(call.method); })) {
+        replica* r = place.pick(*t->call);
         const bool retry = t->call->attempt > 0;
         send(*r, std::move(t->call), t->timeout, retry);
     }
@@ -440,7 +256,7 @@ void router::state::notify(std::string_view method, std::string_view params) {
     if (closed) throw_error(errc::closed, "ordo: router " + name + " is closed");
     replica* best = nullptr;
     for (auto& r : reps)
-        if (!is_shadow(*r) && takes_calls(*r) && (!best || r->in_flight < best->in_flight))
+        if (!r->shadow && r->takes_calls() && (!best || r->in_flight < best->in_flight))
             best = r.get();
     if (!best)
         throw rpc_error(make_error_code(errc::peer_lost), {}, {},
@@ -474,10 +290,9 @@ net::any_io_executor router::get_executor() const {
 
 const router_counters& router::counters() const noexcept {
     s_->update();
-    s_->c.aperture =
-        std::min(s_->aperture_on ? s_->ap.chosen() : detail::aperture::all, s_->usable());
-    s_->c.aperture_trials = s_->ap.trials();
-    s_->c.aperture_changes = s_->ap.changes();
+    s_->c.aperture = s_->place.aperture_size();
+    s_->c.aperture_trials = s_->place.aperture_trials();
+    s_->c.aperture_changes = s_->place.aperture_changes();
     return s_->c;
 }
 

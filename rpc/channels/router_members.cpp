@@ -64,9 +64,10 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
         r->source = source;
         r->weight = weight;
         r->group = std::move(group);
-        place(*r);
+        r->shadow = in_shadow_group(r->group);
+        place.reweigh(*r);
         if (r->ph == phase::draining && !r->goaway) r->ph = phase::live;
-        rebuild_ring();
+        place.refresh();
         rename();
         event("replica " + url + " added back");
         return r;
@@ -75,13 +76,11 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
     r->owner = anchor;
     r->url = std::move(url);
     r->group = std::move(group);
+    r->shadow = in_shadow_group(r->group);
     r->weight = weight;
     r->source = source;
-    place(*r);
     reps.push_back(r);
-    order.insert(order.begin() + std::uniform_int_distribution<std::ptrdiff_t>(
-                                     0, std::ptrdiff_t(order.size()))(rng),
-                 r.get());
+    place.admit(*r);
     return r;  // the caller renames the router once it has admitted what it had to
 }
 
@@ -175,7 +174,7 @@ void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<tr
     r->goaway = false;
     r->failures_in_a_row = 0;
     r->ph = phase::live;
-    rebuild_ring();
+    place.refresh();
     event("replica " + r->url + (again ? " back" : " added"));
     pump();
 }
@@ -194,7 +193,7 @@ void router::state::lose(replica& r, const std::string& why) {
         return;
     }
     r.ph = phase::reconnecting;
-    rebuild_ring();
+    place.refresh();
     const std::string next = "; next try in " + in_ms(retry_later(shared(&r)));
     if (drained && r.goaway) {
         event("replica " + r.url + " drained" + next);
@@ -225,12 +224,9 @@ void router::state::leave(replica& r) {
     if (r.conn) retire(std::move(r.conn));
     r.conn = nullptr;
     retire(shared(&r));
-    if (r.in_ring) std::erase_if(ring, [&](const auto& e) { return e.second == &r; });
-    r.in_ring = false;
-    std::erase(order, &r);
+    place.forget(r);
     std::erase_if(reps, [&](const auto& p) { return p.get() == &r; });
-    if (cursor >= order.size()) cursor = 0;  // least_loaded's ties count from it
-    rebuild_ring();
+    place.refresh();
     rename();
 }
 
@@ -239,14 +235,14 @@ void router::state::heard_goaway(replica& r, const std::string& reason) {
     r.ph = phase::draining;
     r.goaway = true;
     ++c.drains;
-    rebuild_ring();
+    place.refresh();
     event("replica " + r.url + " is going away (" + reason + "): draining");
     if (r.in_flight == 0 && r.conn) r.conn->close();
     schedule_pump();  // its waiting keyed calls move on
 }
 
 void router::state::note_outcome(replica& r, std::error_code ec) {
-    if (o.eject_after == 0 || is_shadow(r)) return;  // shadow calls only count
+    if (o.eject_after == 0 || r.shadow) return;  // shadow calls only count
     if (!ec) {
         r.failures_in_a_row = 0;
         return;
@@ -259,7 +255,7 @@ void router::state::note_outcome(replica& r, std::error_code ec) {
 void router::state::eject(replica& r) {
     std::size_t members = 0, out = 0;
     for (auto& p : reps)
-        if (p->member && !is_shadow(*p)) {
+        if (p->member && !p->shadow) {
             ++members;
             out += p->ejected() ? 1 : 0;
         }
@@ -274,7 +270,7 @@ void router::state::eject(replica& r) {
     const ms d = std::min<ms>(o.eject_base * static_cast<ms::rep>(r.streak), o.eject_max);
     r.ejected_until = now + d;
     r.failures_in_a_row = 0;
-    rebuild_ring();
+    place.refresh();
     event("replica " + r.url + " ejected for " + in_ms(d) + ": its last " +
           std::to_string(o.eject_after) + " calls failed");
     r.eject_timer = std::make_unique<net::steady_timer>(ex, r.ejected_until);
@@ -287,7 +283,7 @@ void router::state::eject(replica& r) {
             auto& s = *rt->s_;
             rep->ejected_until = {};
             rep->last_ejected_end = clock_type::now();
-            s.rebuild_ring();
+            s.place.refresh();
             s.event("replica " + rep->url + " back from ejection");
             s.schedule_pump();
         });
@@ -311,7 +307,7 @@ bool router::state::remove(const std::string& url) {
         leave(*r);  // connecting or reconnecting: nothing to drain
     } else {
         if (r->ph != phase::draining) r->ph = phase::draining;
-        rebuild_ring();
+        place.refresh();
         rename();
         if (r->in_flight == 0) r->conn->close();
     }
@@ -342,8 +338,9 @@ void router::state::apply(std::size_t source, std::vector<member> set) {
             if (r->weight != m.weight || r->group != m.group) {
                 r->weight = m.weight;
                 r->group = m.group;
-                place(*r);
-                rebuild_ring();
+                r->shadow = in_shadow_group(r->group);
+                place.reweigh(*r);
+                place.refresh();
                 event("replica " + r->url + " now has weight " + std::to_string(m.weight) +
                       (m.group.empty() ? "" : " in group " + m.group));
             }
@@ -391,7 +388,7 @@ void router::state::close_all() {
     wait_timer.cancel();
     auto all = std::move(reps);
     reps.clear();
-    ring.clear();
+    place.clear();
     for (auto& r : all) {
         r->ph = phase::gone;
         r->retry_timer.reset();
@@ -411,7 +408,7 @@ net::awaitable<void> router::async_add_replica(std::string url) {
 }
 
 void router::add_replica(std::string url, double weight, std::string group) {
-    std::shared_ptr<state::replica> r;
+    std::shared_ptr<detail::replica> r;
     try {
         r = s_->admit(url, weight, std::move(group), 0);
         s_->rename();
@@ -444,7 +441,7 @@ net::awaitable<void> router::async_follow(std::unique_ptr<replica_source> source
     // Bounded by connect_timeout; a few checks a second cost nothing next to a connect.
     while (!s_->closed && std::chrono::steady_clock::now() < deadline) {
         if (std::any_of(s_->reps.begin(), s_->reps.end(),
-                        [&](const auto& r) { return s_->takes_calls(*r); }))
+                        [](const auto& r) { return r->takes_calls(); }))
             co_return;
         t.expires_after(ms(10));
         co_await t.async_wait(net::use_awaitable);
@@ -468,7 +465,7 @@ std::vector<replica_counters> router::replicas() const {
         rc.url = r->url;
         rc.group = r->group;
         rc.weight = r->weight;
-        rc.live = s_->takes_calls(*r);
+        rc.live = r->takes_calls();
         using phase = state::phase;
         rc.state = r->ph == phase::connecting     ? replica_state::connecting
                    : r->ph == phase::reconnecting ? replica_state::reconnecting
@@ -486,7 +483,7 @@ std::vector<replica_counters> router::replicas() const {
         rc.shadow_calls = r->shadow_calls;
         rc.latency = r->latency.summary();
         s_->queue.for_each([&](const detail::pending_call& call) {
-            if (!call.options.key.empty() && s_->owner_of(call.options.key) == r.get()) ++rc.queued;
+            if (!call.options.key.empty() && s_->place.owner_of(call.options.key) == r.get()) ++rc.queued;
         });
         out.push_back(std::move(rc));
     }
