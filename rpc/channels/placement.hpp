@@ -61,7 +61,9 @@ class placement {
         auto it = keys_.find(key);
         if (it != keys_.end() && --it->second.calls == 0) keys_.erase(it);
     }
-    bool has_room(const replica& r) const { return r.takes_calls() && r.in_flight < max_concurrent_; }
+    bool has_room(const replica& r) const {
+        return r.takes_calls() && r.in_flight < max_concurrent_;
+    }
     /// Replicas that take calls without a key now (shadows not counted).
     std::size_t usable() const;
 

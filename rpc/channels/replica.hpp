@@ -34,10 +34,10 @@ struct replica : std::enable_shared_from_this<replica> {
     // Who it is (membership).
     std::string url, group;
     double weight = 1;
-    bool shadow = false;      // in router_options::shadow_group: gets copies of calls only
-    bool member = true;       // false once removed: it drains, then leaves
-    bool goaway = false;      // draining because its server is going away
-    std::size_t source = 0;   // 0: the URL or add_replica; else the router's source number
+    bool shadow = false;     // in router_options::shadow_group: gets copies of calls only
+    bool member = true;      // false once removed: it drains, then leaves
+    bool goaway = false;     // draining because its server is going away
+    std::size_t source = 0;  // 0: the URL or add_replica; else the router's source number
     replica_phase ph = replica_phase::connecting;
     std::shared_ptr<peer> conn;
     // The router's state while the router lives (null once its destruction began): a call's
@@ -50,8 +50,8 @@ struct replica : std::enable_shared_from_this<replica> {
     std::unique_ptr<net::steady_timer> retry_timer;  // the next attempt
     std::unique_ptr<net::steady_timer> eject_timer;  // the ejection's end
     std::size_t failures_in_a_row = 0;
-    std::uint64_t streak = 0;                  // ejections without a long stay in between
-    clock_type::time_point ejected_until{};    // set while ejected ({} otherwise)
+    std::uint64_t streak = 0;                // ejections without a long stay in between
+    clock_type::time_point ejected_until{};  // set while ejected ({} otherwise)
     clock_type::time_point last_ejected_end{};
 
     // Where it stands for calls (placement).

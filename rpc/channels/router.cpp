@@ -100,14 +100,15 @@ std::string router::state::no_replica_reason() const {
         o.idempotent_methods.count(call->method))
         saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
+    if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
+    detail::call_observer::note n;
     // Started by a handler while a read is passed on, a call without a deadline takes that
     // read's time, as finished() takes a response's (its latency then spans read to read), and
     // no clock read (comm/read_clock.hpp).
-    call->routed.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
-    if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
-    call->routed.tag = place.tag();
+    n.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
+    n.mark = place.tag();
     ++rep.in_flight;
-    rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
+    rep.conn->start_call(std::move(call), n);  // its end comes back through conn_watch
     // A write that failed inside that send ended the connection: the calls after this one go
     // elsewhere now, not to a connection that is only waiting for the event loop to end it.
     if (rep.conn && !rep.conn->takes_calls()) [[unlikely]]
@@ -124,36 +125,35 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
         return;
     }
     auto sc = std::make_unique<shadow_call>();
-    sc->routed.sent = clock_type::now();
-    sc->routed.shadow = true;
     sc->method = call.method;
     sc->params = call.params.copy();
     sc->options.timeout = timeout;
     ++best->in_flight;
     ++best->shadow_calls;
     ++c.shadow_sent;
-    best->conn->start_call(std::move(sc));
+    best->conn->start_call(std::move(sc), {clock_type::now(), shadow_mark});
 }
 
 // A call sent on connection `gen` of replica `r` ended, before its caller hears (conn_watch).
 // Runs inside the replica's peer: what starts waiting calls is posted. The peer completes the
 // caller's call after this returns, unless this took it for a second try.
 void router::state::finished(replica& r, std::uint64_t gen,
-                             std::unique_ptr<detail::pending_call>& call, std::error_code ec,
+                             std::unique_ptr<detail::pending_call>& call,
+                             const detail::call_observer::note& n, std::error_code ec,
                              call_outcome& out) {
     --r.in_flight;
     const detail::pending_call& sent = *call;  // as it went out
-    const auto& notes = sent.routed;
+    const bool shadow = n.mark & shadow_mark;
     if (!sent.options.key.empty()) place.key_ended(sent.options.key);
     if (!ec) {
         // A response arrives only by a read of the replica's connection, which noted the time
         // (batched_comm's counters): its latency costs no second clock read.
         const auto arrived =
             r.conn && gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
-        const auto took = std::max(arrived - notes.sent, clock_type::duration::zero());
-        books.answered(r, sent, took, notes.shadow);
-        if (place.aperture_on() && !notes.shadow && sent.options.key.empty())
-            place.answered(notes.tag, notes.sent, arrived);
+        const auto took = std::max(arrived - n.sent, clock_type::duration::zero());
+        books.answered(r, sent, took, shadow);
+        if (place.aperture_on() && !shadow && sent.options.key.empty())
+            place.answered(static_cast<std::uint8_t>(n.mark), n.sent, arrived);
     } else {
         books.failed(r);
     }
@@ -168,7 +168,7 @@ void router::state::finished(replica& r, std::uint64_t gen,
         }
     }
     if (r.ph == phase::draining && r.in_flight == 0 && r.conn) r.conn->close();
-    if (notes.shadow) {
+    if (shadow) {
         ++(ec ? c.shadow_errors : c.shadow_ok);
         schedule_pump();
         return;
@@ -181,7 +181,7 @@ void router::state::finished(replica& r, std::uint64_t gen,
                 // The caller's own call comes back for its second (and last) try. Its method,
                 // options and slot are as it went out; its params were sent and cleared.
                 const auto deadline = sent.options.timeout.count() > 0
-                                          ? notes.sent + sent.options.timeout
+                                          ? n.sent + sent.options.timeout
                                           : clock_type::time_point::max();
                 auto again = std::move(call);
                 again->params = std::move(params);

@@ -52,13 +52,6 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
-    /// A router's notes while one of its replicas runs the call (rpc/channels/router.cpp): when it
-    /// was sent, the aperture trial's tag, and whether it is a shadow copy.
-    struct route_notes {
-        std::chrono::steady_clock::time_point sent{};
-        std::uint8_t tag = 0;
-        bool shadow = false;
-    } routed;
 };
 
 /// Told of each call of one connection as it ends, before its caller hears: how a router books
@@ -66,12 +59,19 @@ class pending_call {
 /// connection's executor, where the call completes.
 class call_observer {
   public:
+    /// What the observer notes of a call as it starts it (peer::start_call with a note): the
+    /// connection keeps it beside the call and gives it back at the call's end.
+    struct note {
+        std::chrono::steady_clock::time_point sent{};
+        std::uint16_t mark = 0;  ///< the observer's, as it gave it
+    };
+
     virtual ~call_observer() = default;
-    /// `call` ended with `ec` and `out` (whose detail it may amend). It may take `call` (to send
-    /// it again): its caller then hears nothing now. `now`: the caller is about to hear inline
-    /// (pending_call::complete_inline).
-    virtual void ended(std::unique_ptr<pending_call>& call, std::error_code ec, call_outcome& out,
-                       bool now) = 0;
+    /// `call`, started with `n` ({} for a call started without one), ended with `ec` and `out`
+    /// (whose detail it may amend). It may take `call` (to send it again): its caller then hears
+    /// nothing now. `now`: the caller is about to hear inline (pending_call::complete_inline).
+    virtual void ended(std::unique_ptr<pending_call>& call, const note& n, std::error_code ec,
+                       call_outcome& out, bool now) = 0;
 };
 
 }  // namespace ordo::detail
