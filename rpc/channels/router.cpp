@@ -101,14 +101,13 @@ std::string router::state::no_replica_reason() const {
         saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
     if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
-    detail::call_observer::note n;
     // Started by a handler while a read is passed on, a call without a deadline takes that
     // read's time, as finished() takes a response's (its latency then spans read to read), and
     // no clock read (comm/read_clock.hpp).
-    n.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
-    n.mark = place.tag();
+    call->noted.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
+    call->noted.mark = place.tag();
     ++rep.in_flight;
-    rep.conn->start_call(std::move(call), n);  // its end comes back through conn_watch
+    rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
     // A write that failed inside that send ended the connection: the calls after this one go
     // elsewhere now, not to a connection that is only waiting for the event loop to end it.
     if (rep.conn && !rep.conn->takes_calls()) [[unlikely]]
@@ -130,19 +129,20 @@ void router::state::shadow(const detail::pending_call& call, std::chrono::millis
     sc->options.timeout = timeout;
     ++best->in_flight;
     ++best->shadow_calls;
+    sc->noted = {clock_type::now(), shadow_mark};
     ++c.shadow_sent;
-    best->conn->start_call(std::move(sc), {clock_type::now(), shadow_mark});
+    best->conn->start_call(std::move(sc));
 }
 
 // A call sent on connection `gen` of replica `r` ended, before its caller hears (conn_watch).
 // Runs inside the replica's peer: what starts waiting calls is posted. The peer completes the
 // caller's call after this returns, unless this took it for a second try.
 void router::state::finished(replica& r, std::uint64_t gen,
-                             std::unique_ptr<detail::pending_call>& call,
-                             const detail::call_observer::note& n, std::error_code ec,
+                             std::unique_ptr<detail::pending_call>& call, std::error_code ec,
                              call_outcome& out) {
     --r.in_flight;
     const detail::pending_call& sent = *call;  // as it went out
+    const auto& n = sent.noted;
     const bool shadow = n.mark & shadow_mark;
     if (!sent.options.key.empty()) place.key_ended(sent.options.key);
     if (!ec) {

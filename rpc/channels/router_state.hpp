@@ -30,10 +30,10 @@ struct router::state {
     // until it drops it (lose(), leave(), close_all()): no cycle outlives the router.
     struct conn_watch final : detail::call_observer {
         conn_watch(std::shared_ptr<replica> r, std::uint64_t g) : rep(std::move(r)), gen(g) {}
-        void ended(std::unique_ptr<detail::pending_call>& call, const note& n, std::error_code ec,
+        void ended(std::unique_ptr<detail::pending_call>& call, std::error_code ec,
                    call_outcome& out, bool /*now*/) override {
             // The router's destruction began: the caller hears as from a plain peer.
-            if (state* s = *rep->owner) s->finished(*rep, gen, call, n, ec, out);
+            if (state* s = *rep->owner) s->finished(*rep, gen, call, ec, out);
         }
         std::shared_ptr<replica> rep;
         std::uint64_t gen;  // the connection's (replica::gen when it was made)
@@ -107,11 +107,11 @@ struct router::state {
     void send(replica& r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
-    // What the router notes of a call it sends (call_observer::note): when, and its mark, which
+    // What the router notes of a call it sends (pending_call::noted): when, and a mark that
     // holds the aperture's tag (aperture::tag()) and whether it is a shadow copy.
     static constexpr std::uint16_t shadow_mark = 0x100;
     void finished(replica& r, std::uint64_t gen, std::unique_ptr<detail::pending_call>& call,
-                  const detail::call_observer::note& n, std::error_code ec, call_outcome& out);
+                  std::error_code ec, call_outcome& out);
     void schedule_pump();
     void pump();
     void arm_wait_timer();

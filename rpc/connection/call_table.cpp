@@ -23,10 +23,8 @@ void call_table::count() {
     c_.pending_calls = waiting();
 }
 
-void call_table::add(std::uint32_t msgid, std::unique_ptr<pending_call> call,
-                     const call_observer::note& n) {
+void call_table::add(std::uint32_t msgid, std::unique_ptr<pending_call> call) {
     auto& e = pending_.insert(msgid);
-    e.note = n;
     auto& f = *call;
     const auto timeout = f.options.timeout.count() > 0 ? f.options.timeout : o_.default_timeout;
     if (timeout.count() > 0 || f.slot.is_connected())
@@ -63,23 +61,22 @@ void call_table::withdraw(std::uint32_t msgid, errc why) {
     fail(std::move(e.call), why,
          why == errc::timed_out
              ? "no response within " + std::to_string(e.watch.timeout().count()) + " ms"
-             : std::string("cancelled by the caller"),
-         e.note);
+             : std::string("cancelled by the caller"));
 }
 
-void call_table::fail(std::unique_ptr<pending_call> call, std::error_code ec, std::string detail,
-                      const call_observer::note& n) {
+void call_table::fail(std::unique_ptr<pending_call> call, std::error_code ec,
+                      std::string detail) {
     call_outcome out;
     out.detail = std::move(detail);
     ++c_.calls_completed;
-    if (observer_) return end_observed(call.release(), n, ec, out, false);
+    if (observer_) return end_observed(call.release(), ec, out, false);
     call->complete(ec, std::move(out));
 }
 
-void call_table::end_observed(pending_call* released, const call_observer::note& n,
-                              std::error_code ec, call_outcome& out, bool now) {
+void call_table::end_observed(pending_call* released, std::error_code ec, call_outcome& out,
+                              bool now) {
     std::unique_ptr<pending_call> call(released);
-    observer_->ended(call, n, ec, out, now);
+    observer_->ended(call, ec, out, now);
     if (!call) return;  // the observer took it
     if (now)
         call->complete_inline(ec, std::move(out));
@@ -89,14 +86,12 @@ void call_table::end_observed(pending_call* released, const call_observer::note&
 
 void call_table::on_response(message& m) {
     std::unique_ptr<pending_call> call;
-    call_observer::note note;
     bool ping = false;
     const bool found = pending_.take_with(m.msgid, [&](entry& e) {
         ping = e.is_ping;
         if (ping) return;
         e.watch.disarm(*e.call);
         call = std::move(e.call);
-        note = e.note;
     });
     if (!found) {
         if (abandoned_.erase(m.msgid) != 0) return;  // a late answer to a withdrawn call
@@ -121,7 +116,7 @@ void call_table::on_response(message& m) {
     ++c_.calls_completed;
     // Last: the handler may drop the last reference to the peer, and this table with it.
     // (Released, so that the common path keeps the call in a register.)
-    if (observer_) return end_observed(call.release(), note, ec, out, true);
+    if (observer_) return end_observed(call.release(), ec, out, true);
     call->complete_inline(ec, std::move(out));
 }
 
@@ -153,7 +148,7 @@ void call_table::fail_all(std::error_code ec, const std::string& why) {
     for (auto& [id, e] : calls) {
         if (e.is_ping) continue;
         e.watch.disarm(*e.call);
-        fail(std::move(e.call), ec, why, e.note);
+        fail(std::move(e.call), ec, why);
     }
     count();
 }

@@ -52,9 +52,8 @@ class call_table {
     /// remembered as abandoned (their late responses must not complete a new call).
     std::uint32_t next_id();
     /// Adds `call`, already sent under `msgid` (from next_id()), and starts its deadline (its
-    /// own or the default) and its cancellation. The observer gets `n` back at its end.
-    void add(std::uint32_t msgid, std::unique_ptr<pending_call> call,
-             const call_observer::note& n = {});
+    /// own or the default) and its cancellation.
+    void add(std::uint32_t msgid, std::unique_ptr<pending_call> call);
     /// Adds a liveness probe under `msgid`: its response only needs to arrive. Probes are not
     /// counted as calls waiting.
     void add_ping(std::uint32_t msgid);
@@ -67,8 +66,7 @@ class call_table {
     /// call is dropped; one for an id no stream used throws errc::protocol_error.
     void on_item(const message& m, std::size_t wire_bytes);
     /// Completes `call` with an error, counting it as completed (a call that never got in).
-    void fail(std::unique_ptr<pending_call> call, std::error_code ec, std::string detail,
-              const call_observer::note& n = {});
+    void fail(std::unique_ptr<pending_call> call, std::error_code ec, std::string detail);
     /// Fails every pending call with `ec` and `why` and forgets the abandoned ids.
     void fail_all(std::error_code ec, const std::string& why);
 
@@ -83,7 +81,6 @@ class call_table {
     struct entry {
         std::unique_ptr<pending_call> call;
         call_watch watch;
-        call_observer::note note;
         bool is_ping = false;
     };
 
@@ -91,8 +88,7 @@ class call_table {
     void abandon(std::uint32_t msgid);
     void count();
     // Tells the observer of the call's end, then completes the call unless the observer took it.
-    void end_observed(pending_call* released, const call_observer::note& n, std::error_code ec,
-                      call_outcome& out, bool now);
+    void end_observed(pending_call* released, std::error_code ec, call_outcome& out, bool now);
 
     net::any_io_executor ex_;
     options o_;

@@ -19,19 +19,15 @@ void peer::start() {
     s_->sess->start();
 }
 
-namespace {
-
-// peer::start_call, with or without an observer's note.
-[[gnu::always_inline]] inline void start_noted(peer::state& s,
-                                               std::unique_ptr<detail::pending_call> call,
-                                               const detail::call_observer::note& n) {
+void peer::start_call(std::unique_ptr<detail::pending_call> call) {
+    auto& s = *s_;
     ++s.c.calls_started;
     if (s.left || s.heard_eof) [[unlikely]]
         return s.calls.fail(std::move(call),
                             s.sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
-                            s.heard_eof ? s.eof_why : s.goaway_why, n);
+                            s.heard_eof ? s.eof_why : s.goaway_why);
     if (!s.sess->is_open())
-        return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason(), n);
+        return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
     const std::uint32_t id = s.calls.next_id();
     auto& f = *call;
     try {
@@ -42,22 +38,11 @@ namespace {
                          std::string_view(f.params.data(), f.params.size()));
         }
     } catch (const std::system_error& e) {
-        return s.calls.fail(std::move(call), e.code(), e.what(), n);
+        return s.calls.fail(std::move(call), e.code(), e.what());
     }
     f.params.clear();  // sent: the copy in the batch is enough
-    s.calls.add(id, std::move(call), n);
+    s.calls.add(id, std::move(call));
     s.live.note_work();
-}
-
-}  // namespace
-
-void peer::start_call(std::unique_ptr<detail::pending_call> call) {
-    start_noted(*s_, std::move(call), {});
-}
-
-void peer::start_call(std::unique_ptr<detail::pending_call> call,
-                      const detail::call_observer::note& n) {
-    start_noted(*s_, std::move(call), n);
 }
 
 void peer::notify_raw(std::string_view method, std::string_view params) {

@@ -431,7 +431,7 @@ TEST(Peers, ACallObserverHearsEveryCallEndBeforeItsCallerAndMayTakeTheCall) {
             std::vector<seen>* log;
             const int* heard;
             std::unique_ptr<detail::pending_call>* taken;
-            void ended(std::unique_ptr<detail::pending_call>& call, const note&, std::error_code ec,
+            void ended(std::unique_ptr<detail::pending_call>& call, std::error_code ec,
                        call_outcome& out, bool now) override {
                 log->push_back({call->method, ec, now, *heard});
                 if (ec == errc::timed_out)

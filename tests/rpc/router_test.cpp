@@ -116,7 +116,7 @@ TEST(Router, LeastLoadedSpreadsConcurrentCallsOverEveryReplicaWithinTheLimit) {
             EXPECT_EQ(rc.in_flight, 0u);
             EXPECT_EQ(rc.latency.count, rc.completed);
             EXPECT_GE(rc.latency.p50, 15ms);
-            // From the send time the router noted (call_observer::note) to the answer: not
+            // From the send time the router noted (pending_call::noted) to the answer: not
             // from the clock's epoch.
             EXPECT_LT(rc.latency.p99, 60s);
         }

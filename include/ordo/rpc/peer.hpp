@@ -230,9 +230,6 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// `o` is told of each of this side's calls as it ends, before its caller hears (how a
     /// router books the calls it sent here). Kept until the peer is destroyed.
     void observe_calls(std::unique_ptr<detail::call_observer> o);
-    /// start_call(), with `n` for the observer to get back at the call's end.
-    void start_call(std::unique_ptr<detail::pending_call> call,
-                    const detail::call_observer::note& n);
 
     /// True while the connection takes calls and messages: false from close() or abort() on,
     /// and once the connection has failed, at once (a write that failed inside a send()

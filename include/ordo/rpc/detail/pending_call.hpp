@@ -17,6 +17,13 @@ namespace ordo::detail {
 
 class stream_core;
 
+/// What the observer of a connection's calls (call_observer) notes of a call it starts there, and
+/// reads back when the call ends. Opaque to everyone else.
+struct observer_note {
+    std::chrono::steady_clock::time_point sent{};
+    std::uint16_t mark = 0;  ///< the observer's, as it set it
+};
+
 /// One call in flight, type-erased. A channel completes it exactly once, on the channel's
 /// executor, with complete() or complete_inline().
 class pending_call {
@@ -52,6 +59,10 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
+    /// Set by the observer of the connection that runs the call (call_observer) as it starts it,
+    /// and read back by it in ended(): kept with the call, the cheapest place (no lookup, no
+    /// table entry to grow). Nothing else reads or writes it.
+    observer_note noted;
 };
 
 /// Told of each call of one connection as it ends, before its caller hears: how a router books
@@ -59,19 +70,14 @@ class pending_call {
 /// connection's executor, where the call completes.
 class call_observer {
   public:
-    /// What the observer notes of a call as it starts it (peer::start_call with a note): the
-    /// connection keeps it beside the call and gives it back at the call's end.
-    struct note {
-        std::chrono::steady_clock::time_point sent{};
-        std::uint16_t mark = 0;  ///< the observer's, as it gave it
-    };
-
     virtual ~call_observer() = default;
-    /// `call`, started with `n` ({} for a call started without one), ended with `ec` and `out`
+    /// `call` (with the note the observer set, pending_call::noted) ended with `ec` and `out`
     /// (whose detail it may amend). It may take `call` (to send it again): its caller then hears
     /// nothing now. `now`: the caller is about to hear inline (pending_call::complete_inline).
-    virtual void ended(std::unique_ptr<pending_call>& call, const note& n, std::error_code ec,
-                       call_outcome& out, bool now) = 0;
+    virtual void ended(std::unique_ptr<pending_call>& call, std::error_code ec, call_outcome& out,
+                       bool now) = 0;
 };
+
+
 
 }  // namespace ordo::detail
