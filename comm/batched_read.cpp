@@ -1,7 +1,6 @@
 // batched_comm's reading side: the read loop, delivery to the taker and on_message, the
 // memory budget's hold on reads, and the wait for an incomplete message.
 #include "comm/batched_comm_impl.hpp"
-#include "comm/read_clock.hpp"
 
 namespace ordo {
 
@@ -81,12 +80,7 @@ net::awaitable<void> batched_comm::impl::read_messages() {
     }
 }
 
-namespace detail {
-thread_local std::chrono::steady_clock::time_point delivering_read_at{};
-}  // namespace detail
-
 bool batched_comm::impl::deliver_some(bool& took) {
-    const detail::delivering_read_scope reading(c.last_receive);
     std::size_t turn = 0;
     rd = reader::delivering;
     while (st != state::ended && !quitting) {

@@ -101,10 +101,7 @@ std::string router::state::no_replica_reason() const {
         saved_params.insert_or_assign(call.get(), call->params.copy());
     call->options.timeout = timeout;
     if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
-    // Started by a handler while a read is passed on, a call without a deadline takes that
-    // read's time, as finished() takes a response's (its latency then spans read to read), and
-    // no clock read (comm/read_clock.hpp).
-    call->noted.sent = timeout.count() > 0 ? clock_type::now() : detail::read_time_or_now();
+    call->noted.sent = clock_type::now();  // its latency runs to the read that brings the answer
     call->noted.mark = place.tag();
     ++rep.in_flight;
     rep.conn->start_call(std::move(call));  // its end comes back through conn_watch

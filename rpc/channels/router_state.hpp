@@ -12,7 +12,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/read_clock.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/accounting.hpp"
 #include "rpc/channels/placement.hpp"
