@@ -7,6 +7,7 @@
 #include "lib/escaped.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/wait_queue.hpp"
+#include "lib/task_scope.hpp"
 #include "rpc/connection/when_closed.hpp"
 
 namespace ordo {
@@ -79,6 +80,7 @@ struct pool::state {
     bool sweeping = false;
     net::steady_timer sweeper;
     pool_counters c;
+    detail::task_scope tasks{ex};  // connection attempts, cancelled by close_all()
 
     void update() {
         c.open = open.size();
@@ -180,7 +182,7 @@ struct pool::state {
         while (!closed && wanted > connecting && open.size() + connecting < o.max_connections) {
             ++connecting;
             update();
-            net::co_spawn(ex, connect_one(self.shared_from_this()), detail::rethrow_escaped{});
+            tasks.spawn([keep = self.shared_from_this()] { return connect_one(keep); });
         }
     }
 
@@ -311,6 +313,7 @@ struct pool::state {
     void close_all() {
         if (closed) return;
         closed = true;
+        tasks.close();  // connection attempts end now, and let go of the pool
         queue.fail_all(errc::closed, "ordo: pool for " + url + " closed");
         drop_notes(errc::closed, "ordo: pool for " + url + " closed");
         idle.clear();

@@ -122,12 +122,9 @@ net::awaitable<std::exception_ptr> router::state::connect_once(std::shared_ptr<r
 }
 
 void router::state::dial(std::shared_ptr<replica> r) {
-    net::co_spawn(
-        ex,
-        [keep = self.shared_from_this(), r]() -> net::awaitable<void> {
-            co_await keep->s_->connect_once(r, false);
-        },
-        net::detached);
+    tasks.spawn([keep = self.shared_from_this(), r]() -> net::awaitable<void> {
+        co_await keep->s_->connect_once(r, false);
+    });
 }
 
 // Schedules the next attempt (jittered exponential backoff) and says when it will be.
@@ -382,6 +379,7 @@ void router::state::follow(std::unique_ptr<replica_source> src) {
 void router::state::close_all() {
     if (closed) return;
     closed = true;
+    tasks.close();  // connection attempts end now, and let go of the router
     for (auto& s : sources) s.src->stop();
     queue.fail_all(errc::closed, "ordo: router " + name + " closed");
     update();

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lib/task_scope.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/accounting.hpp"
 #include "rpc/channels/placement.hpp"
@@ -79,6 +80,7 @@ struct router::state {
     std::unordered_map<const detail::pending_call*, detail::params_buffer> saved_params;
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
+    detail::task_scope tasks{ex};  // connection attempts (dial()), cancelled by close_all()
     std::vector<followed> sources;
     std::minstd_rand rng{std::random_device{}()};  // reconnection jitter
     // Replicas and connections that left while their peer may be on the stack (lose() runs

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "support/run_test.hpp"
+#include "support/silent_listener.hpp"
 #include "support/sleep.hpp"
 
 namespace ordo {
@@ -159,6 +160,35 @@ TEST(Pool, AThousandSequentialCallsUseOneConnection) {
         for (int i = 0; i < 1000; ++i) ORDO_CO_ASSERT_EQ(co_await s.inc(i), i + 1);
         EXPECT_EQ(f.srv.connections_accepted(), 1u);
         co_await f.srv.async_stop();
+    });
+}
+
+// A closed pool lets go at once of a connection attempt that hangs: the call waiting for it
+// fails with closed, and the pool is freed long before its connect_timeout.
+TEST(Pool, ClosingCancelsAConnectionAttemptThatHangsAndFreesThePool) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        test::silent_listener silent(ex);
+        ORDO_CO_ASSERT_TRUE(co_await silent.fill());
+        pool_options o;
+        o.connect_timeout = std::chrono::seconds(120);
+        auto p = make_pool(ex, silent.url(), o);
+        std::weak_ptr<pool> w = p;
+        channel ch(p);
+        std::error_code heard;
+        bool done = false;
+        ch.async_call<int>("inc", 1, [&](std::error_code ec, int) {
+            heard = ec;
+            done = true;
+        });
+        co_await sleep_for(std::chrono::milliseconds(200));
+        ORDO_CO_ASSERT_EQ(p->counters().connecting, 1u);
+        p->close();
+        ch = channel();
+        p.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return done && w.expired(); }, std::chrono::seconds(10)))
+            << "the pool is still held by its connection attempt";
+        EXPECT_EQ(heard, errc::closed);
     });
 }
 

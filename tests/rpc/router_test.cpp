@@ -10,6 +10,7 @@
 #include "support/processes.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/silent_listener.hpp"
 #include "support/sleep.hpp"
 
 namespace ordo {
@@ -867,6 +868,28 @@ TEST(Router, AnInFlightCallOnAKilledReplicaNamesThatReplica) {
         EXPECT_NE(what.find("replica " + b.url), std::string::npos) << what;
         EXPECT_NE(what.find("call sleep_ms"), std::string::npos) << what;
         r->close();
+    });
+}
+
+// A closed router lets go at once of the work it started: a connection attempt that hangs (a
+// listener whose accept queue is full drops the SYN) is cancelled, and the router is freed
+// long before its connect_timeout.
+TEST(Router, ClosingCancelsAConnectionAttemptThatHangsAndFreesTheRouter) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        test::silent_listener silent(ex);
+        ORDO_CO_ASSERT_TRUE(co_await silent.fill());
+        router_options o;
+        o.connect_timeout = 120s;
+        auto r = make_router(ex, o);
+        std::weak_ptr<router> w = r;
+        r->add_replica(silent.url());
+        co_await sleep_for(200ms);
+        ORDO_CO_ASSERT_EQ(r->replicas().at(0).state, replica_state::connecting);
+        r->close();
+        r.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return w.expired(); }, 10s))
+            << "the router is still held by its connection attempt";
     });
 }
 
