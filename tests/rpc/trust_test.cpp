@@ -45,6 +45,10 @@ struct auth_server {
 
     // (No default argument, and callers pass named options: GCC 12 mishandles a temporary
     // server_options made for this constructor inside a coroutine.)
+    std::uint16_t port() const {
+        return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+    }
+
     auth_server(net::any_io_executor ex, const std::string& listen, server_options o)
         : srv(ex, with_events(std::move(o), closed)) {
         srv.on("inc", [](int x) { return x + 1; });
@@ -400,16 +404,21 @@ TEST_P(AuthOnLoops, OnlyTheSubjectThatOpenedASessionResumesIt) {
     });
 }
 
+// Alice (by her token) in a resumable session with a window of `resume`, through `proxy`.
+net::awaitable<channel> alice_through(const test::cutting_proxy& proxy,
+                                      std::chrono::milliseconds resume) {
+    peer_options o = as(alice_token);
+    o.resume = resume;
+    co_return co_await async_connect("tcp://127.0.0.1:" + std::to_string(proxy.port()), o,
+                                     nullptr);
+}
+
 // Through cuts, a client with a token resumes: each new connection presents it again.
 TEST(Auth, AResumableSessionPresentsItsTokenOnEveryConnection) {
     run_test([]() -> net::awaitable<void> {
         auth_server s(co_await net::this_coro::executor, "tcp://127.0.0.1:0", tokens());
-        test::cutting_proxy proxy("127.0.0.1", static_cast<std::uint16_t>(std::stoi(
-                                                   s.url.substr(s.url.rfind(':') + 1))));
-        peer_options o = as(alice_token);
-        o.resume = 10s;
-        auto c = co_await async_connect("tcp://127.0.0.1:" + std::to_string(proxy.port()), o,
-                                        nullptr);
+        test::cutting_proxy proxy("127.0.0.1", s.port());
+        auto c = co_await alice_through(proxy, 10s);
         for (int i = 0; i < 3; ++i) {
             EXPECT_EQ(co_await c.async_call<int>("inc", i), i + 1);
             proxy.cut_all();
@@ -595,12 +604,8 @@ TEST(Auth, AResumeTheServerRefusesFailsWithUnauthenticated) {
             return auth_verdict::refuse("alice's token was revoked");
         };
         auth_server s(co_await net::this_coro::executor, "tcp://127.0.0.1:0", std::move(o));
-        test::cutting_proxy proxy("127.0.0.1", static_cast<std::uint16_t>(std::stoi(
-                                                   s.url.substr(s.url.rfind(':') + 1))));
-        peer_options po = as(alice_token);
-        po.resume = 30s;
-        auto c = co_await async_connect("tcp://127.0.0.1:" + std::to_string(proxy.port()), po,
-                                        nullptr);
+        test::cutting_proxy proxy("127.0.0.1", s.port());
+        auto c = co_await alice_through(proxy, 30s);
         EXPECT_EQ(co_await c.async_call<int>("inc", 1), 2);
         proxy.cut_all();
         auto [code, text] = co_await failure([&] { return c.async_call<int>("inc", 2); });

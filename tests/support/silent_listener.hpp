@@ -31,10 +31,12 @@ class silent_listener {
             s->async_connect(endpoint(), [](std::error_code) {});
             fill_.push_back(std::move(s));
             co_await sleep_for(200ms);
+            // A SYN the kernel takes is answered at once; one it drops is sent again after a
+            // second, and dropped again. A second of waiting is ample on a loaded machine.
             net::ip::tcp::socket probe(ex_);
             bool connected = false;
             probe.async_connect(endpoint(), [&](std::error_code ec) { connected = !ec; });
-            co_await sleep_for(300ms);
+            co_await sleep_for(1000ms);
             probe.close();
             co_await sleep_for(10ms);  // the probe's handler has run
             if (!connected) co_return true;
