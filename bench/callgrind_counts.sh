@@ -18,6 +18,7 @@ if [ "${AUTH:-0}" = 1 ]; then
     serve_args=(--auth-tokens "$out/tokens")
     client_q="?token_file=$out/token"
 fi
+# The client's report (sorting its latencies, whose cost follows their spread) is not counted.
 cg() { valgrind --tool=callgrind --toggle-collect='*::report(*' --collect-atstart=yes --callgrind-out-file="$out/$1.out" "${@:2}" >/dev/null 2>&1; }
 total() { grep -h '^totals' "$out/$1.out" | awk '{print $2}'; }
 # Each server runs until its stdin closes: fd 3 is a pipe this script holds open.
