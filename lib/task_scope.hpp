@@ -1,7 +1,8 @@
 // The coroutines an object starts on its executor and awaits nowhere, owned: each is bound to a
 // cancellation signal of the scope, and close() cancels every one still running (the operation
 // it waits on ends with operation_aborted), so that a closed object is let go by what it
-// started at once, not when each wait would have ended. What a coroutine holds (its owner, kept
+// started at once, not when each wait would have ended (an operation Asio cannot cancel, such
+// as a host name lookup, still runs to its end). What a coroutine holds (its owner, kept
 // alive while it runs) stays its own business; the scope ends it, and forgets it once it has
 // ended. An exception that escapes one is rethrown from the executor (rethrow_escaped).
 // Belongs to one executor: spawn() and close() run there.

@@ -1,7 +1,8 @@
 // Where a router's calls go: the policy (round robin, weighted, least loaded with its aperture),
 // the hash ring that owns each key, and the key-order guard. It reads the router's member list
 // and the replicas' phases and loads, and changes only its own state: the ring, the aperture's
-// order, the cursors, and the keys in flight. Membership tells it who came and went.
+// order, the cursors, the keys in flight, and each replica's seat and weighted-round-robin
+// credit. Membership tells it who came and went.
 #pragma once
 
 #include <algorithm>

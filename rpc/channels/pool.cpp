@@ -4,10 +4,9 @@
 #include <map>
 #include <vector>
 
-#include "lib/escaped.hpp"
+#include "lib/task_scope.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/wait_queue.hpp"
-#include "lib/task_scope.hpp"
 #include "rpc/connection/when_closed.hpp"
 
 namespace ordo {

@@ -54,12 +54,14 @@ struct replica : std::enable_shared_from_this<replica> {
     clock_type::time_point ejected_until{};  // set while ejected ({} otherwise)
     clock_type::time_point last_ejected_end{};
 
-    // Where it stands for calls (placement).
+    // Where it stands for calls: placement's (seat, current), and the calls in flight on it,
+    // which the router counts as it sends and as they end.
     ring_seat seat;
     double current = 0;  // smooth weighted round robin
     std::size_t in_flight = 0;
 
-    // What its calls did (accounting).
+    // What its calls did (accounting: completed, errors, latency), and what membership counts
+    // (connects, ejections, the last error of a connection or a call).
     std::uint64_t completed = 0, errors = 0, shadow_calls = 0, connects = 0, ejections = 0;
     histogram latency;
     std::string last_error;

@@ -57,6 +57,9 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
     if (closed) throw_error(errc::closed, "ordo: router " + name + " is closed");
     if (!(weight > 0))
         throw_error(errc::bad_address, "ordo: replica " + url + ": weight must be positive");
+    // At the door, not when its connection is made: a replica that can never connect as asked
+    // is refused by name (else each attempt would fail the same way, in the connect loop).
+    detail::check_resume_scheme(url, o.peer.resume);
     if (auto r = find(url)) {
         if (r->member)
             throw_error(errc::bad_address, "ordo: replica " + url + " is already in " + name);

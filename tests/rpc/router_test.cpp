@@ -893,5 +893,34 @@ TEST(Router, ClosingCancelsAConnectionAttemptThatHangsAndFreesTheRouter) {
     });
 }
 
+// A replica that could never connect as the router's options ask (a resumable session over
+// zmq+, which ZeroMQ's own reconnects would make lossy) is refused by name as it is added, not
+// tried again and again in the connect loop.
+TEST(Router, AReplicaThatCannotKeepASessionIsRefusedAsItIsAdded) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        router_options o;
+        o.peer.resume = 5s;
+        auto r = make_router(ex, o);
+        std::vector<std::string> events;
+        r->on_event([&](const std::string& e) { events.push_back(e); });
+        r->add_replica("zmq+tcp://127.0.0.1:9");
+        EXPECT_TRUE(r->replicas().empty());
+        ORDO_CO_ASSERT_EQ(events.size(), 1u);
+        EXPECT_NE(events[0].find("replica zmq+tcp://127.0.0.1:9 not added"), std::string::npos)
+            << events[0];
+        EXPECT_NE(events[0].find("resume_ms is not supported over zmq+"), std::string::npos)
+            << events[0];
+        try {
+            co_await r->async_add_replica("zmq+tcp://127.0.0.1:9");
+            ADD_FAILURE() << "added";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address) << e.what();
+        }
+        EXPECT_TRUE(r->replicas().empty());
+        r->close();
+    });
+}
+
 }  // namespace
 }  // namespace ordo

@@ -43,12 +43,12 @@ struct auth_server {
     std::vector<server_event> closed;  // connections that ended, and how
     int secret_runs = 0;
 
-    // (No default argument, and callers pass named options: GCC 12 mishandles a temporary
-    // server_options made for this constructor inside a coroutine.)
     std::uint16_t port() const {
         return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
     }
 
+    // (No default argument, and callers pass named options: GCC 12 mishandles a temporary
+    // server_options made for this constructor inside a coroutine.)
     auth_server(net::any_io_executor ex, const std::string& listen, server_options o)
         : srv(ex, with_events(std::move(o), closed)) {
         srv.on("inc", [](int x) { return x + 1; });

@@ -17,8 +17,8 @@ namespace ordo::detail {
 
 class stream_core;
 
-/// What the observer of a connection's calls (call_observer) notes of a call it starts there, and
-/// reads back when the call ends. Opaque to everyone else.
+/// What the owner of a connection's call_observer notes of a call it starts there, and reads
+/// back when the call ends (pending_call::noted). Opaque to everyone else.
 struct observer_note {
     std::chrono::steady_clock::time_point sent{};
     std::uint16_t mark = 0;  ///< the observer's, as it set it
@@ -59,9 +59,9 @@ class pending_call {
     std::uint8_t attempt = 0;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
-    /// Set by the observer of the connection that runs the call (call_observer) as it starts it,
-    /// and read back by it in ended(): kept with the call, the cheapest place (no lookup, no
-    /// table entry to grow). Nothing else reads or writes it.
+    /// Written by whoever starts the call on a connection it observes (a router, which is told
+    /// through its call_observer), and read back when the call ends: kept with the call, the
+    /// cheapest place (no lookup, no table entry to grow). Nothing else reads or writes it.
     observer_note noted;
 };
 
@@ -71,7 +71,7 @@ class pending_call {
 class call_observer {
   public:
     virtual ~call_observer() = default;
-    /// `call` (with the note the observer set, pending_call::noted) ended with `ec` and `out`
+    /// `call` (with the note its starter wrote, pending_call::noted) ended with `ec` and `out`
     /// (whose detail it may amend). It may take `call` (to send it again): its caller then hears
     /// nothing now. `now`: the caller is about to hear inline (pending_call::complete_inline).
     virtual void ended(std::unique_ptr<pending_call>& call, std::error_code ec, call_outcome& out,
