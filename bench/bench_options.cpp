@@ -48,6 +48,8 @@ void declare_flags(CLI::App& app, config& c) {
                  "beside-slow: the slow handler runs on a worker_pool (passed to the server)");
     app.add_option("--threads", c.threads, "server only: event loops (server_options::threads)")
         ->check(ordo_cli::at_least(1));
+    app.add_option("--meta", c.meta,
+                   "pipelined: KEY=VALUE metadata every call carries (repeatable)");
     app.add_flag("--json", c.json, "print the results as one JSON line");
     app.add_option("--connect", c.connect, "client only: a server started elsewhere")
         ->type_name("URL");

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 /// What one run does (defaults as --help shows them).
 struct config {
@@ -31,6 +32,7 @@ struct config {
     long threads = 1;         // server only: its event loops (server_options::threads)
     long server_threads = 1;  // client: --threads of the server it starts
     bool offload = false;     // server: "slow" on a worker_pool; client: for the server it starts
+    std::vector<std::string> meta;  // pipelined: KEY=VALUE metadata on every call
 };
 
 /// Reads argv into `c`. Returns the status to exit with when the program should stop (0 after

@@ -7,9 +7,12 @@
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
-//              [--window N] [--cuts N [--seed S]]
+//              [--window N] [--cuts N [--seed S]] [--meta KEY=VALUE]...
 //   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
 //              [--offload]                                        (what the client starts)
+//
+// --meta KEY=VALUE (pipelined): every echo call carries this metadata (docs/protocol.md, "Call
+// context"), e.g. a W3C traceparent, to weigh a context against calls without one.
 //
 // --cuts N (tcp, --resume-ms): the client reaches the server through a proxy that resets the
 // connection N times (bench/bench_cuts.hpp); every message must still arrive once and in order.
@@ -1004,6 +1007,11 @@ net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::chann
     std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
     long next = 0, done = 0;
     std::string error;
+    ordo::metadata meta;  // --meta: copied into every call, as a caller would
+    for (const auto& kv : cfg.meta) {
+        const auto eq = kv.find('=');
+        meta.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
+    }
     std::function<void(const ordo::channel&)> issue = [&](const ordo::channel& ch) {
         const long i = first_seq + next++;
         stamp(p, static_cast<std::uint64_t>(i));
@@ -1018,11 +1026,16 @@ net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::chann
             ++done;
             if (next < count) issue(*c);
         };
-        if (work_us)
+        if (work_us) {
             ch.async_call<std::string>("work", *work_us, p, ordo::timeout(std::chrono::minutes(1)),
                                        std::move(on_reply));
-        else
+        } else if (!meta.empty()) [[unlikely]] {
+            ordo::call_options o;
+            o.metadata = meta;
+            ch.async_call<std::string>("echo", p, std::move(o), std::move(on_reply));
+        } else {
             ch.async_call<std::string>("echo", p, std::move(on_reply));
+        }
     };
     const auto start = clock_type::now();
     for (long k = 0; k < inflight; ++k)

@@ -3,14 +3,38 @@
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "counter.hpp"
 
-/// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami() and
-/// square_batch(int) on `srv`. `total`
+/// What the `context` method answers: the call's own context as the server read it
+/// (ordo::current_context(); docs/protocol.md, "Call context").
+struct context_answer {
+    std::optional<long long> deadline_left_ms;  ///< nil: the call had no deadline
+    std::optional<std::string> trace_id;        ///< from a W3C traceparent, if one came
+    std::map<std::string, std::string> metadata;
+    MSGPACK_DEFINE_MAP(deadline_left_ms, trace_id, metadata)
+};
+
+/// The context of the call whose handler runs now, as context_answer.
+inline context_answer answer_context() {
+    context_answer a;
+    const ordo::call_context* c = ordo::current_context();
+    if (!c) return a;
+    if (c->has_deadline()) a.deadline_left_ms = c->time_left().count();
+    // traceparent: version-traceid-parentid-flags, the trace id 32 hex digits.
+    if (const std::string* tp = c->find("traceparent"); tp && tp->size() >= 35 && (*tp)[2] == '-')
+        a.trace_id = tp->substr(3, 32);
+    for (const auto& [k, v] : c->metadata) a.metadata.emplace(k, v);
+    return a;
+}
+
+/// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami(), context()
+/// and square_batch(int) on `srv`. `total`
 /// is the process-wide sum that add() changes; it must outlive the server. `shared` is how add()
 /// and total() run: on a server with several loops, give them a strand (run_on) so that calls
 /// from every loop take turns at `total`.
@@ -30,6 +54,8 @@ inline void serve_counter(ordo::server& srv, long& total, ordo::handler_options 
     srv.on("echo", [](msgpack::object v) { return v; });
     // Who the server took the caller to be (server_options::authenticate): empty without it.
     srv.on("whoami", [](ordo::peer& p) { return p.identity().subject; });
+    // The call's context: deadline left, trace id and metadata (try it from the shell).
+    srv.on("context", [] { return answer_context(); });
     // A stream: 0 .. n-1, each item sent as soon as the caller has credit for it.
     srv.on(counter{}.count_to, [](ordo::writer<int>& out, int n) -> net::awaitable<void> {
         for (int i = 0; i < n; ++i) co_await out.write(i);

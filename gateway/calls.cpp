@@ -1,6 +1,7 @@
 // What a gateway request does on the channel: its options (deadline, notification, stream,
 // key), the call handed to the channel's executor and awaited by the HTTP thread, streams as
 // NDJSON, and the introspection routes.
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -194,7 +195,31 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
     if (const char* v = mg_get_header(c, "Ordo-Notify")) r.notify = flag_value(v);
     if (const char* v = mg_get_header(c, "Ordo-Stream")) r.stream = flag_value(v);
     if (const char* v = mg_get_header(c, "Ordo-Key")) r.key = v;
+    // W3C Trace Context: passed on as the call's metadata (docs/protocol.md, "Call context")
+    // when well formed; a malformed one is dropped, as the recommendation says.
+    if (const char* tp = mg_get_header(c, "traceparent"); tp && valid_traceparent(tp)) {
+        r.meta.emplace_back("traceparent", tp);
+        if (const char* ts = mg_get_header(c, "tracestate"); ts && std::strlen(ts) <= 512)
+            r.meta.emplace_back("tracestate", ts);
+    }
     return std::nullopt;
+}
+
+bool valid_traceparent(std::string_view v) {
+    // version "00" - trace id (32 hex, not all 0) - parent id (16 hex, not all 0) - flags (2 hex)
+    const auto hex = [](std::string_view s) {
+        return std::all_of(s.begin(), s.end(), [](char ch) {
+            return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+        });
+    };
+    const auto zero = [](std::string_view s) {
+        return std::all_of(s.begin(), s.end(), [](char ch) { return ch == '0'; });
+    };
+    if (v.size() != 55 || v[2] != '-' || v[35] != '-' || v[52] != '-') return false;
+    const auto version = v.substr(0, 2), trace = v.substr(3, 32), parent = v.substr(36, 16),
+               flags = v.substr(53, 2);
+    return version == "00" && hex(trace) && hex(parent) && hex(flags) && !zero(trace) &&
+           !zero(parent);
 }
 
 namespace {
@@ -221,6 +246,7 @@ call_options options_of(gateway::state& s, const call_request& r) {
     call_options o;
     o.timeout = r.timeout.count() > 0 ? r.timeout : s.o.default_timeout;
     o.key = r.key;
+    o.metadata = r.meta;
     return o;
 }
 

@@ -1,7 +1,8 @@
 // ordo: msgpack-rpc from the command line, against any msgpack-rpc server and any URL ordo
 // accepts (tcp://, unix://, tls://, zmq+tcp://, route+..., ?mode=pooled).
 //
-//   ordo call URL METHOD [ARG...] [--raw] [--timeout MS]   prints the result as JSON; a
+//   ordo call URL METHOD [ARG...] [--raw] [--timeout MS] [--meta K=V]...
+//                                                          prints the result as JSON; a
 //                                                          streaming method's items one a line
 //   ordo notify URL METHOD [ARG...] [--timeout MS]         sends a one-way message
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
@@ -67,6 +68,7 @@ struct request {
     long timeout_ms = 10'000;
     bool raw = false;
     bool stream = false;  // call as a stream even if ordo.methods does not say it streams
+    std::vector<std::string> meta;  // --meta KEY=VALUE: the call's metadata
 };
 
 // A failure already worded for the user (method, peer, reason).
@@ -158,9 +160,11 @@ net::awaitable<ordo::channel> connect(const request& r, deadline& dl) {
 // There is no public call taking already packed params (channel::async_call packs a fixed
 // number of C++ arguments), so the call goes through the same detail::call that it uses.
 net::awaitable<ordo::value> call_packed(const ordo::channel& ch, const std::string& method,
-                                        ordo::detail::params_buffer params, long timeout_ms) {
+                                        ordo::detail::params_buffer params, long timeout_ms,
+                                        ordo::metadata meta = {}) {
     ordo::call_options o;
     o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.metadata = std::move(meta);
     return ordo::detail::call<ordo::value>(ch.impl(), method, std::move(params), std::move(o),
                                            net::use_awaitable);
 }
@@ -288,7 +292,13 @@ net::awaitable<int> run(const request& r, deadline& dl) {
             co_await print_stream(ch, r, dl);
             co_return 0;
         }
-        auto v = co_await call_packed(ch, r.method, pack_args(r.args), r.timeout_ms);
+        ordo::metadata meta;
+        for (const auto& kv : r.meta) {
+            const auto eq = kv.find('=');
+            meta.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
+        }
+        auto v =
+            co_await call_packed(ch, r.method, pack_args(r.args), r.timeout_ms, std::move(meta));
         std::cout << render(v.get(), r.raw) << std::endl;
     } else if (r.command == "notify") {
         auto params = pack_args(r.args);
@@ -419,6 +429,9 @@ int main(int argc, char** argv) {
     auto* raw = call->add_flag("--raw", r.raw, "print msgpack-c's rendering (not always JSON)");
     auto* as_json = call->add_flag("--json")->description("print the result as JSON (the default)");
     raw->excludes(as_json);
+    call->add_option("--meta", r.meta,
+                     "KEY=VALUE metadata for the call (repeatable); the handler reads it from "
+                     "its call context, with the deadline --timeout gives");
     call->add_flag("--stream", r.stream,
                    "call METHOD as a stream and print its items one a line (methods that "
                    "ordo.methods marks as streaming are called so without it)");

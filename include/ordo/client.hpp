@@ -15,6 +15,7 @@
 #include "ordo/rpc/call.hpp"
 #include "ordo/rpc/channel.hpp"
 #include "ordo/rpc/connect.hpp"
+#include "ordo/rpc/context.hpp"
 #include "ordo/error.hpp"
 #include "ordo/rpc/interface.hpp"
 #include "ordo/net.hpp"

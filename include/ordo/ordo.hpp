@@ -12,6 +12,7 @@
 #include "ordo/client.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "ordo/rpc/connect.hpp"
+#include "ordo/rpc/context.hpp"
 #include "ordo/error.hpp"
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/identity.hpp"

@@ -7,6 +7,7 @@
 #include "lib/task_scope.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/wait_queue.hpp"
+#include "rpc/connection/context.hpp"
 #include "rpc/connection/when_closed.hpp"
 
 namespace ordo {
@@ -92,6 +93,9 @@ struct pool::state {
     void start_call(std::unique_ptr<detail::pending_call> call) {
         if (closed)
             return detail::fail_call(*call, errc::closed, "ordo: pool for " + url + " is closed");
+        if (!detail::take_context(*call)) [[unlikely]]
+            return detail::fail_call(*call, errc::timed_out,
+                                     detail::inherited_timeout_reason(*call));
         const auto timeout =
             call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
         if (auto conn = take_idle()) return lend(conn, std::move(call), timeout);

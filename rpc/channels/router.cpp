@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "rpc/channels/router_state.hpp"
+#include "rpc/connection/context.hpp"
 
 namespace ordo {
 router::state::state(router& r, net::any_io_executor e, router_options opt)
@@ -55,6 +56,8 @@ std::shared_ptr<router::state::replica> router::state::find(const std::string& u
 void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     if (closed)
         return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
+    if (!detail::take_context(*call)) [[unlikely]]
+        return detail::fail_call(*call, errc::timed_out, detail::inherited_timeout_reason(*call));
     const bool retry = call->attempt > 0;
     if (!retry) ++c.calls;
     const auto timeout =

@@ -69,7 +69,7 @@ void call_table::fail(std::unique_ptr<pending_call> call, std::error_code ec,
     call_outcome out;
     out.detail = std::move(detail);
     ++c_.calls_completed;
-    if (observer_) return end_observed(call.release(), ec, out, false);
+    if (observer_ && !call->own) return end_observed(call.release(), ec, out, false);
     call->complete(ec, std::move(out));
 }
 
@@ -116,7 +116,7 @@ void call_table::on_response(message& m) {
     ++c_.calls_completed;
     // Last: the handler may drop the last reference to the peer, and this table with it.
     // (Released, so that the common path keeps the call in a register.)
-    if (observer_) return end_observed(call.release(), ec, out, true);
+    if (observer_ && !call->own) return end_observed(call.release(), ec, out, true);
     call->complete_inline(ec, std::move(out));
 }
 

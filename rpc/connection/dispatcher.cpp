@@ -14,6 +14,7 @@
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "ordo/rpc/stream_call.hpp"
+#include "rpc/connection/context.hpp"
 #include "rpc/streams/stream_run.hpp"
 #include "rpc/wire/errors.hpp"
 #include "rpc/server/stats_answer.hpp"
@@ -89,6 +90,10 @@ bool is_stream_request(const message& m) {
 void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     if (stopped_) return;
     if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
+    // Its deadline counts from its arrival, however long it then waits in the queue.
+    auto ctx = m.meta.type == msgpack::type::NIL
+                   ? nullptr
+                   : read_context(m, std::chrono::steady_clock::now());
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
@@ -96,7 +101,7 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         // read buffer, which is charged on its own and reused.
         const std::size_t held =
             sizeof(queued_message) + msgpack::aligned_zone_size(m.handle.get());
-        queue_.push_back({std::move(m), bytes, held});
+        queue_.push_back({std::move(m), std::move(ctx), bytes, held});
         queued_bytes_ += bytes;
         if (budget_) budget_->charge(held);
         c_.queued_messages = queue_.size();
@@ -109,7 +114,7 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         }
         return;
     }
-    dispatch(m);
+    dispatch(m, std::move(ctx));
 }
 
 // Reserved methods are answered at once, never queued behind a handler: a ping must prove the
@@ -122,6 +127,24 @@ void dispatcher::on_reserved(const message& m) {
             encode_response(b, m.msgid, msgpack::type::nil_t());
             host_.send_response(b);
         }
+    } else if (m.method == "ordo.features" && req) {
+        // [[feature, ...]] asked: answered with those this side reads ("meta": a request's
+        // context, docs/protocol.md "Call context"), whatever else was asked.
+        bool meta = false;
+        const auto& a = m.params.via.array;
+        if (a.size >= 1 && a.ptr[0].type == msgpack::type::ARRAY)
+            for (std::uint32_t i = 0; i < a.ptr[0].via.array.size; ++i) {
+                const auto& f = a.ptr[0].via.array.ptr[i];
+                if (f.type == msgpack::type::STR &&
+                    std::string_view(f.via.str.ptr, f.via.str.size) == "meta")
+                    meta = true;
+            }
+        buffer b(small_buffer);
+        write_response_head(b, m.msgid);
+        msgpack::packer<buffer> p(b);
+        p.pack_array(meta ? 1 : 0);
+        if (meta) p.pack(std::string_view("meta"));
+        host_.send_response(b);
     } else if (m.method == "ordo.cancel") {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
@@ -253,18 +276,18 @@ const handler_entry* dispatcher::find_and_remember(std::string_view method) {
     return e;
 }
 
-void dispatcher::dispatch(message& m) {
+void dispatcher::dispatch(message& m, std::shared_ptr<const call_context> ctx) {
     const bool req = m.kind == message_kind::request;
     std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
     std::uint64_t window_bytes = 0;
     if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
         !unwrap_stream(m, window, window_bytes))
         return;
-    dispatch_to(find(m.method), m, window, window_bytes);
+    dispatch_to(find(m.method), m, window, window_bytes, std::move(ctx));
 }
 
 void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes) {
+                             std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx) {
     const bool req = m.kind == message_kind::request;
     if (!e) {
         if (h_) h_->count_unknown(req);
@@ -279,8 +302,11 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
     }
     if (e->allow && !e->allow(self_.identity())) [[unlikely]]
         return deny(*e, m);
+    if (ctx && ctx->has_deadline() && req &&
+        ctx->deadline <= std::chrono::steady_clock::now()) [[unlikely]]
+        return expired(*e, m, *ctx);
     if (e->stream) {
-        if (req) return start_async(*e, m, window, window_bytes);
+        if (req) return start_async(*e, m, window, window_bytes, std::move(ctx));
         ++c_.notification_errors;
         e->counters->notification_done(true);
         report_dropped(m.method, errc::bad_arguments,
@@ -294,8 +320,17 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
             "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
-    if (e->sync) return run_sync(*e, m);
-    start_async(*e, m, 0, 0);
+    if (e->sync) return run_sync(*e, m, ctx.get());
+    start_async(*e, m, 0, 0, std::move(ctx));
+}
+
+void dispatcher::expired(const handler_entry& e, const message& m, const call_context& ctx) {
+    const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - ctx.deadline);
+    e.counters->request_done(errc::timed_out);
+    respond_error(m.msgid, errc::timed_out,
+                  "the deadline of the call to \"" + std::string(m.method) + "\" passed " +
+                      std::to_string(late.count()) + " ms before its handler could start");
 }
 
 void dispatcher::deny(const handler_entry& e, const message& m) {
@@ -311,7 +346,7 @@ void dispatcher::deny(const handler_entry& e, const message& m) {
     }
 }
 
-void dispatcher::run_sync(const handler_entry& e, const message& m) {
+void dispatcher::run_sync(const handler_entry& e, const message& m, const call_context* ctx) {
     const bool req = m.kind == message_kind::request;
     // Taken before the handler runs: it may register its name again, which replaces `e` (the
     // counters carry over to the new entry).
@@ -323,7 +358,12 @@ void dispatcher::run_sync(const handler_entry& e, const message& m) {
     if (req) write_response_head(scratch_, m.msgid);
     bool failed = false;
     try {
-        e.sync(self_, m.params, scratch_);
+        if (ctx) [[unlikely]] {
+            context_scope scope(ctx);
+            e.sync(self_, m.params, scratch_);
+        } else {
+            e.sync(self_, m.params, scratch_);
+        }
     } catch (...) {
         failed = true;
         auto [code, text] = describe_current_exception();
@@ -348,7 +388,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m) {
 }
 
 void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes) {
+                             std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx) {
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     r.msgid = m.msgid;
@@ -374,10 +414,16 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     }
     // run_handler catches what the body throws, and finish_handler throws nothing (a response
     // that cannot be sent ends the connection instead): no exception reaches the completion.
-    net::co_spawn(ex_,
-                  run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
-                              std::move(out), std::move(body)),
-                  net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {}));
+    auto handler = run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
+                               std::move(out), std::move(body));
+    auto done = net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {});
+    if (ctx) [[unlikely]] {
+        // Spawned on an executor that sets the context each time the handler resumes.
+        net::co_spawn(net::any_io_executor(context_executor(ex_, std::move(ctx))),
+                      std::move(handler), std::move(done));
+        return;
+    }
+    net::co_spawn(ex_, std::move(handler), std::move(done));
 }
 
 net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
@@ -457,8 +503,9 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
 void dispatcher::drain_queue() {
     while (!serial_busy_ && !queue_.empty() && !stopped_) {
         message m = std::move(queue_.front().m);
+        auto ctx = std::move(queue_.front().ctx);
         pop_queued(queue_.begin());
-        dispatch(m);
+        dispatch(m, std::move(ctx));
     }
     c_.queued_messages = queue_.size();
     if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2 &&

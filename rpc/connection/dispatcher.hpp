@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "ordo/rpc/codec.hpp"
+#include "ordo/rpc/context.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/net.hpp"
 
@@ -77,8 +78,8 @@ class dispatcher {
     [[gnu::always_inline]] void on_message(message& m, std::size_t bytes) {
         // Inline: a message for a method of the application's, with nothing queued ahead of
         // it, goes straight to its handler.
-        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
-            [[unlikely]]
+        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo.") ||
+            m.meta.type != msgpack::type::NIL) [[unlikely]]
             return on_message_slow(m, bytes);
         // A synchronous handler open to every caller runs from here; anything else (an unknown
         // method, a handler that suspends, streams or checks its caller) takes the one
@@ -86,7 +87,7 @@ class dispatcher {
         const handler_entry* e = find(m.method);
         if (e && e->direct) [[likely]]
             return run_sync(*e, m);
-        dispatch_to(e, m, 0, 0);
+        dispatch_to(e, m, 0, 0, nullptr);
     }
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
@@ -113,14 +114,17 @@ class dispatcher {
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
-    void dispatch(message& m);
-    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams.
+    void dispatch(message& m, std::shared_ptr<const call_context> ctx);
+    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams; `ctx`:
+    // the call's context, if it carried one (its handler runs with it, and not at all once its
+    // deadline has passed).
     void dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes);
-    void run_sync(const handler_entry& e, const message& m);
+                     std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx);
+    void run_sync(const handler_entry& e, const message& m, const call_context* ctx = nullptr);
     void deny(const handler_entry& e, const message& m);
+    void expired(const handler_entry& e, const message& m, const call_context& ctx);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes);
+                     std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx);
     bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);
@@ -150,6 +154,7 @@ class dispatcher {
     const handler_entry* find_and_remember(std::string_view method);
     struct queued_message {
         message m;
+        std::shared_ptr<const call_context> ctx;  // as it arrived (its deadline counts from then)
         std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
         std::size_t held;  // what it holds in memory (charged to the budget)
     };

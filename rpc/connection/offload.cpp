@@ -8,6 +8,7 @@
 
 #include "ordo/error.hpp"
 #include "ordo/rpc/stream_call.hpp"
+#include "rpc/connection/context.hpp"
 
 namespace ordo::detail {
 
@@ -32,6 +33,9 @@ struct offload_state : std::enable_shared_from_this<offload_state> {
     net::cancellation_signal signal;
     bool body_done = false;
     bool waiting = true;
+    // The call's context, if it has one: the body runs with it too. Not owned: the awaiting
+    // coroutine, whose executor owns it, lives until the body has ended.
+    const call_context* ctx = nullptr;
 };
 
 net::awaitable<void> run_body(std::shared_ptr<offload_state> st, offload_body body) {
@@ -64,8 +68,15 @@ struct start_body {
         // strand until it ends. co_spawn posts the completion to the awaiting coroutine's
         // executor.
         net::post(st->strand, [self, body = std::move(*body), h = std::move(handler)]() mutable {
-            net::co_spawn(self->strand, run_body(self, std::move(body)),
-                          net::bind_cancellation_slot(self->signal.slot(), std::move(h)));
+            auto done = net::bind_cancellation_slot(self->signal.slot(), std::move(h));
+            if (self->ctx) {
+                const std::shared_ptr<const call_context> unowned(std::shared_ptr<void>(),
+                                                                  self->ctx);
+                net::co_spawn(net::any_io_executor(context_executor(self->strand, unowned)),
+                              run_body(self, std::move(body)), std::move(done));
+                return;
+            }
+            net::co_spawn(self->strand, run_body(self, std::move(body)), std::move(done));
         });
     }
 };
@@ -74,6 +85,7 @@ struct start_body {
 net::awaitable<void> run_offloaded(net::any_io_executor ex, offload_body body) {
     if (!ex) ex = co_await net::this_coro::executor;
     auto st = std::make_shared<offload_state>(ex);
+    st->ctx = this_thread_context;
     std::exception_ptr failure;
     try {
         co_await net::async_initiate<const net::use_awaitable_t<>&, void(std::exception_ptr)>(

@@ -2,6 +2,7 @@
 // inside, the parts of the connection and their wiring, is rpc/connection/peer_state.hpp.
 #include "ordo/rpc/peer.hpp"
 
+#include "rpc/connection/context.hpp"
 #include "rpc/connection/peer_state.hpp"
 
 namespace ordo {
@@ -28,11 +29,22 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
                             s.heard_eof ? s.eof_why : s.goaway_why);
     if (!s.sess->is_open())
         return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
-    const std::uint32_t id = s.calls.next_id();
     auto& f = *call;
+    if (!detail::take_context(f)) [[unlikely]]
+        return s.calls.fail(std::move(call), errc::timed_out, detail::inherited_timeout_reason(f));
+    // A context to send, or calls held ahead of this one (docs/protocol.md, "Call context").
+    const bool slow = f.options.timeout.count() > 0 || !f.options.metadata.empty() ||
+                      s.o.default_timeout.count() > 0 || !s.held.empty();
+    std::uint32_t id = 0;
     try {
+        // Asked before this call takes its msgid: ordo.features goes first, with the lower one.
+        if (slow && s.ctx_support == state::context_support::unknown) [[unlikely]]
+            s.ask_if_context(f.options);
+        id = s.calls.next_id();
         if (f.stream) {
             s.send_stream_request(id, f);
+        } else if (slow) [[unlikely]] {
+            s.send_call_with_context(id, f);
         } else {
             s.sess->send(detail::request_head(id, f.method),
                          std::string_view(f.params.data(), f.params.size()));
@@ -54,7 +66,158 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
         throw rpc_error(s_->sess->close_code(), {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
                             " failed: " + s_->sess->close_reason());
+    if (!s_->held.empty()) [[unlikely]] {
+        buffer b(small_buffer + params.size());
+        detail::write_notification_head(b, method);
+        b.write(params.data(), params.size());
+        s_->hold_bytes(std::string_view(b.data(), b.size()), method);
+        s_->held.back().params.assign(params);
+        return;
+    }
     s_->sess->send(detail::notification_head(method), params);
+}
+
+// ---- call context (docs/protocol.md, "Call context") ----
+
+namespace {
+
+// ordo.features, which the connection asks of the other side itself: its answer says whether
+// calls may carry their context there.
+class features_call final : public detail::pending_call {
+  public:
+    features_call(std::weak_ptr<peer> p, peer::state& s) : p_(std::move(p)), s_(s) {
+        method = "ordo.features";
+        own = true;
+        // A peer that never answers unknown requests is not waited on for long.
+        options.timeout = std::chrono::seconds(10);
+    }
+    void complete(std::error_code ec, call_outcome out) override {
+        if (auto keep = p_.lock()) s_.features_answered(ec, out);
+    }
+
+  private:
+    std::weak_ptr<peer> p_;
+    peer::state& s_;
+};
+
+}  // namespace
+
+void peer::state::ask_features() {
+    auto call = std::make_unique<features_call>(self.weak_from_this(), *this);
+    buffer b(small_buffer);
+    const std::uint32_t id = calls.next_id();
+    detail::write_request_head(b, id, "ordo.features");
+    msgpack::packer<buffer> p(b);
+    p.pack_array(1);
+    p.pack_array(1);
+    p.pack(std::string_view("meta"));
+    sess->send(std::string_view(b.data(), b.size()));  // throws as a call's send does
+    ctx_support = context_support::asking;
+    calls.add(id, std::move(call));
+}
+
+void peer::state::ask_if_context(const call_options& opts) {
+    if (opts.timeout.count() > 0 || o.default_timeout.count() > 0 || !opts.metadata.empty())
+        ask_features();
+}
+
+void peer::state::hold_bytes(std::string_view bytes, std::string_view notification) {
+    auto& h = held.emplace_back();
+    h.bytes.assign(bytes);
+    h.notification.assign(notification);
+}
+
+void peer::state::send_call_with_context(std::uint32_t id, detail::pending_call& call) {
+    send_request(id, call.method, std::string_view(call.params.data(), call.params.size()),
+                 call.options);
+}
+
+void peer::state::send_request(std::uint32_t id, std::string_view method, std::string_view params,
+                               const call_options& opts) {
+    const auto timeout = opts.timeout.count() > 0 ? opts.timeout : o.default_timeout;
+    const bool has_context = timeout.count() > 0 || !opts.metadata.empty();
+    if (!opts.metadata.empty()) detail::check_metadata(method, opts.metadata);
+    if (!has_context || ctx_support == context_support::no) {
+        // Plain: held behind what waits for the answer, if anything does.
+        buffer b(small_buffer + params.size());
+        detail::write_request_head(b, id, method);
+        b.write(params.data(), params.size());
+        return send_ordered(std::string_view(b.data(), b.size()));
+    }
+    if (ctx_support == context_support::yes) {
+        buffer b(small_buffer + params.size());
+        detail::write_context_request(b, id, method, params, opts.metadata, timeout,
+                                      timeout.count() > 0);
+        return sess->send(std::string_view(b.data(), b.size()));
+    }
+    auto& h = held.emplace_back();
+    h.msgid = id;
+    h.method.assign(method);
+    h.params.assign(params);
+    h.meta = opts.metadata;
+    if (timeout.count() > 0) h.deadline = std::chrono::steady_clock::now() + timeout;
+}
+
+void peer::state::features_answered(std::error_code ec, const call_outcome& out) {
+    auto waiting = std::move(held);
+    held.clear();
+    if (ec == errc::peer_lost || ec == errc::closed || ec == errc::session_lost ||
+        ec == errc::unauthenticated) {
+        // The connection (or the session) ended before the answer: the held calls fail with
+        // it (they are in the call table); the held notifications are told undelivered.
+        ctx_support = context_support::unknown;
+        if (!o.on_undelivered) return;
+        for (auto& h : waiting) {
+            if (h.notification.empty()) continue;
+            undelivered_notification u;
+            u.method = h.notification;
+            u.params = std::move(h.params);
+            u.code = ec;
+            u.reason = out.detail;
+            o.on_undelivered(u);
+        }
+        return;
+    }
+    // Any other error is a peer that does not know ordo.features (method_not_found from a
+    // plain msgpack-rpc peer) or does not answer it in time: it gets plain calls.
+    bool yes = false;
+    if (!ec && out.result.type == msgpack::type::ARRAY) {
+        const auto& a = out.result.via.array;
+        for (std::uint32_t i = 0; i < a.size; ++i)
+            if (a.ptr[i].type == msgpack::type::STR &&
+                std::string_view(a.ptr[i].via.str.ptr, a.ptr[i].via.str.size) == "meta")
+                yes = true;
+    }
+    ctx_support = yes ? context_support::yes : context_support::no;
+    const auto now = std::chrono::steady_clock::now();
+    try {
+        for (auto& h : waiting) {
+            if (!sess->is_open()) return;  // the calls fail with the connection
+            if (!h.bytes.empty()) {
+                sess->send(h.bytes);
+                continue;
+            }
+            // A call withdrawn while held (its deadline, a cancel) is not sent at all.
+            if (!calls.contains(h.msgid)) continue;
+            buffer b(small_buffer + h.params.size());
+            if (yes) {
+                const bool timed = h.deadline != std::chrono::steady_clock::time_point{};
+                const auto left =
+                    timed ? std::max(std::chrono::ceil<std::chrono::milliseconds>(h.deadline - now),
+                                     std::chrono::milliseconds(0))
+                          : std::chrono::milliseconds(0);
+                detail::write_context_request(b, h.msgid, h.method, h.params, h.meta, left, timed);
+            } else {
+                detail::write_request_head(b, h.msgid, h.method);
+                b.write(h.params.data(), h.params.size());
+            }
+            sess->send(std::string_view(b.data(), b.size()));
+        }
+    } catch (const std::system_error& e) {
+        // Taken calls that cannot be sent: the connection ends, and they fail with it.
+        sess->abort(errc::overloaded,
+                    std::string("ordo: held calls could not be sent: ") + e.what());
+    }
 }
 
 const std::string& peer::remote_address() const noexcept {

@@ -200,12 +200,49 @@ struct peer::state final : detail::call_table_host,
         for (auto& f : fns) f(code, why);
     }
 
+    // ---- call context (docs/protocol.md, "Call context") ----
+
+    // Whether the other side reads a request's context: asked with ordo.features by the first
+    // call that carries one. Until the answer, that call and everything sent after it on this
+    // connection is held here, in order, and then sent in the form the answer allows.
+    enum class context_support : std::uint8_t { unknown, asking, yes, no };
+    context_support ctx_support = context_support::unknown;
+    struct held_message {
+        std::string bytes;         // as it goes out; empty for a call with a context
+        std::string notification;  // a notification's method (told undelivered if dropped)
+        // A call with a context, encoded once the answer says how.
+        std::uint32_t msgid = 0;
+        std::string method;
+        std::string params;
+        metadata meta;
+        std::chrono::steady_clock::time_point deadline{};  // {}: none
+    };
+    std::vector<held_message> held;
+
+    // The connection's way out for what keeps order with calls (rpc/connection/peer.cpp).
+    void send_ordered(std::string_view bytes) {
+        if (!held.empty()) [[unlikely]]
+            return hold_bytes(bytes, {});
+        sess->send(bytes);
+    }
+    void hold_bytes(std::string_view bytes, std::string_view notification);
+    void send_call_with_context(std::uint32_t id, detail::pending_call& call);
+    // A request with its context (or held behind what waits): `params` the encoded array.
+    void send_request(std::uint32_t id, std::string_view method, std::string_view params,
+                      const call_options& opts);
+    void ask_features();
+    // Asks (ordo.features) if a call with `opts` has a context to send; the answer is unknown.
+    void ask_if_context(const call_options& opts);
+    void features_answered(std::error_code ec, const call_outcome& out);
+
     // ---- the parts' view of the connection ----
 
     std::weak_ptr<void> owner() override { return self.weak_from_this(); }
 
     void session_lost(const close_result& r) override {
         calls.fail_all(r.code, r.reason);
+        // The next session may meet a restarted server: ask again.
+        ctx_support = context_support::unknown;
         sess->report_undelivered(r, o.on_undelivered, c);
         disp.restart();
         if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
@@ -229,7 +266,7 @@ struct peer::state final : detail::call_table_host,
         try {
             buffer b(small_buffer);
             encode(b);
-            sess->send(std::string_view(b.data(), b.size()));
+            send_ordered(std::string_view(b.data(), b.size()));
         } catch (const std::system_error& e) {
             if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         }

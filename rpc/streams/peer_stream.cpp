@@ -15,13 +15,20 @@ namespace ordo {
 void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& call) {
     buffer b(small_buffer + call.params.size());
     detail::write_request_head(b, id, "ordo.stream");
+    const std::size_t head = b.size();
     msgpack::packer<buffer> p(b);
     p.pack_array(4);
     p.pack(call.method);
     b.write(call.params.data(), call.params.size());
     p.pack(call.stream->window());
     p.pack(call.stream->window_bytes());
-    sess->send(std::string_view(b.data(), b.size()));
+    if (call.options.timeout.count() > 0 || !call.options.metadata.empty() ||
+        o.default_timeout.count() > 0 || !held.empty())
+        // With its context (docs/protocol.md, "Call context"), or held behind what waits.
+        send_request(id, "ordo.stream", std::string_view(b.data() + head, b.size() - head),
+                     call.options);
+    else
+        sess->send(std::string_view(b.data(), b.size()));
     call.stream->attach(
         [w = self.weak_from_this(), ex = ex, id](std::uint32_t n, std::uint64_t bytes) {
             net::post(ex, [w, id, n, bytes] {

@@ -80,10 +80,17 @@ void read_fields(message& m) {
     m.kind = static_cast<message_kind>(a.ptr[0].via.u64);
     switch (m.kind) {
         case message_kind::request:
-            check_arity("request", a.size, 4);
+            // [0, msgid, method, params], or with the call's context after the params.
+            if (a.size != 5) check_arity("request", a.size, 4);
             m.msgid = read_msgid(a.ptr[1]);
             m.method = read_method(a.ptr[2]);
             m.params = a.ptr[3];
+            if (a.size == 5) {
+                m.meta = a.ptr[4];
+                if (m.meta.type != msgpack::type::MAP)
+                    bad("the context of a call to \"" + std::string(m.method) +
+                        "\" is not a map (got " + type_name(m.meta) + ")");
+            }
             break;
         case message_kind::response:
             check_arity("response", a.size, 4);
@@ -102,6 +109,40 @@ void read_fields(message& m) {
             type_name(m.params) + ")");
 }
 
+std::string_view str_of(const msgpack::object& o) {
+    return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
+                                        : std::string_view(o.via.bin.ptr, o.via.bin.size);
+}
+
+// A request's context (docs/protocol.md, "Call context"): a map of str keys to str or bin
+// values (an unsigned value for reserved "ordo-" keys), within the metadata limits.
+void check_meta(const message& m, const limits& l) {
+    if (m.kind != message_kind::request || m.meta.type == msgpack::type::NIL) return;
+    const auto what = [&] { return "the context of a call to \"" + std::string(m.method) + "\" "; };
+    const auto& map = m.meta.via.map;
+    if (map.size > l.max_metadata_entries)
+        bad(what() + "has " + std::to_string(map.size) + " entries, over max_metadata_entries (" +
+            std::to_string(l.max_metadata_entries) + ")");
+    std::size_t bytes = 0;
+    for (std::uint32_t i = 0; i < map.size; ++i) {
+        const auto& k = map.ptr[i].key;
+        const auto& v = map.ptr[i].val;
+        if (k.type != msgpack::type::STR || k.via.str.size == 0)
+            bad(what() + "has a key that is not a non-empty str (got " + type_name(k) + ")");
+        const std::string_view key(k.via.str.ptr, k.via.str.size);
+        bytes += key.size();
+        if (v.type == msgpack::type::STR || v.type == msgpack::type::BIN) {
+            bytes += str_of(v).size();
+        } else if (!(key.starts_with("ordo-") && v.type == msgpack::type::POSITIVE_INTEGER)) {
+            bad(what() + "has a value for \"" + std::string(key.substr(0, 64)) +
+                "\" that is not a str or bin (got " + type_name(v) + ")");
+        }
+        if (bytes > l.max_metadata_bytes)
+            bad(what() + "holds over max_metadata_bytes (" + std::to_string(l.max_metadata_bytes) +
+                ") of keys and values");
+    }
+}
+
 }  // namespace
 
 message decode_message(std::string_view bytes, const limits& l) {
@@ -113,6 +154,7 @@ message decode_message(std::string_view bytes, const limits& l) {
     message m;
     m.handle = msgpack::object_handle(obj, std::move(zone));
     read_fields(m);
+    check_meta(m, l);
     return m;
 }
 
@@ -125,6 +167,7 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
     m.borrowed = true;
     m.handle.set(detail::unpack_checked(bytes, l, z, true));
     read_fields(m);
+    check_meta(m, l);
     return m;
 }
 

@@ -188,6 +188,23 @@ envelopes += [p([0, 1, "m", [], 1]), p([2, "m"]), p([1, 1, None]), p([0, 1, "m"]
               b"\x93\x02\xd9\x01m\x90", b"\x93\x02\xda\x00\x01m\x90",
               b"\x93\x02\xa1m\xdc\x00\x01\x01", b"\x93\x02\xa1m\x91\xc1"]
 
+# Call context (docs/protocol.md "Call context"): requests with a fifth element, good and bad,
+# ordo.features asked well and badly, and a stream call with a deadline.
+tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+contexts = [p([0, 1, "inc", [1], {"ordo-deadline-ms": 0}]),
+            p([0, 2, "inc", [1], {"ordo-deadline-ms": 2**64 - 1, "k": "v", "b-bin": b"\x00"}]),
+            p([0, 3, "context", [], {"traceparent": tp, "ordo-deadline-ms": 500}]),
+            p([0, 4, "inc", [1], {}]), p([0, 5, "inc", [1], {"k": 1}]),
+            p([0, 6, "inc", [1], {1: "v"}]), p([0, 7, "inc", [1], {"": "v"}]),
+            p([0, 8, "inc", [1], {"k" * 40: "v" * 2000}]),
+            p([0, 9, "inc", [1], {("k%d" % i): "v" for i in range(80)}]),
+            p([0, 10, "ordo.stream", ["count_to", [3], 8], {"ordo-deadline-ms": 100}]),
+            p([0, 11, "ordo.features", [["meta", "x"]]]), p([0, 12, "ordo.features", []]),
+            p([0, 13, "ordo.features", ["meta"]]), p([0, 14, "inc", [1], None]),
+            p([0, 0, "sleep_ms", [50]], [0, 15, "inc", [1], {"ordo-deadline-ms": 1}]),
+            p([2, "add", [1], {"k": "v"}])]
+envelopes += contexts
+
 # Authentication (docs/protocol.md "Authentication"): an input that starts with a notification
 # (an odd first byte) meets a server with a token table (tests/fuzz/server_fuzz.cpp).
 token = {"token": "fuzz-token-0123456789"}
@@ -204,7 +221,7 @@ seeds = {
                + [bytes([63]) + e for e in envelopes],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
               + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
-              + sessions + auths,
+              + sessions + auths + contexts,
     "client": [p(*responses), p(*reversed(responses)), p(responses[0], responses[0]),
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),

@@ -39,6 +39,16 @@ out=$(curl -s -N --json 4 "$http/count_to" | tr '\n' ' ')
 [ "$out" = "0 1 2 3 " ] || fail "count_to 4 streamed '$out'"
 curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":"/count_to","stream":true' ||
     fail "/-/routes: $(curl -s "$http/-/routes")"
+# The call's context (docs/protocol.md, "Call context"): a W3C traceparent and the SLO reach the
+# handler (ordo-inc-server's context method) through the gateway and its router; a malformed
+# traceparent is dropped.
+tp=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+out=$(curl -s -H "traceparent: $tp" --json '[]' "$http/context?relative_slo_ms=500")
+echo "$out" | grep -q '"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"' || fail "context: $out"
+left=$(echo "$out" | grep -o '"deadline_left_ms":[0-9]*' | cut -d: -f2)
+[ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le 500 ] || fail "deadline left: $out"
+out=$(curl -s -H "traceparent: 00-$tp" --json '[]' "$http/context")
+echo "$out" | grep -q '"metadata":{},"trace_id":null' || fail "bad traceparent: $out"
 out=$(curl -s -o /dev/null -w '%{http_code}' --json 5 "$http/add?notify=1")
 [ "$out" = 202 ] || fail "a notification answered $out"
 

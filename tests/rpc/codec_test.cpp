@@ -106,6 +106,54 @@ TEST(Codec, EachMalformedMessageSaysWhatIsWrong) {
     expect_bad(packed(std::make_tuple(2, "add", nil_t())), "params of \"add\" is not an array");
 }
 
+// docs/protocol.md, "Call context": [0, msgid, method, params, meta], meta a map of str keys to
+// str or bin values (an unsigned value for reserved "ordo-" keys), within the limits.
+TEST(Codec, ARequestWithAContextDecodesAndABadContextSaysWhatIsWrong) {
+    using msgpack::type::nil_t;
+    using pairs = std::map<std::string, std::string>;
+    const std::vector<int> none;
+    for (bool borrowed : {false, true}) {
+        const std::string bytes =
+            packed(std::make_tuple(0, 9, "inc", std::vector<int>{1}, pairs{{"tenant", "acme"}}));
+        msgpack::zone z;
+        auto m = borrowed ? decode_message(bytes, limits{}, z) : decode_message(bytes);
+        EXPECT_EQ(m.kind, message_kind::request);
+        EXPECT_EQ(m.msgid, 9u);
+        EXPECT_EQ(m.method, "inc");
+        ASSERT_EQ(m.meta.type, msgpack::type::MAP);
+        EXPECT_EQ(m.meta.as<pairs>(), (pairs{{"tenant", "acme"}}));
+        own(m);
+        EXPECT_EQ(m.meta.as<pairs>(), (pairs{{"tenant", "acme"}}));
+    }
+    EXPECT_EQ(decode_message(packed(std::make_tuple(0, 1, "inc", none))).meta.type,
+              msgpack::type::NIL);
+    expect_bad(packed(std::make_tuple(0, 1, "inc", none, 5)),
+               "the context of a call to \"inc\" is not a map");
+    expect_bad(packed(std::make_tuple(0, 1, "inc", none, std::map<int, std::string>{{1, "x"}})),
+               "has a key that is not a non-empty str");
+    expect_bad(packed(std::make_tuple(0, 1, "inc", none, std::map<std::string, int>{{"k", 1}})),
+               "has a value for \"k\" that is not a str or bin");
+    // A reserved key may hold a number; ordinary keys may not.
+    EXPECT_NO_THROW(decode_message(packed(
+        std::make_tuple(0, 1, "inc", none, std::map<std::string, int>{{"ordo-deadline-ms", 5}}))));
+    expect_bad(packed(std::make_tuple(2, "add", none, pairs{})),
+               "notification has 4 elements, expected 3");
+    limits l;
+    l.max_metadata_entries = 2;
+    l.max_metadata_bytes = 10;
+    const auto expect_over = [&](const pairs& meta, const std::string& what) {
+        try {
+            decode_message(packed(std::make_tuple(0, 1, "inc", none, meta)), l);
+            ADD_FAILURE() << "no error for " << what;
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::protocol_error);
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    expect_over({{"a", "1"}, {"b", "2"}, {"c", "3"}}, "over max_metadata_entries");
+    expect_over({{"key", "0123456789"}}, "over max_metadata_bytes");
+}
+
 TEST(Codec, DecodeMessageEnforcesLimitsOnItsOwn) {
     limits l;
     l.max_message_bytes = 16;

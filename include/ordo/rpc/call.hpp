@@ -1,5 +1,5 @@
-// What one call takes and yields: call_options (deadline, affinity key), ordo::value and
-// call_outcome, the untyped result a channel_impl completes a call with.
+// What one call takes and yields: call_options (deadline, affinity key, metadata), ordo::value
+// and call_outcome, the untyped result a channel_impl completes a call with.
 #pragma once
 
 #include "ordo/config.hpp"
@@ -9,6 +9,7 @@
 #include <string>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include "ordo/rpc/detail/msgpack_core.hpp"
 
@@ -22,6 +23,11 @@ inline constexpr std::uint32_t max_stream_window = 65536;
 /// the reader when call_options::window_bytes is 0. One item is always allowed, however large.
 inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} << 20;
 
+/// Per-call metadata: key -> value pairs a call carries to its handler (docs/protocol.md, "Call
+/// context"), in the order given. Values are strings of bytes; a key ending in "-bin" is sent as
+/// msgpack bin, any other as str. Keys starting with "ordo-" are reserved.
+using metadata = std::vector<std::pair<std::string, std::string>>;
+
 /// Per-call options; pass as the last argument before the completion token (if any).
 struct call_options {
     /// Deadline for the whole call. 0: the channel's default (none unless configured). On
@@ -30,24 +36,28 @@ struct call_options {
     std::chrono::milliseconds timeout{0};
     /// Affinity key, read by routers (ordo::router): calls with one key go to one replica, in
     /// the order made, while its replica lives. Ordered peers and pools ignore it.
-    std::string key;
+    std::string key{};
     /// Streaming calls (ordo::stream): items the server may send ahead of the reader; more are
     /// granted as the reader takes them. 0: default_stream_window (8192); at most 65,536.
     std::uint32_t window = 0;
     /// The same in bytes of items as sent (the server always may send one item). 0:
     /// default_stream_window_bytes (1 MiB).
     std::uint64_t window_bytes = 0;
+    /// Pairs the handler reads from its call context (ordo::current_context()). Sent only to
+    /// peers that announced they read them (ordo.features); a plain msgpack-rpc peer gets the
+    /// call without them. Unlike the deadline, they are not passed on to calls a handler makes.
+    ordo::metadata metadata{};
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.
 inline call_options timeout(std::chrono::milliseconds t) {
-    return call_options{t, {}};
+    return call_options{.timeout = t};
 }
 
 /// call_options with an affinity key: `co_await c.inc(1, ordo::key("user-42"))`. Both:
 /// `call_options{.timeout = 50ms, .key = "user-42"}`.
 inline call_options key(std::string k) {
-    return call_options{std::chrono::milliseconds(0), std::move(k)};
+    return call_options{.key = std::move(k)};
 }
 
 /// A msgpack value that owns its memory: the result type of untyped calls.

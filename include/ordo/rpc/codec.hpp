@@ -30,6 +30,10 @@ struct message {
     msgpack::object params;   ///< request, notification: always an array
     msgpack::object error;    ///< response: nil on success, else the error object as sent
     msgpack::object result;   ///< response
+    /// request: the call's context as ordo peers send it, `[0, msgid, method, params, meta]`
+    /// (docs/protocol.md, "Call context"), checked to be a map of str keys to str, bin or (for
+    /// reserved keys) unsigned values; nil for a plain request.
+    msgpack::object meta;
     msgpack::object_handle handle;
     /// Decoded into a zone owned by someone else (see decode_message with a zone): valid until
     /// that zone is decoded into again. own() makes a copy that owns its memory.

@@ -57,6 +57,9 @@ class pending_call {
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
     /// 0 for a call as made; 1 when a router sends it again after its replica died.
     std::uint8_t attempt = 0;
+    /// A call the connection makes for itself (ordo.features): its end is not told to the
+    /// connection's call_observer, which only hears of calls its owner started.
+    bool own = false;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
     /// Written by whoever starts the call on a connection it observes (a router, which is told

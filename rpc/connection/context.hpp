@@ -1,0 +1,113 @@
+// The call context of the handler running on this thread (ordo::current_context()), how it
+// follows a coroutine handler across its co_awaits, and how calls made inside a handler take
+// what is left of its deadline (docs/protocol.md, "Call context"; docs/design.md 5.11).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ordo/net.hpp"
+#include "ordo/rpc/codec.hpp"
+#include "ordo/rpc/context.hpp"
+#include "ordo/rpc/detail/pending_call.hpp"
+
+namespace ordo::detail {
+
+/// Set while a handler whose call carried a context runs on this thread; null otherwise.
+extern thread_local const call_context* this_thread_context;
+
+/// Sets this thread's context for its lifetime, and restores the one before.
+class context_scope {
+  public:
+    explicit context_scope(const call_context* c) noexcept : before_(this_thread_context) {
+        this_thread_context = c;
+    }
+    ~context_scope() { this_thread_context = before_; }
+    context_scope(const context_scope&) = delete;
+    context_scope& operator=(const context_scope&) = delete;
+
+  private:
+    const call_context* before_;
+};
+
+/// An executor that runs everything it is given with `ctx` as this thread's context, on `inner`.
+/// A coroutine handler spawned on it finds its context set each time it resumes, since Asio
+/// resumes a coroutine through its executor: this is the coroutine-local context.
+class context_executor {
+  public:
+    context_executor(net::any_io_executor inner, std::shared_ptr<const call_context> ctx)
+        : inner_(std::move(inner)), ctx_(std::move(ctx)) {}
+
+    template <class Property>
+    requires net::can_query<const net::any_io_executor&, Property>::value decltype(auto) query(
+        const Property& p) const {
+        return net::query(inner_, p);
+    }
+    template <class Property>
+    requires net::can_require<const net::any_io_executor&, Property>::value context_executor
+    require(const Property& p)
+    const { return {net::require(inner_, p), ctx_}; }
+    template <class Property>
+    requires net::can_prefer<const net::any_io_executor&, Property>::value context_executor
+    prefer(const Property& p)
+    const { return {net::prefer(inner_, p), ctx_}; }
+    template <class F>
+    void execute(F&& f) const {
+        inner_.execute(with_context<std::decay_t<F>>{ctx_, std::forward<F>(f)});
+    }
+    friend bool operator==(const context_executor& a, const context_executor& b) noexcept {
+        return a.inner_ == b.inner_ && a.ctx_ == b.ctx_;
+    }
+    friend bool operator!=(const context_executor& a, const context_executor& b) noexcept {
+        return !(a == b);
+    }
+
+  private:
+    template <class F>
+    struct with_context {
+        std::shared_ptr<const call_context> ctx;
+        F f;
+        void operator()() {
+            context_scope scope(ctx.get());
+            std::move(f)();
+        }
+    };
+    net::any_io_executor inner_;
+    std::shared_ptr<const call_context> ctx_;
+};
+
+/// The context a request carries (m.meta, checked by the decoder), as its handler sees it:
+/// `arrived` plus the time the caller had left is its deadline. Null for a plain request.
+std::shared_ptr<const call_context> read_context(const message& m,
+                                                 std::chrono::steady_clock::time_point arrived);
+
+/// A call made inside a handler with a deadline takes what is left of it when it has no timeout
+/// of its own. False when that deadline has passed: the call must fail with errc::timed_out
+/// (inherited_timeout_reason() says why) without being sent.
+[[gnu::cold]] bool inherit_deadline(pending_call& call);
+std::string inherited_timeout_reason(const pending_call& call);
+
+/// inherit_deadline() when the calling thread runs a handler with a context; true otherwise
+/// (the common case: one read of a thread-local).
+[[gnu::always_inline]] inline bool take_context(pending_call& call) {
+    if (this_thread_context == nullptr) [[likely]]
+        return true;
+    return inherit_deadline(call);
+}
+
+/// Throws errc::bad_arguments naming `method` when `meta` cannot be sent: an empty or reserved
+/// ("ordo-") key, or more than the default ordo::limits allow a receiver to take.
+void check_metadata(std::string_view method, const metadata& meta);
+
+/// The reserved metadata key that carries the time a caller has left, in milliseconds.
+inline constexpr std::string_view deadline_key = "ordo-deadline-ms";
+
+/// Appends `[0, msgid, method, params, meta]` to `out`: `params` an encoded array, meta the
+/// call's metadata plus, when `timed`, the time `left` (0: the deadline has passed).
+void write_context_request(buffer& out, std::uint32_t msgid, std::string_view method,
+                           std::string_view params, const metadata& meta,
+                           std::chrono::milliseconds left, bool timed);
+
+}  // namespace ordo::detail

@@ -1,0 +1,376 @@
+// Call context (docs/protocol.md, "Call context"): metadata from a caller to its handler over a
+// peer, a pool and a router; plain msgpack-rpc peers that never see it; deadlines that travel
+// with the call, so that a call arriving or waiting past its deadline is never run; and calls
+// made inside a handler that take what is left of its deadline, across co_awaits.
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+
+#include "ordo/ordo.hpp"
+#include "support/run_test.hpp"
+#include "support/running_loop.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+using tcp = net::ip::tcp;
+
+// What a handler saw of its call's context.
+struct seen_context {
+    bool present = false;
+    long long left_ms = -1;  // -1: no deadline
+    std::vector<std::pair<std::string, std::string>> metadata;
+    MSGPACK_DEFINE(present, left_ms, metadata)
+};
+
+seen_context look() {
+    seen_context s;
+    const call_context* c = current_context();
+    if (!c) return s;
+    s.present = true;
+    if (c->has_deadline()) s.left_ms = c->time_left().count();
+    s.metadata = c->metadata;
+    return s;
+}
+
+// A server whose handlers answer what they saw: `look` from a plain handler, `look_later` from a
+// coroutine after it has waited (the context must follow it across the co_await).
+struct context_server {
+    server srv;
+    std::string url;
+    int runs = 0;
+    explicit context_server(net::any_io_executor ex) : srv(ex) {
+        srv.on("look", [] { return look(); });
+        srv.on("look_later", [](int ms) -> net::awaitable<seen_context> {
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(net::use_awaitable);
+            co_return look();
+        });
+        srv.on("count", [this] { return ++runs; });
+        srv.on("slow", [](int ms) -> net::awaitable<int> {
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(net::use_awaitable);
+            co_return ms;
+        });
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+};
+
+// (Built outside the coroutines: GCC 12 mishandles braced lists of string literals in them.)
+metadata some_metadata() {
+    return {{"tenant", "acme"}, {"blob-bin", std::string("\x00\x01\xff", 3)}, {"tenant", "second"}};
+}
+metadata one_pair() {
+    return {{"k", "v"}};
+}
+metadata reserved_pair() {
+    return {{"ordo-deadline-ms", "1"}};
+}
+metadata big_pair() {
+    return {{"big", std::string(20000, 'x')}};
+}
+std::vector<std::string> plain_order() {
+    return {"ordo.features", "a", "b", "c", "d"};
+}
+
+call_options with_meta(metadata m, std::chrono::milliseconds timeout = 0ms) {
+    call_options o;
+    o.metadata = std::move(m);
+    o.timeout = timeout;
+    return o;
+}
+
+TEST(Context, MetadataReachesPlainAndCoroutineHandlersOverAPeerAPoolAndARouter) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        context_server a(ex);
+        const metadata sent = some_metadata();
+        const std::vector<std::string> urls{a.url, a.url + "?mode=pooled", "route+" + a.url};
+        for (const auto& url : urls) {
+            channel ch = co_await async_connect(url);
+            const auto now = co_await ch.async_call<seen_context>("look", with_meta(sent));
+            EXPECT_TRUE(now.present) << url;
+            EXPECT_EQ(now.metadata, sent) << url;  // in order, repeated keys kept, bytes intact
+            EXPECT_EQ(now.left_ms, -1) << url;
+            const auto later =
+                co_await ch.async_call<seen_context>("look_later", 50, with_meta(sent));
+            EXPECT_EQ(later.metadata, sent) << url;
+            // A call without a context: the handler sees none.
+            const auto none = co_await ch.async_call<seen_context>("look");
+            EXPECT_FALSE(none.present) << url;
+        }
+    });
+}
+
+TEST(Context, AHandlerOnRunOnSeesItsContextOnItsOwnThread) {
+    test::running_loop pool;
+    run_test([&]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        handler_options elsewhere;
+        elsewhere.run_on = pool.io.get_executor();
+        srv.on(
+            "away", [](std::stop_token) { return look(); }, elsewhere);
+        srv.on(
+            "away_later",
+            [](std::stop_token) -> net::awaitable<seen_context> {
+                net::steady_timer t(co_await net::this_coro::executor, 20ms);
+                co_await t.async_wait(net::use_awaitable);
+                co_return look();
+            },
+            elsewhere);
+        channel ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        const metadata sent = one_pair();
+        for (const char* m : {"away", "away_later"}) {
+            const auto s = co_await ch.async_call<seen_context>(m, with_meta(sent, 4000ms));
+            EXPECT_EQ(s.metadata, sent) << m;
+            EXPECT_GT(s.left_ms, 0) << m;
+        }
+    });
+}
+
+TEST(Context, TheDeadlineTravelsWithTheCall) {
+    run_test([]() -> net::awaitable<void> {
+        context_server a(co_await net::this_coro::executor);
+        channel ch = co_await async_connect(a.url);
+        const auto s = co_await ch.async_call<seen_context>("look", timeout(5000ms));
+        EXPECT_TRUE(s.present);
+        EXPECT_GT(s.left_ms, 0);
+        EXPECT_LE(s.left_ms, 5000);
+        // A channel's default timeout is a deadline too.
+        channel d = co_await async_connect(a.url + "?timeout_ms=3000");
+        const auto t = co_await d.async_call<seen_context>("look");
+        EXPECT_GT(t.left_ms, 0);
+        EXPECT_LE(t.left_ms, 3000);
+    });
+}
+
+TEST(Context, ReservedOrOversizedMetadataFailsTheCallAloneNamingIt) {
+    run_test([]() -> net::awaitable<void> {
+        context_server a(co_await net::this_coro::executor);
+        channel ch = co_await async_connect(a.url);
+        try {
+            co_await ch.async_call<seen_context>("look", with_meta(reserved_pair()));
+            ADD_FAILURE() << "a reserved key was sent";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("reserved"), std::string::npos) << e.what();
+        }
+        try {
+            co_await ch.async_call<seen_context>("look", with_meta(big_pair()));
+            ADD_FAILURE() << "oversized metadata was sent";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("max_metadata_bytes"), std::string::npos)
+                << e.what();
+        }
+        // The connection is unharmed.
+        EXPECT_TRUE((co_await ch.async_call<seen_context>("look", with_meta(one_pair()))).present);
+    });
+}
+
+// A plain msgpack-rpc server, as neovim is: it answers an unknown method with an error string,
+// and every other request with the number of elements it had. It records what it read.
+struct foreign_server {
+    tcp::acceptor acc;
+    std::vector<std::size_t> request_sizes;  // of requests other than ordo.features
+    std::vector<std::string> methods;        // requests and notifications, in arrival order
+    explicit foreign_server(net::any_io_executor ex)
+        : acc(ex, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0)) {}
+    std::string url() const {
+        return "tcp://127.0.0.1:" + std::to_string(acc.local_endpoint().port());
+    }
+
+    net::awaitable<void> serve_one() {
+        tcp::socket s = co_await acc.async_accept(net::use_awaitable);
+        msgpack::unpacker in;
+        for (;;) {
+            in.reserve_buffer(4096);
+            auto [ec, n] = co_await s.async_read_some(net::buffer(in.buffer(), 4096), use_tuple);
+            if (ec) co_return;
+            in.buffer_consumed(n);
+            msgpack::object_handle oh;
+            while (in.next(oh)) {
+                const auto& a = oh.get().via.array;
+                msgpack::sbuffer out;
+                msgpack::packer<msgpack::sbuffer> p(out);
+                if (a.ptr[0].via.u64 == 2) {
+                    methods.push_back(a.ptr[1].as<std::string>());
+                    continue;
+                }
+                const auto id = a.ptr[1].via.u64;
+                const auto method = a.ptr[2].as<std::string>();
+                methods.push_back(method);
+                p.pack_array(4);
+                p.pack(1);
+                p.pack(id);
+                if (method == "ordo.features") {
+                    p.pack("Invalid method: " + method);
+                    p.pack_nil();
+                } else {
+                    request_sizes.push_back(a.size);
+                    p.pack_nil();
+                    p.pack(a.size);
+                }
+                co_await net::async_write(s, net::buffer(out.data(), out.size()), use_tuple);
+            }
+        }
+    }
+};
+
+TEST(Context, APlainMsgpackRpcPeerGetsPlainRequestsInOrderAndTheCallsWork) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        foreign_server f(ex);
+        net::co_spawn(ex, f.serve_one(), net::detached);
+        channel ch = co_await async_connect(f.url());
+        // A call with metadata asks first, and waits for the answer; what is sent meanwhile
+        // (a notification, a plain call) waits behind it, in order.
+        std::size_t r1 = 0, r2 = 0;
+        ch.async_call<std::size_t>("a", with_meta(one_pair(), 5000ms),
+                                   [&](std::error_code ec, std::size_t r) {
+                                       EXPECT_FALSE(ec) << ec.message();
+                                       r1 = r;
+                                   });
+        ch.notify("b");
+        r2 = co_await ch.async_call<std::size_t>("c");
+        EXPECT_TRUE(co_await wait_until([&] { return r1 != 0; }));
+        EXPECT_EQ(r1, 4u);
+        EXPECT_EQ(r2, 4u);
+        // Later calls with a context go plain at once.
+        EXPECT_EQ(co_await ch.async_call<std::size_t>("d", with_meta(one_pair(), 5000ms)), 4u);
+        for (auto n : f.request_sizes) EXPECT_EQ(n, 4u);
+        const std::vector<std::string> order = plain_order();
+        EXPECT_EQ(f.methods, order);
+    });
+}
+
+// Writes `requests` (msgpack-rpc messages) to an ordo server over a raw socket, and reads
+// answers until `answers` have come; returns them by msgid as [error code or 0, result].
+net::awaitable<std::map<std::uint64_t, std::pair<int, std::string>>> raw_exchange(
+    std::string url, std::string requests, std::size_t answers) {
+    auto ex = co_await net::this_coro::executor;
+    tcp::socket s(ex);
+    const auto port = static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+    co_await s.async_connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port),
+                             net::use_awaitable);
+    co_await net::async_write(s, net::buffer(requests), net::use_awaitable);
+    std::map<std::uint64_t, std::pair<int, std::string>> got;
+    msgpack::unpacker in;
+    while (got.size() < answers) {
+        in.reserve_buffer(4096);
+        const std::size_t n =
+            co_await s.async_read_some(net::buffer(in.buffer(), 4096), net::use_awaitable);
+        in.buffer_consumed(n);
+        msgpack::object_handle oh;
+        while (in.next(oh)) {
+            const auto& a = oh.get().via.array;
+            const auto id = a.ptr[1].via.u64;
+            if (a.ptr[2].is_nil()) {
+                std::ostringstream text;
+                text << a.ptr[3];
+                got[id] = {0, text.str()};
+            } else {
+                const auto err = a.ptr[2].as<std::map<std::string, msgpack::object>>();
+                got[id] = {err.at("code").as<int>(), err.at("message").as<std::string>()};
+            }
+        }
+    }
+    co_return got;
+}
+
+std::string request(std::uint32_t id, const std::string& method, std::vector<int> params,
+                    std::optional<std::uint64_t> deadline_ms) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_array(deadline_ms ? 5 : 4);
+    p.pack(0);
+    p.pack(id);
+    p.pack(method);
+    p.pack(params);
+    if (deadline_ms) {
+        p.pack_map(1);
+        p.pack(std::string("ordo-deadline-ms"));
+        p.pack(*deadline_ms);
+    }
+    return std::string(b.data(), b.size());
+}
+
+TEST(Context, ACallThatArrivesExpiredOrExpiresInTheQueueIsNeverRun) {
+    run_test([]() -> net::awaitable<void> {
+        context_server a(co_await net::this_coro::executor);
+        // No ordo.cancel follows (this caller never withdraws): only the deadline stops them.
+        // 1: arrives with no time left. 2: a serial handler that takes 400 ms. 3: 100 ms left,
+        // queued behind 2, so its deadline passes while it waits. 4: time enough, runs.
+        const std::string bytes = request(1, "count", {}, 0) + request(2, "slow", {400}, {}) +
+                                  request(3, "count", {}, 100) + request(4, "count", {}, 60000);
+        auto got = co_await raw_exchange(a.url, bytes, 4);
+        EXPECT_EQ(got[1].first, static_cast<int>(errc::timed_out)) << got[1].second;
+        EXPECT_NE(got[1].second.find("\"count\""), std::string::npos) << got[1].second;
+        EXPECT_EQ(got[2].first, 0);
+        EXPECT_EQ(got[3].first, static_cast<int>(errc::timed_out)) << got[3].second;
+        EXPECT_EQ(got[4].first, 0);
+        EXPECT_EQ(got[4].second, "1");  // the first and only run of count
+        EXPECT_EQ(a.runs, 1);
+    });
+}
+
+TEST(Context, ACallMadeInsideAHandlerTakesWhatIsLeftOfItsDeadlineAcrossCoAwaits) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        context_server b(ex);
+        server a(ex);
+        channel to_b = co_await async_connect(b.url);
+        // Waits `ms`, then asks b what deadline its own call (made without a timeout) had.
+        a.on("relay", [&to_b](int ms) -> net::awaitable<seen_context> {
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(net::use_awaitable);
+            co_return co_await to_b.async_call<seen_context>("look");
+        });
+        // The same through a router to b.
+        channel routed = co_await async_connect("route+" + b.url);
+        a.on("relay_routed", [&routed]() -> net::awaitable<seen_context> {
+            co_return co_await routed.async_call<seen_context>("look");
+        });
+        const std::string a_url = a.listen("tcp://127.0.0.1:0");
+        channel ch = co_await async_connect(a_url);
+        const auto s = co_await ch.async_call<seen_context>("relay", 200, timeout(3000ms));
+        EXPECT_TRUE(s.present);
+        EXPECT_GT(s.left_ms, 0);
+        EXPECT_LE(s.left_ms, 2800);  // 3000 less the 200 ms the handler waited first
+        const auto r = co_await ch.async_call<seen_context>("relay_routed", timeout(3000ms));
+        EXPECT_GT(r.left_ms, 0);
+        EXPECT_LE(r.left_ms, 3000);
+        // Without a deadline, the nested call has none.
+        const auto none = co_await ch.async_call<seen_context>("relay", 0);
+        EXPECT_FALSE(none.present);
+        // A handler whose deadline has passed cannot start calls: they fail at once, saying
+        // why. (Called over a raw socket: an ordo caller would cancel the handler at its
+        // deadline, before it gets that far.)
+        a.on("late", [&to_b]() -> net::awaitable<std::string> {
+            net::steady_timer t(co_await net::this_coro::executor, 300ms);
+            co_await t.async_wait(net::use_awaitable);
+            try {
+                co_await to_b.async_call<int>("count");
+            } catch (const rpc_error& e) {
+                co_return std::string(e.what());
+            }
+            co_return std::string("sent");
+        });
+        auto got = co_await raw_exchange(a_url, request(7, "late", {}, 100), 1);
+        EXPECT_EQ(got[7].first, 0);
+        EXPECT_NE(got[7].second.find("had passed"), std::string::npos) << got[7].second;
+        EXPECT_EQ(b.runs, 0);
+    });
+}
+
+}  // namespace
+}  // namespace ordo
