@@ -1,7 +1,6 @@
 // What a gateway request does on the channel: its options (deadline, notification, stream,
 // key), the call handed to the channel's executor and awaited by the HTTP thread, streams as
 // NDJSON, and the introspection routes.
-#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 
 #include "gateway/gateway_state.hpp"
 #include "json/json_codec.hpp"
+#include "ordo/rpc/context.hpp"
 #include "ordo/rpc/router.hpp"
 #include "ordo/rpc/stream_call.hpp"
 
@@ -203,23 +203,6 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
             r.meta.emplace_back("tracestate", ts);
     }
     return std::nullopt;
-}
-
-bool valid_traceparent(std::string_view v) {
-    // version "00" - trace id (32 hex, not all 0) - parent id (16 hex, not all 0) - flags (2 hex)
-    const auto hex = [](std::string_view s) {
-        return std::all_of(s.begin(), s.end(), [](char ch) {
-            return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-        });
-    };
-    const auto zero = [](std::string_view s) {
-        return std::all_of(s.begin(), s.end(), [](char ch) { return ch == '0'; });
-    };
-    if (v.size() != 55 || v[2] != '-' || v[35] != '-' || v[52] != '-') return false;
-    const auto version = v.substr(0, 2), trace = v.substr(3, 32), parent = v.substr(36, 16),
-               flags = v.substr(53, 2);
-    return version == "00" && hex(trace) && hex(parent) && hex(flags) && !zero(trace) &&
-           !zero(parent);
 }
 
 namespace {

@@ -116,8 +116,6 @@ reply request_error(int status, std::string_view code, const std::string& messag
 /// Parses the query string and headers of `c` into `r` (method and body aside). Returns an
 /// error reply (400) naming the problem, or nothing.
 std::optional<reply> parse_options(const mg_connection* c, call_request& r);
-/// A W3C traceparent header of version 00, well formed (trace and parent ids not all zero).
-bool valid_traceparent(std::string_view v);
 
 /// Runs a call or notification for `r`; the reply to send. Streams are served by
 /// serve_stream(), which writes its own response.

@@ -3,6 +3,7 @@
 #include "rpc/connection/context.hpp"
 
 #include <algorithm>
+#include <random>
 
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
@@ -25,6 +26,31 @@ const std::string* call_context::find(std::string_view key) const noexcept {
     return nullptr;
 }
 
+std::string call_context::child_traceparent() const {
+    if (trace_id.empty()) return {};
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string t = "00-" + trace_id + "-" + span_id + "-00";
+    t[53] = hex[trace_flags >> 4];
+    t[54] = hex[trace_flags & 0xf];
+    return t;
+}
+
+bool valid_traceparent(std::string_view v) noexcept {
+    const auto hex = [](std::string_view s) {
+        return std::all_of(s.begin(), s.end(), [](char ch) {
+            return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+        });
+    };
+    const auto zero = [](std::string_view s) {
+        return std::all_of(s.begin(), s.end(), [](char ch) { return ch == '0'; });
+    };
+    if (v.size() != 55 || v[2] != '-' || v[35] != '-' || v[52] != '-') return false;
+    const auto version = v.substr(0, 2), trace = v.substr(3, 32), parent = v.substr(36, 16),
+               flags = v.substr(53, 2);
+    return version == "00" && hex(trace) && hex(parent) && hex(flags) && !zero(trace) &&
+           !zero(parent);
+}
+
 const call_context* current_context() noexcept {
     return detail::this_thread_context;
 }
@@ -32,8 +58,21 @@ const call_context* current_context() noexcept {
 namespace detail {
 
 thread_local const call_context* this_thread_context = nullptr;
+std::atomic<unsigned> contexts_set{0};
 
 namespace {
+// A span id: 8 random bytes as 16 hex digits (never all zeros), from a per-thread generator
+// seeded from the OS: ids must not repeat across processes, and need not be secret.
+std::string new_span_id() {
+    thread_local std::mt19937_64 gen{std::random_device{}()};
+    std::uint64_t v = 0;
+    while (v == 0) v = gen();
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string id(16, '0');
+    for (int i = 15; i >= 0; --i, v >>= 4) id[static_cast<std::size_t>(i)] = hex[v & 0xf];
+    return id;
+}
+
 std::string_view bytes_of(const msgpack::object& o) {
     return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
                                         : std::string_view(o.via.bin.ptr, o.via.bin.size);
@@ -57,15 +96,34 @@ std::shared_ptr<const call_context> read_context(const message& m,
             const auto ms = std::min<std::uint64_t>(v.via.u64, 24ull * 3600 * 1000);
             c->deadline = arrived + std::chrono::milliseconds(static_cast<std::int64_t>(ms));
         } else if (!key.starts_with("ordo-")) {
-            c->metadata.emplace_back(std::string(key), std::string(bytes_of(v)));
+            const std::string_view value = bytes_of(v);
+            if (key == "traceparent" && c->trace_id.empty() && valid_traceparent(value)) {
+                c->trace_id.assign(value.substr(3, 32));
+                c->parent_id.assign(value.substr(36, 16));
+                c->trace_flags = static_cast<std::uint8_t>(
+                    std::stoi(std::string(value.substr(53, 2)), nullptr, 16));
+                c->span_id = new_span_id();
+            }
+            c->metadata.emplace_back(std::string(key), std::string(value));
         }
     }
     return c;
 }
 
-bool inherit_deadline(pending_call& call) {
+bool inherit_context(pending_call& call) {
     const call_context* c = this_thread_context;
-    if (!c || !c->has_deadline() || call.options.timeout.count() > 0) return true;
+    if (!c) return true;
+    // A traced handler's calls are children of its span, unless the caller set its own.
+    if (!c->trace_id.empty()) {
+        const auto& m = call.options.metadata;
+        if (std::none_of(m.begin(), m.end(),
+                         [](const auto& kv) { return kv.first == "traceparent"; })) {
+            call.options.metadata.emplace_back("traceparent", c->child_traceparent());
+            if (const std::string* state = c->find("tracestate"))
+                call.options.metadata.emplace_back("tracestate", *state);
+        }
+    }
+    if (!c->has_deadline() || call.options.timeout.count() > 0) return true;
     const auto left = c->time_left();
     if (left.count() == 0) return false;
     call.options.timeout = left;

@@ -3,6 +3,7 @@
 // what is left of its deadline (docs/protocol.md, "Call context"; docs/design.md 5.11).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -17,14 +18,23 @@ namespace ordo::detail {
 
 /// Set while a handler whose call carried a context runs on this thread; null otherwise.
 extern thread_local const call_context* this_thread_context;
+/// How many context_scopes are open, on all threads. Every call a peer, pool or router starts
+/// reads this first, and this thread's context only when it is not 0: a plain global is one
+/// load, where a thread-local in code that may live in a dlopen()ed module (the Python
+/// extension) is a call into the dynamic linker.
+extern std::atomic<unsigned> contexts_set;
 
 /// Sets this thread's context for its lifetime, and restores the one before.
 class context_scope {
   public:
     explicit context_scope(const call_context* c) noexcept : before_(this_thread_context) {
         this_thread_context = c;
+        contexts_set.fetch_add(1, std::memory_order_relaxed);
     }
-    ~context_scope() { this_thread_context = before_; }
+    ~context_scope() {
+        contexts_set.fetch_sub(1, std::memory_order_relaxed);
+        this_thread_context = before_;
+    }
     context_scope(const context_scope&) = delete;
     context_scope& operator=(const context_scope&) = delete;
 
@@ -84,17 +94,18 @@ std::shared_ptr<const call_context> read_context(const message& m,
                                                  std::chrono::steady_clock::time_point arrived);
 
 /// A call made inside a handler with a deadline takes what is left of it when it has no timeout
-/// of its own. False when that deadline has passed: the call must fail with errc::timed_out
-/// (inherited_timeout_reason() says why) without being sent.
-[[gnu::cold]] bool inherit_deadline(pending_call& call);
+/// of its own; inside a traced handler, it carries a traceparent naming the handler's span as
+/// its parent (and the tracestate), unless it has one. False when that deadline has passed: the
+/// call must fail with errc::timed_out (inherited_timeout_reason() says why) without being sent.
+[[gnu::cold]] bool inherit_context(pending_call& call);
 std::string inherited_timeout_reason(const pending_call& call);
 
-/// inherit_deadline() when the calling thread runs a handler with a context; true otherwise
-/// (the common case: one read of a thread-local).
+/// inherit_context() when a handler with a context may be running on this thread; true
+/// otherwise (the common case: one load of contexts_set).
 [[gnu::always_inline]] inline bool take_context(pending_call& call) {
-    if (this_thread_context == nullptr) [[likely]]
+    if (contexts_set.load(std::memory_order_relaxed) == 0) [[likely]]
         return true;
-    return inherit_deadline(call);
+    return inherit_context(call);
 }
 
 /// Throws errc::bad_arguments naming `method` when `meta` cannot be sent: an empty or reserved

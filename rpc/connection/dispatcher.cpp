@@ -62,6 +62,11 @@ struct dispatcher::run {
     std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
     stream_run* stream = nullptr;  // a streaming handler's output, while its body runs
+    // For the access log (server_options::access_log), when there is one.
+    bool logged = false;
+    std::size_t bytes_in = 0;
+    std::chrono::steady_clock::time_point arrived;
+    std::shared_ptr<const call_context> ctx;
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
@@ -90,10 +95,13 @@ bool is_stream_request(const message& m) {
 void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     if (stopped_) return;
     if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
-    // Its deadline counts from its arrival, however long it then waits in the queue.
-    auto ctx = m.meta.type == msgpack::type::NIL
-                   ? nullptr
-                   : read_context(m, std::chrono::steady_clock::now());
+    // Its deadline counts from its arrival, however long it then waits in the queue; so does
+    // its duration in the access log.
+    arrival a{nullptr, bytes, {}};
+    if (m.meta.type != msgpack::type::NIL || (h_ && h_->access_log())) [[unlikely]] {
+        a.at = std::chrono::steady_clock::now();
+        if (m.meta.type != msgpack::type::NIL) a.ctx = read_context(m, a.at);
+    }
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
@@ -101,7 +109,7 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         // read buffer, which is charged on its own and reused.
         const std::size_t held =
             sizeof(queued_message) + msgpack::aligned_zone_size(m.handle.get());
-        queue_.push_back({std::move(m), std::move(ctx), bytes, held});
+        queue_.push_back({std::move(m), std::move(a.ctx), a.at, bytes, held});
         queued_bytes_ += bytes;
         if (budget_) budget_->charge(held);
         c_.queued_messages = queue_.size();
@@ -114,7 +122,7 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         }
         return;
     }
-    dispatch(m, std::move(ctx));
+    dispatch(m, std::move(a));
 }
 
 // Reserved methods are answered at once, never queued behind a handler: a ping must prove the
@@ -234,9 +242,11 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
         if (it->m.kind == message_kind::request && it->m.msgid == msgid) {
             if (const handler_entry* e = h_ ? h_->find(it->m.method) : nullptr)
                 e->counters->request_done(errc::cancelled);
+            const message m = std::move(it->m);
+            const arrival a{std::move(it->ctx), it->wire, it->at};
             pop_queued(it);
             c_.queued_messages = queue_.size();
-            respond_error(msgid, errc::cancelled, "cancelled by the caller before it started");
+            refuse(m, a, errc::cancelled, "cancelled by the caller before it started");
             return;
         }
     }
@@ -276,24 +286,53 @@ const handler_entry* dispatcher::find_and_remember(std::string_view method) {
     return e;
 }
 
-void dispatcher::dispatch(message& m, std::shared_ptr<const call_context> ctx) {
+void dispatcher::dispatch(message& m, arrival a) {
     const bool req = m.kind == message_kind::request;
     std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
     std::uint64_t window_bytes = 0;
     if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
         !unwrap_stream(m, window, window_bytes))
         return;
-    dispatch_to(find(m.method), m, window, window_bytes, std::move(ctx));
+    dispatch_to(find(m.method), m, window, window_bytes, std::move(a));
+}
+
+void dispatcher::refuse(const message& m, const arrival& a, errc code, const std::string& text) {
+    buffer b(small_buffer);
+    encode_error_response(b, m.msgid, code, text);
+    host_.send_response(b);
+    if (h_ && h_->access_log()) [[unlikely]]
+        log_access(m.method, a.ctx.get(), code, a.at, a.bytes, b.size());
+}
+
+void dispatcher::log_access(std::string_view method, const call_context* ctx,
+                            std::error_code status, std::chrono::steady_clock::time_point at,
+                            std::size_t bytes_in, std::size_t bytes_out) {
+    const auto now = std::chrono::steady_clock::now();
+    access_record r;
+    r.when = std::chrono::system_clock::now();
+    if (ctx) r.trace_id = ctx->trace_id;
+    r.method = method;
+    r.peer = self_.remote_address();
+    r.subject = self_.identity().subject;
+    r.status = status;
+    if (at != std::chrono::steady_clock::time_point{})
+        r.duration = std::chrono::duration_cast<std::chrono::microseconds>(now - at);
+    r.bytes_in = bytes_in;
+    r.bytes_out = bytes_out;
+    try {
+        h_->access_log()(r);
+    } catch (...) {
+        // Documented as must not throw; one that does loses its record, not the connection.
+    }
 }
 
 void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx) {
+                             std::uint64_t window_bytes, arrival a) {
     const bool req = m.kind == message_kind::request;
     if (!e) {
         if (h_) h_->count_unknown(req);
         if (req) {
-            respond_error(m.msgid, errc::method_not_found,
-                          "no method \"" + std::string(m.method) + "\"");
+            refuse(m, a, errc::method_not_found, "no method \"" + std::string(m.method) + "\"");
         } else {
             ++c_.unknown_notifications;
             report_dropped(m.method, errc::method_not_found, {});
@@ -301,12 +340,12 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
         return;
     }
     if (e->allow && !e->allow(self_.identity())) [[unlikely]]
-        return deny(*e, m);
-    if (ctx && ctx->has_deadline() && req &&
-        ctx->deadline <= std::chrono::steady_clock::now()) [[unlikely]]
-        return expired(*e, m, *ctx);
+        return deny(*e, m, a);
+    if (a.ctx && a.ctx->has_deadline() && req &&
+        a.ctx->deadline <= std::chrono::steady_clock::now()) [[unlikely]]
+        return expired(*e, m, a);
     if (e->stream) {
-        if (req) return start_async(*e, m, window, window_bytes, std::move(ctx));
+        if (req) return start_async(*e, m, window, window_bytes, std::move(a));
         ++c_.notification_errors;
         e->counters->notification_done(true);
         report_dropped(m.method, errc::bad_arguments,
@@ -315,30 +354,29 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
     }
     if (window) {
         e->counters->request_done(errc::bad_arguments);
-        respond_error(
-            m.msgid, errc::bad_arguments,
-            "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
+        refuse(m, a, errc::bad_arguments,
+               "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
-    if (e->sync) return run_sync(*e, m, ctx.get());
-    start_async(*e, m, 0, 0, std::move(ctx));
+    if (e->sync) return run_sync<true>(*e, m, &a);
+    start_async(*e, m, 0, 0, std::move(a));
 }
 
-void dispatcher::expired(const handler_entry& e, const message& m, const call_context& ctx) {
+void dispatcher::expired(const handler_entry& e, const message& m, const arrival& a) {
     const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - ctx.deadline);
+        std::chrono::steady_clock::now() - a.ctx->deadline);
     e.counters->request_done(errc::timed_out);
-    respond_error(m.msgid, errc::timed_out,
-                  "the deadline of the call to \"" + std::string(m.method) + "\" passed " +
-                      std::to_string(late.count()) + " ms before its handler could start");
+    refuse(m, a, errc::timed_out,
+           "the deadline of the call to \"" + std::string(m.method) + "\" passed " +
+               std::to_string(late.count()) + " ms before its handler could start");
 }
 
-void dispatcher::deny(const handler_entry& e, const message& m) {
+void dispatcher::deny(const handler_entry& e, const message& m, const arrival& a) {
     const std::string why = "permission denied: " + self_.identity().name() +
                             " may not call method \"" + std::string(m.method) + "\"";
     if (m.kind == message_kind::request) {
         e.counters->request_done(errc::permission_denied);
-        respond_error(m.msgid, errc::permission_denied, why);
+        refuse(m, a, errc::permission_denied, why);
     } else {
         ++c_.notification_errors;
         e.counters->notification_done(true);
@@ -346,19 +384,24 @@ void dispatcher::deny(const handler_entry& e, const message& m) {
     }
 }
 
-void dispatcher::run_sync(const handler_entry& e, const message& m, const call_context* ctx) {
+template <bool Full>
+void dispatcher::run_sync(const handler_entry& e, const message& m, const arrival* a) {
     const bool req = m.kind == message_kind::request;
+    const call_context* ctx = Full ? a->ctx.get() : nullptr;
     // Taken before the handler runs: it may register its name again, which replaces `e` (the
     // counters carry over to the new entry).
     method_counters& counters = *e.counters;
     const bool timed = h_->time_calls();
-    const auto started =
-        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    // (Handlers are not direct while there is an access log: the inline path never logs.)
+    const bool logged = Full && static_cast<bool>(h_->access_log());
+    const auto started = timed || logged ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point{};
     scratch_.clear();
     if (req) write_response_head(scratch_, m.msgid);
     bool failed = false;
+    errc failure{};
     try {
-        if (ctx) [[unlikely]] {
+        if (Full && ctx) [[unlikely]] {
             context_scope scope(ctx);
             e.sync(self_, m.params, scratch_);
         } else {
@@ -367,6 +410,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const call_c
     } catch (...) {
         failed = true;
         auto [code, text] = describe_current_exception();
+        failure = code;
         scratch_.clear();
         if (req) {
             encode_error_response(scratch_, m.msgid, code, text);
@@ -380,6 +424,10 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const call_c
         host_.send_response(scratch_);
         ++c_.requests_served;
         if (!failed) counters.request_done();
+        if (logged) [[unlikely]]
+            log_access(m.method, ctx, failed ? make_error_code(failure) : std::error_code{},
+                       a->at != std::chrono::steady_clock::time_point{} ? a->at : started, a->bytes,
+                       scratch_.size());
     } else {
         ++c_.notifications_served;
         counters.notification_done(failed);
@@ -387,8 +435,11 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const call_c
     if (timed) counters.took(std::chrono::steady_clock::now() - started);
 }
 
+// The inline path's (dispatcher.hpp, on_message) is called from other files.
+template void dispatcher::run_sync<false>(const handler_entry&, const message&, const arrival*);
+
 void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx) {
+                             std::uint64_t window_bytes, arrival a) {
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     r.msgid = m.msgid;
@@ -396,6 +447,15 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     r.serial = !e.concurrent;
     r.counters = e.counters;
     if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
+    if (h_->access_log()) [[unlikely]] {
+        r.logged = true;
+        r.bytes_in = a.bytes;
+        r.arrived = a.at != std::chrono::steady_clock::time_point{}
+                        ? a.at
+                        : std::chrono::steady_clock::now();
+        r.ctx = a.ctx;
+    }
+    auto ctx = std::move(a.ctx);
     if (r.serial) serial_busy_ = true;
     c_.running_handlers = runs_.size();
     host_.handler_started();
@@ -470,6 +530,10 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     const auto counters = std::move(it->counters);
     if (it->started != std::chrono::steady_clock::time_point{})
         counters->took(std::chrono::steady_clock::now() - it->started);
+    const bool logged = it->logged;
+    const std::size_t bytes_in = it->bytes_in;
+    const auto arrived = it->arrived;
+    const auto ctx = std::move(it->ctx);
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {
@@ -485,6 +549,9 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
         }
         host_.send_response(out);
         ++c_.requests_served;
+        if (logged) [[unlikely]]
+            log_access(m.method, ctx.get(), failed ? make_error_code(why.first) : std::error_code{},
+                       arrived, bytes_in, out.size());
     } else {
         if (failed) {
             ++c_.notification_errors;
@@ -503,9 +570,9 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
 void dispatcher::drain_queue() {
     while (!serial_busy_ && !queue_.empty() && !stopped_) {
         message m = std::move(queue_.front().m);
-        auto ctx = std::move(queue_.front().ctx);
+        arrival a{std::move(queue_.front().ctx), queue_.front().wire, queue_.front().at};
         pop_queued(queue_.begin());
-        dispatch(m, std::move(ctx));
+        dispatch(m, std::move(a));
     }
     c_.queued_messages = queue_.size();
     if (paused_ && queue_.size() <= max_queued_ / 2 && queued_bytes_ <= max_queued_bytes_ / 2 &&

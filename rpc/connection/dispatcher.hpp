@@ -78,17 +78,20 @@ class dispatcher {
     [[gnu::always_inline]] void on_message(message& m, std::size_t bytes) {
         // Inline: a message for a method of the application's, with nothing queued ahead of
         // it, goes straight to its handler.
-        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo.") ||
-            m.meta.type != msgpack::type::NIL) [[unlikely]]
+        if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo."))
+            [[unlikely]]
             return on_message_slow(m, bytes);
         // A synchronous handler open to every caller runs from here; anything else (an unknown
         // method, a handler that suspends, streams or checks its caller) takes the one
         // dispatch path, with what was found.
         const handler_entry* e = find(m.method);
         if (e && e->direct) [[likely]]
-            return run_sync(*e, m);
-        dispatch_to(e, m, 0, 0, nullptr);
+            return run_sync<false>(*e, m, nullptr);
+        dispatch_to(e, m, 0, 0, arrival{nullptr, bytes, {}});
     }
+    /// A request that carries a context (message::meta): the decoders' general way reads it,
+    /// so it never takes on_message's inline path.
+    void on_context_message(message& m, std::size_t bytes) { on_message_slow(m, bytes); }
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
     void stop();
@@ -113,18 +116,33 @@ class dispatcher {
     void cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
+    // How a message came: the call's context, if it carried one (its handler runs with it,
+    // and not at all once its deadline has passed); its size on the wire; when it was read
+    // (set when its context or the access log needs it; else the handler's start stands in).
+    struct arrival {
+        std::shared_ptr<const call_context> ctx;
+        std::size_t bytes = 0;
+        std::chrono::steady_clock::time_point at{};
+    };
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
-    void dispatch(message& m, std::shared_ptr<const call_context> ctx);
-    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams; `ctx`:
-    // the call's context, if it carried one (its handler runs with it, and not at all once its
-    // deadline has passed).
+    void dispatch(message& m, arrival a);
+    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams.
     void dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx);
-    void run_sync(const handler_entry& e, const message& m, const call_context* ctx = nullptr);
-    void deny(const handler_entry& e, const message& m);
-    void expired(const handler_entry& e, const message& m, const call_context& ctx);
+                     std::uint64_t window_bytes, arrival a);
+    // A plain handler, run now. Full: the way for anything but on_message's inline path, with
+    // the call's context and the access log; not Full: neither is looked at.
+    template <bool Full>
+    void run_sync(const handler_entry& e, const message& m, const arrival* a);
+    void deny(const handler_entry& e, const message& m, const arrival& a);
+    void expired(const handler_entry& e, const message& m, const arrival& a);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes, std::shared_ptr<const call_context> ctx);
+                     std::uint64_t window_bytes, arrival a);
+    // Answers a request with an error and records it in the access log, if there is one.
+    void refuse(const message& m, const arrival& a, errc code, const std::string& text);
+    // server_options::access_log: one request answered.
+    [[gnu::cold]] void log_access(std::string_view method, const call_context* ctx,
+                                  std::error_code status, std::chrono::steady_clock::time_point at,
+                                  std::size_t bytes_in, std::size_t bytes_out);
     bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);
@@ -155,6 +173,7 @@ class dispatcher {
     struct queued_message {
         message m;
         std::shared_ptr<const call_context> ctx;  // as it arrived (its deadline counts from then)
+        std::chrono::steady_clock::time_point at;  // when it was read, if that is needed
         std::size_t wire;  // its size on the wire (max_queued_bytes counts these)
         std::size_t held;  // what it holds in memory (charged to the budget)
     };

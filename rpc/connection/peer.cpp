@@ -20,31 +20,35 @@ void peer::start() {
     s_->sess->start();
 }
 
+inline bool peer::state::refuse_call(std::unique_ptr<detail::pending_call>& call) {
+    ++c.calls_started;
+    if (left || heard_eof) [[unlikely]] {
+        calls.fail(std::move(call), sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
+                   heard_eof ? eof_why : goaway_why);
+        return true;
+    }
+    if (!sess->is_open()) {
+        calls.fail(std::move(call), sess->close_code(), sess->close_reason());
+        return true;
+    }
+    return false;
+}
+
 void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     auto& s = *s_;
-    ++s.c.calls_started;
-    if (s.left || s.heard_eof) [[unlikely]]
-        return s.calls.fail(std::move(call),
-                            s.sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
-                            s.heard_eof ? s.eof_why : s.goaway_why);
-    if (!s.sess->is_open())
-        return s.calls.fail(std::move(call), s.sess->close_code(), s.sess->close_reason());
+    if (s.refuse_call(call)) [[unlikely]]
+        return;
     auto& f = *call;
-    if (!detail::take_context(f)) [[unlikely]]
-        return s.calls.fail(std::move(call), errc::timed_out, detail::inherited_timeout_reason(f));
-    // A context to send, or calls held ahead of this one (docs/protocol.md, "Call context").
-    const bool slow = f.options.timeout.count() > 0 || !f.options.metadata.empty() ||
-                      s.o.default_timeout.count() > 0 || !s.held.empty();
-    std::uint32_t id = 0;
+    // A context to send or to inherit, or calls held ahead of this one: the other way
+    // (docs/protocol.md, "Call context"). Checked in one go: a plain call pays only this.
+    if (detail::contexts_set.load(std::memory_order_relaxed) != 0 ||
+        f.options.timeout.count() != 0 || !f.options.metadata.empty() || s.context_always)
+        [[unlikely]]
+        return s.start_call_with_context(call.release());
+    const std::uint32_t id = s.calls.next_id();
     try {
-        // Asked before this call takes its msgid: ordo.features goes first, with the lower one.
-        if (slow && s.ctx_support == state::context_support::unknown) [[unlikely]]
-            s.ask_if_context(f.options);
-        id = s.calls.next_id();
         if (f.stream) {
             s.send_stream_request(id, f);
-        } else if (slow) [[unlikely]] {
-            s.send_call_with_context(id, f);
         } else {
             s.sess->send(detail::request_head(id, f.method),
                          std::string_view(f.params.data(), f.params.size()));
@@ -66,7 +70,7 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
         throw rpc_error(s_->sess->close_code(), {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
                             " failed: " + s_->sess->close_reason());
-    if (!s_->held.empty()) [[unlikely]] {
+    if (s_->holding) [[unlikely]] {
         buffer b(small_buffer + params.size());
         detail::write_notification_head(b, method);
         b.write(params.data(), params.size());
@@ -122,14 +126,33 @@ void peer::state::ask_if_context(const call_options& opts) {
 }
 
 void peer::state::hold_bytes(std::string_view bytes, std::string_view notification) {
+    set_holding(true);
     auto& h = held.emplace_back();
     h.bytes.assign(bytes);
     h.notification.assign(notification);
 }
 
-void peer::state::send_call_with_context(std::uint32_t id, detail::pending_call& call) {
-    send_request(id, call.method, std::string_view(call.params.data(), call.params.size()),
-                 call.options);
+void peer::state::start_call_with_context(detail::pending_call* taken) {
+    std::unique_ptr<detail::pending_call> call(taken);
+    auto& f = *call;
+    if (!detail::take_context(f))
+        return calls.fail(std::move(call), errc::timed_out, detail::inherited_timeout_reason(f));
+    std::uint32_t id = 0;
+    try {
+        // Asked before this call takes its msgid: ordo.features goes first, with the lower one.
+        if (ctx_support == context_support::unknown) ask_if_context(f.options);
+        id = calls.next_id();
+        if (f.stream)
+            send_stream_request(id, f);
+        else
+            send_request(id, f.method, std::string_view(f.params.data(), f.params.size()),
+                         f.options);
+    } catch (const std::system_error& e) {
+        return calls.fail(std::move(call), e.code(), e.what());
+    }
+    f.params.clear();
+    calls.add(id, std::move(call));
+    live.note_work();
 }
 
 void peer::state::send_request(std::uint32_t id, std::string_view method, std::string_view params,
@@ -150,6 +173,7 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
                                       timeout.count() > 0);
         return sess->send(std::string_view(b.data(), b.size()));
     }
+    set_holding(true);
     auto& h = held.emplace_back();
     h.msgid = id;
     h.method.assign(method);
@@ -161,6 +185,7 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
 void peer::state::features_answered(std::error_code ec, const call_outcome& out) {
     auto waiting = std::move(held);
     held.clear();
+    set_holding(false);
     if (ec == errc::peer_lost || ec == errc::closed || ec == errc::session_lost ||
         ec == errc::unauthenticated) {
         // The connection (or the session) ended before the answer: the held calls fail with

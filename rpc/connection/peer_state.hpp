@@ -11,6 +11,7 @@
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "rpc/connection/call_table.hpp"
+#include "rpc/connection/context.hpp"
 #include "rpc/connection/dispatcher.hpp"
 #include "rpc/connection/liveness.hpp"
 #include "rpc/connection/session.hpp"
@@ -33,6 +34,7 @@ struct peer::state final : detail::call_table_host,
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
           disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
+        context_always = o.default_timeout.count() > 0;
         rc.max_unacked_bytes = o.max_unacked_bytes;
         if (!o.credentials.empty()) {
             buffer b(small_buffer);
@@ -73,6 +75,12 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_area: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_area.zone);
+        if (m.meta.type != msgpack::type::NIL) [[unlikely]] {
+            // A request with its context: only this (general) way decodes one.
+            disp.on_context_message(m, bytes.size());
+            if (heard_goaway) leave_when_idle();
+            return;
+        }
         handle(m, bytes.size());
     }
     std::size_t take_message(std::string_view bytes, const limits& l) override {
@@ -218,15 +226,28 @@ struct peer::state final : detail::call_table_host,
         std::chrono::steady_clock::time_point deadline{};  // {}: none
     };
     std::vector<held_message> held;
+    bool holding = false;  // !held.empty(), read by every notification
+    // Every call takes the way with a context: one is held (holding), or the peer has a default
+    // timeout (every call has a deadline). One byte for peer::start_call to read.
+    bool context_always = false;
+    void set_holding(bool on) {
+        holding = on;
+        context_always = on || o.default_timeout.count() > 0;
+    }
 
     // The connection's way out for what keeps order with calls (rpc/connection/peer.cpp).
     void send_ordered(std::string_view bytes) {
-        if (!held.empty()) [[unlikely]]
+        if (holding) [[unlikely]]
             return hold_bytes(bytes, {});
         sess->send(bytes);
     }
     void hold_bytes(std::string_view bytes, std::string_view notification);
-    void send_call_with_context(std::uint32_t id, detail::pending_call& call);
+    // peer::start_call for a call with a context to send or inherit, or behind held ones.
+    // peer::start_call's way for a call with a context; takes `call` (released by the caller:
+    // no unique_ptr to destroy there on the common path).
+    [[gnu::cold]] void start_call_with_context(detail::pending_call* call);
+    // Fails `call` (true) if the connection takes no more calls; counts it either way.
+    [[gnu::always_inline]] bool refuse_call(std::unique_ptr<detail::pending_call>& call);
     // A request with its context (or held behind what waits): `params` the encoded array.
     void send_request(std::uint32_t id, std::string_view method, std::string_view params,
                       const call_options& opts);

@@ -167,8 +167,16 @@ void handlers::add(std::string name, detail::handler_entry e) {
         e.counters = it->second.counters;  // the name's figures go on
     else
         e.counters = std::make_shared<detail::method_counters>();
-    e.direct = e.sync && !e.stream && !e.allow;
+    // Run straight from the read: open to everyone, and nothing to log (the inline path keeps
+    // no access log).
+    e.direct = e.sync && !e.stream && !e.allow && !access_log_;
     map_.insert_or_assign(std::move(name), std::move(e));
+}
+
+handlers& handlers::access_log(access_log_fn f) {
+    access_log_ = std::move(f);
+    for (auto& [name, e] : map_) e.direct = e.sync && !e.stream && !e.allow && !access_log_;
+    return *this;
 }
 
 std::vector<method_stats> handlers::stats_by_method() const {

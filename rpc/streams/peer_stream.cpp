@@ -23,7 +23,7 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     p.pack(call.stream->window());
     p.pack(call.stream->window_bytes());
     if (call.options.timeout.count() > 0 || !call.options.metadata.empty() ||
-        o.default_timeout.count() > 0 || !held.empty())
+        o.default_timeout.count() > 0 || holding)
         // With its context (docs/protocol.md, "Call context"), or held behind what waits.
         send_request(id, "ordo.stream", std::string_view(b.data() + head, b.size() - head),
                      call.options);

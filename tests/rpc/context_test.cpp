@@ -38,7 +38,7 @@ seen_context look() {
     if (!c) return s;
     s.present = true;
     if (c->has_deadline()) s.left_ms = c->time_left().count();
-    s.metadata = c->metadata;
+    s.metadata = c->metadata.pairs();
     return s;
 }
 
@@ -99,11 +99,12 @@ TEST(Context, MetadataReachesPlainAndCoroutineHandlersOverAPeerAPoolAndARouter) 
             channel ch = co_await async_connect(url);
             const auto now = co_await ch.async_call<seen_context>("look", with_meta(sent));
             EXPECT_TRUE(now.present) << url;
-            EXPECT_EQ(now.metadata, sent) << url;  // in order, repeated keys kept, bytes intact
+            EXPECT_EQ(now.metadata, sent.pairs())
+                << url;  // in order, repeated keys kept, bytes intact
             EXPECT_EQ(now.left_ms, -1) << url;
             const auto later =
                 co_await ch.async_call<seen_context>("look_later", 50, with_meta(sent));
-            EXPECT_EQ(later.metadata, sent) << url;
+            EXPECT_EQ(later.metadata, sent.pairs()) << url;
             // A call without a context: the handler sees none.
             const auto none = co_await ch.async_call<seen_context>("look");
             EXPECT_FALSE(none.present) << url;
@@ -131,7 +132,7 @@ TEST(Context, AHandlerOnRunOnSeesItsContextOnItsOwnThread) {
         const metadata sent = one_pair();
         for (const char* m : {"away", "away_later"}) {
             const auto s = co_await ch.async_call<seen_context>(m, with_meta(sent, 4000ms));
-            EXPECT_EQ(s.metadata, sent) << m;
+            EXPECT_EQ(s.metadata, sent.pairs()) << m;
             EXPECT_GT(s.left_ms, 0) << m;
         }
     });
@@ -369,6 +370,157 @@ TEST(Context, ACallMadeInsideAHandlerTakesWhatIsLeftOfItsDeadlineAcrossCoAwaits)
         EXPECT_EQ(got[7].first, 0);
         EXPECT_NE(got[7].second.find("had passed"), std::string::npos) << got[7].second;
         EXPECT_EQ(b.runs, 0);
+    });
+}
+
+// What a handler saw of its trace.
+struct seen_trace {
+    std::string trace_id, parent_id, span_id;
+    int flags = 0;
+    MSGPACK_DEFINE(trace_id, parent_id, span_id, flags)
+};
+
+seen_trace look_trace() {
+    seen_trace t;
+    if (const call_context* c = current_context()) {
+        t.trace_id = c->trace_id;
+        t.parent_id = c->parent_id;
+        t.span_id = c->span_id;
+        t.flags = c->trace_flags;
+    }
+    return t;
+}
+
+metadata traced() {
+    return {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+            {"tracestate", "vendor=1"}};
+}
+
+TEST(Context, ACallMadeInsideATracedHandlerIsAChildOfItsSpan) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server b(ex);
+        b.on("trace", [] { return look_trace(); });
+        b.on("state", [] {
+            const call_context* c = current_context();
+            const std::string* s = c ? c->find("tracestate") : nullptr;
+            return s ? *s : std::string();
+        });
+        channel to_b = co_await async_connect(b.listen("tcp://127.0.0.1:0"));
+        server a(ex);
+        // Its own span, then b's view of the call it made after a co_await.
+        a.on("relay", [&to_b]() -> net::awaitable<std::vector<seen_trace>> {
+            const seen_trace mine = look_trace();
+            net::steady_timer t(co_await net::this_coro::executor, 20ms);
+            co_await t.async_wait(net::use_awaitable);
+            const seen_trace theirs = co_await to_b.async_call<seen_trace>("trace");
+            std::vector<seen_trace> both;
+            both.push_back(mine);
+            both.push_back(theirs);
+            co_return both;
+        });
+        a.on("relay_state", [&to_b]() -> net::awaitable<std::string> {
+            co_return co_await to_b.async_call<std::string>("state");
+        });
+        channel ch = co_await async_connect(a.listen("tcp://127.0.0.1:0"));
+        const auto both =
+            co_await ch.async_call<std::vector<seen_trace>>("relay", with_meta(traced()));
+        ORDO_CO_ASSERT_EQ(both.size(), 2u);
+        const seen_trace& mine = both[0];
+        const seen_trace& theirs = both[1];
+        EXPECT_EQ(mine.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        EXPECT_EQ(mine.parent_id, "00f067aa0ba902b7");
+        EXPECT_EQ(mine.span_id.size(), 16u);
+        EXPECT_NE(mine.span_id, mine.parent_id);
+        EXPECT_EQ(mine.flags, 1);
+        // The nested call: the same trace, a child of a's span, the flags carried on.
+        EXPECT_EQ(theirs.trace_id, mine.trace_id);
+        EXPECT_EQ(theirs.parent_id, mine.span_id);
+        EXPECT_EQ(theirs.flags, 1);
+        EXPECT_NE(theirs.span_id, mine.span_id);
+        EXPECT_EQ(co_await ch.async_call<std::string>("relay_state", with_meta(traced())),
+                  "vendor=1");
+        // An untraced call: nothing is made up.
+        const auto plain = co_await ch.async_call<std::vector<seen_trace>>("relay");
+        ORDO_CO_ASSERT_EQ(plain.size(), 2u);
+        EXPECT_TRUE(plain[0].trace_id.empty());
+        EXPECT_TRUE(plain[1].trace_id.empty());
+    });
+}
+
+TEST(Context, AMalformedTraceparentIsNotATrace) {
+    EXPECT_TRUE(valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    EXPECT_FALSE(valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0"));
+    EXPECT_FALSE(valid_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    EXPECT_FALSE(valid_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"));
+    EXPECT_FALSE(valid_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
+    EXPECT_FALSE(valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"));
+    EXPECT_FALSE(valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01"));
+    EXPECT_FALSE(valid_traceparent(""));
+}
+
+// What the access log recorded, copied out of its views.
+struct logged {
+    std::string trace_id, method, peer, subject;
+    std::error_code status;
+    std::chrono::microseconds duration{0};
+    std::size_t in = 0, out = 0;
+};
+
+TEST(Context, TheAccessLogHasOneRecordPerRequestAnswered) {
+    run_test([]() -> net::awaitable<void> {
+        std::vector<logged> log;
+        server_options o;
+        o.access_log = [&log](const access_record& r) {
+            log.push_back({std::string(r.trace_id), std::string(r.method), std::string(r.peer),
+                           std::string(r.subject), r.status, r.duration, r.bytes_in, r.bytes_out});
+        };
+        server srv(co_await net::this_coro::executor, o);
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("fail", []() -> int { throw std::runtime_error("no"); });
+        srv.on("nap", [](int ms) -> net::awaitable<int> {
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(net::use_awaitable);
+            co_return ms;
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        channel ch = co_await async_connect(url);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        EXPECT_EQ(co_await ch.async_call<int>("nap", 60, with_meta(traced())), 60);
+        try {
+            co_await ch.async_call<int>("fail");
+        } catch (const rpc_error&) {
+        }
+        try {
+            co_await ch.async_call<int>("nope");
+        } catch (const rpc_error&) {
+        }
+        ch.notify("inc", 5);  // a notification is not a call: no record
+        // Answered timed_out on arrival, without running.
+        const std::vector<int> one(1, 1);
+        auto got = co_await raw_exchange(url, request(1, "inc", one, 0), 1);
+        EXPECT_EQ(got[1].first, static_cast<int>(errc::timed_out));
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 2), 3);
+        ORDO_CO_ASSERT_EQ(log.size(), 6u);
+        EXPECT_EQ(log[0].method, "inc");
+        EXPECT_FALSE(log[0].status);
+        EXPECT_TRUE(log[0].trace_id.empty());
+        EXPECT_TRUE(log[0].peer.starts_with("tcp://127.0.0.1:")) << log[0].peer;
+        EXPECT_TRUE(log[0].subject.empty());
+        EXPECT_GT(log[0].in, 0u);
+        EXPECT_GT(log[0].out, 0u);
+        EXPECT_EQ(log[1].method, "nap");
+        EXPECT_EQ(log[1].trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        EXPECT_GE(log[1].duration, 60ms);
+        EXPECT_GT(log[1].in, log[0].in);  // its context came with it
+        EXPECT_EQ(log[2].method, "fail");
+        EXPECT_EQ(log[2].status, errc::remote_error);
+        EXPECT_EQ(log[3].method, "nope");
+        EXPECT_EQ(log[3].status, errc::method_not_found);
+        EXPECT_EQ(log[4].method, "inc");
+        EXPECT_EQ(log[4].status, errc::timed_out);
+        EXPECT_EQ(log[5].method, "inc");
+        EXPECT_FALSE(log[5].status);
     });
 }
 

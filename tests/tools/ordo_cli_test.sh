@@ -156,7 +156,7 @@ printf '# tokens\nalice-token-0123456789 alice\nbob-token-0123456789ab bob\n' >"
 echo alice-token-0123456789 >"$dir/alice"
 echo bob-token-0123456789ab >"$dir/bob"
 "$server" --listen tcp://127.0.0.1:0 --auth-tokens "$dir/tokens" --allow-introspection alice \
-    >"$dir/auth.out" 2>&1 &
+    --access-log "$dir/access.log" >"$dir/auth.out" 2>&1 &
 pid=$!
 for _ in $(seq 100); do grep -q '^listening on ' "$dir/auth.out" && break; sleep 0.1; done
 aurl=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/auth.out" | head -1)
@@ -176,7 +176,26 @@ echo wrong-token-0123456789 >"$dir/wrong"
 err=$("$ordo" call "$aurl?token_file=$dir/wrong" inc 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *"not accepted"* ]] || fail "wrong token: rc=$rc $err"
 grep -q "refused" "$dir/auth.out" || fail "the server did not report the refusals: $(cat "$dir/auth.out")"
+# The call's context from the shell (docs/protocol.md, "Call context"): the deadline --timeout
+# gives, the metadata --meta gives, a traceparent's trace id; and the access log's record of it.
+tp=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+out=$("$ordo" call "$aurl?token_file=$dir/alice" context --timeout 500 --meta tenant=acme \
+    --meta "traceparent=$tp") || fail "context: $out"
+[[ "$out" == *'"tenant":"acme"'* ]] && [[ "$out" == *'"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"'* ]] ||
+    fail "context printed '$out'"
+left=$(echo "$out" | grep -o '"deadline_left_ms":[0-9]*' | cut -d: -f2)
+[ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le 500 ] || fail "context deadline: '$out'"
 kill -TERM "$pid"; wait "$pid" || fail "auth server exited $? after SIGTERM"
+# One JSON line per call answered: whoami as alice, the context call with its trace id; the
+# refused callers were never served, so they have none.
+log=$(cat "$dir/access.log")
+grep -q '"method":"whoami","peer":"tcp://127.0.0.1:[0-9]*","subject":"alice","status":"ok","code":0' \
+    "$dir/access.log" || fail "access log has no whoami record: $log"
+grep -q '"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","method":"context"' "$dir/access.log" ||
+    fail "access log has no traced context record: $log"
+[ "$(grep -c '"subject":"bob"' "$dir/access.log")" = 0 ] || fail "bob's refused calls were logged: $log"
+# inc, whoami, context (ordo.methods and the reserved methods are not logged).
+[ "$(wc -l <"$dir/access.log")" = 3 ] || fail "access log: expected 3 records: $log"
 pid=
 
 # A msgpack-rpc server nobody here wrote (skipped without neovim).

@@ -9,7 +9,7 @@ namespace ordo::detail {
 /// Copies `n` bytes (the ranges must not overlap). Up to 32 bytes take two copies of a fixed
 /// width that may overlap each other (the bytes in between are written twice); more, memcpy.
 /// A call to memcpy for a handful of bytes cost more than the copy itself.
-inline void copy_small(char* to, const char* from, std::size_t n) noexcept {
+[[gnu::always_inline]] inline void copy_small(char* to, const char* from, std::size_t n) noexcept {
     if (n > 32) {
         std::memcpy(to, from, n);
     } else if (n >= 16) {

@@ -4,8 +4,10 @@
 
 #include "ordo/config.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <typeinfo>
 #include <utility>
@@ -24,9 +26,63 @@ inline constexpr std::uint32_t max_stream_window = 65536;
 inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} << 20;
 
 /// Per-call metadata: key -> value pairs a call carries to its handler (docs/protocol.md, "Call
-/// context"), in the order given. Values are strings of bytes; a key ending in "-bin" is sent as
-/// msgpack bin, any other as str. Keys starting with "ordo-" are reserved.
-using metadata = std::vector<std::pair<std::string, std::string>>;
+/// context"), in the order given, repeated keys kept. Values are strings of bytes; a key ending
+/// in "-bin" is sent as msgpack bin, any other as str. Keys starting with "ordo-" are reserved.
+/// Empty, it is one null pointer: a call without metadata pays nothing for it.
+class metadata {
+  public:
+    using pair = std::pair<std::string, std::string>;
+    metadata() noexcept = default;
+    metadata(std::initializer_list<pair> pairs)
+        : p_(pairs.size() ? new std::vector<pair>(pairs) : nullptr) {}
+    metadata(const metadata& o) : p_(o.p_ ? new std::vector<pair>(*o.p_) : nullptr) {}
+    metadata& operator=(const metadata& o) {
+        if (this != &o) {
+            clear();
+            if (o.p_) p_ = new std::vector<pair>(*o.p_);
+        }
+        return *this;
+    }
+    metadata(metadata&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    metadata& operator=(metadata&& o) noexcept {
+        if (this != &o) {
+            clear();
+            p_ = o.p_;
+            o.p_ = nullptr;
+        }
+        return *this;
+    }
+    // Inline, it is a test of a pointer: every call destroys a few call_options.
+    ~metadata() { clear(); }
+    void clear() noexcept {
+        if (p_) [[unlikely]]
+            free(p_);
+        p_ = nullptr;
+    }
+
+    bool empty() const noexcept { return !p_ || p_->empty(); }
+    std::size_t size() const noexcept { return p_ ? p_->size() : 0; }
+    const pair* begin() const noexcept { return p_ ? p_->data() : nullptr; }
+    const pair* end() const noexcept { return p_ ? p_->data() + p_->size() : nullptr; }
+    template <class K, class V>
+    void emplace_back(K&& key, V&& value) {
+        if (!p_) p_ = new std::vector<pair>();
+        p_->emplace_back(std::forward<K>(key), std::forward<V>(value));
+    }
+    void reserve(std::size_t n) {
+        if (!p_) p_ = new std::vector<pair>();
+        p_->reserve(n);
+    }
+    /// The pairs, as a vector.
+    std::vector<pair> pairs() const { return p_ ? *p_ : std::vector<pair>{}; }
+    friend bool operator==(const metadata& a, const metadata& b) {
+        return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+    }
+
+  private:
+    [[gnu::noinline]] static void free(std::vector<pair>* p) noexcept { delete p; }
+    std::vector<pair>* p_ = nullptr;
+};
 
 /// Per-call options; pass as the last argument before the completion token (if any).
 struct call_options {

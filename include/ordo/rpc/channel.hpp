@@ -47,7 +47,7 @@ class channel {
         auto all = std::forward_as_tuple(std::forward<Ts>(ts)...);
         // Nested, so that last_t and nth_t are only formed for packs long enough.
         if constexpr (n == 0) {
-            return call_with<R>(method, call_options{}, net::use_awaitable, all,
+            return call_with<R>(method, detail::no_options{}, net::use_awaitable, all,
                                 std::make_index_sequence<0>());
         } else if constexpr (detail::is_completion_token_v<last_t<Ts...>, R>) {
             if constexpr (n >= 2) {
@@ -55,17 +55,17 @@ class channel {
                     return call_with<R>(method, std::get<n - 2>(all), std::get<n - 1>(all), all,
                                         std::make_index_sequence<n - 2>());
                 else
-                    return call_with<R>(method, call_options{}, std::get<n - 1>(all), all,
+                    return call_with<R>(method, detail::no_options{}, std::get<n - 1>(all), all,
                                         std::make_index_sequence<n - 1>());
             } else {
-                return call_with<R>(method, call_options{}, std::get<0>(all), all,
+                return call_with<R>(method, detail::no_options{}, std::get<0>(all), all,
                                     std::make_index_sequence<0>());
             }
         } else if constexpr (detail::is_call_options_v<last_t<Ts...>>) {
             return call_with<R>(method, std::get<n - 1>(all), net::use_awaitable, all,
                                 std::make_index_sequence<n - 1>());
         } else {
-            return call_with<R>(method, call_options{}, net::use_awaitable, all,
+            return call_with<R>(method, detail::no_options{}, net::use_awaitable, all,
                                 std::make_index_sequence<n>());
         }
     }
@@ -116,18 +116,24 @@ class channel {
                                       std::get<sizeof...(I)>(all));
     }
 
-    template <class R, class Token, class Tuple, std::size_t... I>
-    auto call_with(std::string_view method, call_options o, Token&& token, Tuple& all,
+    // `o`: the call's call_options (a copy), or detail::no_options when it was given none.
+    template <class R, class Options, class Token, class Tuple, std::size_t... I>
+    auto call_with(std::string_view method, Options o, Token&& token, Tuple& all,
                    std::index_sequence<I...>) const {
-        if constexpr (detail::is_plain_handler_v<Token, R>)
+        if constexpr (detail::is_plain_handler_v<Token, R>) {
             detail::start_with_handler<R>(impl_, method, std::move(o), std::forward<Token>(token),
                                           [&](detail::params_buffer& b) {
                                               detail::pack_params_into(b, std::get<I>(all)...);
                                           });
-        else
+        } else if constexpr (std::is_same_v<Options, detail::no_options>) {
+            return detail::call<R>(impl_, std::string(method),
+                                   detail::pack_params(std::get<I>(all)...), call_options{},
+                                   std::forward<Token>(token));
+        } else {
             return detail::call<R>(impl_, std::string(method),
                                    detail::pack_params(std::get<I>(all)...), std::move(o),
                                    std::forward<Token>(token));
+        }
     }
 
     std::shared_ptr<channel_impl> impl_;

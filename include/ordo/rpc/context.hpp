@@ -5,6 +5,7 @@
 #include "ordo/config.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,19 +21,35 @@ struct call_context {
     clock::time_point deadline = clock::time_point::max();
     /// The caller's call_options::metadata, in the order sent (reserved "ordo-" keys left out).
     ordo::metadata metadata;
+    /// W3C Trace Context, when the metadata held a well-formed traceparent: the trace id (32
+    /// lowercase hex digits), the caller's span (`parent_id`, 16) and the trace flags (bit 0:
+    /// sampled); `span_id` (16) is this handler's own span, drawn as the call arrived. Empty
+    /// trace_id: the call is not traced.
+    std::string trace_id;
+    std::string parent_id;
+    std::string span_id;
+    std::uint8_t trace_flags = 0;
 
     bool has_deadline() const noexcept { return deadline != clock::time_point::max(); }
     /// What is left until the deadline (0 once it has passed; milliseconds::max() without one).
     std::chrono::milliseconds time_left() const noexcept;
     /// The value of `key`, or null.
     const std::string* find(std::string_view key) const noexcept;
+    /// The traceparent of a call made inside this handler: this trace, with this handler's span
+    /// as the parent. Empty when the call is not traced.
+    std::string child_traceparent() const;
 };
+
+/// True for a W3C traceparent ordo reads: version 00, lowercase hex, trace and parent ids not all
+/// zeros ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").
+bool valid_traceparent(std::string_view v) noexcept;
 
 /// The context of the call whose handler is running on this thread: inside a plain handler while
 /// it runs, and inside a coroutine handler every time it runs (it follows the coroutine across
 /// its co_awaits). Null outside a handler, and for a call that carried no context (no deadline,
 /// no metadata). A call made while it is set and without a timeout of its own takes what is
-/// left of this deadline (docs/protocol.md, "Call context").
+/// left of this deadline, and, when traced, a traceparent naming this handler's span as its parent
+/// (docs/protocol.md, "Call context").
 const call_context* current_context() noexcept;
 
 }  // namespace ordo

@@ -32,6 +32,24 @@ namespace ordo {
 
 class peer;
 
+/// One request as a server's access log records it (server_options::access_log), once it has
+/// been answered, or refused without running. The views are valid during the call only.
+struct access_record {
+    std::chrono::system_clock::time_point when;  ///< when the answer went out
+    std::string_view trace_id;  ///< from the W3C traceparent the call carried; empty: none
+    std::string_view method;
+    std::string_view peer;     ///< the caller's address
+    std::string_view subject;  ///< identity::subject; empty without authentication
+    std::error_code status;    ///< empty: answered with a result; else the error answered
+    /// From the moment it was read (its wait behind earlier messages included) to its answer.
+    std::chrono::microseconds duration{0};
+    std::size_t bytes_in = 0;   ///< the request, as on the wire
+    std::size_t bytes_out = 0;  ///< the answer, as on the wire
+};
+/// Runs on the connection's loop (several at once on a server with several loops); must not
+/// throw.
+using access_log_fn = std::function<void(const access_record&)>;
+
 struct handler_options {
     /// false (default): serial. The handler runs to completion before the next message of that
     /// peer is dispatched. true: started in order, but the next message is dispatched while it is
@@ -318,6 +336,11 @@ class handlers {
     }
     bool time_calls() const noexcept { return timed_.get() != 0; }
 
+    /// Told of every request answered (access_record); null (default): nothing is recorded,
+    /// and nothing is paid for it. Set before serving.
+    handlers& access_log(access_log_fn f);
+    const access_log_fn& access_log() const noexcept { return access_log_; }
+
     /// Every method's counters, in name order, and every batch handler's.
     std::vector<ordo::method_stats> stats_by_method() const;
     std::vector<batch_handler_stats> stats_by_batch() const;
@@ -349,6 +372,7 @@ class handlers {
     };
     std::vector<named_batcher> batchers_;
     stats_fn stats_source_;
+    access_log_fn access_log_;
 };
 
 }  // namespace ordo

@@ -103,6 +103,10 @@ struct server_options {
     /// With authenticate set: the callers that ordo.stats and ordo.methods answer (null: none;
     /// they get errc::permission_denied).
     allow_fn allow_introspection;
+    /// One record per request answered (access_record: trace id, method, peer, subject, status,
+    /// duration, bytes), on the connection's loop. Null: none (`ordo-inc-server --access-log
+    /// FILE` writes them as JSON lines).
+    access_log_fn access_log;
 };
 
 /// One line for a server event, e.g. `ordo: closed tcp://127.0.0.1:50412: protocol error

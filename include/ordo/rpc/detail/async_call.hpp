@@ -63,13 +63,21 @@ auto async_call_op(std::shared_ptr<channel_impl> ch, std::string method, params_
 /// A call with a callback (is_plain_handler_v): the pending call is made first and its method,
 /// params (packed by `pack` into it) and options are put in place, rather than moved through
 /// async_initiate's layers. What async_call_op does for such a handler, with fewer copies.
-template <class R, class Handler, class Pack>
+/// `o`: call_options, or no_options for a call given none (the defaults are made in place in
+/// the pending call rather than moved into it: one call_options less per call).
+struct no_options {};
+template <class R, class Options, class Handler, class Pack>
 void start_with_handler(const std::shared_ptr<channel_impl>& ch, std::string_view method,
-                        call_options&& o, Handler&& handler, Pack&& pack) {
+                        Options&& o, Handler&& handler, Pack&& pack) {
     using H = std::decay_t<Handler>;
     auto slot = net::get_associated_cancellation_slot(handler);
-    auto op = std::make_unique<call_op<R, H>>(method, std::move(o), std::forward<Handler>(handler),
-                                              ch->get_executor());
+    std::unique_ptr<call_op<R, H>> op;
+    if constexpr (std::is_same_v<std::decay_t<Options>, no_options>)
+        op = std::make_unique<call_op<R, H>>(method, std::forward<Handler>(handler),
+                                             ch->get_executor());
+    else
+        op = std::make_unique<call_op<R, H>>(method, static_cast<call_options&&>(o),
+                                             std::forward<Handler>(handler), ch->get_executor());
     op->slot = slot;
     pack(op->params);
     const net::any_io_executor* kept = op->channel_executor();

@@ -69,6 +69,14 @@ class call_op final : public pending_call {
           ex_(associated(handler_, std::move(channel_ex))),
           inline_ok_(!has_own_executor || same_executor(ex_, channel_ex)) {}
 
+    // The same for a call given no options: the defaults are made in place, not moved in.
+    call_op(std::string_view method, Handler h, net::any_io_executor&& channel_ex)
+        : pending_call(method),
+          sink_(nullptr),
+          handler_(std::move(h)),
+          ex_(associated(handler_, std::move(channel_ex))),
+          inline_ok_(!has_own_executor || same_executor(ex_, channel_ex)) {}
+
     /// The channel's executor, when the handler has none of its own (it is kept); else null.
     const net::any_io_executor* channel_executor() const noexcept {
         if constexpr (has_own_executor)

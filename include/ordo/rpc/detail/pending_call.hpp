@@ -31,6 +31,8 @@ class pending_call {
     pending_call() = default;
     /// With its method and options built in place (what a call with a callback does).
     pending_call(std::string_view m, call_options&& o) : method(m), options(std::move(o)) {}
+    /// With its method, and the default options made in place (a call given none).
+    explicit pending_call(std::string_view m) : method(m) {}
     virtual ~pending_call() = default;
     /// A pending call is made and freed once per call: its memory is recycled on the thread
     /// (detail::recycled_new), not returned to malloc each time. Not for over-aligned types.
