@@ -35,20 +35,32 @@ std::string call_context::child_traceparent() const {
     return t;
 }
 
+namespace {
+// The value of a lowercase hex digit, or -1.
+int hex_value(char ch) noexcept {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+}
+}  // namespace
+
 bool valid_traceparent(std::string_view v) noexcept {
-    const auto hex = [](std::string_view s) {
-        return std::all_of(s.begin(), s.end(), [](char ch) {
-            return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-        });
-    };
-    const auto zero = [](std::string_view s) {
-        return std::all_of(s.begin(), s.end(), [](char ch) { return ch == '0'; });
-    };
-    if (v.size() != 55 || v[2] != '-' || v[35] != '-' || v[52] != '-') return false;
-    const auto version = v.substr(0, 2), trace = v.substr(3, 32), parent = v.substr(36, 16),
-               flags = v.substr(53, 2);
-    return version == "00" && hex(trace) && hex(parent) && hex(flags) && !zero(trace) &&
-           !zero(parent);
+    // version "00" - trace id (32 hex, not all 0) - parent id (16 hex, not all 0) - flags (2).
+    // One pass: this runs for every traced call.
+    if (v.size() != 55 || v[0] != '0' || v[1] != '0' || v[2] != '-' || v[35] != '-' ||
+        v[52] != '-')
+        return false;
+    bool trace_zero = true, parent_zero = true;
+    for (std::size_t i = 3; i < 55; ++i) {
+        if (i == 35 || i == 52) continue;
+        const int d = hex_value(v[i]);
+        if (d < 0) return false;
+        if (i < 35)
+            trace_zero &= d == 0;
+        else if (i < 52)
+            parent_zero &= d == 0;
+    }
+    return !trace_zero && !parent_zero;
 }
 
 const call_context* current_context() noexcept {
@@ -61,12 +73,18 @@ thread_local const call_context* this_thread_context = nullptr;
 std::atomic<unsigned> contexts_set{0};
 
 namespace {
-// A span id: 8 random bytes as 16 hex digits (never all zeros), from a per-thread generator
+// A span id: 8 random bytes as 16 hex digits (never all zeros), from a per-thread splitmix64
 // seeded from the OS: ids must not repeat across processes, and need not be secret.
 std::string new_span_id() {
-    thread_local std::mt19937_64 gen{std::random_device{}()};
+    thread_local std::uint64_t state = (std::uint64_t{std::random_device{}()} << 32) ^
+                                       std::random_device{}();
     std::uint64_t v = 0;
-    while (v == 0) v = gen();
+    while (v == 0) {
+        std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        v = z ^ (z >> 31);
+    }
     static constexpr char hex[] = "0123456789abcdef";
     std::string id(16, '0');
     for (int i = 15; i >= 0; --i, v >>= 4) id[static_cast<std::size_t>(i)] = hex[v & 0xf];
@@ -100,8 +118,8 @@ std::shared_ptr<const call_context> read_context(const message& m,
             if (key == "traceparent" && c->trace_id.empty() && valid_traceparent(value)) {
                 c->trace_id.assign(value.substr(3, 32));
                 c->parent_id.assign(value.substr(36, 16));
-                c->trace_flags = static_cast<std::uint8_t>(
-                    std::stoi(std::string(value.substr(53, 2)), nullptr, 16));
+                c->trace_flags =
+                    static_cast<std::uint8_t>(hex_value(value[53]) * 16 + hex_value(value[54]));
                 c->span_id = new_span_id();
             }
             c->metadata.emplace_back(std::string(key), std::string(value));

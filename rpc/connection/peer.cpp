@@ -168,10 +168,11 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         return send_ordered(std::string_view(b.data(), b.size()));
     }
     if (ctx_support == context_support::yes) {
-        buffer b(small_buffer + params.size());
-        detail::write_context_request(b, id, method, params, opts.metadata, timeout,
+        // Encoded in a buffer the connection keeps: no allocation per call.
+        ctx_scratch.clear();
+        detail::write_context_request(ctx_scratch, id, method, params, opts.metadata, timeout,
                                       timeout.count() > 0);
-        return sess->send(std::string_view(b.data(), b.size()));
+        return sess->send(std::string_view(ctx_scratch.data(), ctx_scratch.size()));
     }
     set_holding(true);
     auto& h = held.emplace_back();

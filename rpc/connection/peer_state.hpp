@@ -226,6 +226,7 @@ struct peer::state final : detail::call_table_host,
         std::chrono::steady_clock::time_point deadline{};  // {}: none
     };
     std::vector<held_message> held;
+    buffer ctx_scratch{small_buffer};  // a request with its context, encoded (send_request)
     bool holding = false;  // !held.empty(), read by every notification
     // Every call takes the way with a context: one is held (holding), or the peer has a default
     // timeout (every call has a deadline). One byte for peer::start_call to read.
