@@ -3,6 +3,7 @@
 #include "rpc/connection/context.hpp"
 
 #include <algorithm>
+#include <array>
 #include <random>
 
 #include "ordo/error.hpp"
@@ -26,10 +27,23 @@ const std::string* call_context::find(std::string_view key) const noexcept {
     return nullptr;
 }
 
+void call_context::set_trace(std::string_view trace, std::string_view parent, std::string_view span,
+                             std::uint8_t flags) noexcept {
+    if (trace.size() != 32 || parent.size() != 16 || span.size() != 16) return;
+    std::copy(trace.begin(), trace.end(), ids_);
+    std::copy(parent.begin(), parent.end(), ids_ + 32);
+    std::copy(span.begin(), span.end(), ids_ + 48);
+    trace_flags = flags;
+    traced_ = true;
+}
+
 std::string call_context::child_traceparent() const {
-    if (trace_id.empty()) return {};
+    if (!traced_) return {};
     static constexpr char hex[] = "0123456789abcdef";
-    std::string t = "00-" + trace_id + "-" + span_id + "-00";
+    std::string t(55, '-');
+    t[0] = t[1] = '0';
+    std::copy(ids_, ids_ + 32, t.begin() + 3);
+    std::copy(ids_ + 48, ids_ + 64, t.begin() + 36);
     t[53] = hex[trace_flags >> 4];
     t[54] = hex[trace_flags & 0xf];
     return t;
@@ -75,7 +89,7 @@ std::atomic<unsigned> contexts_set{0};
 namespace {
 // A span id: 8 random bytes as 16 hex digits (never all zeros), from a per-thread splitmix64
 // seeded from the OS: ids must not repeat across processes, and need not be secret.
-std::string new_span_id() {
+std::array<char, 16> new_span_id() {
     thread_local std::uint64_t state = (std::uint64_t{std::random_device{}()} << 32) ^
                                        std::random_device{}();
     std::uint64_t v = 0;
@@ -86,7 +100,7 @@ std::string new_span_id() {
         v = z ^ (z >> 31);
     }
     static constexpr char hex[] = "0123456789abcdef";
-    std::string id(16, '0');
+    std::array<char, 16> id{};
     for (int i = 15; i >= 0; --i, v >>= 4) id[static_cast<std::size_t>(i)] = hex[v & 0xf];
     return id;
 }
@@ -115,12 +129,12 @@ std::shared_ptr<const call_context> read_context(const message& m,
             c->deadline = arrived + std::chrono::milliseconds(static_cast<std::int64_t>(ms));
         } else if (!key.starts_with("ordo-")) {
             const std::string_view value = bytes_of(v);
-            if (key == "traceparent" && c->trace_id.empty() && valid_traceparent(value)) {
-                c->trace_id.assign(value.substr(3, 32));
-                c->parent_id.assign(value.substr(36, 16));
-                c->trace_flags =
-                    static_cast<std::uint8_t>(hex_value(value[53]) * 16 + hex_value(value[54]));
-                c->span_id = new_span_id();
+            if (key == "traceparent" && c->trace_id().empty() && valid_traceparent(value)) {
+                const auto span = new_span_id();
+                c->set_trace(
+                    value.substr(3, 32), value.substr(36, 16),
+                    std::string_view(span.data(), span.size()),
+                    static_cast<std::uint8_t>(hex_value(value[53]) * 16 + hex_value(value[54])));
             }
             c->metadata.emplace_back(std::string(key), std::string(value));
         }
@@ -132,7 +146,7 @@ bool inherit_context(pending_call& call) {
     const call_context* c = this_thread_context;
     if (!c) return true;
     // A traced handler's calls are children of its span, unless the caller set its own.
-    if (!c->trace_id.empty()) {
+    if (!c->trace_id().empty()) {
         const auto& m = call.options.metadata;
         if (std::none_of(m.begin(), m.end(),
                          [](const auto& kv) { return kv.first == "traceparent"; })) {

@@ -310,7 +310,7 @@ void dispatcher::log_access(std::string_view method, const call_context* ctx,
     const auto now = std::chrono::steady_clock::now();
     access_record r;
     r.when = std::chrono::system_clock::now();
-    if (ctx) r.trace_id = ctx->trace_id;
+    if (ctx) r.trace_id = ctx->trace_id();
     r.method = method;
     r.peer = self_.remote_address();
     r.subject = self_.identity().subject;

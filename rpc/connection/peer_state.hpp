@@ -75,18 +75,24 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_area: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_area.zone);
-        if (m.meta.type != msgpack::type::NIL) [[unlikely]] {
-            // A request with its context: only this (general) way decodes one.
-            disp.on_context_message(m, bytes.size());
-            if (heard_goaway) leave_when_idle();
-            return;
-        }
+        if (m.meta.type != msgpack::type::NIL) [[unlikely]]
+            return on_context_message(m, bytes.size());
         handle(m, bytes.size());
+    }
+    // A request with its context: never the dispatcher's inline path.
+    [[gnu::noinline]] void on_context_message(message& m, std::size_t wire_bytes) {
+        disp.on_context_message(m, wire_bytes);
+        if (heard_goaway) leave_when_idle();
     }
     std::size_t take_message(std::string_view bytes, const limits& l) override {
         message m;
         const std::size_t n = detail::decode_prefix(bytes, l, read_area, m);
-        if (n > 0) handle(m, n);
+        if (n > 0) {
+            if (m.meta.type != msgpack::type::NIL) [[unlikely]]
+                on_context_message(m, n);
+            else
+                handle(m, n);
+        }
         return n;
     }
     [[gnu::always_inline]] void handle(message& m, std::size_t wire_bytes) {

@@ -109,40 +109,6 @@ void read_fields(message& m) {
             type_name(m.params) + ")");
 }
 
-std::string_view str_of(const msgpack::object& o) {
-    return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
-                                        : std::string_view(o.via.bin.ptr, o.via.bin.size);
-}
-
-// A request's context (docs/protocol.md, "Call context"): a map of str keys to str or bin
-// values (an unsigned value for reserved "ordo-" keys), within the metadata limits.
-void check_meta(const message& m, const limits& l) {
-    if (m.kind != message_kind::request || m.meta.type == msgpack::type::NIL) return;
-    const auto what = [&] { return "the context of a call to \"" + std::string(m.method) + "\" "; };
-    const auto& map = m.meta.via.map;
-    if (map.size > l.max_metadata_entries)
-        bad(what() + "has " + std::to_string(map.size) + " entries, over max_metadata_entries (" +
-            std::to_string(l.max_metadata_entries) + ")");
-    std::size_t bytes = 0;
-    for (std::uint32_t i = 0; i < map.size; ++i) {
-        const auto& k = map.ptr[i].key;
-        const auto& v = map.ptr[i].val;
-        if (k.type != msgpack::type::STR || k.via.str.size == 0)
-            bad(what() + "has a key that is not a non-empty str (got " + type_name(k) + ")");
-        const std::string_view key(k.via.str.ptr, k.via.str.size);
-        bytes += key.size();
-        if (v.type == msgpack::type::STR || v.type == msgpack::type::BIN) {
-            bytes += str_of(v).size();
-        } else if (!(key.starts_with("ordo-") && v.type == msgpack::type::POSITIVE_INTEGER)) {
-            bad(what() + "has a value for \"" + std::string(key.substr(0, 64)) +
-                "\" that is not a str or bin (got " + type_name(v) + ")");
-        }
-        if (bytes > l.max_metadata_bytes)
-            bad(what() + "holds over max_metadata_bytes (" + std::to_string(l.max_metadata_bytes) +
-                ") of keys and values");
-    }
-}
-
 }  // namespace
 
 message decode_message(std::string_view bytes, const limits& l) {
@@ -154,7 +120,7 @@ message decode_message(std::string_view bytes, const limits& l) {
     message m;
     m.handle = msgpack::object_handle(obj, std::move(zone));
     read_fields(m);
-    check_meta(m, l);
+    detail::check_context(m, l);
     return m;
 }
 
@@ -167,7 +133,7 @@ message decode_message(std::string_view bytes, const limits& l, msgpack::zone& z
     m.borrowed = true;
     m.handle.set(detail::unpack_checked(bytes, l, z, true));
     read_fields(m);
-    check_meta(m, l);
+    detail::check_context(m, l);
     return m;
 }
 
@@ -176,7 +142,7 @@ void own(message& m) {
     if (m.handle.get().type != msgpack::type::ARRAY) {
         // From detail::decode_prefix, which makes no array of the whole message: one on the
         // stack, from the fields, is copied.
-        msgpack::object items[4];
+        msgpack::object items[5];
         std::uint32_t n = 0;
         items[n].type = msgpack::type::POSITIVE_INTEGER;
         items[n++].via.u64 = static_cast<std::uint64_t>(m.kind);
@@ -192,6 +158,7 @@ void own(message& m) {
             items[n].via.str.ptr = m.method.data();
             items[n++].via.str.size = static_cast<std::uint32_t>(m.method.size());
             items[n++] = m.params;
+            if (m.meta.type != msgpack::type::NIL) items[n++] = m.meta;
         }
         msgpack::object root;
         root.type = msgpack::type::ARRAY;
@@ -231,6 +198,40 @@ void decoder::finish() const {
 }
 
 namespace detail {
+
+static std::string_view str_of(const msgpack::object& o) {
+    return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
+                                        : std::string_view(o.via.bin.ptr, o.via.bin.size);
+}
+
+// A request's context (docs/protocol.md, "Call context"): a map of str keys to str or bin
+// values (an unsigned value for reserved "ordo-" keys), within the metadata limits.
+void check_context(const message& m, const limits& l) {
+    if (m.kind != message_kind::request || m.meta.type == msgpack::type::NIL) return;
+    const auto what = [&] { return "the context of a call to \"" + std::string(m.method) + "\" "; };
+    const auto& map = m.meta.via.map;
+    if (map.size > l.max_metadata_entries)
+        bad(what() + "has " + std::to_string(map.size) + " entries, over max_metadata_entries (" +
+            std::to_string(l.max_metadata_entries) + ")");
+    std::size_t bytes = 0;
+    for (std::uint32_t i = 0; i < map.size; ++i) {
+        const auto& k = map.ptr[i].key;
+        const auto& v = map.ptr[i].val;
+        if (k.type != msgpack::type::STR || k.via.str.size == 0)
+            bad(what() + "has a key that is not a non-empty str (got " + ordo::type_name(k) + ")");
+        const std::string_view key(k.via.str.ptr, k.via.str.size);
+        bytes += key.size();
+        if (v.type == msgpack::type::STR || v.type == msgpack::type::BIN) {
+            bytes += str_of(v).size();
+        } else if (!(key.starts_with("ordo-") && v.type == msgpack::type::POSITIVE_INTEGER)) {
+            bad(what() + "has a value for \"" + std::string(key.substr(0, 64)) +
+                "\" that is not a str or bin (got " + ordo::type_name(v) + ")");
+        }
+        if (bytes > l.max_metadata_bytes)
+            bad(what() + "holds over max_metadata_bytes (" + std::to_string(l.max_metadata_bytes) +
+                ") of keys and values");
+    }
+}
 
 void throw_bad_result(const std::type_info& expected, const msgpack::object& got) {
     // The value as msgpack-c prints it (JSON-like), cut short: enough to recognise it.

@@ -179,7 +179,9 @@ template <bool whole>
     if (bytes.size() < 4 || l.max_container_length < 4 || l.max_depth < 1 || l.max_objects < 5)
         return 0;
     const unsigned char kind = p[1];
-    if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2)) return 0;
+    // A request with its context (docs/protocol.md, "Call context"): a fifth element, the map.
+    const bool with_context = p[0] == 0x95 && kind == 0;
+    if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2) && !with_context) return 0;
     // The general way first checks that the entries can fit in the bytes left (one byte each).
     if (bytes.size() - 1 < static_cast<std::size_t>(p[0] & 0x0f)) return 0;
     p += 2;
@@ -225,12 +227,19 @@ template <bool whole>
             m.result = r.read_one(2);
         } else {
             m.params = r.read_one(2);
+            if (with_context) {
+                m.meta = r.read_one(2);
+                // What the general way checks (read_fields, check_context), said the same way.
+                if (m.params.type != msgpack::type::ARRAY || m.meta.type != msgpack::type::MAP)
+                    return 0;
+                check_context(m, l);
+            }
         }
         if constexpr (whole) r.expect_end();
         // The whole message as one array too (message::handle), as the general way gives it;
         // decode_prefix leaves it to own(), the only one that needs it then.
         if (!whole) return static_cast<std::size_t>(p - start) + r.consumed();
-        const std::uint32_t n = kind == 2 ? 3 : 4;
+        const std::uint32_t n = kind == 2 ? 3 : with_context ? 5 : 4;
         auto* items = static_cast<msgpack::object*>(
             z.allocate_align(n * sizeof(msgpack::object), alignof(msgpack::object)));
         std::uint32_t i = 0;
@@ -248,6 +257,7 @@ template <bool whole>
             items[i].via.str.ptr = m.method.data();
             items[i++].via.str.size = static_cast<std::uint32_t>(m.method.size());
             items[i] = m.params;
+            if (with_context) items[++i] = m.meta;
         }
         msgpack::object root;
         root.type = msgpack::type::ARRAY;

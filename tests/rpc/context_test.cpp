@@ -383,9 +383,9 @@ struct seen_trace {
 seen_trace look_trace() {
     seen_trace t;
     if (const call_context* c = current_context()) {
-        t.trace_id = c->trace_id;
-        t.parent_id = c->parent_id;
-        t.span_id = c->span_id;
+        t.trace_id = c->trace_id();
+        t.parent_id = c->parent_id();
+        t.span_id = c->span_id();
         t.flags = c->trace_flags;
     }
     return t;
@@ -446,6 +446,28 @@ TEST(Context, ACallMadeInsideATracedHandlerIsAChildOfItsSpan) {
         EXPECT_TRUE(plain[0].trace_id.empty());
         EXPECT_TRUE(plain[1].trace_id.empty());
     });
+}
+
+TEST(Context, MetadataCopiesShareTheirPairsUntilOneIsChanged) {
+    metadata a{{"k", "v"}};
+    metadata b = a;  // shares
+    metadata c;
+    c = b;
+    EXPECT_EQ(a.begin(), b.begin());
+    EXPECT_EQ(a.begin(), c.begin());
+    b.emplace_back("x", "y");  // b gets its own copy first
+    EXPECT_NE(a.begin(), b.begin());
+    EXPECT_EQ(a.size(), 1u);
+    EXPECT_EQ(c.size(), 1u);
+    EXPECT_EQ(b.size(), 2u);
+    EXPECT_EQ(b.pairs()[0], (metadata::pair{"k", "v"}));
+    a = metadata{};  // the last holders free it (the sanitizer builds check)
+    c.clear();
+    EXPECT_TRUE(a.empty());
+    EXPECT_TRUE(c.empty());
+    metadata d = std::move(b);
+    EXPECT_TRUE(b.empty());  // NOLINT: moved from, on purpose
+    EXPECT_EQ(d.size(), 2u);
 }
 
 TEST(Context, AMalformedTraceparentIsNotATrace) {

@@ -5,6 +5,7 @@
 #include "ordo/config.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
@@ -28,19 +29,22 @@ inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} <<
 /// Per-call metadata: key -> value pairs a call carries to its handler (docs/protocol.md, "Call
 /// context"), in the order given, repeated keys kept. Values are strings of bytes; a key ending
 /// in "-bin" is sent as msgpack bin, any other as str. Keys starting with "ordo-" are reserved.
-/// Empty, it is one null pointer: a call without metadata pays nothing for it.
+/// Empty, it is one null pointer: a call without metadata pays nothing for it. Copies share the
+/// pairs (a count, thread-safe) until one of them is changed: giving many calls the same
+/// metadata copies no strings.
 class metadata {
   public:
     using pair = std::pair<std::string, std::string>;
     metadata() noexcept = default;
     metadata(std::initializer_list<pair> pairs)
-        : p_(pairs.size() ? new std::vector<pair>(pairs) : nullptr) {}
-    metadata(const metadata& o) : p_(o.p_ ? new std::vector<pair>(*o.p_) : nullptr) {}
-    metadata& operator=(const metadata& o) {
-        if (this != &o) {
-            clear();
-            if (o.p_) p_ = new std::vector<pair>(*o.p_);
-        }
+        : p_(pairs.size() ? new rep(std::vector<pair>(pairs)) : nullptr) {}
+    metadata(const metadata& o) noexcept : p_(o.p_) {
+        if (p_) p_->refs.fetch_add(1, std::memory_order_relaxed);
+    }
+    metadata& operator=(const metadata& o) noexcept {
+        if (o.p_) o.p_->refs.fetch_add(1, std::memory_order_relaxed);
+        clear();
+        p_ = o.p_;
         return *this;
     }
     metadata(metadata&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
@@ -56,32 +60,47 @@ class metadata {
     ~metadata() { clear(); }
     void clear() noexcept {
         if (p_) [[unlikely]]
-            free(p_);
+            release(p_);
         p_ = nullptr;
     }
 
-    bool empty() const noexcept { return !p_ || p_->empty(); }
-    std::size_t size() const noexcept { return p_ ? p_->size() : 0; }
-    const pair* begin() const noexcept { return p_ ? p_->data() : nullptr; }
-    const pair* end() const noexcept { return p_ ? p_->data() + p_->size() : nullptr; }
+    bool empty() const noexcept { return !p_ || p_->pairs.empty(); }
+    std::size_t size() const noexcept { return p_ ? p_->pairs.size() : 0; }
+    const pair* begin() const noexcept { return p_ ? p_->pairs.data() : nullptr; }
+    const pair* end() const noexcept { return p_ ? p_->pairs.data() + p_->pairs.size() : nullptr; }
     template <class K, class V>
     void emplace_back(K&& key, V&& value) {
-        if (!p_) p_ = new std::vector<pair>();
-        p_->emplace_back(std::forward<K>(key), std::forward<V>(value));
+        own().emplace_back(std::forward<K>(key), std::forward<V>(value));
     }
-    void reserve(std::size_t n) {
-        if (!p_) p_ = new std::vector<pair>();
-        p_->reserve(n);
-    }
+    void reserve(std::size_t n) { own().reserve(n); }
     /// The pairs, as a vector.
-    std::vector<pair> pairs() const { return p_ ? *p_ : std::vector<pair>{}; }
+    std::vector<pair> pairs() const { return p_ ? p_->pairs : std::vector<pair>{}; }
     friend bool operator==(const metadata& a, const metadata& b) {
         return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
     }
 
   private:
-    [[gnu::noinline]] static void free(std::vector<pair>* p) noexcept { delete p; }
-    std::vector<pair>* p_ = nullptr;
+    struct rep {
+        rep() = default;
+        explicit rep(std::vector<pair> v) : pairs(std::move(v)) {}
+        std::atomic<int> refs{1};  // the copies that share it
+        std::vector<pair> pairs;
+    };
+    // The pairs, this copy's own (copied first if shared), to change.
+    std::vector<pair>& own() {
+        if (!p_) {
+            p_ = new rep;
+        } else if (p_->refs.load(std::memory_order_acquire) != 1) {
+            rep* mine = new rep(p_->pairs);
+            release(p_);
+            p_ = mine;
+        }
+        return p_->pairs;
+    }
+    [[gnu::noinline]] static void release(rep* p) noexcept {
+        if (p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p;
+    }
+    rep* p_ = nullptr;
 };
 
 /// Per-call options; pass as the last argument before the completion token (if any).

@@ -22,13 +22,18 @@ struct call_context {
     /// The caller's call_options::metadata, in the order sent (reserved "ordo-" keys left out).
     ordo::metadata metadata;
     /// W3C Trace Context, when the metadata held a well-formed traceparent: the trace id (32
-    /// lowercase hex digits), the caller's span (`parent_id`, 16) and the trace flags (bit 0:
-    /// sampled); `span_id` (16) is this handler's own span, drawn as the call arrived. Empty
-    /// trace_id: the call is not traced.
-    std::string trace_id;
-    std::string parent_id;
-    std::string span_id;
+    /// lowercase hex digits), the caller's span (parent_id(), 16) and the trace flags (bit 0:
+    /// sampled); span_id() (16) is this handler's own span, drawn as the call arrived. Empty
+    /// trace_id(): the call is not traced. (Kept inline: a traced call allocates nothing for
+    /// them.)
+    std::string_view trace_id() const noexcept { return {ids_, traced_ ? 32u : 0u}; }
+    std::string_view parent_id() const noexcept { return {ids_ + 32, traced_ ? 16u : 0u}; }
+    std::string_view span_id() const noexcept { return {ids_ + 48, traced_ ? 16u : 0u}; }
     std::uint8_t trace_flags = 0;
+    /// Makes the call traced (ordo does, as it reads a traceparent): ids of 32, 16 and 16
+    /// lowercase hex digits.
+    void set_trace(std::string_view trace, std::string_view parent, std::string_view span,
+                   std::uint8_t flags) noexcept;
 
     bool has_deadline() const noexcept { return deadline != clock::time_point::max(); }
     /// What is left until the deadline (0 once it has passed; milliseconds::max() without one).
@@ -38,6 +43,10 @@ struct call_context {
     /// The traceparent of a call made inside this handler: this trace, with this handler's span
     /// as the parent. Empty when the call is not traced.
     std::string child_traceparent() const;
+
+  private:
+    char ids_[64] = {};
+    bool traced_ = false;
 };
 
 /// True for a W3C traceparent ordo reads: version 00, lowercase hex, trace and parent ids not all
