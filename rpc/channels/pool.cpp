@@ -93,7 +93,7 @@ struct pool::state {
     void start_call(std::unique_ptr<detail::pending_call> call) {
         if (closed)
             return detail::fail_call(*call, errc::closed, "ordo: pool for " + url + " is closed");
-        if (!detail::take_context(*call)) [[unlikely]]
+        if (!detail::take_context(*call, o.peer.default_timeout)) [[unlikely]]
             return detail::fail_call(*call, errc::timed_out,
                                      detail::inherited_timeout_reason(*call));
         const auto timeout =

@@ -56,7 +56,7 @@ std::shared_ptr<router::state::replica> router::state::find(const std::string& u
 void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     if (closed)
         return detail::fail_call(*call, errc::closed, "ordo: router " + name + " is closed");
-    if (!detail::take_context(*call)) [[unlikely]]
+    if (!detail::take_context(*call, o.peer.default_timeout)) [[unlikely]]
         return detail::fail_call(*call, errc::timed_out, detail::inherited_timeout_reason(*call));
     const bool retry = call->attempt > 0;
     if (!retry) ++c.calls;

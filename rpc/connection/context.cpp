@@ -84,6 +84,7 @@ const call_context* current_context() noexcept {
 namespace detail {
 
 thread_local const call_context* this_thread_context = nullptr;
+thread_local const std::shared_ptr<const call_context>* this_thread_context_owner = nullptr;
 std::atomic<unsigned> contexts_set{0};
 
 namespace {
@@ -113,7 +114,8 @@ std::string_view bytes_of(const msgpack::object& o) {
 
 std::shared_ptr<const call_context> read_context(const message& m,
                                                  std::chrono::steady_clock::time_point arrived) {
-    if (m.meta.type != msgpack::type::MAP) return nullptr;
+    // An empty map carries nothing: the handler sees no context, as for a plain request.
+    if (m.meta.type != msgpack::type::MAP || m.meta.via.map.size == 0) return nullptr;
     auto c = std::make_shared<call_context>();
     const auto& map = m.meta.via.map;
     c->metadata.reserve(map.size);
@@ -142,7 +144,7 @@ std::shared_ptr<const call_context> read_context(const message& m,
     return c;
 }
 
-bool inherit_context(pending_call& call) {
+bool inherit_context(pending_call& call, std::chrono::milliseconds default_timeout) {
     const call_context* c = this_thread_context;
     if (!c) return true;
     // A traced handler's calls are children of its span, unless the caller set its own.
@@ -158,7 +160,8 @@ bool inherit_context(pending_call& call) {
     if (!c->has_deadline() || call.options.timeout.count() > 0) return true;
     const auto left = c->time_left();
     if (left.count() == 0) return false;
-    call.options.timeout = left;
+    // The channel's own default, when it is the shorter, stays the bound (left unset: it is).
+    if (default_timeout.count() <= 0 || left < default_timeout) call.options.timeout = left;
     return true;
 }
 
@@ -167,16 +170,18 @@ std::string inherited_timeout_reason(const pending_call& call) {
            "\" had passed";
 }
 
-void check_metadata(std::string_view method, const metadata& meta) {
+void check_metadata(std::string_view method, const metadata& meta, bool timed) {
     const limits l;
     const auto fail = [&](const std::string& why) {
         throw_error(errc::bad_arguments,
                     "the metadata of a call to \"" + std::string(method) + "\" " + why);
     };
-    if (meta.size() > l.max_metadata_entries)
-        fail("has " + std::to_string(meta.size()) + " pairs, over max_metadata_entries (" +
-             std::to_string(l.max_metadata_entries) + ")");
-    std::size_t bytes = 0;
+    // Counted as the receiver counts the map: the deadline is one more entry.
+    const std::size_t entries = meta.size() + (timed ? 1 : 0);
+    if (entries > l.max_metadata_entries)
+        fail("has " + std::to_string(meta.size()) + " pairs" + (timed ? " and a deadline" : "") +
+             ", over max_metadata_entries (" + std::to_string(l.max_metadata_entries) + ")");
+    std::size_t bytes = timed ? deadline_key.size() : 0;
     for (const auto& [k, v] : meta) {
         if (k.empty()) fail("has an empty key");
         if (k.starts_with("ordo-")) fail("has the key \"" + k + "\": \"ordo-\" keys are reserved");

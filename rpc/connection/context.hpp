@@ -18,6 +18,8 @@ namespace ordo::detail {
 
 /// Set while a handler whose call carried a context runs on this thread; null otherwise.
 extern thread_local const call_context* this_thread_context;
+/// What owns it (the handler's run or its executor), for work that must keep it (a run_on body).
+extern thread_local const std::shared_ptr<const call_context>* this_thread_context_owner;
 /// How many context_scopes are open, on all threads. Every call a peer, pool or router starts
 /// reads this first, and this thread's context only when it is not 0: a plain global is one
 /// load, where a thread-local in code that may live in a dlopen()ed module (the Python
@@ -27,19 +29,23 @@ extern std::atomic<unsigned> contexts_set;
 /// Sets this thread's context for its lifetime, and restores the one before.
 class context_scope {
   public:
-    explicit context_scope(const call_context* c) noexcept : before_(this_thread_context) {
-        this_thread_context = c;
+    explicit context_scope(const std::shared_ptr<const call_context>& c) noexcept
+        : before_(this_thread_context), before_owner_(this_thread_context_owner) {
+        this_thread_context = c.get();
+        this_thread_context_owner = &c;
         contexts_set.fetch_add(1, std::memory_order_relaxed);
     }
     ~context_scope() {
         contexts_set.fetch_sub(1, std::memory_order_relaxed);
         this_thread_context = before_;
+        this_thread_context_owner = before_owner_;
     }
     context_scope(const context_scope&) = delete;
     context_scope& operator=(const context_scope&) = delete;
 
   private:
     const call_context* before_;
+    const std::shared_ptr<const call_context>* before_owner_;
 };
 
 /// An executor that runs everything it is given with `ctx` as this thread's context, on `inner`.
@@ -80,7 +86,7 @@ class context_executor {
         std::shared_ptr<const call_context> ctx;
         F f;
         void operator()() {
-            context_scope scope(ctx.get());
+            context_scope scope(ctx);
             std::move(f)();
         }
     };
@@ -97,20 +103,23 @@ std::shared_ptr<const call_context> read_context(const message& m,
 /// of its own; inside a traced handler, it carries a traceparent naming the handler's span as
 /// its parent (and the tracestate), unless it has one. False when that deadline has passed: the
 /// call must fail with errc::timed_out (inherited_timeout_reason() says why) without being sent.
-[[gnu::cold]] bool inherit_context(pending_call& call);
+/// A channel's default timeout (`default_timeout`, 0: none) still bounds it when shorter.
+[[gnu::cold]] bool inherit_context(pending_call& call, std::chrono::milliseconds default_timeout);
 std::string inherited_timeout_reason(const pending_call& call);
 
 /// inherit_context() when a handler with a context may be running on this thread; true
 /// otherwise (the common case: one load of contexts_set).
-[[gnu::always_inline]] inline bool take_context(pending_call& call) {
+[[gnu::always_inline]] inline bool take_context(pending_call& call,
+                                                std::chrono::milliseconds default_timeout) {
     if (contexts_set.load(std::memory_order_relaxed) == 0) [[likely]]
         return true;
-    return inherit_context(call);
+    return inherit_context(call, default_timeout);
 }
 
 /// Throws errc::bad_arguments naming `method` when `meta` cannot be sent: an empty or reserved
 /// ("ordo-") key, or more than the default ordo::limits allow a receiver to take.
-void check_metadata(std::string_view method, const metadata& meta);
+/// `timed`: the deadline goes with it, and counts as the receiver counts it (one entry more).
+void check_metadata(std::string_view method, const metadata& meta, bool timed);
 
 /// The reserved metadata key that carries the time a caller has left, in milliseconds.
 inline constexpr std::string_view deadline_key = "ordo-deadline-ms";

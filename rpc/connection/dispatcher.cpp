@@ -402,7 +402,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
     errc failure{};
     try {
         if (Full && ctx) [[unlikely]] {
-            context_scope scope(ctx);
+            context_scope scope(a->ctx);
             e.sync(self_, m.params, scratch_);
         } else {
             e.sync(self_, m.params, scratch_);

@@ -33,9 +33,9 @@ struct offload_state : std::enable_shared_from_this<offload_state> {
     net::cancellation_signal signal;
     bool body_done = false;
     bool waiting = true;
-    // The call's context, if it has one: the body runs with it too. Not owned: the awaiting
-    // coroutine, whose executor owns it, lives until the body has ended.
-    const call_context* ctx = nullptr;
+    // The call's context, if it has one: the body runs with it too, and anything the body
+    // leaves running on its executor keeps it.
+    std::shared_ptr<const call_context> ctx;
 };
 
 net::awaitable<void> run_body(std::shared_ptr<offload_state> st, offload_body body) {
@@ -70,9 +70,7 @@ struct start_body {
         net::post(st->strand, [self, body = std::move(*body), h = std::move(handler)]() mutable {
             auto done = net::bind_cancellation_slot(self->signal.slot(), std::move(h));
             if (self->ctx) {
-                const std::shared_ptr<const call_context> unowned(std::shared_ptr<void>(),
-                                                                  self->ctx);
-                net::co_spawn(net::any_io_executor(context_executor(self->strand, unowned)),
+                net::co_spawn(net::any_io_executor(context_executor(self->strand, self->ctx)),
                               run_body(self, std::move(body)), std::move(done));
                 return;
             }
@@ -85,7 +83,7 @@ struct start_body {
 net::awaitable<void> run_offloaded(net::any_io_executor ex, offload_body body) {
     if (!ex) ex = co_await net::this_coro::executor;
     auto st = std::make_shared<offload_state>(ex);
-    st->ctx = this_thread_context;
+    if (this_thread_context_owner) st->ctx = *this_thread_context_owner;
     std::exception_ptr failure;
     try {
         co_await net::async_initiate<const net::use_awaitable_t<>&, void(std::exception_ptr)>(

@@ -2,6 +2,7 @@
 // inside, the parts of the connection and their wiring, is rpc/connection/peer_state.hpp.
 #include "ordo/rpc/peer.hpp"
 
+#include "ordo/error.hpp"
 #include "rpc/connection/context.hpp"
 #include "rpc/connection/peer_state.hpp"
 
@@ -74,9 +75,7 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
         buffer b(small_buffer + params.size());
         detail::write_notification_head(b, method);
         b.write(params.data(), params.size());
-        s_->hold_bytes(std::string_view(b.data(), b.size()), method);
-        s_->held.back().params.assign(params);
-        return;
+        return s_->hold_bytes(std::string_view(b.data(), b.size()), method, params);
     }
     s_->sess->send(detail::notification_head(method), params);
 }
@@ -116,8 +115,9 @@ void peer::state::ask_features() {
     p.pack_array(1);
     p.pack(std::string_view("meta"));
     sess->send(std::string_view(b.data(), b.size()));  // throws as a call's send does
-    ctx_support = context_support::asking;
+    ++c.calls_started;
     calls.add(id, std::move(call));
+    ctx_support = context_support::asking;  // only once the answer is sure to come
 }
 
 void peer::state::ask_if_context(const call_options& opts) {
@@ -125,17 +125,32 @@ void peer::state::ask_if_context(const call_options& opts) {
         ask_features();
 }
 
-void peer::state::hold_bytes(std::string_view bytes, std::string_view notification) {
+void peer::state::hold(held_message h) {
+    // Held bytes count against the same bound as the output they stand in for.
+    const std::size_t size = h.bytes.size() + h.params.size() + h.method.size();
+    if (held_bytes + size > o.comm.max_buffer_bytes)
+        throw_error(errc::overloaded,
+                    "ordo: " + remote + ": " + std::to_string(held_bytes) +
+                        " bytes held while ordo.features is answered, over max_buffer_bytes (" +
+                        std::to_string(o.comm.max_buffer_bytes) + ")");
+    held_bytes += size;
+    held.push_back(std::move(h));
     set_holding(true);
-    auto& h = held.emplace_back();
+}
+
+void peer::state::hold_bytes(std::string_view bytes, std::string_view notification,
+                             std::string_view params) {
+    held_message h;
     h.bytes.assign(bytes);
     h.notification.assign(notification);
+    h.params.assign(params);
+    hold(std::move(h));
 }
 
 void peer::state::start_call_with_context(detail::pending_call* taken) {
     std::unique_ptr<detail::pending_call> call(taken);
     auto& f = *call;
-    if (!detail::take_context(f))
+    if (!detail::take_context(f, o.default_timeout))
         return calls.fail(std::move(call), errc::timed_out, detail::inherited_timeout_reason(f));
     std::uint32_t id = 0;
     try {
@@ -159,13 +174,18 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
                                const call_options& opts) {
     const auto timeout = opts.timeout.count() > 0 ? opts.timeout : o.default_timeout;
     const bool has_context = timeout.count() > 0 || !opts.metadata.empty();
-    if (!opts.metadata.empty()) detail::check_metadata(method, opts.metadata);
+    if (!opts.metadata.empty()) detail::check_metadata(method, opts.metadata, timeout.count() > 0);
     if (!has_context || ctx_support == context_support::no) {
         // Plain: held behind what waits for the answer, if anything does.
         buffer b(small_buffer + params.size());
         detail::write_request_head(b, id, method);
         b.write(params.data(), params.size());
-        return send_ordered(std::string_view(b.data(), b.size()));
+        if (!holding) return sess->send(std::string_view(b.data(), b.size()));
+        held_message h;
+        h.bytes.assign(b.data(), b.size());
+        h.request = true;
+        h.msgid = id;
+        return hold(std::move(h));
     }
     if (ctx_support == context_support::yes) {
         // Encoded in a buffer the connection keeps: no allocation per call.
@@ -174,37 +194,49 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
                                       timeout.count() > 0);
         return sess->send(std::string_view(ctx_scratch.data(), ctx_scratch.size()));
     }
-    set_holding(true);
-    auto& h = held.emplace_back();
+    held_message h;
+    h.request = true;
     h.msgid = id;
     h.method.assign(method);
     h.params.assign(params);
     h.meta = opts.metadata;
     if (timeout.count() > 0) h.deadline = std::chrono::steady_clock::now() + timeout;
+    hold(std::move(h));
+}
+
+void peer::state::report_held(std::vector<held_message>& waiting, std::size_t from,
+                              std::error_code ec, const std::string& why) {
+    for (std::size_t i = from; i < waiting.size(); ++i) {
+        auto& h = waiting[i];
+        if (h.notification.empty()) continue;
+        ++c.notifications_undelivered;
+        if (!o.on_undelivered) continue;
+        undelivered_notification u;
+        u.method = h.notification;
+        u.params = std::move(h.params);
+        u.code = ec;
+        u.reason = why;
+        try {
+            o.on_undelivered(u);
+        } catch (...) {
+            // The application's callback must not throw; one that does loses only its report.
+        }
+    }
 }
 
 void peer::state::features_answered(std::error_code ec, const call_outcome& out) {
     auto waiting = std::move(held);
     held.clear();
+    held_bytes = 0;
     set_holding(false);
-    if (ec == errc::peer_lost || ec == errc::closed || ec == errc::session_lost ||
-        ec == errc::unauthenticated) {
+    if (failing_calls || !sess->can_send()) {
         // The connection (or the session) ended before the answer: the held calls fail with
         // it (they are in the call table); the held notifications are told undelivered.
         ctx_support = context_support::unknown;
-        if (!o.on_undelivered) return;
-        for (auto& h : waiting) {
-            if (h.notification.empty()) continue;
-            undelivered_notification u;
-            u.method = h.notification;
-            u.params = std::move(h.params);
-            u.code = ec;
-            u.reason = out.detail;
-            o.on_undelivered(u);
-        }
+        report_held(waiting, 0, ec ? ec : make_error_code(errc::closed), out.detail);
         return;
     }
-    // Any other error is a peer that does not know ordo.features (method_not_found from a
+    // Any error answer is a peer that does not know ordo.features (method_not_found from a
     // plain msgpack-rpc peer) or does not answer it in time: it gets plain calls.
     bool yes = false;
     if (!ec && out.result.type == msgpack::type::ARRAY) {
@@ -216,15 +248,17 @@ void peer::state::features_answered(std::error_code ec, const call_outcome& out)
     }
     ctx_support = yes ? context_support::yes : context_support::no;
     const auto now = std::chrono::steady_clock::now();
-    try {
-        for (auto& h : waiting) {
-            if (!sess->is_open()) return;  // the calls fail with the connection
+    for (std::size_t i = 0; i < waiting.size(); ++i) {
+        auto& h = waiting[i];
+        if (!sess->can_send())  // the calls fail with the connection
+            return report_held(waiting, i, sess->close_code(), sess->close_reason());
+        // A call withdrawn while held (its deadline, a cancel) is not sent at all.
+        if (h.request && !calls.contains(h.msgid)) continue;
+        try {
             if (!h.bytes.empty()) {
                 sess->send(h.bytes);
                 continue;
             }
-            // A call withdrawn while held (its deadline, a cancel) is not sent at all.
-            if (!calls.contains(h.msgid)) continue;
             buffer b(small_buffer + h.params.size());
             if (yes) {
                 const bool timed = h.deadline != std::chrono::steady_clock::time_point{};
@@ -238,11 +272,14 @@ void peer::state::features_answered(std::error_code ec, const call_outcome& out)
                 b.write(h.params.data(), h.params.size());
             }
             sess->send(std::string_view(b.data(), b.size()));
+        } catch (const std::system_error& e) {
+            // Taken, and now it cannot be sent (its output is full): the connection ends,
+            // loudly, and what was held fails with it or is told undelivered.
+            if (e.code() == errc::overloaded)
+                sess->abort(errc::overloaded,
+                            std::string("ordo: held calls could not be sent: ") + e.what());
+            return report_held(waiting, i, e.code(), e.what());
         }
-    } catch (const std::system_error& e) {
-        // Taken calls that cannot be sent: the connection ends, and they fail with it.
-        sess->abort(errc::overloaded,
-                    std::string("ordo: held calls could not be sent: ") + e.what());
     }
 }
 

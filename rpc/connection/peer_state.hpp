@@ -49,7 +49,7 @@ struct peer::state final : detail::call_table_host,
     ~state() override {
         if (sess->is_open()) {
             sess->end_locally(errc::closed, "ordo: peer " + remote + " destroyed");
-            calls.fail_all(sess->close_code(), sess->close_reason());
+            fail_all_calls(sess->close_code(), sess->close_reason());
         }
     }
 
@@ -186,7 +186,7 @@ struct peer::state final : detail::call_table_host,
             eof_why += " (the peer said: " + sess->remote_reason() + ")";
         const std::error_code code =
             sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
-        calls.fail_all(code, eof_why);
+        fail_all_calls(code, eof_why);
         leave_when_idle();
         if (disp.running() > 0 || disp.queued() > 0) {
             send_ping();
@@ -205,7 +205,7 @@ struct peer::state final : detail::call_table_host,
         const auto& why = sess->close_reason();
         live.stop();
         eof_probe.cancel();
-        calls.fail_all(code, why);
+        fail_all_calls(code, why);
         sess->report_undelivered(r, o.on_undelivered, c);
         disp.stop();
         ended = true;
@@ -224,14 +224,25 @@ struct peer::state final : detail::call_table_host,
     struct held_message {
         std::string bytes;         // as it goes out; empty for a call with a context
         std::string notification;  // a notification's method (told undelivered if dropped)
-        // A call with a context, encoded once the answer says how.
+        bool request = false;      // a call (msgid): not sent if withdrawn meanwhile
         std::uint32_t msgid = 0;
+        // A call with a context, encoded once the answer says how; a notification's params.
         std::string method;
         std::string params;
         metadata meta;
         std::chrono::steady_clock::time_point deadline{};  // {}: none
     };
     std::vector<held_message> held;
+    std::size_t held_bytes = 0;  // bounded by comm_options::max_buffer_bytes, as output is
+    // Set while calls.fail_all() runs (the connection or the session ended): the features
+    // call's end then means "gone", whatever its code.
+    bool failing_calls = false;
+    void fail_all_calls(std::error_code code, const std::string& why) {
+        const bool was = failing_calls;
+        failing_calls = true;
+        calls.fail_all(code, why);
+        failing_calls = was;
+    }
     buffer ctx_scratch{small_buffer};  // a request with its context, encoded (send_request)
     bool holding = false;  // !held.empty(), read by every notification
     // Every call takes the way with a context: one is held (holding), or the peer has a default
@@ -245,11 +256,15 @@ struct peer::state final : detail::call_table_host,
     // The connection's way out for what keeps order with calls (rpc/connection/peer.cpp).
     void send_ordered(std::string_view bytes) {
         if (holding) [[unlikely]]
-            return hold_bytes(bytes, {});
+            return hold_bytes(bytes, {}, {});
         sess->send(bytes);
     }
-    void hold_bytes(std::string_view bytes, std::string_view notification);
-    // peer::start_call for a call with a context to send or inherit, or behind held ones.
+    // Holds a message (throws errc::overloaded over the bound).
+    void hold(held_message h);
+    void hold_bytes(std::string_view bytes, std::string_view notification, std::string_view params);
+    // Tells on_undelivered of the held notifications from `from` on (counted, guarded).
+    void report_held(std::vector<held_message>& waiting, std::size_t from, std::error_code ec,
+                     const std::string& why);
     // peer::start_call's way for a call with a context; takes `call` (released by the caller:
     // no unique_ptr to destroy there on the common path).
     [[gnu::cold]] void start_call_with_context(detail::pending_call* call);
@@ -268,7 +283,7 @@ struct peer::state final : detail::call_table_host,
     std::weak_ptr<void> owner() override { return self.weak_from_this(); }
 
     void session_lost(const close_result& r) override {
-        calls.fail_all(r.code, r.reason);
+        fail_all_calls(r.code, r.reason);
         // The next session may meet a restarted server: ask again.
         ctx_support = context_support::unknown;
         sess->report_undelivered(r, o.on_undelivered, c);

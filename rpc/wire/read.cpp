@@ -182,6 +182,7 @@ template <bool whole>
     // A request with its context (docs/protocol.md, "Call context"): a fifth element, the map.
     const bool with_context = p[0] == 0x95 && kind == 0;
     if (!(p[0] == 0x94 && kind <= 1) && !(p[0] == 0x93 && kind == 2) && !with_context) return 0;
+    if (with_context && l.max_container_length < 5) return 0;  // the general way says why
     // The general way first checks that the entries can fit in the bytes left (one byte each).
     if (bytes.size() - 1 < static_cast<std::size_t>(p[0] & 0x0f)) return 0;
     p += 2;

@@ -78,6 +78,11 @@ metadata reserved_pair() {
 metadata big_pair() {
     return {{"big", std::string(20000, 'x')}};
 }
+metadata many_pairs(int n) {
+    metadata m;
+    for (int i = 0; i < n; ++i) m.emplace_back("k" + std::to_string(i), "v");
+    return m;
+}
 std::vector<std::string> plain_order() {
     return {"ordo.features", "a", "b", "c", "d"};
 }
@@ -173,6 +178,19 @@ TEST(Context, ReservedOrOversizedMetadataFailsTheCallAloneNamingIt) {
             EXPECT_NE(std::string(e.what()).find("max_metadata_bytes"), std::string::npos)
                 << e.what();
         }
+        // 64 pairs are allowed, but with a deadline they are 65 entries on the wire: refused
+        // here, alone, rather than closing the connection there.
+        try {
+            co_await ch.async_call<seen_context>("look", with_meta(many_pairs(64), 5000ms));
+            ADD_FAILURE() << "64 pairs and a deadline were sent";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("max_metadata_entries"), std::string::npos)
+                << e.what();
+        }
+        EXPECT_EQ((co_await ch.async_call<seen_context>("look", with_meta(many_pairs(64))))
+                      .metadata.size(),
+                  64u);
         // The connection is unharmed.
         EXPECT_TRUE((co_await ch.async_call<seen_context>("look", with_meta(one_pair()))).present);
     });
@@ -251,6 +269,34 @@ TEST(Context, APlainMsgpackRpcPeerGetsPlainRequestsInOrderAndTheCallsWork) {
         for (auto n : f.request_sizes) EXPECT_EQ(n, 4u);
         const std::vector<std::string> order = plain_order();
         EXPECT_EQ(f.methods, order);
+    });
+}
+
+TEST(Context, WhatWaitsForTheAnswerFailsOrIsToldUndeliveredWhenTheConnectionEndsFirst) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        tcp::acceptor acc(ex, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
+        const std::string url = "tcp://127.0.0.1:" + std::to_string(acc.local_endpoint().port());
+        std::vector<std::string> undelivered;
+        peer_options o;
+        o.on_undelivered = [&](const undelivered_notification& u) {
+            undelivered.push_back(u.method);
+        };
+        channel ch = co_await async_connect(url, o);
+        tcp::socket s = co_await acc.async_accept(net::use_awaitable);
+        std::optional<std::error_code> failed;
+        ch.async_call<int>("a", with_meta(one_pair()),
+                           [&](std::error_code ec, int) { failed = ec; });
+        ch.notify("b");  // held behind "a"
+        // This server reads ordo.features and never answers it: it closes instead.
+        char buf[256];
+        co_await s.async_read_some(net::buffer(buf), use_tuple);
+        s.close();
+        EXPECT_TRUE(co_await wait_until([&] { return failed.has_value(); }));
+        EXPECT_EQ(failed.value_or(std::error_code{}), errc::peer_lost);
+        EXPECT_TRUE(co_await wait_until([&] { return !undelivered.empty(); }));
+        ORDO_CO_ASSERT_EQ(undelivered.size(), 1u);
+        EXPECT_EQ(undelivered[0], "b");
     });
 }
 
@@ -350,6 +396,14 @@ TEST(Context, ACallMadeInsideAHandlerTakesWhatIsLeftOfItsDeadlineAcrossCoAwaits)
         const auto r = co_await ch.async_call<seen_context>("relay_routed", timeout(3000ms));
         EXPECT_GT(r.left_ms, 0);
         EXPECT_LE(r.left_ms, 3000);
+        // A channel's own default timeout, when shorter, still bounds the nested call.
+        channel short_b = co_await async_connect(b.url + "?timeout_ms=300");
+        a.on("relay_short", [&short_b]() -> net::awaitable<seen_context> {
+            co_return co_await short_b.async_call<seen_context>("look");
+        });
+        const auto bounded = co_await ch.async_call<seen_context>("relay_short", timeout(3000ms));
+        EXPECT_GT(bounded.left_ms, 0);
+        EXPECT_LE(bounded.left_ms, 300);
         // Without a deadline, the nested call has none.
         const auto none = co_await ch.async_call<seen_context>("relay", 0);
         EXPECT_FALSE(none.present);
