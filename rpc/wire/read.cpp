@@ -230,13 +230,15 @@ template <bool whole>
             m.params = r.read_one(2);
             if (with_context) {
                 m.meta = r.read_one(2);
-                // What the general way checks (read_fields, check_context), said the same way.
+                // What the general way checks (read_fields), said the same way.
                 if (m.params.type != msgpack::type::ARRAY || m.meta.type != msgpack::type::MAP)
                     return 0;
-                check_context(m, l);
             }
         }
         if constexpr (whole) r.expect_end();
+        // After the bytes are all read, as the general way does: an input with bytes past the
+        // message and a bad map gets the same error either way.
+        if (with_context) check_context(m, l);
         // The whole message as one array too (message::handle), as the general way gives it;
         // decode_prefix leaves it to own(), the only one that needs it then.
         if (!whole) return static_cast<std::size_t>(p - start) + r.consumed();
