@@ -4,8 +4,6 @@
 // rpc/streams/dispatcher_stream.cpp.
 #include "rpc/connection/dispatcher.hpp"
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -20,35 +18,6 @@
 #include "rpc/server/stats_answer.hpp"
 
 namespace ordo::detail {
-
-std::string type_name(const std::type_info& t) {
-    int status = 0;
-    char* raw = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-    std::string name = status == 0 && raw ? raw : t.name();
-    std::free(raw);
-    if (name.find("basic_string<char") != std::string::npos) return "std::string";
-    return name;
-}
-
-void throw_bad_arguments(std::string_view method, const std::string& signature,
-                         const std::string& what) {
-    throw_error(errc::bad_arguments,
-                "bad arguments for " + std::string(method) + signature + ": " + what);
-}
-
-void throw_argument_count(std::string_view method, const std::string& signature, std::size_t got,
-                          std::size_t expected) {
-    throw_bad_arguments(
-        method, signature,
-        "got " + std::to_string(got) + " arguments, expected " + std::to_string(expected));
-}
-
-void throw_argument_type(std::string_view method, const std::string& signature, std::size_t index,
-                         const std::type_info& type) {
-    throw_bad_arguments(
-        method, signature,
-        "argument " + std::to_string(index + 1) + " does not convert to " + type_name(type));
-}
 
 struct dispatcher::run {
     std::uint32_t msgid = 0;

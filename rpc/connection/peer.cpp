@@ -127,10 +127,11 @@ void peer::state::ask_if_context(const call_options& opts) {
 
 void peer::state::hold(held_message h) {
     // Held bytes count against the same bound as the output they stand in for.
-    const std::size_t size = h.bytes.size() + h.params.size() + h.method.size();
+    // (A notification's params are also in its bytes: counted once.)
+    const std::size_t size = h.bytes.empty() ? h.method.size() + h.params.size() : h.bytes.size();
     if (held_bytes + size > o.comm.max_buffer_bytes)
         throw_error(errc::overloaded,
-                    "ordo: " + remote + ": " + std::to_string(held_bytes) +
+                    "ordo: " + remote + ": " + std::to_string(held_bytes + size) +
                         " bytes held while ordo.features is answered, over max_buffer_bytes (" +
                         std::to_string(o.comm.max_buffer_bytes) + ")");
     held_bytes += size;

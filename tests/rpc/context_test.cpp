@@ -300,6 +300,30 @@ TEST(Context, WhatWaitsForTheAnswerFailsOrIsToldUndeliveredWhenTheConnectionEnds
     });
 }
 
+TEST(Context, WhatWaitsForTheAnswerIsBoundedByMaxBufferBytes) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        tcp::acceptor acc(ex, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
+        peer_options o;
+        o.comm.max_buffer_bytes = 64 << 10;
+        channel ch = co_await async_connect(
+            "tcp://127.0.0.1:" + std::to_string(acc.local_endpoint().port()), o);
+        tcp::socket s = co_await acc.async_accept(net::use_awaitable);  // never answers
+        ch.async_call<int>("a", with_meta(one_pair()), [](std::error_code, int) {});
+        const std::string big(40 << 10, 'x');
+        ch.notify("b", big);  // held: 40 KiB of 64
+        try {
+            ch.notify("c", big);  // 80 KiB: refused, and said so
+            ADD_FAILURE() << "held past max_buffer_bytes";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::overloaded);
+            EXPECT_NE(std::string(e.what()).find("max_buffer_bytes"), std::string::npos)
+                << e.what();
+        }
+        s.close();
+    });
+}
+
 // Writes `requests` (msgpack-rpc messages) to an ordo server over a raw socket, and reads
 // answers until `answers` have come; returns them by msgid as [error code or 0, result].
 net::awaitable<std::map<std::uint64_t, std::pair<int, std::string>>> raw_exchange(
