@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,33 @@ inline context_answer answer_context() {
         a.trace_id = tp->substr(3, 32);
     for (const auto& [k, v] : c->metadata) a.metadata.emplace(k, v);
     return a;
+}
+
+/// What `context` answers on a server that passes the call on (ordo-inc-server --next): its own
+/// context, and the answer of the server it called from inside the handler.
+struct context_via_answer {
+    std::optional<long long> deadline_left_ms;
+    std::optional<std::string> trace_id;
+    std::map<std::string, std::string> metadata;
+    context_answer next;
+    MSGPACK_DEFINE_MAP(deadline_left_ms, trace_id, metadata, next)
+};
+
+/// The body of serve_context_via's handler (a function, so that its frame owns its arguments).
+inline ordo::net::awaitable<context_via_answer> context_via(
+    std::string next_url, std::shared_ptr<std::optional<ordo::channel>> ch) {
+    const context_answer own = answer_context();
+    context_via_answer a{own.deadline_left_ms, own.trace_id, own.metadata, {}};
+    if (!*ch) *ch = co_await ordo::async_connect(next_url);
+    a.next = co_await (*ch)->async_call<context_answer>("context");
+    co_return a;
+}
+
+/// Serves `context` as a handler that calls `context` at `next_url` (connected at its first
+/// call) and answers both: the nested call takes the handler's deadline and trace.
+inline void serve_context_via(ordo::server& srv, std::string next_url) {
+    auto ch = std::make_shared<std::optional<ordo::channel>>();
+    srv.on("context", [next_url, ch] { return context_via(next_url, ch); });
 }
 
 /// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami(), context()

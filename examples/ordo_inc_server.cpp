@@ -193,6 +193,18 @@ int main(int argc, char** argv) {
                    "append one JSON line per call answered to FILE: time, trace_id, method, peer, "
                    "subject, status, code, duration_us, bytes_in, bytes_out")
         ->type_name("FILE");
+    double trace_sample = -1;  // -1: spans are not recorded
+    app.add_option("--trace-sample", trace_sample,
+                   "record spans of traced calls (a W3C traceparent in their metadata): this "
+                   "fraction of traces, 0 to 1, plus every failed call and the slowest; read "
+                   "them with `ordo traces URL`")
+        ->check(CLI::Range(0.0, 1.0))
+        ->type_name("RATE");
+    std::string next_url;
+    app.add_option("--next", next_url,
+                   "the context method also calls context at URL from inside its handler "
+                   "(which passes its deadline and trace on), and answers both")
+        ->type_name("URL");
     std::string register_at;
     long register_ttl_s = 10;
     app.add_option("--register", register_at,
@@ -264,6 +276,8 @@ int main(int argc, char** argv) {
     ordo::handler_options shared;
     if (threads > 1) shared.run_on = net::make_strand(io);
     serve_counter(srv, total, shared);
+    if (trace_sample >= 0) ordo::record_spans({.sample_rate = trace_sample});
+    if (!next_url.empty()) serve_context_via(srv, next_url);
     int journal_fd = -1;
     if (!journal.empty()) {
         journal_fd = ::open(journal.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -8,6 +8,8 @@
 //   ordo ping URL [--timeout MS]                           prints "ok <ms>" (round trip)
 //   ordo methods URL [--timeout MS]                        lists an ordo server's methods
 //   ordo stats URL [--timeout MS]                          an ordo server's counters, as JSON
+//   ordo traces URL... [--trace ID] [--slowest N]          the spans these servers recorded,
+//                                                          as a tree per trace
 //   ordo gateway --listen http://H:P --to URL [...]      serves HTTP in front of URL's channel
 //                                                          (docs/gateway.md)
 //   ordo replicas route+URL [--timeout MS]                 a router's view of its replicas: one
@@ -51,6 +53,7 @@
 #include <ordo/rpc/router.hpp>
 
 #include "json/json_codec.hpp"
+#include "tools/traces_command.hpp"
 #ifdef ORDO_WITH_GATEWAY
 #include "tools/gateway_command.hpp"
 #endif
@@ -69,6 +72,9 @@ struct request {
     bool raw = false;
     bool stream = false;  // call as a stream even if ordo.methods does not say it streams
     std::vector<std::string> meta;  // --meta KEY=VALUE: the call's metadata
+    std::vector<std::string> more_urls;  // traces: the other servers asked
+    std::string trace;                   // traces --trace
+    std::size_t slowest = 0;             // traces --slowest
 };
 
 // A failure already worded for the user (method, peer, reason).
@@ -284,8 +290,33 @@ net::awaitable<int> show_replicas(const request& r) {
     co_return ready > 0 ? 0 : 1;
 }
 
+// ordo.traces [trace, slowest] of each server, merged (tools/traces_command.hpp).
+net::awaitable<int> show_traces(const request& r, deadline& dl) {
+    std::vector<std::string> urls{r.url};
+    urls.insert(urls.end(), r.more_urls.begin(), r.more_urls.end());
+    const std::vector<std::string> args{json(r.trace).dump(), std::to_string(r.slowest)};
+    std::vector<ordo_tool::fetched_span> all;
+    for (const auto& url : urls) {
+        request one = r;
+        one.url = url;
+        auto ch = co_await connect(one, dl);
+        auto v = co_await call_packed(ch, "ordo.traces", pack_args(args), r.timeout_ms);
+        std::vector<ordo::span> spans;
+        try {
+            v.get().convert(spans);
+        } catch (const std::exception& e) {
+            throw failure("ordo: traces from " + url + ": the answer is not a list of spans (" +
+                          e.what() + ")");
+        }
+        for (auto& s : spans) all.push_back({std::move(s), url});
+    }
+    std::cout << ordo_tool::format_traces(std::move(all), r.slowest) << std::flush;
+    co_return 0;
+}
+
 net::awaitable<int> run(const request& r, deadline& dl) {
     if (r.command == "replicas") co_return co_await show_replicas(r);
+    if (r.command == "traces") co_return co_await show_traces(r, dl);
     auto ch = co_await connect(r, dl);
     if (r.command == "call") {
         if (r.stream || co_await says_it_streams(ch, r)) {
@@ -452,6 +483,16 @@ int main(int argc, char** argv) {
         "print an ordo server's counters (ordo.stats) as JSON: connections, bytes, "
         "requests by method and outcome, latency, batches");
     common(stats);
+
+    auto* traces = app.add_subcommand(
+        "traces",
+        "print the spans that ordo servers recorded (ordo.traces; servers record them with "
+        "ordo::record_spans, ordo-inc-server --trace-sample) as one tree per trace across them");
+    common(traces);
+    traces->add_option("MORE", r.more_urls, "more servers to ask, merged into the same trees");
+    traces->add_option("--trace", r.trace, "only this trace (its 32 hex digits)");
+    traces->add_option("--slowest", r.slowest, "the N slowest spans instead, one line each")
+        ->type_name("N");
 
     auto* replicas = app.add_subcommand(
         "replicas",

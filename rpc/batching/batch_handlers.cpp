@@ -7,6 +7,7 @@
 #include "lib/escaped.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/rpc/handlers.hpp"
+#include "rpc/connection/context.hpp"
 
 namespace ordo::detail {
 
@@ -15,7 +16,8 @@ using clock = std::chrono::steady_clock;
 net::any_io_executor batcher_core::home(const net::any_io_executor& caller) {
     std::lock_guard lock(mutex_);
     if (!ex_) {
-        ex_ = o_.run_on ? net::any_io_executor(net::make_strand(o_.run_on)) : caller;
+        ex_ =
+            o_.run_on ? net::any_io_executor(net::make_strand(o_.run_on)) : without_context(caller);
         wait_timer_ = std::make_unique<net::steady_timer>(ex_);
     }
     return ex_;

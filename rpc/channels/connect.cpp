@@ -9,6 +9,7 @@
 #include "ordo/rpc/pool.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/connecting.hpp"
+#include "rpc/connection/context.hpp"
 #include "rpc/connection/session.hpp"
 
 namespace ordo {
@@ -424,7 +425,14 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
 net::awaitable<channel> async_connect(std::string_view url, peer_options o, const handlers* h) {
     // A copy: the caller's string may not outlive the first suspension of the rethrow below.
     const std::string where(url);
+    // Inside a handler, the connection is made on the plain loop: its sockets and timers must
+    // not carry this call's context into every later call (docs/design.md 5.11).
+    const auto ex = co_await net::this_coro::executor;
     try {
+        if (ex.target<detail::context_executor>())
+            co_return co_await net::co_spawn(detail::without_context(ex),
+                                             open_channel(where, std::move(o), h),
+                                             net::use_awaitable);
         co_return co_await open_channel(where, std::move(o), h);
     } catch (const std::system_error& e) {
         throw detail::connect_error(where, e);

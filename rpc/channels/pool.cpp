@@ -329,7 +329,8 @@ struct pool::state {
 };
 
 pool::pool(private_tag, net::any_io_executor ex, std::string url, pool_options o)
-    : s_(std::make_unique<state>(*this, std::move(ex), std::move(url), std::move(o))) {}
+    : s_(std::make_unique<state>(*this, detail::without_context(std::move(ex)), std::move(url),
+                                 std::move(o))) {}
 
 pool::~pool() {
     s_->close_all();

@@ -7,11 +7,12 @@
 
 #include "rpc/channels/router_state.hpp"
 #include "rpc/connection/context.hpp"
+#include "rpc/connection/spans.hpp"
 
 namespace ordo {
 router::state::state(router& r, net::any_io_executor e, router_options opt)
     : self(r),
-      ex(std::move(e)),
+      ex(detail::without_context(std::move(e))),
       o(std::move(opt)),
       queue(
           ex,
@@ -188,6 +189,10 @@ void router::state::finished(replica& r, std::uint64_t gen,
                 again->options.timeout = detail::time_left(deadline);
                 again->attempt = 1;
                 ++c.retried;
+                if (detail::recording_spans() && !again->options.metadata.empty()) [[unlikely]]
+                    detail::record_router_span(again->options.metadata, "retry", again->method,
+                                               r.url, ec, "replica " + r.url + ": " + out.detail,
+                                               {n.sent, {}, {}, clock_type::now()});
                 net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {
                     if (auto rt = w.lock())
                         rt->s_->start_call(std::move(call));
@@ -235,6 +240,9 @@ void router::state::pump() {
                [this](const detail::pending_call& call) { return books.needed(call.method); })) {
         replica* r = place.pick(*t->call);
         const bool retry = t->call->attempt > 0;
+        if (detail::recording_spans() && !t->call->options.metadata.empty()) [[unlikely]]
+            detail::record_router_span(t->call->options.metadata, "wait", t->call->method, r->url,
+                                       {}, {}, {t->since, {}, {}, clock_type::now()});
         send(*r, std::move(t->call), t->timeout, retry);
     }
     update();

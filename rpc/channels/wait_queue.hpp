@@ -60,6 +60,7 @@ class wait_queue {
     struct taken {
         std::unique_ptr<pending_call> call;
         std::chrono::milliseconds timeout{0};
+        clock::time_point since{};  ///< when it was pushed
     };
 
     /// `timed_out_reason(timeout)` and `cancelled_reason` describe why a waiting call failed;
@@ -140,7 +141,7 @@ class wait_queue {
             }
             entry e = remove(at);
             e.watch.disarm(*e.call);  // the slot held the queue's handler; the connection sets its own
-            return taken{std::move(e.call), e.watch.left()};
+            return taken{std::move(e.call), e.watch.left(), e.since};
         }
         return std::nullopt;
     }

@@ -1,10 +1,10 @@
 // Call contexts: reading one from a request, the thread's current one, and passing a deadline
 // on to the calls a handler makes (rpc/connection/context.hpp).
 #include "rpc/connection/context.hpp"
+#include "rpc/connection/spans.hpp"
 
 #include <algorithm>
 #include <array>
-#include <random>
 
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
@@ -88,24 +88,6 @@ thread_local const std::shared_ptr<const call_context>* this_thread_context_owne
 std::atomic<unsigned> contexts_set{0};
 
 namespace {
-// A span id: 8 random bytes as 16 hex digits (never all zeros), from a per-thread splitmix64
-// seeded from the OS: ids must not repeat across processes, and need not be secret.
-std::array<char, 16> new_span_id() {
-    thread_local std::uint64_t state = (std::uint64_t{std::random_device{}()} << 32) ^
-                                       std::random_device{}();
-    std::uint64_t v = 0;
-    while (v == 0) {
-        std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        v = z ^ (z >> 31);
-    }
-    static constexpr char hex[] = "0123456789abcdef";
-    std::array<char, 16> id{};
-    for (int i = 15; i >= 0; --i, v >>= 4) id[static_cast<std::size_t>(i)] = hex[v & 0xf];
-    return id;
-}
-
 std::string_view bytes_of(const msgpack::object& o) {
     return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
                                         : std::string_view(o.via.bin.ptr, o.via.bin.size);

@@ -80,6 +80,8 @@ class context_executor {
         return !(a == b);
     }
 
+    const net::any_io_executor& inner() const noexcept { return inner_; }
+
   private:
     template <class F>
     struct with_context {
@@ -93,6 +95,14 @@ class context_executor {
     net::any_io_executor inner_;
     std::shared_ptr<const call_context> ctx_;
 };
+
+/// `ex` without a handler's context: what a long-lived object (a connection, a pool, a router, a
+/// server, a batch) made inside a handler from `co_await this_coro::executor` must run on, or
+/// everything it ever does would run as part of that one call (docs/design.md 5.11).
+inline net::any_io_executor without_context(net::any_io_executor ex) {
+    if (const auto* c = ex.target<context_executor>()) return c->inner();
+    return ex;
+}
 
 /// The context a request carries (m.meta, checked by the decoder), as its handler sees it:
 /// `arrived` plus the time the caller had left is its deadline. Null for a plain request.

@@ -13,9 +13,10 @@
 #include "ordo/rpc/peer.hpp"
 #include "ordo/rpc/stream_call.hpp"
 #include "rpc/connection/context.hpp"
+#include "rpc/connection/spans.hpp"
+#include "rpc/server/stats_answer.hpp"
 #include "rpc/streams/stream_run.hpp"
 #include "rpc/wire/errors.hpp"
-#include "rpc/server/stats_answer.hpp"
 
 namespace ordo::detail {
 
@@ -31,10 +32,10 @@ struct dispatcher::run {
     std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
     stream_run* stream = nullptr;  // a streaming handler's output, while its body runs
-    // For the access log (server_options::access_log), when there is one.
+    // For the access log (server_options::access_log) and spans, when it is observed.
     bool logged = false;
     std::size_t bytes_in = 0;
-    std::chrono::steady_clock::time_point arrived;
+    std::chrono::steady_clock::time_point arrived, handler_started;
     std::shared_ptr<const call_context> ctx;
 };
 
@@ -137,26 +138,20 @@ void dispatcher::on_reserved(const message& m) {
             if (it != streams_.end())
                 it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
         }
-    } else if ((m.method == "ordo.methods" || m.method == "ordo.stats") && req && h_ &&
-               h_->introspection() && !self_.identity().may_introspect) {
+    } else if ((m.method == "ordo.methods" || m.method == "ordo.stats" ||
+                m.method == "ordo.traces") &&
+               req && h_ && h_->introspection() && !self_.identity().may_introspect) {
         respond_error(m.msgid, errc::permission_denied,
                       "permission denied: " + std::string(m.method) + " is not open to " +
                           self_.identity().name() + " (server_options::allow_introspection)");
     } else if (m.method == "ordo.methods" && req && h_ && h_->introspection()) {
-        // {name: "(parameter types)"} for every method served, in name order.
         buffer b(small_buffer);
-        msgpack::packer<buffer> p(b);
-        p.pack_array(4);
-        p.pack(1);
-        p.pack(m.msgid);
-        p.pack_nil();
-        std::size_t n = 0;
-        h_->for_each_method([&](const std::string&, const std::string&) { ++n; });
-        p.pack_map(static_cast<std::uint32_t>(n));
-        h_->for_each_method([&](const std::string& name, const std::string& sig) {
-            p.pack(name);
-            p.pack(sig);
-        });
+        pack_methods_answer(b, m.msgid, *h_);
+        host_.send_response(b);
+    } else if (m.method == "ordo.traces" && req && h_ && h_->introspection()) {
+        // [trace id?, slowest?]: the spans this process recorded (ordo/rpc/spans.hpp).
+        buffer b(small_buffer);
+        pack_traces_answer(b, m.msgid, m.params);
         host_.send_response(b);
     } else if (m.method == "ordo.stats" && req && h_ && h_->introspection()) {
         if (!h_->stats_source()) {
@@ -269,14 +264,27 @@ void dispatcher::refuse(const message& m, const arrival& a, errc code, const std
     buffer b(small_buffer);
     encode_error_response(b, m.msgid, code, text);
     host_.send_response(b);
-    if (h_ && h_->access_log()) [[unlikely]]
-        log_access(m.method, a.ctx.get(), code, a.at, a.bytes, b.size());
+    if (observes(a.ctx.get())) [[unlikely]]
+        log_access(m.method, a.ctx.get(), code, {a.at, {}, {}, {}}, a.bytes, b.size());
+}
+
+bool dispatcher::observes(const call_context* ctx) const noexcept {
+    return (h_ && h_->access_log()) || (ctx && !ctx->trace_id().empty() && recording_spans());
 }
 
 void dispatcher::log_access(std::string_view method, const call_context* ctx,
-                            std::error_code status, std::chrono::steady_clock::time_point at,
-                            std::size_t bytes_in, std::size_t bytes_out) {
+                            std::error_code status, const span_times& times, std::size_t bytes_in,
+                            std::size_t bytes_out) {
     const auto now = std::chrono::steady_clock::now();
+    const auto at = times.start;
+    if (ctx && !ctx->trace_id().empty() && recording_spans()) {
+        span_times t = times;
+        if (t.start == span_times::time_point{}) t.start = now;
+        t.end = now;
+        record_server_span(*ctx, method, self_.remote_address(), self_.identity().subject, status,
+                           t, bytes_in, bytes_out);
+    }
+    if (!h_ || !h_->access_log()) return;
     access_record r;
     r.when = std::chrono::system_clock::now();
     if (ctx) r.trace_id = ctx->trace_id();
@@ -362,17 +370,19 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
     method_counters& counters = *e.counters;
     const bool timed = h_->time_calls();
     // (Handlers are not direct while there is an access log: the inline path never logs.)
-    const bool logged = Full && static_cast<bool>(h_->access_log());
+    const bool logged = Full && observes(ctx);
     const auto started = timed || logged ? std::chrono::steady_clock::now()
                                          : std::chrono::steady_clock::time_point{};
     scratch_.clear();
     if (req) write_response_head(scratch_, m.msgid);
     bool failed = false;
     errc failure{};
+    std::chrono::steady_clock::time_point ended{};
     try {
         if (Full && ctx) [[unlikely]] {
             context_scope scope(a->ctx);
             e.sync(self_, m.params, scratch_);
+            if (logged) ended = std::chrono::steady_clock::now();
         } else {
             e.sync(self_, m.params, scratch_);
         }
@@ -395,8 +405,11 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
         if (!failed) counters.request_done();
         if (logged) [[unlikely]]
             log_access(m.method, ctx, failed ? make_error_code(failure) : std::error_code{},
-                       a->at != std::chrono::steady_clock::time_point{} ? a->at : started, a->bytes,
-                       scratch_.size());
+                       {a->at != std::chrono::steady_clock::time_point{} ? a->at : started,
+                        started,
+                        ended,
+                        {}},
+                       a->bytes, scratch_.size());
     } else {
         ++c_.notifications_served;
         counters.notification_done(failed);
@@ -416,12 +429,11 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     r.serial = !e.concurrent;
     r.counters = e.counters;
     if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
-    if (h_->access_log()) [[unlikely]] {
+    if (observes(a.ctx.get())) [[unlikely]] {
         r.logged = true;
         r.bytes_in = a.bytes;
-        r.arrived = a.at != std::chrono::steady_clock::time_point{}
-                        ? a.at
-                        : std::chrono::steady_clock::now();
+        r.handler_started = std::chrono::steady_clock::now();
+        r.arrived = a.at != std::chrono::steady_clock::time_point{} ? a.at : r.handler_started;
         r.ctx = a.ctx;
     }
     auto ctx = std::move(a.ctx);
@@ -455,25 +467,6 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     net::co_spawn(ex_, std::move(handler), std::move(done));
 }
 
-net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
-                                              std::uint32_t msgid) {
-    buffer b(small_buffer);
-    write_response_head(b, msgid);
-    try {
-        const server_stats server = co_await d->h_->stats_source()();
-        // The connection (and with it the server's handler table) may have ended meanwhile.
-        if (d->stopped_) co_return;
-        pack_stats(b, *d->h_, &server);
-    } catch (...) {
-        const auto why = describe_current_exception();
-        b.clear();
-        encode_error_response(b, msgid, why.first, why.second);
-    }
-    // `keep` holds the connection, and so `d`, until here; once it has ended nothing is sent.
-    if (!d->stopped_) d->host_.send_response(b);
-    keep.reset();
-}
-
 net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void> keep,
                                              std::list<run>::iterator it, message m,
                                              std::unique_ptr<buffer> out,
@@ -501,7 +494,10 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
         counters->took(std::chrono::steady_clock::now() - it->started);
     const bool logged = it->logged;
     const std::size_t bytes_in = it->bytes_in;
-    const auto arrived = it->arrived;
+    const span_times times{it->arrived,
+                           it->handler_started,
+                           logged ? std::chrono::steady_clock::now() : span_times::time_point{},
+                           {}};
     const auto ctx = std::move(it->ctx);
     runs_.erase(it);
     c_.running_handlers = runs_.size();
@@ -520,7 +516,7 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
         ++c_.requests_served;
         if (logged) [[unlikely]]
             log_access(m.method, ctx.get(), failed ? make_error_code(why.first) : std::error_code{},
-                       arrived, bytes_in, out.size());
+                       times, bytes_in, out.size());
     } else {
         if (failed) {
             ++c_.notification_errors;

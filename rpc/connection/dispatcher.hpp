@@ -30,6 +30,7 @@ struct peer_counters;
 namespace detail {
 
 class memory_budget;
+struct span_times;
 
 /// What a dispatcher needs from its connection.
 class dispatcher_host {
@@ -137,12 +138,15 @@ class dispatcher {
     void expired(const handler_entry& e, const message& m, const arrival& a);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
                      std::uint64_t window_bytes, arrival a);
-    // Answers a request with an error and records it in the access log, if there is one.
+    // Answers a request with an error and records it (log_access), if it is observed.
     void refuse(const message& m, const arrival& a, errc code, const std::string& text);
-    // server_options::access_log: one request answered.
+    // Whether a request with `ctx` is recorded as it is answered: in the access log
+    // (server_options::access_log), or as a span (a traced call while spans are recorded).
+    bool observes(const call_context* ctx) const noexcept;
+    // One request answered: its access-log record and its span. `t.start` is its arrival.
     [[gnu::cold]] void log_access(std::string_view method, const call_context* ctx,
-                                  std::error_code status, std::chrono::steady_clock::time_point at,
-                                  std::size_t bytes_in, std::size_t bytes_out);
+                                  std::error_code status, const span_times& t, std::size_t bytes_in,
+                                  std::size_t bytes_out);
     bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);

@@ -11,13 +11,14 @@
 
 #include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
-#include "rpc/server/server_state.hpp"
+#include "rpc/connection/context.hpp"
 #include "rpc/connection/when_closed.hpp"
+#include "rpc/server/server_state.hpp"
 
 namespace ordo {
 
 server::state::state(net::any_io_executor e, server_options opt, const ordo::handlers* hs)
-    : ex(std::move(e)),
+    : ex(detail::without_context(std::move(e))),
       o(std::move(opt)),
       h(hs),
       sessions(

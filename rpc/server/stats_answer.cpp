@@ -1,6 +1,9 @@
 // Per-method counters (ordo/rpc/stats.hpp) and the answer to the reserved method ordo.stats.
 #include "rpc/server/stats_answer.hpp"
 
+#include "rpc/connection/dispatcher.hpp"
+#include "rpc/wire/errors.hpp"
+
 #include <algorithm>
 
 #include "ordo/rpc/handlers.hpp"
@@ -157,6 +160,41 @@ void pack_stats(buffer& out, const handlers& h, const server_stats* server) {
         pack_kv(p, "running", b.stats.running);
         pack_kv(p, "sizes", b.stats.size_histogram);
     }
+}
+
+void pack_methods_answer(buffer& out, std::uint32_t msgid, const handlers& h) {
+    msgpack::packer<buffer> p(out);
+    p.pack_array(4);
+    p.pack(1);
+    p.pack(msgid);
+    p.pack_nil();
+    std::size_t n = 0;
+    h.for_each_method([&](const std::string&, const std::string&) { ++n; });
+    p.pack_map(static_cast<std::uint32_t>(n));
+    h.for_each_method([&](const std::string& name, const std::string& sig) {
+        p.pack(name);
+        p.pack(sig);
+    });
+}
+
+// Defined here, with the rest of the answer to ordo.stats.
+net::awaitable<void> dispatcher::answer_stats(dispatcher* d, std::shared_ptr<void> keep,
+                                              std::uint32_t msgid) {
+    buffer b(small_buffer);
+    write_response_head(b, msgid);
+    try {
+        const server_stats server = co_await d->h_->stats_source()();
+        // The connection (and with it the server's handler table) may have ended meanwhile.
+        if (d->stopped_) co_return;
+        pack_stats(b, *d->h_, &server);
+    } catch (...) {
+        const auto why = describe_current_exception();
+        b.clear();
+        encode_error_response(b, msgid, why.first, why.second);
+    }
+    // `keep` holds the connection, and so `d`, until here; once it has ended nothing is sent.
+    if (!d->stopped_) d->host_.send_response(b);
+    keep.reset();
 }
 
 }  // namespace detail

@@ -13,5 +13,9 @@ namespace detail {
 /// `server`: the server's figures, or null.
 void pack_stats(buffer& out, const handlers& h, const server_stats* server);
 
+/// Packs the whole response to ordo.methods: {name: "(parameter types)"} for every method
+/// served, in name order.
+void pack_methods_answer(buffer& out, std::uint32_t msgid, const handlers& h);
+
 }  // namespace detail
 }  // namespace ordo

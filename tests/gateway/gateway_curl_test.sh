@@ -11,7 +11,14 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 command -v curl >/dev/null || fail "curl is not installed (apt-get install curl)"
 
-"$server" --listen tcp://127.0.0.1:0 >"$dir/srv" 2>&1 &
+# Two servers: the gateway's, whose context method calls context on the second from inside its
+# handler; both record spans of every trace.
+"$server" --listen tcp://127.0.0.1:0 --trace-sample 1 >"$dir/second" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q '^listening on ' "$dir/second" && break; sleep 0.1; done
+second=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/second" | head -1)
+[ -n "$second" ] || fail "ordo-inc-server did not start: $(cat "$dir/second")"
+"$server" --listen tcp://127.0.0.1:0 --trace-sample 1 --next "$second" >"$dir/srv" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q '^listening on ' "$dir/srv" && break; sleep 0.1; done
 url=$(grep -o 'tcp://127\.0\.0\.1:[0-9]*' "$dir/srv" | head -1)
@@ -45,10 +52,26 @@ curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":
 tp=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 out=$(curl -s -H "traceparent: $tp" --json '[]' "$http/context?relative_slo_ms=500")
 echo "$out" | grep -q '"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"' || fail "context: $out"
-left=$(echo "$out" | grep -o '"deadline_left_ms":[0-9]*' | cut -d: -f2)
+left=$(echo "$out" | grep -o '"deadline_left_ms":[0-9]*' | head -1 | cut -d: -f2)
 [ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le 500 ] || fail "deadline left: $out"
+# The nested call: the same trace, and what is left of the deadline.
+echo "$out" | grep -q '"next":{"deadline_left_ms":[0-9]*,"metadata":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]*-01"},"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"}' ||
+    fail "the nested call's context: $out"
+# Read back with `ordo traces` from both servers: one tree, the replica's span a child of the
+# caller's traceparent, the second server's a child of the replica's handler.
+tr=$("$ordo" traces "$url" "$second" --trace 4bf92f3577b34da6a3ce929d0e0e4736) || fail "ordo traces: $tr"
+echo "$tr" | grep -q '^trace 4bf92f3577b34da6a3ce929d0e0e4736: 2 spans from 2 servers$' || fail "traces: $tr"
+echo "$tr" | grep -q '^00f067aa0ba902b7 (not recorded here)$' || fail "traces: $tr"
+first=$(echo "$tr" | grep "^└─ server context  ok .*parent 00f067aa0ba902b7, at $url, ")
+span1=$(echo "$first" | grep -o 'span [0-9a-f]\{16\}' | cut -d' ' -f2)
+[ -n "$span1" ] || fail "no span of the replica: $tr"
+echo "$tr" | grep -q "^   └─ server context  ok .*parent $span1, at $second, " || fail "traces: $tr"
+out=$("$ordo" traces "$url" --slowest 1)
+echo "$out" | grep -q "^trace 4bf92f3577b34da6a3ce929d0e0e4736  server context  ok .*span $span1" ||
+    fail "traces --slowest 1: $out"
 out=$(curl -s -H "traceparent: 00-$tp" --json '[]' "$http/context")
-echo "$out" | grep -q '"metadata":{},"trace_id":null' || fail "bad traceparent: $out"
+echo "$out" | grep -q '4bf92f3577b34da6a3ce929d0e0e4736' && fail "bad traceparent: $out"
+echo "$out" | grep -q '"metadata":{},"next":{"deadline_left_ms":[0-9]*,"metadata":{},"trace_id":null},"trace_id":null' || fail "bad traceparent: $out"
 out=$(curl -s -o /dev/null -w '%{http_code}' --json 5 "$http/add?notify=1")
 [ "$out" = 202 ] || fail "a notification answered $out"
 
