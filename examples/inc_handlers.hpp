@@ -55,10 +55,13 @@ inline ordo::net::awaitable<context_via_answer> context_via(
 }
 
 /// Serves `context` as a handler that calls `context` at `next_url` (connected at its first
-/// call) and answers both: the nested call takes the handler's deadline and trace.
-inline void serve_context_via(ordo::server& srv, std::string next_url) {
+/// call) and answers both: the nested call takes the handler's deadline and trace. Returns the
+/// channel's holder, for the caller to close when it stops.
+inline std::shared_ptr<std::optional<ordo::channel>> serve_context_via(ordo::server& srv,
+                                                                       std::string next_url) {
     auto ch = std::make_shared<std::optional<ordo::channel>>();
     srv.on("context", [next_url, ch] { return context_via(next_url, ch); });
+    return ch;
 }
 
 /// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami(), context()

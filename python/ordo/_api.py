@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import itertools
 import math
+import time
 import weakref
 from asyncio import events
 
@@ -113,6 +115,78 @@ def _error(code: int, text: str | None, detail: str | None) -> OrdoError:
     return _by_code.get(code, OrdoError)(text or "ordo: failed", code, detail)
 
 
+# ---- call context (docs/protocol.md, "Call context") ---------------------------------------
+
+class CallContext:
+    """What a call carries besides its arguments, as its handler reads it with
+    ordo.current_context(): its deadline and metadata, and its W3C trace context."""
+
+    __slots__ = ("deadline", "pairs", "metadata", "trace_id", "parent_id", "span_id",
+                 "trace_flags")
+
+    def __init__(self, packed: bytes):
+        left_ms, pairs, self.trace_id, self.parent_id, self.span_id, self.trace_flags = \
+            _unpackb(packed)
+        #: time.monotonic() when the caller stops waiting; None: no deadline.
+        self.deadline = None if left_ms < 0 else time.monotonic() + left_ms / 1000
+        #: The metadata in the order sent, repeated keys kept: [(key, str or bytes), ...].
+        self.pairs = [tuple(kv) for kv in pairs]
+        #: The same as a dict (the last of repeated keys).
+        self.metadata = dict(self.pairs)
+
+    def time_left(self) -> float | None:
+        """Seconds left until the deadline (0 once passed); None without one."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def child_traceparent(self) -> str | None:
+        """The traceparent of a call made inside this handler: this trace, this handler's span
+        as the parent. None when the call is not traced."""
+        if not self.trace_id:
+            return None
+        return f"00-{self.trace_id}-{self.span_id}-{self.trace_flags:02x}"
+
+    def __repr__(self) -> str:
+        return (f"CallContext(time_left={self.time_left()}, metadata={self.metadata!r}, "
+                f"trace_id={self.trace_id!r})")
+
+
+_current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+    "ordo_call_context", default=None)
+
+
+def current_context() -> CallContext | None:
+    """The context of the call whose handler is running, in this task (a contextvar: tasks the
+    handler starts inherit it); None outside a handler, and for a call with no context. A call
+    made while it is set takes what is left of its deadline unless it has a timeout, and a
+    traceparent naming this handler's span, unless it has one."""
+    return _current.get()
+
+
+def _outgoing(method: str, metadata, ctx: CallContext | None,
+              timeout_ms: int) -> tuple[list, int]:
+    """A call's metadata as [(key, value), ...] and its timeout, with what it inherits from
+    `ctx`; the timeout is -1 when that deadline has passed."""
+    pairs = []
+    if metadata:
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, (str, bytes)):
+                raise TypeError(f"ordo: the metadata of a call to {method} maps str to str or "
+                                f"bytes, not {type(k).__name__} to {type(v).__name__}")
+            pairs.append((k, v))
+    if ctx is not None:
+        if ctx.trace_id and "traceparent" not in (metadata or ()):
+            pairs.append(("traceparent", ctx.child_traceparent()))
+            state = ctx.metadata.get("tracestate")
+            if state is not None:
+                pairs.append(("tracestate", state))
+        if timeout_ms == 0 and ctx.deadline is not None:
+            left = ctx.deadline - time.monotonic()
+            timeout_ms = max(1, math.ceil(left * 1000)) if left > 0 else -1
+    return pairs, timeout_ms
+
+
 # ---- the hub of one asyncio loop ----------------------------------------------------------
 
 _CALL, _CONNECTED, _ITEM, _END, _REQUEST, _GONE, _WRITTEN, _DONE, _NOTIFY_FAILED = range(9)
@@ -212,7 +286,7 @@ class _LoopHub:
                     fut.set_result((a, text))
             elif kind == _REQUEST:
                 from ._server import _dispatch
-                _dispatch(self, token, a, b, data, text, code == 1)
+                _dispatch(self, token, a, b, data, text, code == 1, detail)
             elif kind == _ITEM:
                 st = self.streams.get(token)
                 if st is not None:
@@ -341,13 +415,17 @@ class Channel:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="")
+        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="", metadata)
         self.__dict__[name] = stub
         return stub
 
-    def call(self, method: str, *args, timeout: float | None = None, key: str = ""):
+    def call(self, method: str, *args, timeout: float | None = None, key: str = "",
+             metadata: dict[str, str | bytes] | None = None):
         """Calls `method(*args)`; an awaitable of its result. `timeout` (seconds) fails it
-        with TimedOut; `key` is the affinity key of routers. Cancelling the awaiting task
+        with TimedOut, and goes with the call as its deadline; `key` is the affinity key of
+        routers; `metadata` reaches the handler's call context (a key ending in -bin carries
+        bytes; "ordo-" keys are reserved). Inside a handler, the call also takes what is left of
+        the handler's deadline and its trace (current_context()). Cancelling the awaiting task
         withdraws the call and sends ordo.cancel to the server."""
         lh = self._lh
         if lh.loop is not events._get_running_loop():
@@ -361,8 +439,19 @@ class Channel:
         fut._token = token
         lh.futures[token] = fut
         out = self._out  # _LoopHub.queue, inlined
-        out.append((1, self._id, token, method, params,
-                    _timeout_ms(timeout) if timeout is not None else 0, key))
+        timeout_ms = _timeout_ms(timeout) if timeout is not None else 0
+        ctx = _current.get()
+        if metadata is None and ctx is None:
+            out.append((1, self._id, token, method, params, timeout_ms, key))
+        else:
+            pairs, timeout_ms = _outgoing(method, metadata, ctx, timeout_ms)
+            if timeout_ms < 0:
+                del lh.futures[token]
+                fut.set_exception(TimedOut(
+                    f"ordo: call {method} to {self.remote_address} failed: timed out (the "
+                    f"deadline of the call whose handler made it had passed)", 2))
+                return fut
+            out.append((1, self._id, token, method, params, timeout_ms, key, pairs))
         if len(out) == 1:
             lh.schedule_flush()
         return fut

@@ -167,8 +167,8 @@ void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
                   net::detached);  // connect_into catches everything
 }
 
-void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
-                std::string method, std::string params, long timeout_ms, std::string key) {
+void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token, std::string method,
+                std::string params, long timeout_ms, std::string key, metadata meta) {
     auto impl = runtime::get().find_channel(chan);
     if (!impl) {
         completion c{kind::call_done, token};
@@ -184,6 +184,7 @@ void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
     op->method = std::move(method);
     op->params.write(params.data(), params.size());
     op->options = options(timeout_ms, std::move(key));
+    op->options.metadata = std::move(meta);
     impl->start_call(std::move(op));  // `impl` keeps it alive across a completion at once
 }
 
@@ -213,10 +214,17 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
         } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
             stream_write(f[1].as<std::uint64_t>(), std::string(str(f[2])));
-        } else if (e.via.array.size == 7) {
+        } else if (e.via.array.size == 7 || e.via.array.size == 8) {
+            // The eighth: the call's metadata, [[key, value], ...] (ordo/_api.py, call()).
+            metadata meta;
+            if (e.via.array.size == 8 && f[7].type == msgpack::type::ARRAY)
+                for (const auto& kv : f[7].via.array)
+                    if (kv.type == msgpack::type::ARRAY && kv.via.array.size == 2)
+                        meta.emplace_back(std::string(str(kv.via.array.ptr[0])),
+                                          std::string(str(kv.via.array.ptr[1])));
             start_call(h, f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),
                        std::string(str(f[3])), std::string(str(f[4])), f[5].as<long>(),
-                       std::string(str(f[6])));
+                       std::string(str(f[6])), std::move(meta));
         }
     }
 }

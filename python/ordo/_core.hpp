@@ -126,15 +126,16 @@ class runtime {
 // ---- client (_client.cpp); each runs on the io thread ----
 /// Runs a batch of calls and notifications, in order: a msgpack array of
 /// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params,
-/// timeout_ms, key] (call), [2, request, code, data] (respond) and [3, request, item]
+/// timeout_ms, key] (call; with an eighth element, its metadata: [[key, str or bin], ...]),
+/// [2, request, code, data] (respond) and [3, request, item]
 /// (stream_write); params, data and item are msgpack bytes, as bin. Made by ordo/_api.py
 /// (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, const std::string& batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
                    std::uint64_t server);
-void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
-                std::string method, std::string params, long timeout_ms, std::string key);
+void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token, std::string method,
+                std::string params, long timeout_ms, std::string key, metadata meta = {});
 void cancel_call(std::uint64_t token);
 void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
                  const std::string& params);

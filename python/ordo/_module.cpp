@@ -53,7 +53,10 @@ pyb::list drain(hub& h) {
         t[4] = pyb::int_(c.b);
         t[5] = pyb::bytes(c.data);
         t[6] = c.text.empty() ? pyb::none() : text(c.text);
-        t[7] = c.detail.empty() ? pyb::none() : text(c.detail);
+        // A request's detail is its call context, as msgpack (_server.cpp, pack_context).
+        t[7] = c.detail.empty()                    ? pyb::none()
+               : c.what == ordo::py::kind::request ? pyb::object(pyb::bytes(c.detail))
+                                                   : text(c.detail);
         out[i++] = std::move(t);
     }
     return out;

@@ -43,6 +43,32 @@ std::string pack(const msgpack::object& o) {
     return std::string(b.data(), b.size());
 }
 
+// A handler's call context, for Python (ordo/_server.py, _context): [deadline left in ms (-1:
+// none), [[key, value], ...] (a value whose key ends in -bin as bin), trace id, parent id,
+// span id, trace flags] (the ids empty when the call is not traced).
+std::string pack_context(const call_context& ctx) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_array(6);
+    p.pack(ctx.has_deadline() ? static_cast<long long>(ctx.time_left().count()) : -1LL);
+    p.pack_array(static_cast<std::uint32_t>(ctx.metadata.size()));
+    for (const auto& [k, v] : ctx.metadata) {
+        p.pack_array(2);
+        p.pack(k);
+        if (k.ends_with("-bin")) {
+            p.pack_bin(static_cast<std::uint32_t>(v.size()));
+            p.pack_bin_body(v.data(), v.size());
+        } else {
+            p.pack(v);
+        }
+    }
+    p.pack(ctx.trace_id());
+    p.pack(ctx.parent_id());
+    p.pack(ctx.span_id());
+    p.pack(static_cast<int>(ctx.trace_flags));
+    return std::string(b.data(), b.size());
+}
+
 // Hands the request to Python; returns its id.
 std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& method, peer& p,
                        const msgpack::object& params, bool stream,
@@ -57,6 +83,7 @@ std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& 
     c.code = stream ? 1 : 0;
     c.data = pack(params);
     c.text = method;
+    if (const call_context* ctx = current_context()) c.detail = pack_context(*ctx);
     b.h->push(std::move(c));
     return id;
 }

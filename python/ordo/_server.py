@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import inspect
 import itertools
 import types
 
 from . import _ordo
-from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens,
-                   _unpackb, _LoopHub)
+from ._api import (BadArguments, CallContext, OrdoError, Peer, _check_running, _current, _hub,
+                   _packb, _tokens, _unpackb, _LoopHub)
 
 _handlers: dict = {}  # handler id -> _Handler (ids are unique in the process)
 _SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool: (bool,),
@@ -86,7 +87,13 @@ def _describe(e: BaseException, h: _Handler) -> tuple[int, bytes]:
 
 
 def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
-              stream: bool) -> None:
+              stream: bool, ctx: bytes | None = None) -> None:
+    if ctx is not None:
+        # The handler, and every task it starts, runs in a copy of the loop's context with
+        # current_context() set: a contextvar, so that it follows the handler's task.
+        contextvars.copy_context().run(_dispatch_in_context, ctx, lh, token, hid, peer_chan,
+                                       data, method, stream)
+        return
     h = _handlers.get(hid)
     hub = lh
     if h is None:
@@ -130,6 +137,11 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
             hub.respond(token, *_describe(e, h))
         else:
             hub.respond(token, 0, data)
+
+
+def _dispatch_in_context(ctx: bytes, *rest) -> None:
+    _current.set(CallContext(ctx))
+    _dispatch(*rest)
 
 
 @types.coroutine
