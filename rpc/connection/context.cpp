@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
@@ -58,23 +62,48 @@ int hex_value(char ch) noexcept {
 }
 }  // namespace
 
+namespace {
+// A byte's value as a lowercase hex digit, or 0x10 for any other byte.
+constexpr std::array<std::uint8_t, 256> hex_digits = [] {
+    std::array<std::uint8_t, 256> t{};
+    for (auto& d : t) d = 0x10;
+    for (int i = 0; i < 10; ++i) t['0' + i] = static_cast<std::uint8_t>(i);
+    for (int i = 0; i < 6; ++i) t['a' + i] = static_cast<std::uint8_t>(10 + i);
+    return t;
+}();
+
+// Whether the 16 bytes at `p` are lowercase hex digits; `nonzero` set if one is not '0'. This
+// runs for every traced call: 16 bytes at a time where SSE2 is (every x86-64).
+bool hex16(const char* p, bool& nonzero) noexcept {
+#if defined(__SSE2__)
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    // Signed compares: a byte of 0x80 or more is negative, below '0', and refused.
+    const __m128i digit = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8('0' - 1)),
+                                        _mm_cmplt_epi8(v, _mm_set1_epi8('9' + 1)));
+    const __m128i letter = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8('a' - 1)),
+                                         _mm_cmplt_epi8(v, _mm_set1_epi8('f' + 1)));
+    nonzero |= _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('0'))) != 0xffff;
+    return _mm_movemask_epi8(_mm_or_si128(digit, letter)) == 0xffff;
+#else
+    unsigned acc = 0;
+    for (int i = 0; i < 16; ++i) acc |= hex_digits[static_cast<unsigned char>(p[i])];
+    nonzero |= (acc & 0xf) != 0;
+    return (acc & 0x10) == 0;
+#endif
+}
+}  // namespace
+
 bool valid_traceparent(std::string_view v) noexcept {
     // version "00" - trace id (32 hex, not all 0) - parent id (16 hex, not all 0) - flags (2).
-    // One pass: this runs for every traced call.
     if (v.size() != 55 || v[0] != '0' || v[1] != '0' || v[2] != '-' || v[35] != '-' ||
         v[52] != '-')
         return false;
-    bool trace_zero = true, parent_zero = true;
-    for (std::size_t i = 3; i < 55; ++i) {
-        if (i == 35 || i == 52) continue;
-        const int d = hex_value(v[i]);
-        if (d < 0) return false;
-        if (i < 35)
-            trace_zero &= d == 0;
-        else if (i < 52)
-            parent_zero &= d == 0;
-    }
-    return !trace_zero && !parent_zero;
+    bool trace = false, parent = false;
+    const char* p = v.data();
+    const unsigned flags = hex_digits[static_cast<unsigned char>(p[53])] |
+                           hex_digits[static_cast<unsigned char>(p[54])];
+    return hex16(p + 3, trace) && hex16(p + 19, trace) && hex16(p + 36, parent) && trace &&
+           parent && (flags & 0x10) == 0;
 }
 
 const call_context* current_context() noexcept {
@@ -94,13 +123,34 @@ std::string_view bytes_of(const msgpack::object& o) {
 }
 }  // namespace
 
+// Reuses a context's storage: its pairs' strings keep their memory.
+struct context_reuse {
+    static std::vector<metadata::pair>& pairs(metadata& m) { return m.own(); }
+    static bool same(const metadata& a, const metadata& b) noexcept { return a.p_ == b.p_; }
+    static void clear(call_context& c) noexcept {
+        c.deadline = call_context::clock::time_point::max();
+        c.trace_flags = 0;
+        c.traced_ = false;
+    }
+};
+
 std::shared_ptr<const call_context> read_context(const message& m,
-                                                 std::chrono::steady_clock::time_point arrived) {
+                                                 std::chrono::steady_clock::time_point& arrived,
+                                                 std::shared_ptr<call_context> spare) {
     // An empty map carries nothing: the handler sees no context, as for a plain request.
     if (m.meta.type != msgpack::type::MAP || m.meta.via.map.size == 0) return nullptr;
-    auto c = std::make_shared<call_context>();
+    std::shared_ptr<call_context> c;
+    if (spare && spare.use_count() == 1) {
+        c = std::move(spare);
+        context_reuse::clear(*c);
+    } else {
+        c = std::make_shared<call_context>();
+    }
     const auto& map = m.meta.via.map;
-    c->metadata.reserve(map.size);
+    // Overwritten in place: a reused context's strings keep their capacity (no allocation for a
+    // traceparent, the common pair, once one has been read on the connection).
+    auto& pairs = context_reuse::pairs(c->metadata);
+    std::size_t kept = 0;
     for (std::uint32_t i = 0; i < map.size; ++i) {
         const auto& k = map.ptr[i].key;
         const auto& v = map.ptr[i].val;
@@ -109,6 +159,8 @@ std::shared_ptr<const call_context> read_context(const message& m,
             if (v.type != msgpack::type::POSITIVE_INTEGER) continue;
             // Clamped to a day, as every other window on the wire: no overflow, and a caller
             // that says "forever" still has a deadline.
+            if (arrived == std::chrono::steady_clock::time_point{})
+                arrived = std::chrono::steady_clock::now();
             const auto ms = std::min<std::uint64_t>(v.via.u64, 24ull * 3600 * 1000);
             c->deadline = arrived + std::chrono::milliseconds(static_cast<std::int64_t>(ms));
         } else if (!key.starts_with("ordo-")) {
@@ -120,9 +172,16 @@ std::shared_ptr<const call_context> read_context(const message& m,
                     std::string_view(span.data(), span.size()),
                     static_cast<std::uint8_t>(hex_value(value[53]) * 16 + hex_value(value[54])));
             }
-            c->metadata.emplace_back(std::string(key), std::string(value));
+            if (kept < pairs.size()) {
+                pairs[kept].first.assign(key);
+                pairs[kept].second.assign(value);
+            } else {
+                pairs.emplace_back(std::string(key), std::string(value));
+            }
+            ++kept;
         }
     }
+    pairs.resize(kept);
     return c;
 }
 
@@ -174,19 +233,10 @@ void check_metadata(std::string_view method, const metadata& meta, bool timed) {
              std::to_string(l.max_metadata_bytes) + ")");
 }
 
-void write_context_request(buffer& out, std::uint32_t msgid, std::string_view method,
-                           std::string_view params, const metadata& meta,
-                           std::chrono::milliseconds left, bool timed) {
-    out.write("\x95\x00\xce", 3);
-    put_be32(out, msgid);
-    put_str(out, method);
-    out.write(params.data(), params.size());
+namespace {
+// The pairs as map entries (a key ending in -bin with a bin value).
+void encode_pairs(buffer& out, const metadata& meta) {
     msgpack::packer<buffer> p(out);
-    p.pack_map(static_cast<std::uint32_t>(meta.size() + (timed ? 1 : 0)));
-    if (timed) {
-        put_str(out, deadline_key);
-        p.pack_uint64(static_cast<std::uint64_t>(std::max<std::int64_t>(0, left.count())));
-    }
     for (const auto& [k, v] : meta) {
         put_str(out, k);
         if (k.ends_with("-bin")) {
@@ -196,6 +246,80 @@ void write_context_request(buffer& out, std::uint32_t msgid, std::string_view me
             put_str(out, v);
         }
     }
+}
+}  // namespace
+
+namespace {
+// Writes to memory known to be large enough: no check per piece.
+struct unchecked_out {
+    char* at;
+    void write(const char* p, std::size_t n) noexcept {
+        std::memcpy(at, p, n);
+        at += n;
+    }
+};
+
+template <class Out>
+void write_head(Out& out, std::uint32_t msgid, std::string_view method, std::string_view params,
+                std::size_t pairs, std::chrono::milliseconds left, bool timed) {
+    out.write("\x95\x00\xce", 3);
+    put_be32(out, msgid);
+    put_str(out, method);
+    out.write(params.data(), params.size());
+    msgpack::packer<Out> p(out);
+    p.pack_map(static_cast<std::uint32_t>(pairs + (timed ? 1 : 0)));
+    if (timed) {
+        put_str(out, deadline_key);
+        p.pack_uint64(static_cast<std::uint64_t>(std::max<std::int64_t>(0, left.count())));
+    }
+}
+}  // namespace
+
+void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_view method,
+                                std::string_view params, std::size_t pairs,
+                                std::chrono::milliseconds left, bool timed) {
+    // At most 7 bytes before the method, 5 + 5 around the params, 17 + 9 for the deadline.
+    constexpr std::size_t fixed = 7 + 5 + 5 + 17 + 9;
+    if (method.size() + params.size() <= 256 - fixed) {
+        char b[256];
+        unchecked_out o{b};
+        write_head(o, msgid, method, params, pairs, left, timed);
+        out.write(b, static_cast<std::size_t>(o.at - b));
+        return;
+    }
+    write_head(out, msgid, method, params, pairs, left, timed);
+}
+
+void write_context_request(buffer& out, std::uint32_t msgid, std::string_view method,
+                           std::string_view params, const metadata& meta,
+                           std::chrono::milliseconds left, bool timed) {
+    write_context_request_head(out, msgid, method, params, meta.size(), left, timed);
+    encode_pairs(out, meta);
+}
+
+std::string_view packed_metadata::pack(std::string_view method, const metadata& meta, bool timed) {
+    if (!valid_ || !(meta == meta_)) {
+        valid_ = false;
+        check_metadata(method, meta, timed);
+        encoded_.clear();
+        encode_pairs(encoded_, meta);
+        bytes_ = 0;
+        for (const auto& [k, v] : meta) bytes_ += k.size() + v.size();
+        meta_ = meta;
+        valid_ = true;
+    } else {
+        // Equal pairs of another copy: hold that one, so that its next calls match at once.
+        if (!context_reuse::same(meta, meta_)) meta_ = meta;
+        if (timed) {
+            // Checked without a deadline before: with one, the map has one entry and its key
+            // more.
+            const limits l;
+            if (meta.size() + 1 > l.max_metadata_entries ||
+                bytes_ + deadline_key.size() > l.max_metadata_bytes)
+                check_metadata(method, meta, true);
+        }
+    }
+    return {encoded_.data(), encoded_.size()};
 }
 
 }  // namespace detail

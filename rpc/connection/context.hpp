@@ -106,8 +106,11 @@ inline net::any_io_executor without_context(net::any_io_executor ex) {
 
 /// The context a request carries (m.meta, checked by the decoder), as its handler sees it:
 /// `arrived` plus the time the caller had left is its deadline. Null for a plain request.
+/// `arrived` is read from the clock here, if it is not set, only when the request has a deadline.
+/// `spare`: a context no one holds any more (or null), whose storage is reused.
 std::shared_ptr<const call_context> read_context(const message& m,
-                                                 std::chrono::steady_clock::time_point arrived);
+                                                 std::chrono::steady_clock::time_point& arrived,
+                                                 std::shared_ptr<call_context> spare = nullptr);
 
 /// A call made inside a handler with a deadline takes what is left of it when it has no timeout
 /// of its own; inside a traced handler, it carries a traceparent naming the handler's span as
@@ -139,5 +142,25 @@ inline constexpr std::string_view deadline_key = "ordo-deadline-ms";
 void write_context_request(buffer& out, std::uint32_t msgid, std::string_view method,
                            std::string_view params, const metadata& meta,
                            std::chrono::milliseconds left, bool timed);
+/// All of it but the metadata's `pairs`, which follow it already encoded as map entries
+/// (packed_metadata): the request is `out` followed by those.
+void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_view method,
+                                std::string_view params, std::size_t pairs,
+                                std::chrono::milliseconds left, bool timed);
+
+/// The metadata a connection sent last, checked and encoded as map entries: calls that carry
+/// the same pairs (one metadata object copied into each call, as callers do) reuse both.
+class packed_metadata {
+  public:
+    /// `meta`'s pairs encoded as map entries, after check_metadata(method, meta, timed) (which
+    /// throws, naming `method`).
+    std::string_view pack(std::string_view method, const metadata& meta, bool timed);
+
+  private:
+    metadata meta_;  // held: while it is, the pairs cannot change under the cache
+    std::size_t bytes_ = 0;
+    buffer encoded_{small_buffer};
+    bool valid_ = false;
+};
 
 }  // namespace ordo::detail

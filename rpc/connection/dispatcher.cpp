@@ -69,8 +69,11 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     // its duration in the access log.
     arrival a{nullptr, bytes, {}};
     if (m.meta.type != msgpack::type::NIL || (h_ && h_->access_log())) [[unlikely]] {
-        a.at = std::chrono::steady_clock::now();
-        if (m.meta.type != msgpack::type::NIL) a.ctx = read_context(m, a.at);
+        // The clock is read for a deadline, the access log or a span; not for metadata alone.
+        if (h_ && h_->access_log()) a.at = std::chrono::steady_clock::now();
+        if (m.meta.type != msgpack::type::NIL) a.ctx = read_context(m, a.at, std::move(spare_ctx_));
+        if (a.at == std::chrono::steady_clock::time_point{} && observes(a.ctx.get()))
+            a.at = std::chrono::steady_clock::now();
     }
     if (serial_busy_ || !queue_.empty()) {
         own(m);
@@ -335,7 +338,12 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
                "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
-    if (e->sync) return run_sync<true>(*e, m, &a);
+    if (e->sync) {
+        run_sync<true>(*e, m, &a);
+        if (a.ctx && a.ctx.use_count() == 1)
+            spare_ctx_ = std::const_pointer_cast<call_context>(std::move(a.ctx));
+        return;
+    }
     start_async(*e, m, 0, 0, std::move(a));
 }
 

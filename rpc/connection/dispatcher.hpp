@@ -198,6 +198,9 @@ class dispatcher {
     std::list<run> runs_;
     std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
+    // The context of the last request served by a plain function, when no one kept it: the next
+    // request's context reuses its memory (read_context).
+    std::shared_ptr<call_context> spare_ctx_;
     // The methods this connection called last, by the bytes of their names: most connections
     // call a few methods over and over, and a hit costs a compare of a few bytes instead of a
     // walk of the table comparing strings. Entries stay valid: handlers never erases one (a

@@ -175,7 +175,10 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
                                const call_options& opts) {
     const auto timeout = opts.timeout.count() > 0 ? opts.timeout : o.default_timeout;
     const bool has_context = timeout.count() > 0 || !opts.metadata.empty();
-    if (!opts.metadata.empty()) detail::check_metadata(method, opts.metadata, timeout.count() > 0);
+    // Checked here, whether it is sent now, held or sent plain; encoded once for the calls
+    // that carry the same pairs.
+    std::string_view pairs;
+    if (!opts.metadata.empty()) pairs = ctx_pairs.pack(method, opts.metadata, timeout.count() > 0);
     if (!has_context || ctx_support == context_support::no) {
         // Plain: held behind what waits for the answer, if anything does.
         buffer b(small_buffer + params.size());
@@ -189,11 +192,12 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         return hold(std::move(h));
     }
     if (ctx_support == context_support::yes) {
-        // Encoded in a buffer the connection keeps: no allocation per call.
+        // Its head encoded in a buffer the connection keeps (no allocation per call), its
+        // pairs as they were encoded for the first call that carried them.
         ctx_scratch.clear();
-        detail::write_context_request(ctx_scratch, id, method, params, opts.metadata, timeout,
-                                      timeout.count() > 0);
-        return sess->send(std::string_view(ctx_scratch.data(), ctx_scratch.size()));
+        detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
+                                           timeout, timeout.count() > 0);
+        return sess->send(std::string_view(ctx_scratch.data(), ctx_scratch.size()), pairs);
     }
     held_message h;
     h.request = true;

@@ -244,6 +244,7 @@ struct peer::state final : detail::call_table_host,
         failing_calls = was;
     }
     buffer ctx_scratch{small_buffer};  // a request with its context, encoded (send_request)
+    detail::packed_metadata ctx_pairs;  // the metadata sent last, checked and encoded
     bool holding = false;  // !held.empty(), read by every notification
     // Every call takes the way with a context: one is held (holding), or the peer has a default
     // timeout (every call has a deadline). One byte for peer::start_call to read.

@@ -8,6 +8,9 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ordo/error.hpp"
 #include "ordo/rpc/detail/message_heads.hpp"
@@ -29,9 +32,21 @@ std::array<char, 16> new_span_id() {
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         v = z ^ (z >> 31);
     }
-    static constexpr char hex[] = "0123456789abcdef";
     std::array<char, 16> id{};
+#if defined(__SSE2__)
+    // The 16 nibbles, most significant first, each to '0'-'9' or 'a'-'f', at once.
+    const __m128i bytes = _mm_cvtsi64_si128(static_cast<long long>(__builtin_bswap64(v)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask),
+                                              _mm_and_si128(bytes, mask));
+    const __m128i letters =
+        _mm_and_si128(_mm_cmpgt_epi8(nibbles, _mm_set1_epi8(9)), _mm_set1_epi8('a' - '0' - 10));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(id.data()),
+                     _mm_add_epi8(_mm_add_epi8(nibbles, _mm_set1_epi8('0')), letters));
+#else
+    static constexpr char hex[] = "0123456789abcdef";
     for (int i = 15; i >= 0; --i, v >>= 4) id[static_cast<std::size_t>(i)] = hex[v & 0xf];
+#endif
     return id;
 }
 

@@ -96,6 +96,9 @@ TEST(Spans, ATracedCallAndTheCallItsHandlerMakesAreRecordedWithParentLinksAndRea
         EXPECT_EQ(leaf->trace_id, t);
         EXPECT_EQ(leaf->parent_id, relay->span_id);  // a child of the handler that called it
         EXPECT_NE(leaf->span_id, relay->span_id);
+        // Span ids are 16 lowercase hex digits, as a traceparent carries them.
+        EXPECT_TRUE(valid_traceparent("00-" + t + "-" + leaf->span_id + "-01")) << leaf->span_id;
+        EXPECT_TRUE(valid_traceparent("00-" + t + "-" + relay->span_id + "-01")) << relay->span_id;
         for (const auto& x : got) {
             EXPECT_EQ(x.kind, "server");
             EXPECT_EQ(x.status, "ok");
@@ -235,6 +238,45 @@ TEST(Spans, ARoutersWaitForRoomAndItsRetryOnAnotherReplicaAreSpansOfTheTrace) {
         rt->close();
     });
     record_spans({.capacity = 0});
+}
+
+// valid_traceparent as the W3C text reads, one character at a time: the reference for the
+// one that checks 16 bytes at a time.
+bool reference_traceparent(std::string_view v) {
+    if (v.size() != 55 || v.substr(0, 3) != "00-" || v[35] != '-' || v[52] != '-') return false;
+    const auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+    bool trace_zero = true, parent_zero = true;
+    for (std::size_t i = 3; i < 55; ++i) {
+        if (i == 35 || i == 52) continue;
+        if (!hex(v[i])) return false;
+        if (i < 35) trace_zero = trace_zero && v[i] == '0';
+        if (i > 35 && i < 52) parent_zero = parent_zero && v[i] == '0';
+    }
+    return !trace_zero && !parent_zero;
+}
+
+TEST(Spans, ValidTraceparentAgreesWithTheTextOfTheStandardOnEveryOneByteChange) {
+    const std::string good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    EXPECT_TRUE(valid_traceparent(good));
+    // Every byte value at every position (signed bytes included: 0x80 and up).
+    for (std::size_t i = 0; i < good.size(); ++i)
+        for (int b = 0; b < 256; ++b) {
+            std::string v = good;
+            v[i] = static_cast<char>(b);
+            ASSERT_EQ(valid_traceparent(v), reference_traceparent(v)) << i << " " << b;
+        }
+    // All-zero ids, and ids zero but for one digit (in each 16-byte half of the trace id).
+    const std::string zeros_trace = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+    const std::string zeros_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01";
+    EXPECT_FALSE(valid_traceparent(zeros_trace));
+    EXPECT_FALSE(valid_traceparent(zeros_parent));
+    for (std::size_t i : {3u, 18u, 19u, 34u}) {
+        std::string v = zeros_trace;
+        v[i] = '1';
+        EXPECT_TRUE(valid_traceparent(v)) << i;
+    }
+    EXPECT_FALSE(valid_traceparent(good.substr(0, 54)));
+    EXPECT_FALSE(valid_traceparent(good + "0"));
 }
 
 // What the nested call's handler saw: its trace id and whether it had a deadline.

@@ -26,6 +26,10 @@ inline constexpr std::uint32_t max_stream_window = 65536;
 /// the reader when call_options::window_bytes is 0. One item is always allowed, however large.
 inline constexpr std::uint64_t default_stream_window_bytes = std::uint64_t{1} << 20;
 
+namespace detail {
+struct context_reuse;  // a connection reusing a received context's storage
+}  // namespace detail
+
 /// Per-call metadata: key -> value pairs a call carries to its handler (docs/protocol.md, "Call
 /// context"), in the order given, repeated keys kept. Values are strings of bytes; a key ending
 /// in "-bin" is sent as msgpack bin, any other as str. Keys starting with "ordo-" are reserved.
@@ -76,10 +80,11 @@ class metadata {
     /// The pairs, as a vector.
     std::vector<pair> pairs() const { return p_ ? p_->pairs : std::vector<pair>{}; }
     friend bool operator==(const metadata& a, const metadata& b) {
-        return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+        return a.p_ == b.p_ || (a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin()));
     }
 
   private:
+    friend struct detail::context_reuse;
     struct rep {
         rep() = default;
         explicit rep(std::vector<pair> v) : pairs(std::move(v)) {}

@@ -45,6 +45,7 @@ struct call_context {
     std::string child_traceparent() const;
 
   private:
+    friend struct detail::context_reuse;
     char ids_[64] = {};
     bool traced_ = false;
 };
