@@ -50,6 +50,14 @@ void declare_flags(CLI::App& app, config& c) {
         ->check(ordo_cli::at_least(1));
     app.add_option("--meta", c.meta,
                    "pipelined: KEY=VALUE metadata every call carries (repeatable)");
+    app.add_option("--traces", c.traces,
+                   "pipelined: call i carries traceparent i mod N of N made up front, each of "
+                   "its own random trace")
+        ->check(ordo_cli::at_least(1));
+    app.add_option("--trace-sample", c.trace_sample,
+                   "the server records spans of this fraction of traces (ordo::record_spans; "
+                   "passed to the server the client starts)")
+        ->check(CLI::Range(0.0, 1.0));
     app.add_flag("--json", c.json, "print the results as one JSON line");
     app.add_option("--connect", c.connect, "client only: a server started elsewhere")
         ->type_name("URL");

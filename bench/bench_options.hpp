@@ -33,6 +33,8 @@ struct config {
     long server_threads = 1;  // client: --threads of the server it starts
     bool offload = false;     // server: "slow" on a worker_pool; client: for the server it starts
     std::vector<std::string> meta;  // pipelined: KEY=VALUE metadata on every call
+    long traces = 0;                // pipelined: calls carry one of this many traceparents
+    double trace_sample = -1;       // the server records spans of this fraction (-1: off)
 };
 
 /// Reads argv into `c`. Returns the status to exit with when the program should stop (0 after

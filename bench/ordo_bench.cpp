@@ -7,10 +7,14 @@
 //              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
-//              [--window N] [--cuts N [--seed S]] [--meta KEY=VALUE]...
+//              [--window N] [--cuts N [--seed S]] [--meta KEY=VALUE]... [--traces N]
+//              [--trace-sample RATE]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
 //              [--offload]                                        (what the client starts)
 //
+// --traces N (pipelined): call i also carries traceparent i mod N, of N random traces made up
+// front; --trace-sample RATE: the server records spans of that fraction of traces
+// (ordo::record_spans), what 1% sampling costs is measured with both.
 // --meta KEY=VALUE (pipelined): every echo call carries this metadata (docs/protocol.md, "Call
 // context"), e.g. a W3C traceparent, to weigh a context against calls without one.
 //
@@ -76,6 +80,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -270,6 +275,7 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
     if (!cfg.auth_tokens.empty())
         so.authenticate = ordo::authenticate_tokens(ordo::read_token_file(cfg.auth_tokens));
     ordo::server srv(io.get_executor(), so);
+    if (cfg.trace_sample >= 0) ordo::record_spans({.sample_rate = cfg.trace_sample});
     oneway_state st;  // oneway runs one connection: one loop touches it
     srv.on("echo", [](msgpack::object v) { return v; });
     srv.on("work", [](std::uint32_t us, msgpack::object v) {
@@ -1012,6 +1018,19 @@ net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::chann
         const auto eq = kv.find('=');
         meta.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
     }
+    // --traces: the metadata of call i is metas[i % N], each with a traceparent of its own.
+    std::vector<ordo::metadata> metas;
+    std::mt19937_64 rng(12345);
+    for (long t = 0; t < cfg.traces; ++t) {
+        char tp[56];
+        std::snprintf(tp, sizeof tp, "00-%016llx%016llx-%016llx-01",
+                      static_cast<unsigned long long>(rng() | 1),
+                      static_cast<unsigned long long>(rng()),
+                      static_cast<unsigned long long>(rng() | 1));
+        ordo::metadata m = meta;
+        m.emplace_back("traceparent", tp);
+        metas.push_back(std::move(m));
+    }
     std::function<void(const ordo::channel&)> issue = [&](const ordo::channel& ch) {
         const long i = first_seq + next++;
         stamp(p, static_cast<std::uint64_t>(i));
@@ -1032,7 +1051,7 @@ net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::chann
         else
             ch.async_call<std::string>("echo", p, std::move(on_reply));
     };
-    if (!meta.empty()) {
+    if (!meta.empty() || !metas.empty()) {
         // The same, each call with the metadata (a lambda of its own: the common one is
         // measured as it was).
         issue = [&](const ordo::channel& ch) {
@@ -1040,7 +1059,7 @@ net::awaitable<result> ordo_pipelined(const config& cfg, std::vector<ordo::chann
             stamp(p, static_cast<std::uint64_t>(i));
             const auto t0 = clock_type::now();
             ordo::call_options o;
-            o.metadata = meta;
+            o.metadata = metas.empty() ? meta : metas[static_cast<std::size_t>(i) % metas.size()];
             ch.async_call<std::string>(
                 "echo", p, std::move(o), [&, i, t0, c = &ch](std::error_code ec, std::string r) {
                     res.lat_us.push_back(static_cast<float>(micros(clock_type::now() - t0)));
@@ -1424,27 +1443,24 @@ server_handle start_server(const config& cfg) {
         const std::string interval = std::to_string(cfg.interval_ms);
         const std::string spin = std::to_string(cfg.spin_us);
         const std::string threads = std::to_string(cfg.server_threads);
+        const std::string sample = std::to_string(cfg.trace_sample);
         s.pid = ::fork();
         if (s.pid < 0) fail("fork failed");
         if (s.pid == 0) {
             ::prctl(PR_SET_PDEATHSIG, SIGKILL);
             ::dup2(stop[0], 0);
             ::dup2(ready[1], 1);
-            // Without --offload, its place ends the list.
-            const char* args[] = {"ordo-bench",
-                                  "--serve",
-                                  listen.c_str(),
-                                  "--transport",
-                                  cfg.transport.c_str(),
-                                  "--interval-ms",
-                                  interval.c_str(),
-                                  "--spin-us",
-                                  spin.c_str(),
-                                  "--threads",
-                                  threads.c_str(),
-                                  cfg.offload ? "--offload" : nullptr,
-                                  nullptr};
-            ::execv("/proc/self/exe", const_cast<char* const*>(args));
+            std::vector<const char*> args{
+                "ordo-bench",          "--serve",       listen.c_str(),   "--transport",
+                cfg.transport.c_str(), "--interval-ms", interval.c_str(), "--spin-us",
+                spin.c_str(),          "--threads",     threads.c_str()};
+            if (cfg.offload) args.push_back("--offload");
+            if (cfg.trace_sample >= 0) {
+                args.push_back("--trace-sample");
+                args.push_back(sample.c_str());
+            }
+            args.push_back(nullptr);
+            ::execv("/proc/self/exe", const_cast<char* const*>(args.data()));
             std::_Exit(127);
         }
         ::close(ready[1]);

@@ -20,8 +20,8 @@ std::string describe(const fetched_span& f) {
     const ordo::span& s = f.s;
     std::string line = s.kind + " " + s.name;
     if (s.kind != "server" && !s.method.empty()) line += " " + s.method;
-    line += "  " + s.status + "  " + millis(s.end_us) + "  [span " + s.span_id + " parent " +
-            s.parent_id + ", at " + f.where;
+    line += "  " + s.status + "  " + (s.end_us >= 0 ? millis(s.end_us) : "not timed") + "  [span " +
+            s.span_id + " parent " + s.parent_id + ", at " + f.where;
     if (!s.peer.empty()) line += s.kind == "server" ? ", from " + s.peer : ", replica " + s.peer;
     if (!s.subject.empty()) line += ", subject " + s.subject;
     if (s.handler_start_us >= 0) line += ", queued " + millis(s.handler_start_us);

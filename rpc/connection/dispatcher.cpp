@@ -72,7 +72,8 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         // The clock is read for a deadline, the access log or a span; not for metadata alone.
         if (h_ && h_->access_log()) a.at = std::chrono::steady_clock::now();
         if (m.meta.type != msgpack::type::NIL) a.ctx = read_context(m, a.at, std::move(spare_ctx_));
-        if (a.at == std::chrono::steady_clock::time_point{} && observes(a.ctx.get()))
+        a.observed = observes(a.ctx.get());
+        if (a.at == std::chrono::steady_clock::time_point{} && a.observed)
             a.at = std::chrono::steady_clock::now();
     }
     if (serial_busy_ || !queue_.empty()) {
@@ -267,12 +268,17 @@ void dispatcher::refuse(const message& m, const arrival& a, errc code, const std
     buffer b(small_buffer);
     encode_error_response(b, m.msgid, code, text);
     host_.send_response(b);
-    if (observes(a.ctx.get())) [[unlikely]]
-        log_access(m.method, a.ctx.get(), code, {a.at, {}, {}, {}}, a.bytes, b.size());
+    if (a.observed || spans_of(a.ctx.get())) [[unlikely]]
+        log_access(m.method, a.ctx.get(), code,
+                   {a.at, {}, {}, {}, a.at != span_times::time_point{}}, a.bytes, b.size());
+}
+
+bool dispatcher::spans_of(const call_context* ctx) noexcept {
+    return ctx && !ctx->trace_id().empty() && recording_spans();
 }
 
 bool dispatcher::observes(const call_context* ctx) const noexcept {
-    return (h_ && h_->access_log()) || (ctx && !ctx->trace_id().empty() && recording_spans());
+    return (h_ && h_->access_log()) || (spans_of(ctx) && span_sampled(ctx->trace_id()));
 }
 
 void dispatcher::log_access(std::string_view method, const call_context* ctx,
@@ -309,6 +315,8 @@ void dispatcher::log_access(std::string_view method, const call_context* ctx,
 void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
                              std::uint64_t window_bytes, arrival a) {
     const bool req = m.kind == message_kind::request;
+    // From on_message: a plain message is observed by the access log alone.
+    if (!a.ctx) a.observed = observes(nullptr);
     if (!e) {
         if (h_) h_->count_unknown(req);
         if (req) {
@@ -378,7 +386,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
     method_counters& counters = *e.counters;
     const bool timed = h_->time_calls();
     // (Handlers are not direct while there is an access log: the inline path never logs.)
-    const bool logged = Full && observes(ctx);
+    const bool logged = Full && a->observed;
     const auto started = timed || logged ? std::chrono::steady_clock::now()
                                          : std::chrono::steady_clock::time_point{};
     scratch_.clear();
@@ -418,6 +426,9 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
                         ended,
                         {}},
                        a->bytes, scratch_.size());
+        else if (Full && failed && spans_of(ctx)) [[unlikely]]
+            log_access(m.method, ctx, make_error_code(failure), {{}, {}, {}, {}, false}, a->bytes,
+                       scratch_.size());
     } else {
         ++c_.notifications_served;
         counters.notification_done(failed);
@@ -437,7 +448,8 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     r.serial = !e.concurrent;
     r.counters = e.counters;
     if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
-    if (observes(a.ctx.get())) [[unlikely]] {
+    // A handler that suspends costs far more than reading the clock: traced, it is timed.
+    if (a.observed || spans_of(a.ctx.get())) [[unlikely]] {
         r.logged = true;
         r.bytes_in = a.bytes;
         r.handler_started = std::chrono::steady_clock::now();
@@ -544,6 +556,7 @@ void dispatcher::drain_queue() {
     while (!serial_busy_ && !queue_.empty() && !stopped_) {
         message m = std::move(queue_.front().m);
         arrival a{std::move(queue_.front().ctx), queue_.front().wire, queue_.front().at};
+        a.observed = observes(a.ctx.get());
         pop_queued(queue_.begin());
         dispatch(m, std::move(a));
     }

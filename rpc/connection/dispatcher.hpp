@@ -124,6 +124,7 @@ class dispatcher {
         std::shared_ptr<const call_context> ctx;
         std::size_t bytes = 0;
         std::chrono::steady_clock::time_point at{};
+        bool observed = false;  // observes(ctx), asked once
     };
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
     void dispatch(message& m, arrival a);
@@ -143,6 +144,9 @@ class dispatcher {
     // Whether a request with `ctx` is recorded as it is answered: in the access log
     // (server_options::access_log), or as a span (a traced call while spans are recorded).
     bool observes(const call_context* ctx) const noexcept;
+    // Whether `ctx` is traced while spans are recorded: its call's span is kept if it fails,
+    // timed or not.
+    static bool spans_of(const call_context* ctx) noexcept;
     // One request answered: its access-log record and its span. `t.start` is its arrival.
     [[gnu::cold]] void log_access(std::string_view method, const call_context* ctx,
                                   std::error_code status, const span_times& t, std::size_t bytes_in,

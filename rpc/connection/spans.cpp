@@ -3,7 +3,7 @@
 #include "rpc/connection/spans.hpp"
 
 #include <algorithm>
-#include <deque>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -52,18 +52,26 @@ std::array<char, 16> new_span_id() {
 
 namespace {
 
-using span_ptr = std::shared_ptr<const span>;
-
 struct recorder {
     std::mutex mu;
     span_options o;
-    std::deque<span_ptr> ring;      // sampled and failed spans, oldest first
-    std::vector<span_ptr> slowest;  // slowest first, at most o.slowest
+    // Sampled and failed spans: a circle of slots, reused (their strings keep their memory), the
+    // oldest at `next` once it is full.
+    std::vector<span> ring;
+    std::size_t next = 0;
+    std::vector<span> slowest;  // slowest first, at most o.slowest
     // A trace is sampled when the last 16 hex digits of its id are below this (max: all).
     std::atomic<std::uint64_t> sample_below{0};
     // The shortest span among the slowest once they are full (-1 until then): a span that is
     // not sampled and did not fail is kept only above it, and this is read without the lock.
     std::atomic<std::int64_t> slow_floor{-1};
+
+    // The ring's spans, oldest first.
+    std::vector<span> in_order() const {
+        std::vector<span> v(ring.begin() + static_cast<std::ptrdiff_t>(next), ring.end());
+        v.insert(v.end(), ring.begin(), ring.begin() + static_cast<std::ptrdiff_t>(next));
+        return v;
+    }
 };
 
 recorder& the_recorder() {
@@ -71,37 +79,62 @@ recorder& the_recorder() {
     return r;
 }
 
+// A trace is sampled when a hash of its id's last 16 digits is below `below`: the same choice
+// in every process, at the price of two loads and a few multiplications (no digit is parsed;
+// this runs for every traced call while spans are recorded).
 bool sampled(std::string_view trace_id, std::uint64_t below) noexcept {
     if (below == std::numeric_limits<std::uint64_t>::max()) return true;
     if (below == 0 || trace_id.size() != 32) return false;
-    std::uint64_t v = 0;
-    for (char ch : trace_id.substr(16))
-        v = v << 4 | static_cast<std::uint64_t>(ch <= '9' ? ch - '0' : ch - 'a' + 10);
-    return v < below;
+    std::uint64_t a = 0, b = 0;
+    std::memcpy(&a, trace_id.data() + 16, 8);
+    std::memcpy(&b, trace_id.data() + 24, 8);
+    std::uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b * 0xc2b2ae3d27d4eb4full;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h < below;
 }
+
+}  // namespace
+
+bool span_sampled(std::string_view trace_id) noexcept {
+    return sampled(trace_id, the_recorder().sample_below.load(std::memory_order_relaxed));
+}
+
+namespace {
 
 std::int64_t micros(std::chrono::steady_clock::duration d) {
     return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
-// Keeps `s`: in the ring when `in_ring`, among the slowest when it is one of them.
-void keep(span_ptr s, bool in_ring) {
+// Keeps a copy of `s`: in the ring when `in_ring`, among the slowest when it is one of them.
+// Copied into a slot whose strings have room: no allocation once the ring has gone round.
+void keep(const span& s, bool in_ring) {
     auto& r = the_recorder();
     std::lock_guard lock(r.mu);
     if (r.o.capacity == 0) return;
     if (in_ring) {
-        r.ring.push_back(s);
-        while (r.ring.size() > r.o.capacity) r.ring.pop_front();
+        if (r.ring.size() < r.o.capacity) {
+            r.ring.push_back(s);
+        } else {
+            r.ring[r.next] = s;
+            r.next = (r.next + 1) % r.ring.size();
+        }
     }
     if (r.o.slowest == 0) return;
     auto& v = r.slowest;
-    if (v.size() >= r.o.slowest && s->end_us <= v.back()->end_us) return;
-    v.insert(std::upper_bound(
-                 v.begin(), v.end(), s,
-                 [](const span_ptr& a, const span_ptr& b) { return a->end_us > b->end_us; }),
-             std::move(s));
+    if (v.size() >= r.o.slowest && s.end_us <= v.back().end_us) return;
+    v.insert(std::upper_bound(v.begin(), v.end(), s,
+                              [](const span& a, const span& b) { return a.end_us > b.end_us; }),
+             s);
     if (v.size() > r.o.slowest) v.pop_back();
-    r.slow_floor.store(v.size() >= r.o.slowest ? v.back()->end_us : -1, std::memory_order_relaxed);
+    r.slow_floor.store(v.size() >= r.o.slowest ? v.back().end_us : -1, std::memory_order_relaxed);
+}
+
+// The span being filled on this thread (its strings keep their memory from one to the next).
+span& scratch_span() {
+    thread_local span s;
+    return s;
 }
 
 // Whether a span of `trace_id` that took `total_us` is kept at all, and if so whether in the
@@ -130,16 +163,18 @@ void record_server_span(const call_context& ctx, std::string_view method, std::s
     bool in_ring = false;
     std::string kept;
     if (!worth_keeping(ctx.trace_id(), static_cast<bool>(status), total, in_ring, kept)) return;
-    auto s = std::make_shared<span>();
+    span* s = &scratch_span();
     s->trace_id = ctx.trace_id();
     s->span_id = ctx.span_id();
     s->parent_id = ctx.parent_id();
     s->kind = "server";
-    s->name = s->method = method;
+    s->name = method;
+    s->method = method;
     s->peer = peer;
     s->subject = subject;
     s->status = status_words(status);
-    s->kept = std::move(kept);
+    s->note.clear();
+    s->kept = kept;
     const auto wall =
         std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - t.start);
     s->start_us =
@@ -149,10 +184,10 @@ void record_server_span(const call_context& ctx, std::string_view method, std::s
     };
     s->handler_start_us = offset(t.handler_start);
     s->handler_end_us = offset(t.handler_end);
-    s->end_us = total;
+    s->end_us = t.timed ? total : -1;
     s->bytes_in = bytes_in;
     s->bytes_out = bytes_out;
-    keep(std::move(s), in_ring);
+    keep(*s, in_ring);
 }
 
 void record_router_span(const metadata& meta, std::string_view name, std::string_view method,
@@ -166,7 +201,7 @@ void record_router_span(const metadata& meta, std::string_view name, std::string
     bool in_ring = false;
     std::string kept;
     if (!worth_keeping(tp.substr(3, 32), static_cast<bool>(status), total, in_ring, kept)) return;
-    auto s = std::make_shared<span>();
+    span* s = &scratch_span();
     s->trace_id = tp.substr(3, 32);
     const auto id = new_span_id();
     s->span_id.assign(id.data(), id.size());
@@ -175,15 +210,18 @@ void record_router_span(const metadata& meta, std::string_view name, std::string
     s->name = name;
     s->method = method;
     s->peer = replica;
+    s->subject.clear();
     s->status = status_words(status);
     s->note = std::move(note);
-    s->kept = std::move(kept);
+    s->kept = kept;
+    s->handler_start_us = s->handler_end_us = -1;
+    s->bytes_in = s->bytes_out = 0;
     const auto wall =
         std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - t.start);
     s->start_us =
         std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
     s->end_us = total;
-    keep(std::move(s), in_ring);
+    keep(*s, in_ring);
 }
 
 void pack_traces_answer(buffer& out, std::uint32_t msgid, const msgpack::object& params) {
@@ -205,20 +243,22 @@ void pack_traces_answer(buffer& out, std::uint32_t msgid, const msgpack::object&
 void record_spans(const span_options& o) {
     auto& r = detail::the_recorder();
     std::lock_guard lock(r.mu);
+    // The newest that still fit, oldest first (or none, when recording stops).
+    auto kept = o.capacity == 0 ? std::vector<span>{} : r.in_order();
+    if (kept.size() > o.capacity)
+        kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(o.capacity));
+    r.ring = std::move(kept);
+    r.next = 0;
+    if (o.capacity == 0) r.slowest.clear();
     r.o = o;
-    if (o.capacity == 0) {
-        r.ring.clear();
-        r.slowest.clear();
-    }
     r.o.sample_rate = std::clamp(o.sample_rate, 0.0, 1.0);
     const auto below = r.o.sample_rate >= 1.0
                            ? std::numeric_limits<std::uint64_t>::max()
                            : static_cast<std::uint64_t>(r.o.sample_rate * 18446744073709551616.0);
     r.sample_below.store(below, std::memory_order_relaxed);
-    while (r.ring.size() > r.o.capacity) r.ring.pop_front();
     if (r.slowest.size() > r.o.slowest) r.slowest.resize(r.o.slowest);
     r.slow_floor.store(r.o.slowest && r.slowest.size() >= r.o.slowest
-                           ? r.slowest.back()->end_us
+                           ? r.slowest.back().end_us
                            : (r.o.slowest ? -1 : std::numeric_limits<std::int64_t>::max()),
                        std::memory_order_relaxed);
     detail::spans_on.store(r.o.capacity > 0, std::memory_order_relaxed);
@@ -226,28 +266,27 @@ void record_spans(const span_options& o) {
 
 std::vector<span> recorded_spans(std::string_view trace_id, std::size_t slowest) {
     auto& r = detail::the_recorder();
-    std::vector<detail::span_ptr> all;
+    std::vector<span> all;
     {
         std::lock_guard lock(r.mu);
-        all.assign(r.ring.begin(), r.ring.end());
+        all = r.in_order();
+        // The slowest that are not in the ring too (a span is one trace's one span id).
         for (const auto& s : r.slowest)
-            if (std::find(all.begin(), all.end(), s) == all.end()) all.push_back(s);
+            if (std::none_of(all.begin(), all.end(), [&](const span& x) {
+                    return x.span_id == s.span_id && x.trace_id == s.trace_id;
+                }))
+                all.push_back(s);
     }
-    std::erase_if(all, [&](const detail::span_ptr& s) {
-        return !trace_id.empty() && s->trace_id != trace_id;
-    });
+    std::erase_if(all, [&](const span& s) { return !trace_id.empty() && s.trace_id != trace_id; });
     if (slowest > 0) {
         std::sort(all.begin(), all.end(),
-                  [](const auto& a, const auto& b) { return a->end_us > b->end_us; });
+                  [](const span& a, const span& b) { return a.end_us > b.end_us; });
         if (all.size() > slowest) all.resize(slowest);
     } else {
         std::stable_sort(all.begin(), all.end(),
-                         [](const auto& a, const auto& b) { return a->start_us < b->start_us; });
+                         [](const span& a, const span& b) { return a.start_us < b.start_us; });
     }
-    std::vector<span> out;
-    out.reserve(all.size());
-    for (const auto& s : all) out.push_back(*s);
-    return out;
+    return all;
 }
 
 }  // namespace ordo

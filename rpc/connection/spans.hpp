@@ -26,10 +26,17 @@ inline bool recording_spans() noexcept {
 std::array<char, 16> new_span_id();
 
 /// When a call's parts happened, on the steady clock (a default time_point: not known).
+/// `timed` false: a call of a trace not sampled, recorded for its error, was not timed.
 struct span_times {
     using time_point = std::chrono::steady_clock::time_point;
     time_point start, handler_start, handler_end, end;
+    bool timed = true;
 };
+
+/// Whether the trace is one of the sampled fraction (span_options::sample_rate). A server times
+/// the calls of sampled traces, and of the others only those whose handler suspends: reading the
+/// clock for each plain call would cost more than the sampling saves.
+bool span_sampled(std::string_view trace_id) noexcept;
 
 /// A traced call this server answered (or refused) with `status`.
 void record_server_span(const call_context& ctx, std::string_view method, std::string_view peer,

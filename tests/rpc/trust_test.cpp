@@ -284,7 +284,7 @@ TEST(Auth, IntrospectionIsClosedToCallersTheServerHasNotAllowed) {
         o.allow_introspection = allow_subjects({"alice"});
         auth_server s(co_await net::this_coro::executor, "tcp://127.0.0.1:0", std::move(o));
         auto bob = co_await async_connect(s.url, as(bob_token), nullptr);
-        for (const char* m : {"ordo.methods", "ordo.stats"}) {
+        for (const char* m : {"ordo.methods", "ordo.stats", "ordo.traces"}) {
             auto [code, text] =
                 co_await failure([&] { return bob.async_call<int>(m); });
             EXPECT_EQ(code, errc::permission_denied) << text;
@@ -294,6 +294,8 @@ TEST(Auth, IntrospectionIsClosedToCallersTheServerHasNotAllowed) {
         const auto methods = co_await alice.async_call<std::map<std::string, std::string>>(
             "ordo.methods");
         EXPECT_TRUE(methods.count("whoami"));
+        // ordo.traces answers alice: the spans this process recorded (none here).
+        EXPECT_TRUE((co_await alice.async_call<std::vector<span>>("ordo.traces")).empty());
         co_await s.srv.async_stop();
     });
 }

@@ -18,8 +18,8 @@ namespace ordo {
 /// How this process records spans (ordo::record_spans). Only calls that carry a W3C traceparent
 /// (call_options::metadata, or one made inside a traced handler) have spans.
 struct span_options {
-    /// The fraction of traces kept, 0 to 1. The choice is made from the trace id, so every
-    /// process with the same rate keeps the same traces, whole.
+    /// The fraction of traces kept, 0 to 1. The choice is made from a hash of the trace id, so
+    /// every process with the same rate keeps the same traces, whole.
     double sample_rate = 0.0;
     /// The ring: the most recent sampled and failed spans (0: recording is off).
     std::size_t capacity = 1024;
@@ -50,7 +50,9 @@ struct span {
     std::int64_t start_us = 0;  ///< received by the server; queued in the router
     std::int64_t handler_start_us = -1;  ///< server: its handler started
     std::int64_t handler_end_us = -1;    ///< server: its handler ended
-    std::int64_t end_us = 0;             ///< server: answered; router: sent (or gave up)
+    /// Server: answered; router: sent (or gave up). -1: not timed (a failed call of a trace not
+    /// sampled, whose handler did not suspend).
+    std::int64_t end_us = 0;
     std::uint64_t bytes_in = 0;          ///< the request, as on the wire
     std::uint64_t bytes_out = 0;         ///< the answer, as on the wire
     // As ordo.traces answers it: a map of these names (docs/protocol.md, "Reserved methods").
