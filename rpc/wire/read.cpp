@@ -82,22 +82,65 @@ namespace {
     return true;
 }
 
+// A request's context as the common call sends it (docs/protocol.md, "Call context"): a fixmap
+// of non-empty str keys to str or bin values (an uint for an "ordo-" key), within the metadata
+// limits, its pairs put in `pairs` and counted in `objects`. False for anything else, which the
+// general reader then reads, or says what is wrong with.
+[[gnu::always_inline]] inline bool read_small_context(const unsigned char*& p,
+                                                      const unsigned char* end, const limits& l,
+                                                      msgpack::object_kv* pairs,
+                                                      std::size_t& objects,
+                                                      msgpack::object& meta) noexcept {
+    if (p == end || (*p & 0xf0) != 0x80) return false;
+    const std::size_t n = *p & 0x0f;
+    objects += 1 + 2 * n;
+    if (n > l.max_container_length || n > l.max_metadata_entries || objects > l.max_objects)
+        return false;
+    ++p;
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        auto& kv = pairs[i];
+        if (!read_flat_value<false>(p, end, l, kv.key) || kv.key.type != msgpack::type::STR ||
+            kv.key.via.str.size == 0)
+            return false;
+        if (!read_flat_value<true>(p, end, l, kv.val)) return false;
+        bytes += kv.key.via.str.size;
+        if (kv.val.type == msgpack::type::STR)
+            bytes += kv.val.via.str.size;
+        else if (kv.val.type == msgpack::type::BIN)
+            bytes += kv.val.via.bin.size;
+        else if (kv.val.type != msgpack::type::POSITIVE_INTEGER ||
+                 std::string_view(kv.key.via.str.ptr, kv.key.via.str.size).substr(0, 5) != "ordo-")
+            return false;
+        if (bytes > l.max_metadata_bytes) return false;
+    }
+    meta.type = msgpack::type::MAP;
+    meta.via.map.size = static_cast<std::uint32_t>(n);
+    meta.via.map.ptr = n > 0 ? pairs : nullptr;
+    return true;
+}
+
 // The common call, read with no frame to set up and no zone: a request `[0, msgid, method,
 // params]` or a notification `[2, method, params]`, with a msgid as read_small_msgid reads it,
 // a method as read_method reads it, and params that are a fixarray of flat values
-// (read_flat_value<wide>), put in `items`; all of it in `bytes` and within the limits, counted
-// as the general reader counts them. 0 for anything else: read_envelope reads it, or says what
-// is wrong with it.
+// (read_flat_value<wide>), put in `items`; or a request with its context as read_small_context
+// reads it, put in `pairs`; all of it in `bytes` and within the limits, counted as the general
+// reader counts them. 0 for anything else: read_envelope reads it, or says what is wrong with
+// it.
 template <bool wide>
 [[gnu::always_inline]] inline std::size_t read_common_call(std::string_view bytes, const limits& l,
                                                            msgpack::object* items,
+                                                           msgpack::object_kv* pairs,
                                                            message& m) noexcept {
     const auto* const start = reinterpret_cast<const unsigned char*>(bytes.data());
     const auto* const end = start + std::min(bytes.size(), l.max_message_bytes);
     if (end - start < 4 || l.max_container_length < 4 || l.max_depth < 2 || l.max_objects < 5)
         return 0;
     const unsigned char kind = start[1];
-    if (!(start[0] == 0x94 && kind == 0) && !(start[0] == 0x93 && kind == 2)) return 0;
+    const bool with_context = start[0] == 0x95 && kind == 0;
+    if (!(start[0] == 0x94 && kind == 0) && !(start[0] == 0x93 && kind == 2) && !with_context)
+        return 0;
+    if (with_context && l.max_container_length < 5) return 0;
     const auto* p = start + 2;
     std::uint32_t id = 0;
     if (kind == 0 && !read_small_msgid(p, end, id)) return 0;
@@ -106,11 +149,12 @@ template <bool wide>
     if (p == end || (*p & 0xf0) != 0x90) return 0;
     const std::size_t n = *p & 0x0f;
     // The root, the kind, the msgid of a request, the method, the params and their values.
-    const std::size_t objects = (kind == 0 ? 5 : 4) + n;
+    std::size_t objects = (kind == 0 ? 5 : 4) + n;
     if (n > l.max_container_length || objects > l.max_objects) return 0;
     ++p;
     for (std::size_t i = 0; i < n; ++i)
         if (!read_flat_value<wide>(p, end, l, items[i])) return 0;
+    if (with_context && !read_small_context(p, end, l, pairs, objects, m.meta)) return 0;
     m.kind = static_cast<message_kind>(kind);
     m.msgid = id;
     m.method = method;
@@ -307,7 +351,8 @@ namespace {
 // general way.
 [[gnu::noinline]] std::size_t read_other_prefix(std::string_view bytes, const limits& l,
                                                 read_area& a, message& m) noexcept {
-    if (const std::size_t n = read_common_call<true>(bytes, l, a.items, m)) return n;
+    if (const std::size_t n = read_common_call<true>(bytes, l, a.items, a.pairs, m)) return n;
+    m.meta = msgpack::object();  // what a failed read_small_context may have left
     return read_prefix(bytes, l, a.zone, m);
 }
 
@@ -318,7 +363,7 @@ std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
     m.borrowed = true;
     if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[1]) == 0x01)
         return read_response_prefix(bytes, l, a.zone, m);
-    if (const std::size_t n = read_common_call<false>(bytes, l, a.items, m)) return n;
+    if (const std::size_t n = read_common_call<false>(bytes, l, a.items, a.pairs, m)) return n;
     return read_other_prefix(bytes, l, a, m);
 }
 

@@ -514,5 +514,124 @@ TEST(Codec, OnePassDecodeOfACommonCallMatchesTheGeneralDecoder) {
     }
 }
 
+// A request with its context (docs/protocol.md, "Call context") in the common shape, a fixmap
+// of str keys to str, bin or (for an "ordo-" key) uint values, is read by the envelope decoder
+// itself, its pairs put in the read area: the same message as the general decoder gives,
+// declined when cut short anywhere, and under tighter limits taken only when the general decoder
+// accepts it. Other maps take the general way, which reads them or says what is wrong.
+TEST(Codec, OnePassDecodeOfACallWithItsContextMatchesTheGeneralDecoder) {
+    using kv = std::pair<std::string, msgpack::object>;
+    struct sample {
+        std::string bytes;
+        bool fast;  // the envelope decoder reads it itself
+        bool valid;
+    };
+    std::vector<sample> samples;
+    msgpack::zone keep;
+    const auto str = [&](const std::string& v) { return msgpack::object(v, keep); };
+    // Packs [0, id, "look", [1, "a"], {pairs...}].
+    const auto add = [&](bool fast, bool valid, const std::vector<kv>& pairs) {
+        for (std::uint32_t id : {5u, 70000u}) {
+            buffer b;
+            msgpack::packer<buffer> p(b);
+            p.pack_array(5);
+            p.pack(0);
+            p.pack(id);
+            p.pack(std::string_view("look"));
+            p.pack_array(2);
+            p.pack(1);
+            p.pack(std::string_view("a"));
+            p.pack_map(static_cast<std::uint32_t>(pairs.size()));
+            for (const auto& [k, v] : pairs) {
+                p.pack(k);
+                p.pack(v);
+            }
+            samples.push_back({bytes_of(b), fast, valid});
+        }
+    };
+    const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const std::vector<char> blob{'\0', '\x01', '\xff'};
+    add(true, true, {});
+    add(true, true, {{"traceparent", str(tp)}});
+    add(true, true, {{"ordo-deadline-ms", msgpack::object(250)}, {"tenant", str("acme")}});
+    for (std::uint64_t ms : {0ull, 127ull, 128ull, 65535ull, 70000ull, 1ull << 40})
+        add(true, true, {{"ordo-deadline-ms", msgpack::object(ms)}, {"traceparent", str(tp)}});
+    add(true, true, {{"blob-bin", msgpack::object(blob, keep)}, {"k", str(std::string(255, 'v'))}});
+    std::vector<kv> fifteen;
+    for (int i = 0; i < 15; ++i) fifteen.emplace_back("k" + std::to_string(i), str("v"));
+    add(true, true, fifteen);
+    std::vector<kv> sixteen = fifteen;
+    sixteen.emplace_back("k15", str("v"));
+    add(false, true, sixteen);                              // a map 16
+    add(false, true, {{"k", str(std::string(256, 'v'))}});  // a str 16 value
+    add(false, false, {{"k", msgpack::object(5)}});         // a number for a user key
+    add(false, false, {{"", str("v")}});                    // an empty key
+    add(false, false, {{"k", msgpack::object(-1)}});        // a negative number
+    add(false, false, {{"ordo-deadline-ms", msgpack::object(-5)}});
+    for (const auto& [bytes, fast, valid] : samples) {
+        const std::string two = bytes + bytes;
+        detail::read_area z;
+        message m;
+        bool general_ok = true;
+        message general;
+        try {
+            general = decode_message(bytes);
+        } catch (const std::system_error&) {
+            general_ok = false;
+        }
+        ASSERT_EQ(general_ok, valid) << bytes.size();
+        const std::size_t taken = detail::decode_prefix(two, limits{}, z, m);
+        if (!valid) {
+            EXPECT_EQ(taken, 0u) << bytes.size();  // the framer's general way says what is wrong
+            continue;
+        }
+        ASSERT_EQ(taken, bytes.size()) << bytes.size();
+        EXPECT_EQ(m.kind, message_kind::request);
+        EXPECT_EQ(m.msgid, general.msgid);
+        EXPECT_EQ(m.method, general.method);
+        EXPECT_EQ(m.params, general.params);
+        EXPECT_EQ(m.meta, general.meta) << bytes.size();
+        EXPECT_EQ(fast && m.meta.via.map.size > 0, m.meta.via.map.ptr == z.pairs) << bytes.size();
+        own(m);
+        EXPECT_EQ(m.handle.get(), general.handle.get());
+        expect_each_cut_declined(bytes, z);
+        // Each limit at the message's own need, and one short of it.
+        const std::size_t pairs = general.meta.via.map.size;
+        std::size_t meta_bytes = 0;
+        for (std::uint32_t i = 0; i < pairs; ++i) {
+            const auto& e = general.meta.via.map.ptr[i];
+            meta_bytes += e.key.via.str.size;
+            if (e.val.type == msgpack::type::STR) meta_bytes += e.val.via.str.size;
+            if (e.val.type == msgpack::type::BIN) meta_bytes += e.val.via.bin.size;
+        }
+        const std::size_t objects = 5 + 2 + 1 + 2 * pairs;
+        std::vector<limits> tight(8);
+        tight[0].max_metadata_entries = pairs;
+        tight[1].max_metadata_entries = pairs - 1;
+        tight[2].max_metadata_bytes = meta_bytes;
+        tight[3].max_metadata_bytes = meta_bytes - 1;
+        tight[4].max_objects = objects;
+        tight[5].max_objects = objects - 1;
+        tight[6].max_message_bytes = bytes.size();
+        tight[7].max_message_bytes = bytes.size() - 1;
+        for (std::size_t i = 0; i < tight.size(); ++i) {
+            if ((i == 1 && pairs == 0) || (i == 3 && meta_bytes == 0)) continue;
+            bool accepted = true;
+            try {
+                (void)decode_message(bytes, tight[i]);
+            } catch (const std::system_error&) {
+                accepted = false;
+            }
+            message under;
+            const std::size_t got = detail::decode_prefix(bytes, tight[i], z, under);
+            EXPECT_TRUE(got == 0 || (accepted && got == bytes.size()))
+                << bytes.size() << " under limits " << i;
+            if (accepted && i % 2 == 0 && fast) {
+                EXPECT_EQ(got, bytes.size()) << bytes.size() << " under limits " << i;
+            }
+        }
+    }
+}
+
 }  // namespace
 }  // namespace ordo

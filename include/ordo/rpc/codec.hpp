@@ -84,12 +84,13 @@ void own(message& m);
 
 namespace detail {
 /// What decode_prefix decodes into, reused message after message: a zone for the general
-/// reader, and room for the params of the common call (a fixarray of flat values), which then
-/// need no zone at all.
+/// reader, and room for the params of the common call (a fixarray of flat values) and for its
+/// context (a fixmap of str keys to flat values), which then need no zone at all.
 struct read_area {
     explicit read_area(std::size_t zone_chunk = MSGPACK_ZONE_CHUNK_SIZE) : zone(zone_chunk) {}
     msgpack::zone zone;
     msgpack::object items[15];
+    msgpack::object_kv pairs[15];
 };
 
 /// The message at the start of `bytes`, decoded into `a` as decode_message with a zone does,
