@@ -281,37 +281,6 @@ bool dispatcher::observes(const call_context* ctx) const noexcept {
     return (h_ && h_->access_log()) || (spans_of(ctx) && span_sampled(ctx->trace_id()));
 }
 
-void dispatcher::log_access(std::string_view method, const call_context* ctx,
-                            std::error_code status, const span_times& times, std::size_t bytes_in,
-                            std::size_t bytes_out) {
-    const auto now = std::chrono::steady_clock::now();
-    const auto at = times.start;
-    if (ctx && !ctx->trace_id().empty() && recording_spans()) {
-        span_times t = times;
-        if (t.start == span_times::time_point{}) t.start = now;
-        t.end = now;
-        record_server_span(*ctx, method, self_.remote_address(), self_.identity().subject, status,
-                           t, bytes_in, bytes_out);
-    }
-    if (!h_ || !h_->access_log()) return;
-    access_record r;
-    r.when = std::chrono::system_clock::now();
-    if (ctx) r.trace_id = ctx->trace_id();
-    r.method = method;
-    r.peer = self_.remote_address();
-    r.subject = self_.identity().subject;
-    r.status = status;
-    if (at != std::chrono::steady_clock::time_point{})
-        r.duration = std::chrono::duration_cast<std::chrono::microseconds>(now - at);
-    r.bytes_in = bytes_in;
-    r.bytes_out = bytes_out;
-    try {
-        h_->access_log()(r);
-    } catch (...) {
-        // Documented as must not throw; one that does loses its record, not the connection.
-    }
-}
-
 void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
                              std::uint64_t window_bytes, arrival a) {
     const bool req = m.kind == message_kind::request;

@@ -1,12 +1,15 @@
-// Per-method counters (ordo/rpc/stats.hpp) and the answer to the reserved method ordo.stats.
+// Per-method counters (ordo/rpc/stats.hpp), the answer to the reserved method ordo.stats, and
+// the record of a request answered (the access log and spans).
 #include "rpc/server/stats_answer.hpp"
 
 #include "rpc/connection/dispatcher.hpp"
+#include "rpc/connection/spans.hpp"
 #include "rpc/wire/errors.hpp"
 
 #include <algorithm>
 
 #include "ordo/rpc/handlers.hpp"
+#include "ordo/rpc/peer.hpp"
 
 namespace ordo {
 namespace detail {
@@ -175,6 +178,39 @@ void pack_methods_answer(buffer& out, std::uint32_t msgid, const handlers& h) {
         p.pack(name);
         p.pack(sig);
     });
+}
+
+// Defined here, with what else a server counts and records: one request answered, in the
+// access log and as a span.
+void dispatcher::log_access(std::string_view method, const call_context* ctx,
+                            std::error_code status, const span_times& times, std::size_t bytes_in,
+                            std::size_t bytes_out) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto at = times.start;
+    if (ctx && !ctx->trace_id().empty() && recording_spans()) {
+        span_times t = times;
+        if (t.start == span_times::time_point{}) t.start = now;
+        t.end = now;
+        record_server_span(*ctx, method, self_.remote_address(), self_.identity().subject, status,
+                           t, bytes_in, bytes_out);
+    }
+    if (!h_ || !h_->access_log()) return;
+    access_record r;
+    r.when = std::chrono::system_clock::now();
+    if (ctx) r.trace_id = ctx->trace_id();
+    r.method = method;
+    r.peer = self_.remote_address();
+    r.subject = self_.identity().subject;
+    r.status = status;
+    if (at != std::chrono::steady_clock::time_point{})
+        r.duration = std::chrono::duration_cast<std::chrono::microseconds>(now - at);
+    r.bytes_in = bytes_in;
+    r.bytes_out = bytes_out;
+    try {
+        h_->access_log()(r);
+    } catch (...) {
+        // Documented as must not throw; one that does loses its record, not the connection.
+    }
 }
 
 // Defined here, with the rest of the answer to ordo.stats.

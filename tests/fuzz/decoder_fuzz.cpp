@@ -73,7 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             }
             if (!cut || pm.kind != cut->kind || pm.msgid != cut->msgid ||
                 pm.method != cut->method || !same(pm.params, cut->params) ||
-                !same(pm.error, cut->error) || !same(pm.result, cut->result))
+                !same(pm.error, cut->error) || !same(pm.result, cut->result) ||
+                !same(pm.meta, cut->meta))
                 __builtin_trap();
         }
     }

@@ -365,6 +365,16 @@ TEST(Codec, OnePassDecodeTakesTheFirstMessageAndOwnCopiesIt) {
     EXPECT_EQ(detail::decode_prefix(bytes, small, z2, over), 0u);
 }
 
+// Whether the general decoder takes `bytes` under `l`.
+bool general_accepts(const std::string& bytes, const limits& l) {
+    try {
+        (void)decode_message(bytes, l);
+        return true;
+    } catch (const std::system_error&) {
+        return false;
+    }
+}
+
 // decode_prefix declines `bytes` cut short anywhere. Each cut is a block of exactly its size:
 // under AddressSanitizer, a read past the cut is reported.
 void expect_each_cut_declined(const std::string& bytes, detail::read_area& z) {
@@ -493,12 +503,7 @@ TEST(Codec, OnePassDecodeOfACommonCallMatchesTheGeneralDecoder) {
         tight[6].max_message_bytes = bytes.size();
         tight[7].max_message_bytes = bytes.size() - 1;
         for (std::size_t i = 0; i < tight.size(); ++i) {
-            bool accepted = true;
-            try {
-                (void)decode_message(bytes, tight[i]);
-            } catch (const std::system_error&) {
-                accepted = false;
-            }
+            const bool accepted = general_accepts(bytes, tight[i]);
             // Taken only when the general decoder accepts it; and taken at the message's
             // own need (the even cases) unless that is below what any message needs (a
             // message of four objects under max_objects 4: left to the general way).
@@ -616,12 +621,7 @@ TEST(Codec, OnePassDecodeOfACallWithItsContextMatchesTheGeneralDecoder) {
         tight[7].max_message_bytes = bytes.size() - 1;
         for (std::size_t i = 0; i < tight.size(); ++i) {
             if ((i == 1 && pairs == 0) || (i == 3 && meta_bytes == 0)) continue;
-            bool accepted = true;
-            try {
-                (void)decode_message(bytes, tight[i]);
-            } catch (const std::system_error&) {
-                accepted = false;
-            }
+            const bool accepted = general_accepts(bytes, tight[i]);
             message under;
             const std::size_t got = detail::decode_prefix(bytes, tight[i], z, under);
             EXPECT_TRUE(got == 0 || (accepted && got == bytes.size()))
