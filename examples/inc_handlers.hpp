@@ -44,24 +44,21 @@ struct context_via_answer {
     MSGPACK_DEFINE_MAP(deadline_left_ms, trace_id, metadata, next)
 };
 
-/// The body of serve_context_via's handler (a function, so that its frame owns its arguments).
-inline ordo::net::awaitable<context_via_answer> context_via(
-    std::string next_url, std::shared_ptr<std::optional<ordo::channel>> ch) {
+/// The body of serve_context_via's handler (a function, so that its frame owns its argument). A
+/// connection per call: no connection shared by calls that run at once, and none to close.
+inline ordo::net::awaitable<context_via_answer> context_via(std::string next_url) {
     const context_answer own = answer_context();
     context_via_answer a{own.deadline_left_ms, own.trace_id, own.metadata, {}};
-    if (!*ch) *ch = co_await ordo::async_connect(next_url);
-    a.next = co_await (*ch)->async_call<context_answer>("context");
+    ordo::channel next = co_await ordo::async_connect(next_url);
+    a.next = co_await next.async_call<context_answer>("context");
+    next.impl()->close();
     co_return a;
 }
 
-/// Serves `context` as a handler that calls `context` at `next_url` (connected at its first
-/// call) and answers both: the nested call takes the handler's deadline and trace. Returns the
-/// channel's holder, for the caller to close when it stops.
-inline std::shared_ptr<std::optional<ordo::channel>> serve_context_via(ordo::server& srv,
-                                                                       std::string next_url) {
-    auto ch = std::make_shared<std::optional<ordo::channel>>();
-    srv.on("context", [next_url, ch] { return context_via(next_url, ch); });
-    return ch;
+/// Serves `context` as a handler that calls `context` at `next_url` and answers both: the
+/// nested call takes the handler's deadline and trace.
+inline void serve_context_via(ordo::server& srv, std::string next_url) {
+    srv.on("context", [next_url] { return context_via(next_url); });
 }
 
 /// Registers counter (examples/counter.hpp, count_to included), echo(any), whoami(), context()

@@ -88,16 +88,13 @@ ordo::etcd_registration_options etcd_options(std::string where, long ttl_s) {
 
 // Revokes the registration, if any, so that routers stop sending here, then runs `next` (the
 // server's stop).
-net::awaitable<void> leave_etcd_then(ordo::etcd_registration* r, net::awaitable<void> next,
-                                     std::shared_ptr<std::optional<ordo::channel>> onward) {
+net::awaitable<void> leave_etcd_then(ordo::etcd_registration* r, net::awaitable<void> next) {
     if (r) try {
             co_await r->async_stop();
         } catch (const std::exception& e) {
             std::cerr << "error: " << e.what() << std::endl;
         }
     co_await std::move(next);
-    // The connection that --next opened would keep the loop running.
-    if (onward && *onward) (*onward)->impl()->close();
 }
 
 // A JSON string: quotes, backslashes and control characters escaped.
@@ -280,8 +277,7 @@ int main(int argc, char** argv) {
     if (threads > 1) shared.run_on = net::make_strand(io);
     serve_counter(srv, total, shared);
     if (trace_sample >= 0) ordo::record_spans({.sample_rate = trace_sample});
-    std::shared_ptr<std::optional<ordo::channel>> next;  // --next: closed once stopped
-    if (!next_url.empty()) next = serve_context_via(srv, next_url);
+    if (!next_url.empty()) serve_context_via(srv, next_url);
     int journal_fd = -1;
     if (!journal.empty()) {
         journal_fd = ::open(journal.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -338,15 +334,13 @@ int main(int argc, char** argv) {
         if (sig == SIGTERM) {
             // A graceful stop (ordo.goaway to every client; see server::async_drain).
             std::cout << "draining" << std::endl;
-            net::co_spawn(
-                io,
-                leave_etcd_then(registration.get(),
-                                srv.async_drain(std::chrono::milliseconds(drain_ms)), next),
-                net::detached);
+            net::co_spawn(io,
+                          leave_etcd_then(registration.get(),
+                                          srv.async_drain(std::chrono::milliseconds(drain_ms))),
+                          net::detached);
             return;
         }
-        net::co_spawn(io, leave_etcd_then(registration.get(), srv.async_stop(), next),
-                      net::detached);
+        net::co_spawn(io, leave_etcd_then(registration.get(), srv.async_stop()), net::detached);
     });
     if (registration) {
         net::co_spawn(io, registration->async_start(), [&](std::exception_ptr e) {

@@ -125,10 +125,12 @@ class CallContext:
                  "trace_flags")
 
     def __init__(self, packed: bytes):
-        left_ms, pairs, self.trace_id, self.parent_id, self.span_id, self.trace_flags = \
-            _unpackb(packed)
-        #: time.monotonic() when the caller stops waiting; None: no deadline.
-        self.deadline = None if left_ms < 0 else time.monotonic() + left_ms / 1000
+        # A C++ caller's str may be any bytes: what is not UTF-8 is kept as surrogates.
+        deadline_ns, pairs, self.trace_id, self.parent_id, self.span_id, self.trace_flags = \
+            msgpack.unpackb(packed, raw=False, unicode_errors="surrogateescape")
+        #: time.monotonic() when the caller stops waiting (the server's steady clock, the same
+        #: one on Linux); None: no deadline.
+        self.deadline = None if deadline_ns < 0 else deadline_ns / 1e9
         #: The metadata in the order sent, repeated keys kept: [(key, str or bytes), ...].
         self.pairs = [tuple(kv) for kv in pairs]
         #: The same as a dict (the last of repeated keys).
@@ -171,9 +173,10 @@ def _outgoing(method: str, metadata, ctx: CallContext | None,
     pairs = []
     if metadata:
         for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, (str, bytes)):
-                raise TypeError(f"ordo: the metadata of a call to {method} maps str to str or "
-                                f"bytes, not {type(k).__name__} to {type(v).__name__}")
+            if not isinstance(k, str) or not isinstance(v, bytes if k.endswith("-bin") else str):
+                raise TypeError(f"ordo: the metadata of a call to {method} maps str to str (bytes "
+                                f"for a key ending in -bin), not {type(k).__name__} to "
+                                f"{type(v).__name__} for {k!r}")
             pairs.append((k, v))
     if ctx is not None:
         if ctx.trace_id and "traceparent" not in (metadata or ()):
@@ -433,24 +436,26 @@ class Channel:
         if self._closed:
             raise Closed(f"ordo: call {method} to {self.remote_address} failed: closed")
         params = _packb(args)  # raises TypeError for what msgpack cannot carry
+        timeout_ms = _timeout_ms(timeout) if timeout is not None else 0
+        ctx = _current.get()
+        pairs = None
+        if metadata is not None or ctx is not None:
+            # Checked before the call is registered: a TypeError leaves nothing behind.
+            pairs, timeout_ms = _outgoing(method, metadata, ctx, timeout_ms)
         token = next(_tokens)
         fut = _Call(loop=lh.loop)
         fut._lh = lh
         fut._token = token
+        if timeout_ms < 0:
+            fut.set_exception(TimedOut(
+                f"ordo: call {method} to {self.remote_address} failed: timed out (the "
+                f"deadline of the call whose handler made it had passed)", 2))
+            return fut
         lh.futures[token] = fut
         out = self._out  # _LoopHub.queue, inlined
-        timeout_ms = _timeout_ms(timeout) if timeout is not None else 0
-        ctx = _current.get()
-        if metadata is None and ctx is None:
+        if pairs is None:
             out.append((1, self._id, token, method, params, timeout_ms, key))
         else:
-            pairs, timeout_ms = _outgoing(method, metadata, ctx, timeout_ms)
-            if timeout_ms < 0:
-                del lh.futures[token]
-                fut.set_exception(TimedOut(
-                    f"ordo: call {method} to {self.remote_address} failed: timed out (the "
-                    f"deadline of the call whose handler made it had passed)", 2))
-                return fut
             out.append((1, self._id, token, method, params, timeout_ms, key, pairs))
         if len(out) == 1:
             lh.schedule_flush()

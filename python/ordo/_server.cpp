@@ -43,14 +43,19 @@ std::string pack(const msgpack::object& o) {
     return std::string(b.data(), b.size());
 }
 
-// A handler's call context, for Python (ordo/_server.py, _context): [deadline left in ms (-1:
-// none), [[key, value], ...] (a value whose key ends in -bin as bin), trace id, parent id,
-// span id, trace flags] (the ids empty when the call is not traced).
+// A handler's call context, for Python (ordo/_api.py, CallContext): [deadline (steady_clock
+// nanoseconds, CLOCK_MONOTONIC as Python's time.monotonic(); -1: none), [[key, value], ...] (a
+// value whose key ends in -bin as bin), trace id, parent id, span id, trace flags] (the ids empty
+// when the call is not traced).
 std::string pack_context(const call_context& ctx) {
     msgpack::sbuffer b;
     msgpack::packer<msgpack::sbuffer> p(b);
     p.pack_array(6);
-    p.pack(ctx.has_deadline() ? static_cast<long long>(ctx.time_left().count()) : -1LL);
+    p.pack(ctx.has_deadline()
+               ? static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            ctx.deadline.time_since_epoch())
+                                            .count())
+               : -1LL);
     p.pack_array(static_cast<std::uint32_t>(ctx.metadata.size()));
     for (const auto& [k, v] : ctx.metadata) {
         p.pack_array(2);

@@ -139,9 +139,14 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
             hub.respond(token, 0, data)
 
 
-def _dispatch_in_context(ctx: bytes, *rest) -> None:
-    _current.set(CallContext(ctx))
-    _dispatch(*rest)
+def _dispatch_in_context(ctx: bytes, lh: _LoopHub, token: int, *rest) -> None:
+    try:
+        c = CallContext(ctx)
+    except Exception as e:  # not what _server.cpp packs: answered, the loop goes on
+        lh.respond(token, 6, f"ordo: the call's context does not decode: {e}".encode())
+        return
+    _current.set(c)
+    _dispatch(lh, token, *rest)
 
 
 @types.coroutine

@@ -10,6 +10,18 @@
 #include "rpc/connection/spans.hpp"
 
 namespace ordo {
+namespace {
+// Fails a call the router refuses before it waits; a traced one's refusal is a span of its trace.
+void refuse_call(detail::pending_call& call, errc code, const std::string& why) {
+    if (detail::recording_spans() && !call.options.metadata.empty()) [[unlikely]] {
+        const auto now = std::chrono::steady_clock::now();
+        detail::record_router_span(call.options.metadata, "wait", call.method, {},
+                                   make_error_code(code), why, {now, {}, {}, now});
+    }
+    detail::fail_call(call, code, why);
+}
+}  // namespace
+
 router::state::state(router& r, net::any_io_executor e, router_options opt)
     : self(r),
       ex(detail::without_context(std::move(e))),
@@ -23,6 +35,13 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
       wait_timer(ex) {
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
+    // A traced call that fails while it waits for a replica: its wait is a span of its trace.
+    queue.on_failed([](const detail::pending_call& call, std::error_code ec, const std::string& why,
+                       clock_type::time_point since) {
+        if (detail::recording_spans() && !call.options.metadata.empty()) [[unlikely]]
+            detail::record_router_span(call.options.metadata, "wait", call.method, {}, ec, why,
+                                       {since, {}, {}, clock_type::now()});
+    });
     rename();
 }
 
@@ -68,12 +87,12 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     if (queue.empty())
         if (replica* r = place.pick(*call)) return send(*r, std::move(call), timeout, retry);
     if (!any_usable() && o.wait_for_replica.count() == 0)
-        return detail::fail_call(*call, errc::peer_lost, no_replica_reason());
+        return refuse_call(*call, errc::peer_lost, no_replica_reason());
     if (queue.size() >= o.max_queued_calls)
-        return detail::fail_call(*call, errc::overloaded,
-                                 "ordo: " + std::to_string(queue.size()) +
-                                     " calls already wait for a replica of " + name +
-                                     " (max_queued_calls)");
+        return refuse_call(*call, errc::overloaded,
+                           "ordo: " + std::to_string(queue.size()) +
+                               " calls already wait for a replica of " + name +
+                               " (max_queued_calls)");
     if (!call->options.key.empty()) {
         const replica* owner = place.owner_of(call->options.key);
         if (owner && !place.key_may_go(call->options.key, owner)) ++c.key_waits;

@@ -77,6 +77,11 @@ class wait_queue {
 
     /// Applies to calls pushed from now on (set it before the first).
     void set_order(wait_order o) noexcept { order_ = o; }
+    /// Told of each call the queue fails (its deadline, a cancellation, fail_all,
+    /// fail_waiting_since), with the time it was pushed, just before its caller is.
+    using failed_fn = std::function<void(const pending_call&, std::error_code, const std::string&,
+                                         clock::time_point since)>;
+    void on_failed(failed_fn f) { on_failed_ = std::move(f); }
     std::size_t size() const noexcept { return q_.size(); }
     bool empty() const noexcept { return q_.empty(); }
     /// Calls failed with errc::timed_out because their deadline passed while they waited.
@@ -170,6 +175,7 @@ class wait_queue {
             if (it == q_.end()) continue;
             entry e = remove(it);
             e.watch.disarm(*e.call);
+            failed(e, ec, why);
             fail_call(*e.call, ec, why);
         }
     }
@@ -181,6 +187,7 @@ class wait_queue {
         by_key_.clear();
         for (auto& [at, e] : all) {
             e.watch.disarm(*e.call);
+            failed(e, ec, why);
             fail_call(*e.call, ec, why);
         }
     }
@@ -225,9 +232,15 @@ class wait_queue {
         if (on_change_) on_change_();
         if (reason.empty())
             reason = why == errc::timed_out ? timed_out_reason_(e.watch.timeout()) : cancelled_reason_;
+        failed(e, make_error_code(why), reason);
         fail_call(*e.call, why, std::move(reason));
     }
 
+    void failed(const entry& e, std::error_code ec, const std::string& why) {
+        if (on_failed_) on_failed_(*e.call, ec, why, e.since);
+    }
+
+    failed_fn on_failed_;
     net::any_io_executor ex_;
     std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // handlers hold it weakly
     std::function<std::string(std::chrono::milliseconds)> timed_out_reason_;

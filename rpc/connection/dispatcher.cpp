@@ -211,7 +211,8 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
             if (const handler_entry* e = h_ ? h_->find(it->m.method) : nullptr)
                 e->counters->request_done(errc::cancelled);
             const message m = std::move(it->m);
-            const arrival a{std::move(it->ctx), it->wire, it->at};
+            arrival a{std::move(it->ctx), it->wire, it->at};
+            a.observed = observes(a.ctx.get());
             pop_queued(it);
             c_.queued_messages = queue_.size();
             refuse(m, a, errc::cancelled, "cancelled by the caller before it started");

@@ -121,7 +121,7 @@ void keep(const span& s, bool in_ring) {
             r.next = (r.next + 1) % r.ring.size();
         }
     }
-    if (r.o.slowest == 0) return;
+    if (r.o.slowest == 0 || s.end_us < 0) return;  // not timed: not among the slowest
     auto& v = r.slowest;
     if (v.size() >= r.o.slowest && s.end_us <= v.back().end_us) return;
     v.insert(std::upper_bound(v.begin(), v.end(), s,

@@ -3,11 +3,12 @@ ordo.current_context() (a contextvar: it follows the handler across awaits and i
 starts), and deadlines and traces passed on by calls made inside a handler, between Python and
 ordo's C++ server both ways."""
 import asyncio
+import os
 
 import pytest
 
 import ordo
-from conftest import inc_server
+from conftest import BUILD, inc_server
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
@@ -72,6 +73,8 @@ async def test_metadata_reaches_a_python_handler_in_order_with_bytes_and_across_
     assert pairs == [["traceparent", TRACEPARENT], ["tracestate", "v=1"]]
     with pytest.raises(TypeError):
         ch.call("context", metadata={"k": 1})
+    with pytest.raises(TypeError):  # bytes only for a key ending in -bin
+        ch.call("context", metadata={"k": b"\xff"})
     with pytest.raises(ordo.BadArguments, match="reserved"):
         await ch.call("context", metadata={"ordo-x": "1"})
     ch.close()
@@ -121,3 +124,29 @@ async def test_a_call_inside_a_python_handler_is_a_child_and_takes_what_is_left(
     finally:
         cpp.stop()
         await srv.stop()
+
+
+async def test_a_cpp_callers_value_that_is_not_utf8_reaches_a_python_handler():
+    # A C++ caller's str may hold any bytes (ordo call --meta): the handler sees them as
+    # surrogates, and the server goes on.
+    ordo_tool = BUILD / "tools" / "ordo"
+    if not ordo_tool.exists():
+        pytest.skip("the ordo command is not built (-Dtools=false)")
+    srv = ordo.Server()
+
+    @srv.method
+    def raw():
+        value = ordo.current_context().metadata["k"]
+        return list(value.encode("utf-8", "surrogateescape"))
+
+    url = await srv.listen("tcp://127.0.0.1:0")
+    p = await asyncio.create_subprocess_exec(
+        os.fsencode(str(ordo_tool)), b"call", url.encode(), b"raw", b"--meta", b"k=a\xffb",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(p.communicate(), 60)
+    assert p.returncode == 0, err.decode(errors="replace")
+    assert out.strip() == b"[97,255,98]", out
+    ch = await ordo.connect(url)
+    assert (await ch.call("raw", metadata={"k": "ok"})) == [111, 107]
+    ch.close()
+    await srv.stop()

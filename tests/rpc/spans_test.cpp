@@ -236,6 +236,23 @@ TEST(Spans, ARoutersWaitForRoomAndItsRetryOnAnotherReplicaAreSpansOfTheTrace) {
         EXPECT_EQ(retry->kept, "sampled");
         EXPECT_NE(retry->note.find(via), std::string::npos) << retry->note;
         rt->close();
+
+        // A call that waits in vain (no replica within wait_for_replica): its wait, failed.
+        router_options lone;
+        lone.wait_for_replica = 100ms;
+        auto empty = make_router(ex, lone);
+        const std::string t4 = trace_id(5003);
+        auto [ec, v] = co_await channel(empty).async_call<int>("leaf", traced(t4), use_tuple);
+        EXPECT_EQ(ec, errc::peer_lost);
+        got = spans_of(t4);
+        ORDO_CO_ASSERT_EQ(got.size(), 1u);
+        EXPECT_EQ(got[0].kind, "router");
+        EXPECT_EQ(got[0].name, "wait");
+        EXPECT_EQ(got[0].status, "peer lost");
+        EXPECT_EQ(got[0].kept, "sampled");
+        EXPECT_GE(got[0].end_us, 50'000);
+        EXPECT_NE(got[0].note.find("wait_for_replica"), std::string::npos) << got[0].note;
+        empty->close();
     });
     record_spans({.capacity = 0});
 }
