@@ -13,17 +13,18 @@ wake-up draining every completion queued meanwhile. See docs/python.md.
 import atexit as _atexit
 
 from . import _ordo
-from ._api import (BadAddress, BadArguments, BadResult, CallContext, Cancelled, Channel, Closed,
-                   Identity, current_context,
+from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Closed, Identity,
                    MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, PermissionDenied,
                    ProtocolError, RemoteError, SessionLost, ShuttingDown, Stream, TimedOut,
                    Unauthenticated, connect)
+from ._context import CallContext, current_context
 from ._server import END, Server
 
-__all__ = ["connect", "current_context", "CallContext", "Channel", "Peer", "Identity", "Stream", "Server", "END", "OrdoError", "PeerLost",
-           "TimedOut", "Cancelled", "ProtocolError", "MethodNotFound", "BadArguments",
-           "RemoteError", "Overloaded", "ShuttingDown", "Closed", "BadAddress", "BadResult",
-           "SessionLost", "Unauthenticated", "PermissionDenied", "shutdown"]
+__all__ = ["connect", "current_context", "CallContext", "Channel", "Peer", "Identity", "Stream",
+           "Server", "END", "OrdoError", "PeerLost", "TimedOut", "Cancelled", "ProtocolError",
+           "MethodNotFound", "BadArguments", "RemoteError", "Overloaded", "ShuttingDown", "Closed",
+           "BadAddress", "BadResult", "SessionLost", "Unauthenticated", "PermissionDenied",
+           "shutdown"]
 
 
 def shutdown(wait_s: float = 2.0) -> None:

@@ -14,8 +14,9 @@ import itertools
 import types
 
 from . import _ordo
-from ._api import (BadArguments, CallContext, OrdoError, Peer, _check_running, _current, _hub,
-                   _packb, _tokens, _unpackb, _LoopHub)
+from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens, _unpackb,
+                   _LoopHub)
+from ._context import CallContext, _current
 
 _handlers: dict = {}  # handler id -> _Handler (ids are unique in the process)
 _SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool: (bool,),
