@@ -342,7 +342,7 @@ class Channel:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="", metadata)
+        stub = functools.partial(self.call, name)  # (*args, timeout=None, key="", metadata=None)
         self.__dict__[name] = stub
         return stub
 
