@@ -290,6 +290,44 @@ void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_vi
     write_head(out, msgid, method, params, pairs, left, timed);
 }
 
+std::size_t write_small_context_request(std::span<char, small_context_request> out,
+                                        std::uint32_t msgid, std::string_view method,
+                                        std::string_view params, std::size_t pairs,
+                                        std::string_view encoded_pairs,
+                                        std::chrono::milliseconds left, bool timed) noexcept {
+    // The same bytes as write_context_request_head and the pairs after it, for the common
+    // request: a fixstr method, fewer than 15 pairs, all of it in `out`.
+    constexpr std::size_t fixed = 7 + 1 + 1 + (1 + deadline_key.size() + 9);
+    if (method.size() >= 32 || pairs >= 15 ||
+        method.size() + params.size() + encoded_pairs.size() > out.size() - fixed)
+        return 0;
+    char* p = out.data();
+    p[0] = '\x95';
+    p[1] = '\x00';
+    p[2] = '\xce';
+    p[3] = char(msgid >> 24);
+    p[4] = char((msgid >> 16) & 0xff);
+    p[5] = char((msgid >> 8) & 0xff);
+    p[6] = char(msgid & 0xff);
+    p[7] = char(0xa0 | method.size());
+    p += 8;
+    copy_small(p, method.data(), method.size());
+    p += method.size();
+    copy_small(p, params.data(), params.size());
+    p += params.size();
+    *p++ = char(0x80 | (pairs + (timed ? 1 : 0)));
+    if (timed) {
+        unchecked_out o{p};
+        put_str(o, deadline_key);
+        msgpack::packer<unchecked_out>(o).pack_uint64(
+            static_cast<std::uint64_t>(std::max<std::int64_t>(0, left.count())));
+        p = o.at;
+    }
+    copy_small(p, encoded_pairs.data(), encoded_pairs.size());
+    p += encoded_pairs.size();
+    return static_cast<std::size_t>(p - out.data());
+}
+
 void write_context_request(buffer& out, std::uint32_t msgid, std::string_view method,
                            std::string_view params, const metadata& meta,
                            std::chrono::milliseconds left, bool timed) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -147,6 +148,17 @@ void write_context_request(buffer& out, std::uint32_t msgid, std::string_view me
 void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_view method,
                                 std::string_view params, std::size_t pairs,
                                 std::chrono::milliseconds left, bool timed);
+
+/// The room of write_small_context_request's buffer (on the caller's stack).
+inline constexpr std::size_t small_context_request = 384;
+/// The whole request of write_context_request_head followed by its `encoded_pairs`, written
+/// into `out` in one pass; 0 when it does not fit (or its method is 32 bytes or more, or it has
+/// 15 pairs or more), for write_context_request_head to do. Its length otherwise.
+std::size_t write_small_context_request(std::span<char, small_context_request> out,
+                                        std::uint32_t msgid, std::string_view method,
+                                        std::string_view params, std::size_t pairs,
+                                        std::string_view encoded_pairs,
+                                        std::chrono::milliseconds left, bool timed) noexcept;
 
 /// The metadata a connection sent last, checked and encoded as map entries: calls that carry
 /// the same pairs (one metadata object copied into each call, as callers do) reuse both.

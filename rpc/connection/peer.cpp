@@ -192,8 +192,14 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         return hold(std::move(h));
     }
     if (ctx_support == context_support::yes) {
-        // Its head encoded in a buffer the connection keeps (no allocation per call), its
-        // pairs as they were encoded for the first call that carried them.
+        // Its pairs as they were encoded for the first call that carried them, copied after
+        // its head on the stack, and sent in one piece; a larger one, its head in a buffer the
+        // connection keeps (no allocation per call) and the pairs after it.
+        char small[detail::small_context_request];
+        if (const std::size_t n =
+                detail::write_small_context_request(small, id, method, params, opts.metadata.size(),
+                                                    pairs, timeout, timeout.count() > 0))
+            return sess->send(std::string_view(small, n));
         ctx_scratch.clear();
         detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
                                            timeout, timeout.count() > 0);

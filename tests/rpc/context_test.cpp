@@ -13,6 +13,7 @@
 #include <asio/write.hpp>
 
 #include "ordo/ordo.hpp"
+#include "rpc/connection/context.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
 
@@ -546,6 +547,65 @@ TEST(Context, MetadataCopiesShareTheirPairsUntilOneIsChanged) {
     metadata d = std::move(b);
     EXPECT_TRUE(b.empty());  // NOLINT: moved from, on purpose
     EXPECT_EQ(d.size(), 2u);
+}
+
+// The send path writes a common request in one pass on the stack: its bytes must be those of
+// the general encoder, for every deadline width, pair count and size it takes, and it must
+// decline what it does not take.
+TEST(Context, TheOnePassRequestWriterWritesWhatTheGeneralOneWrites) {
+    std::string params_bytes;
+    {
+        msgpack::sbuffer b;
+        msgpack::pack(b, std::make_tuple(std::string("payload"), 42));
+        params_bytes.assign(b.data(), b.size());
+    }
+    const std::string_view params(params_bytes);
+    int written = 0, declined = 0;
+    for (const std::string& method :
+         {std::string("e"), std::string("echo"), std::string(31, 'm'), std::string(32, 'm')}) {
+        for (const std::size_t pairs : {0u, 1u, 2u, 14u, 15u}) {
+            metadata meta;
+            for (std::size_t i = 0; i < pairs; ++i)
+                meta.emplace_back("key-" + std::to_string(i), std::string(i * 3, 'v'));
+            if (pairs == 1)
+                meta = metadata{
+                    {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}};
+            if (pairs == 2) meta = metadata{{"t-bin", std::string("\0\xff", 2)}, {"k", "v"}};
+            for (const long long ms : {-1ll, 0ll, 5ll, 200ll, 70000ll, 5000000000ll}) {
+                const bool timed = ms >= 0;
+                if (pairs == 0 && !timed) continue;
+                detail::packed_metadata packed;
+                const std::string_view encoded =
+                    pairs ? packed.pack(method, meta, timed) : std::string_view();
+                buffer general;
+                detail::write_context_request(general, 0x01020304, method, params, meta,
+                                              std::chrono::milliseconds(ms), timed);
+                char small[detail::small_context_request];
+                const std::size_t n = detail::write_small_context_request(
+                    small, 0x01020304, method, params, meta.size(), encoded,
+                    std::chrono::milliseconds(ms), timed);
+                if (method.size() >= 32 || pairs >= 15 ||
+                    general.size() > detail::small_context_request) {
+                    EXPECT_EQ(n, 0u) << method.size() << " " << pairs;
+                    ++declined;
+                    continue;
+                }
+                ASSERT_NE(n, 0u) << method << " " << pairs << " " << ms;
+                EXPECT_EQ(std::string_view(small, n),
+                          std::string_view(general.data(), general.size()))
+                    << method << " " << pairs << " " << ms;
+                ++written;
+            }
+        }
+    }
+    EXPECT_GT(written, 40);
+    EXPECT_GT(declined, 10);
+    // Params too long for the stack are declined, not cut.
+    const std::string big(detail::small_context_request, 'x');
+    char room[detail::small_context_request];
+    EXPECT_EQ(detail::write_small_context_request(room, 1, "m", big, 0, {},
+                                                  std::chrono::milliseconds(1), true),
+              0u);
 }
 
 TEST(Context, AMalformedTraceparentIsNotATrace) {
