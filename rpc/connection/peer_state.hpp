@@ -115,6 +115,11 @@ struct peer::state final : detail::call_table_host,
         calls.on_response(m);
     }
 
+    // Reading stopped by the dispatcher (its queue at max_queued_messages or the memory
+    // budget), and when it last started again: what the watchdog's silence counts from.
+    bool reading_paused = false;
+    std::chrono::steady_clock::time_point resumed_reading{};
+
     // ---- draining (ordo.goaway, docs/protocol.md "Draining") ----
 
     bool told_goaway = false;   // this side said it is going away (a server draining)
@@ -335,7 +340,11 @@ struct peer::state final : detail::call_table_host,
             answers_stopped = true;
         }
     }
-    void pause_reading(bool paused) override { sess->pause_reading(paused); }
+    void pause_reading(bool paused) override {
+        sess->pause_reading(paused);
+        reading_paused = paused;
+        if (!paused) resumed_reading = std::chrono::steady_clock::now();
+    }
     void handler_started() override { live.note_work(); }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
     void remote_closing(std::error_code code, std::string reason) override {
@@ -348,8 +357,12 @@ struct peer::state final : detail::call_table_host,
 
     std::size_t calls_waiting() const override { return calls.waiting(); }
     std::size_t handlers_running() const override { return disp.running(); }
+    // While this side does not read (its queue is full), the peer's silence is this side's
+    // own doing: the watchdog counts it from when reading resumed, not from the last bytes
+    // read before the pause (a server busy with a long queue took a live caller for dead).
     std::chrono::steady_clock::time_point last_receive() const override {
-        return sess->counters().last_receive;
+        if (reading_paused) return std::chrono::steady_clock::now();
+        return std::max(sess->counters().last_receive, resumed_reading);
     }
     bool send_ping() override {
         const std::uint32_t id = calls.next_id();

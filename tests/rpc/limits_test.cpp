@@ -56,6 +56,40 @@ TEST(Limits, MaxQueuedMessagesStopsReadingWhileASerialHandlerIsBusy) {
     });
 }
 
+// A server whose queue stops it reading hears nothing from its caller while it works the queue
+// down: that silence is its own, and the caller is not lost for it (its watchdog counted from
+// the last read, and took a live caller for dead after liveness_timeout).
+TEST(Limits, AServerThatStopsReadingForItsQueueDoesNotTakeItsCallerForDead) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.peer.max_queued_messages = 8;
+        so.peer.liveness_timeout = 300ms;
+        server srv(ex, so);
+        srv.on("slow", [&](int i) -> net::awaitable<int> {
+            co_await sleep_for(20ms);
+            co_return i;
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        // 100 calls in one read: the queue holds them all and reading stops until it is down
+        // to 4, about 2 s of handlers later, several times liveness_timeout.
+        constexpr int n = 100;
+        int answered = 0, wrong = 0;
+        std::string first_error;
+        for (int i = 0; i < n; ++i)
+            ch.async_call<int>("slow", i, [&, i](std::error_code ec, int v) {
+                ++answered;
+                if (ec || v != i) {
+                    ++wrong;
+                    if (first_error.empty()) first_error = ec.message();
+                }
+            });
+        EXPECT_TRUE(co_await wait_until([&] { return answered == n; }, 120s));
+        EXPECT_EQ(wrong, 0) << first_error;
+        co_await srv.async_stop();
+    });
+}
+
 // Reads the first message `t` sends, ordo.features (a call with a deadline asks it first:
 // docs/protocol.md "Call context"), and answers it as a plain msgpack-rpc peer does, with an
 // error: the calls then come as plain requests, msgids 1 and up.
