@@ -121,6 +121,15 @@ std::string_view bytes_of(const msgpack::object& o) {
     return o.type == msgpack::type::STR ? std::string_view(o.via.str.ptr, o.via.str.size)
                                         : std::string_view(o.via.bin.ptr, o.via.bin.size);
 }
+
+// `s` made equal to `v`, in place when their lengths are the same (a reused context's pair
+// read again: its key, and a traceparent's 55 bytes), where assign cost 70 instructions.
+void overwrite(std::string& s, std::string_view v) {
+    if (s.size() == v.size())
+        copy_small(s.data(), v.data(), v.size());
+    else
+        s.assign(v);
+}
 }  // namespace
 
 // Reuses a context's storage: its pairs' strings keep their memory.
@@ -173,8 +182,8 @@ std::shared_ptr<const call_context> read_context(const message& m,
                     static_cast<std::uint8_t>(hex_value(value[53]) * 16 + hex_value(value[54])));
             }
             if (kept < pairs.size()) {
-                pairs[kept].first.assign(key);
-                pairs[kept].second.assign(value);
+                overwrite(pairs[kept].first, key);
+                overwrite(pairs[kept].second, value);
             } else {
                 pairs.emplace_back(std::string(key), std::string(value));
             }

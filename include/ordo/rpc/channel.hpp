@@ -51,8 +51,11 @@ class channel {
                                 std::make_index_sequence<0>());
         } else if constexpr (detail::is_completion_token_v<last_t<Ts...>, R>) {
             if constexpr (n >= 2) {
+                // The options as given: moved from when the caller passed a temporary (as
+                // ordo::timeout(...) is), copied when it passed a name.
                 if constexpr (detail::is_call_options_v<nth_t<n - 2, Ts...>>)
-                    return call_with<R>(method, std::get<n - 2>(all), std::get<n - 1>(all), all,
+                    return call_with<R>(method, std::get<n - 2>(std::move(all)),
+                                        std::get<n - 1>(all), all,
                                         std::make_index_sequence<n - 2>());
                 else
                     return call_with<R>(method, detail::no_options{}, std::get<n - 1>(all), all,
@@ -62,7 +65,7 @@ class channel {
                                     std::make_index_sequence<0>());
             }
         } else if constexpr (detail::is_call_options_v<last_t<Ts...>>) {
-            return call_with<R>(method, std::get<n - 1>(all), net::use_awaitable, all,
+            return call_with<R>(method, std::get<n - 1>(std::move(all)), net::use_awaitable, all,
                                 std::make_index_sequence<n - 1>());
         } else {
             return call_with<R>(method, detail::no_options{}, net::use_awaitable, all,
