@@ -127,7 +127,9 @@ namespace {
 // reads it, put in `pairs`; all of it in `bytes` and within the limits, counted as the general
 // reader counts them. 0 for anything else: read_envelope reads it, or says what is wrong with
 // it.
-template <bool wide>
+// `with_context`: only a request with its context; otherwise only one without (each is its
+// own code, so that the plain call's way pays nothing for the other).
+template <bool wide, bool with_context>
 [[gnu::always_inline]] inline std::size_t read_common_call(std::string_view bytes, const limits& l,
                                                            msgpack::object* items,
                                                            msgpack::object_kv* pairs,
@@ -137,10 +139,11 @@ template <bool wide>
     if (end - start < 4 || l.max_container_length < 4 || l.max_depth < 2 || l.max_objects < 5)
         return 0;
     const unsigned char kind = start[1];
-    const bool with_context = start[0] == 0x95 && kind == 0;
-    if (!(start[0] == 0x94 && kind == 0) && !(start[0] == 0x93 && kind == 2) && !with_context)
-        return 0;
-    if (with_context && l.max_container_length < 5) return 0;
+    if constexpr (with_context) {
+        if (start[0] != 0x95 || kind != 0 || l.max_container_length < 5) return 0;
+    } else {
+        if (!(start[0] == 0x94 && kind == 0) && !(start[0] == 0x93 && kind == 2)) return 0;
+    }
     const auto* p = start + 2;
     std::uint32_t id = 0;
     if (kind == 0 && !read_small_msgid(p, end, id)) return 0;
@@ -154,7 +157,11 @@ template <bool wide>
     ++p;
     for (std::size_t i = 0; i < n; ++i)
         if (!read_flat_value<wide>(p, end, l, items[i])) return 0;
-    if (with_context && !read_small_context(p, end, l, pairs, objects, m.meta)) return 0;
+    if constexpr (with_context) {
+        if (!read_small_context(p, end, l, pairs, objects, m.meta)) return 0;
+    } else {
+        (void)pairs;
+    }
     m.kind = static_cast<message_kind>(kind);
     m.msgid = id;
     m.method = method;
@@ -351,7 +358,18 @@ namespace {
 // general way.
 [[gnu::noinline]] std::size_t read_other_prefix(std::string_view bytes, const limits& l,
                                                 read_area& a, message& m) noexcept {
-    if (const std::size_t n = read_common_call<true>(bytes, l, a.items, a.pairs, m)) return n;
+    if (const std::size_t n = read_common_call<true, false>(bytes, l, a.items, a.pairs, m))
+        return n;
+    return read_prefix(bytes, l, a.zone, m);
+}
+
+// A request with its context (docs/protocol.md, "Call context"): the common ones in one pass,
+// then the general way.
+[[gnu::noinline]] std::size_t read_context_prefix(std::string_view bytes, const limits& l,
+                                                  read_area& a, message& m) noexcept {
+    if (const std::size_t n = read_common_call<false, true>(bytes, l, a.items, a.pairs, m))
+        return n;
+    if (const std::size_t n = read_common_call<true, true>(bytes, l, a.items, a.pairs, m)) return n;
     m.meta = msgpack::object();  // what a failed read_small_context may have left
     return read_prefix(bytes, l, a.zone, m);
 }
@@ -363,7 +381,12 @@ std::size_t decode_prefix(std::string_view bytes, const limits& l, read_area& a,
     m.borrowed = true;
     if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[1]) == 0x01)
         return read_response_prefix(bytes, l, a.zone, m);
-    if (const std::size_t n = read_common_call<false>(bytes, l, a.items, a.pairs, m)) return n;
+    if (const std::size_t n = read_common_call<false, false>(bytes, l, a.items, a.pairs, m))
+        return n;
+    // Asked after the plain call (which declines it at its first byte), so that a plain one
+    // pays nothing for it.
+    if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x95)
+        return read_context_prefix(bytes, l, a, m);
     return read_other_prefix(bytes, l, a, m);
 }
 
