@@ -263,7 +263,7 @@ namespace {
 struct unchecked_out {
     char* at;
     void write(const char* p, std::size_t n) noexcept {
-        std::memcpy(at, p, n);
+        copy_small(at, p, n);  // most pieces are a few bytes: no call to memcpy for them
         at += n;
     }
 };
@@ -310,18 +310,11 @@ std::size_t write_small_context_request(std::span<char, small_context_request> o
     if (method.size() >= 32 || pairs >= 15 ||
         method.size() + params.size() + encoded_pairs.size() > out.size() - fixed)
         return 0;
-    char* p = out.data();
-    p[0] = '\x95';
-    p[1] = '\x00';
-    p[2] = '\xce';
-    p[3] = char(msgid >> 24);
-    p[4] = char((msgid >> 16) & 0xff);
-    p[5] = char((msgid >> 8) & 0xff);
-    p[6] = char(msgid & 0xff);
-    p[7] = char(0xa0 | method.size());
-    p += 8;
-    copy_small(p, method.data(), method.size());
-    p += method.size();
+    // The plain request's head, then its array made five elements long.
+    unchecked_out head{out.data()};
+    write_request_head(head, msgid, method);
+    out[0] = '\x95';
+    char* p = head.at;
     copy_small(p, params.data(), params.size());
     p += params.size();
     *p++ = char(0x80 | (pairs + (timed ? 1 : 0)));
