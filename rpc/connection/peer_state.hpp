@@ -75,8 +75,6 @@ struct peer::state final : detail::call_table_host,
         // Borrowed from read_area: what outlives this call (a queued message, an async
         // handler's params, a raw result) is own()ed on the way.
         message m = decode_message(bytes, o.comm.limits, read_area.zone);
-        if (m.meta.type != msgpack::type::NIL) [[unlikely]]
-            return on_context_message(m, bytes.size());
         handle(m, bytes.size());
     }
     // A request with its context: never the dispatcher's inline path.
@@ -87,23 +85,25 @@ struct peer::state final : detail::call_table_host,
     std::size_t take_message(std::string_view bytes, const limits& l) override {
         message m;
         const std::size_t n = detail::decode_prefix(bytes, l, read_area, m);
-        if (n > 0) {
-            if (m.meta.type != msgpack::type::NIL) [[unlikely]]
-                on_context_message(m, n);
-            else
-                handle(m, n);
-        }
+        if (n > 0) handle(m, n);
         return n;
     }
     [[gnu::always_inline]] void handle(message& m, std::size_t wire_bytes) {
-        if (m.kind == message_kind::notification && m.method == "ordo.item")
-            return calls.on_item(m, wire_bytes);  // an item of one of this side's streams
-        if (m.kind != message_kind::response) {
-            disp.on_message(m, wire_bytes);
-            if (heard_goaway) [[unlikely]]
-                leave_when_idle();
-            return;
+        // Tested in this order, so that a notification pays for one test, and only a request
+        // for its context (the only kind that carries one).
+        if (m.kind == message_kind::notification) {
+            if (m.method == "ordo.item")  // an item of one of this side's streams
+                return calls.on_item(m, wire_bytes);
+        } else if (m.kind == message_kind::response) {
+            return on_response(m);
+        } else if (m.meta.type != msgpack::type::NIL) [[unlikely]] {
+            return on_context_message(m, wire_bytes);
         }
+        disp.on_message(m, wire_bytes);
+        if (heard_goaway) [[unlikely]]
+            leave_when_idle();
+    }
+    [[gnu::always_inline]] void on_response(message& m) {
         if (heard_goaway) [[unlikely]] {
             // The caller's handler may drop the last reference.
             auto keep = self.shared_from_this();
