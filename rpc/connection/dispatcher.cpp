@@ -255,6 +255,27 @@ const handler_entry* dispatcher::find_and_remember(std::string_view method) {
     return e;
 }
 
+void dispatcher::on_context_message(message& m, std::size_t bytes) {
+    if (stopped_ || serial_busy_ || !queue_.empty() || m.method.starts_with("ordo.")) [[unlikely]]
+        return on_message_slow(m, bytes);
+    // (No handler is direct while there is an access log.)
+    const handler_entry* e = find(m.method);
+    if (!e || !e->direct) [[unlikely]]
+        return on_message_slow(m, bytes);
+    // What dispatch_to does for such a handler, and no more (its deadline counts from now).
+    arrival a{nullptr, bytes, {}};
+    a.ctx = read_context(m, a.at, std::move(spare_ctx_));
+    a.observed = observes(a.ctx.get());
+    if (a.observed && a.at == std::chrono::steady_clock::time_point{})
+        a.at = std::chrono::steady_clock::now();
+    if (a.ctx && a.ctx->has_deadline() && a.ctx->deadline <= std::chrono::steady_clock::now())
+        [[unlikely]]
+        return expired(*e, m, a);
+    run_sync<true>(*e, m, &a);
+    if (a.ctx && a.ctx.use_count() == 1)
+        spare_ctx_ = std::const_pointer_cast<call_context>(std::move(a.ctx));
+}
+
 void dispatcher::dispatch(message& m, arrival a) {
     const bool req = m.kind == message_kind::request;
     std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)

@@ -90,9 +90,10 @@ class dispatcher {
             return run_sync<false>(*e, m, nullptr);
         dispatch_to(e, m, 0, 0, arrival{nullptr, bytes, {}});
     }
-    /// A request that carries a context (message::meta): the decoders' general way reads it,
-    /// so it never takes on_message's inline path.
-    void on_context_message(message& m, std::size_t bytes) { on_message_slow(m, bytes); }
+    /// A request that carries a context (message::meta). Never on_message's inline path: a
+    /// synchronous handler open to every caller, with nothing queued ahead and no access log,
+    /// runs from here with its context; anything else takes the one dispatch path.
+    void on_context_message(message& m, std::size_t bytes);
     /// The connection ended: cancel every running handler (Asio terminal cancellation), drop
     /// the queue; later messages are not dispatched.
     void stop();

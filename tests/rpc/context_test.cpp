@@ -2,6 +2,8 @@
 // peer, a pool and a router; plain msgpack-rpc peers that never see it; deadlines that travel
 // with the call, so that a call arriving or waiting past its deadline is never run; and calls
 // made inside a handler that take what is left of its deadline, across co_awaits.
+#include <algorithm>
+#include <future>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -524,6 +526,87 @@ TEST(Context, ACallMadeInsideATracedHandlerIsAChildOfItsSpan) {
         ORDO_CO_ASSERT_EQ(plain.size(), 2u);
         EXPECT_TRUE(plain[0].trace_id.empty());
         EXPECT_TRUE(plain[1].trace_id.empty());
+    });
+}
+
+// What a plain handler saw of both.
+struct seen_all {
+    seen_context c;
+    seen_trace t;
+    MSGPACK_DEFINE(c, t)
+};
+
+metadata second_trace() {
+    return {{"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}};
+}
+
+// A trace; pairs with a deadline; another trace; nothing; three pairs.
+std::vector<call_options> five_contexts() {
+    std::vector<call_options> o;
+    o.push_back(with_meta(traced()));
+    o.push_back(with_meta(one_pair(), 60000ms));
+    o.push_back(with_meta(second_trace()));
+    o.push_back(call_options{});
+    o.push_back(with_meta(some_metadata()));
+    return o;
+}
+
+// A plain function's context is reused for the next call on its connection (read_context,
+// on the way straight from the read and on the queued one): each call sees its own pairs,
+// trace and deadline, and nothing of the call before.
+TEST(Context, EachCallSeesOnlyItsOwnContextWhereTheLastOnesIsReused) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server s(ex);
+        s.on("both", [] { return seen_all{look(), look_trace()}; });
+        s.on("wait", [](int ms) -> net::awaitable<int> {
+            net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+            co_await t.async_wait(net::use_awaitable);
+            co_return ms;
+        });
+        channel ch = co_await async_connect(s.listen("tcp://127.0.0.1:0"));
+        // Twice: one at a time (each runs from the read), then all sent at once behind a
+        // serial handler that waits (each runs from the queue).
+        for (int round = 0; round < 2; ++round) {
+            const bool queued = round == 1;
+            std::vector<call_options> opts = five_contexts();
+            std::vector<seen_all> got;
+            if (!queued) {
+                for (auto& o : opts)
+                    got.push_back(co_await ch.async_call<seen_all>("both", std::move(o)));
+            } else {
+                std::future<int> waited = ch.async_call<int>("wait", 200, net::use_future);
+                std::vector<std::future<seen_all>> f;
+                for (auto& o : opts)
+                    f.push_back(ch.async_call<seen_all>("both", std::move(o), net::use_future));
+                co_await wait_until([&] {
+                    return std::all_of(f.begin(), f.end(), [](auto& x) {
+                        return x.wait_for(0s) == std::future_status::ready;
+                    });
+                });
+                EXPECT_EQ(waited.get(), 200);
+                for (auto& x : f) got.push_back(x.get());
+            }
+            ORDO_CO_ASSERT_EQ(got.size(), 5u);
+            const auto& [a, b, c, d, e] = std::tie(got[0], got[1], got[2], got[3], got[4]);
+            EXPECT_EQ(a.t.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736") << queued;
+            EXPECT_EQ(a.c.metadata, traced().pairs()) << queued;
+            EXPECT_EQ(a.c.left_ms, -1) << queued;
+            EXPECT_TRUE(b.t.trace_id.empty()) << queued;
+            EXPECT_EQ(b.c.metadata, one_pair().pairs()) << queued;
+            EXPECT_GT(b.c.left_ms, 0) << queued;
+            EXPECT_LE(b.c.left_ms, 60000) << queued;
+            EXPECT_EQ(c.t.trace_id, "0af7651916cd43dd8448eb211c80319c") << queued;
+            EXPECT_EQ(c.t.parent_id, "b7ad6b7169203331") << queued;
+            EXPECT_EQ(c.t.flags, 0) << queued;
+            EXPECT_NE(c.t.span_id, a.t.span_id) << queued;
+            EXPECT_EQ(c.c.metadata, second_trace().pairs()) << queued;
+            EXPECT_EQ(c.c.left_ms, -1) << queued;
+            EXPECT_FALSE(d.c.present) << queued;
+            EXPECT_TRUE(d.t.trace_id.empty()) << queued;
+            EXPECT_TRUE(e.t.trace_id.empty()) << queued;
+            EXPECT_EQ(e.c.metadata, some_metadata().pairs()) << queued;
+        }
     });
 }
 
