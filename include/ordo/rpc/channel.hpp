@@ -119,23 +119,31 @@ class channel {
                                       std::get<sizeof...(I)>(all));
     }
 
-    // `o`: the call's call_options (a copy), or detail::no_options when it was given none.
+    // What a call keeps of its options: the caller's temporary itself (moved into the call,
+    // once), or a copy of a named one.
+    static call_options&& kept(call_options&& o) noexcept { return std::move(o); }
+    static call_options kept(const call_options& o) { return o; }
+    static detail::no_options kept(detail::no_options o) noexcept { return o; }
+
+    // `o`: the call's call_options as the caller passed them, or detail::no_options when it
+    // was given none.
     template <class R, class Options, class Token, class Tuple, std::size_t... I>
-    auto call_with(std::string_view method, Options o, Token&& token, Tuple& all,
+    auto call_with(std::string_view method, Options&& o, Token&& token, Tuple& all,
                    std::index_sequence<I...>) const {
         if constexpr (detail::is_plain_handler_v<Token, R>) {
-            detail::start_with_handler<R>(impl_, method, std::move(o), std::forward<Token>(token),
+            detail::start_with_handler<R>(impl_, method, kept(std::forward<Options>(o)),
+                                          std::forward<Token>(token),
                                           [&](detail::params_buffer& b) {
                                               detail::pack_params_into(b, std::get<I>(all)...);
                                           });
-        } else if constexpr (std::is_same_v<Options, detail::no_options>) {
+        } else if constexpr (std::is_same_v<std::decay_t<Options>, detail::no_options>) {
             return detail::call<R>(impl_, std::string(method),
                                    detail::pack_params(std::get<I>(all)...), call_options{},
                                    std::forward<Token>(token));
         } else {
             return detail::call<R>(impl_, std::string(method),
-                                   detail::pack_params(std::get<I>(all)...), std::move(o),
-                                   std::forward<Token>(token));
+                                   detail::pack_params(std::get<I>(all)...),
+                                   kept(std::forward<Options>(o)), std::forward<Token>(token));
         }
     }
 
