@@ -133,16 +133,6 @@ void overwrite(std::string& s, std::string_view v) {
 }  // namespace
 
 // Reuses a context's storage: its pairs' strings keep their memory.
-struct context_reuse {
-    static std::vector<metadata::pair>& pairs(metadata& m) { return m.own(); }
-    static bool same(const metadata& a, const metadata& b) noexcept { return a.p_ == b.p_; }
-    static void clear(call_context& c) noexcept {
-        c.deadline = call_context::clock::time_point::max();
-        c.trace_flags = 0;
-        c.traced_ = false;
-    }
-};
-
 std::shared_ptr<const call_context> read_context(const message& m,
                                                  std::chrono::steady_clock::time_point& arrived,
                                                  std::shared_ptr<call_context> spare) {
@@ -299,22 +289,15 @@ void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_vi
     write_head(out, msgid, method, params, pairs, left, timed);
 }
 
-std::size_t write_small_context_request(std::span<char, small_context_request> out,
-                                        std::uint32_t msgid, std::string_view method,
-                                        std::string_view params, std::size_t pairs,
-                                        std::string_view encoded_pairs,
-                                        std::chrono::milliseconds left, bool timed) noexcept {
-    // The same bytes as write_context_request_head and the pairs after it, for the common
-    // request: a fixstr method, fewer than 15 pairs, all of it in `out`.
+std::size_t write_small_context_head(std::span<char, small_context_head> out, std::uint32_t msgid,
+                                     std::string_view method, std::string_view params,
+                                     std::size_t pairs, std::chrono::milliseconds left,
+                                     bool timed) noexcept {
     constexpr std::size_t fixed = 7 + 1 + 1 + (1 + deadline_key.size() + 9);
-    if (method.size() >= 32 || pairs >= 15 ||
-        method.size() + params.size() + encoded_pairs.size() > out.size() - fixed)
+    if (method.size() >= 32 || pairs >= 15 || method.size() + params.size() > out.size() - fixed)
         return 0;
-    // The plain request's head, then its array made five elements long.
-    unchecked_out head{out.data()};
-    write_request_head(head, msgid, method);
-    out[0] = '\x95';
-    char* p = head.at;
+    // The plain request's head, its array five elements long.
+    char* p = put_short_request_head(out.data(), '\x95', msgid, method);
     copy_small(p, params.data(), params.size());
     p += params.size();
     *p++ = char(0x80 | (pairs + (timed ? 1 : 0)));
@@ -325,8 +308,6 @@ std::size_t write_small_context_request(std::span<char, small_context_request> o
             static_cast<std::uint64_t>(std::max<std::int64_t>(0, left.count())));
         p = o.at;
     }
-    copy_small(p, encoded_pairs.data(), encoded_pairs.size());
-    p += encoded_pairs.size();
     return static_cast<std::size_t>(p - out.data());
 }
 
@@ -337,7 +318,8 @@ void write_context_request(buffer& out, std::uint32_t msgid, std::string_view me
     encode_pairs(out, meta);
 }
 
-std::string_view packed_metadata::pack(std::string_view method, const metadata& meta, bool timed) {
+std::string_view packed_metadata::pack_other(std::string_view method, const metadata& meta,
+                                             bool timed) {
     if (!valid_ || !(meta == meta_)) {
         valid_ = false;
         check_metadata(method, meta, timed);

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ordo/net.hpp"
 #include "ordo/rpc/codec.hpp"
@@ -149,16 +150,27 @@ void write_context_request_head(buffer& out, std::uint32_t msgid, std::string_vi
                                 std::string_view params, std::size_t pairs,
                                 std::chrono::milliseconds left, bool timed);
 
-/// The room of write_small_context_request's buffer (on the caller's stack).
-inline constexpr std::size_t small_context_request = 384;
-/// The whole request of write_context_request_head followed by its `encoded_pairs`, written
-/// into `out` in one pass; 0 when it does not fit (or its method is 32 bytes or more, or it has
-/// 15 pairs or more), for write_context_request_head to do. Its length otherwise.
-std::size_t write_small_context_request(std::span<char, small_context_request> out,
-                                        std::uint32_t msgid, std::string_view method,
-                                        std::string_view params, std::size_t pairs,
-                                        std::string_view encoded_pairs,
-                                        std::chrono::milliseconds left, bool timed) noexcept;
+/// The room of write_small_context_head's buffer (on the caller's stack).
+inline constexpr std::size_t small_context_head = 256;
+/// What write_context_request_head writes, for the common request (a fixstr method, fewer than
+/// 15 pairs, all of it in `out`), written in one pass without a buffer; 0 when it does not fit
+/// (or its method is 32 bytes or more, or it has 15 pairs or more), for
+/// write_context_request_head to do. Its length otherwise. The pairs' encoding follows it.
+std::size_t write_small_context_head(std::span<char, small_context_head> out, std::uint32_t msgid,
+                                     std::string_view method, std::string_view params,
+                                     std::size_t pairs, std::chrono::milliseconds left,
+                                     bool timed) noexcept;
+
+/// What a connection reaches inside metadata and call_context to reuse their storage.
+struct context_reuse {
+    static std::vector<metadata::pair>& pairs(metadata& m) { return m.own(); }
+    static bool same(const metadata& a, const metadata& b) noexcept { return a.p_ == b.p_; }
+    static void clear(call_context& c) noexcept {
+        c.deadline = call_context::clock::time_point::max();
+        c.trace_flags = 0;
+        c.traced_ = false;
+    }
+};
 
 /// The metadata a connection sent last, checked and encoded as map entries: calls that carry
 /// the same pairs (one metadata object copied into each call, as callers do) reuse both.
@@ -166,9 +178,16 @@ class packed_metadata {
   public:
     /// `meta`'s pairs encoded as map entries, after check_metadata(method, meta, timed) (which
     /// throws, naming `method`).
-    std::string_view pack(std::string_view method, const metadata& meta, bool timed);
+    std::string_view pack(std::string_view method, const metadata& meta, bool timed) {
+        // Inline, the common call: the very pairs of the call before, and no deadline to check
+        // their size with.
+        if (valid_ && !timed && context_reuse::same(meta, meta_)) [[likely]]
+            return {encoded_.data(), encoded_.size()};
+        return pack_other(method, meta, timed);
+    }
 
   private:
+    std::string_view pack_other(std::string_view method, const metadata& meta, bool timed);
     metadata meta_;  // held: while it is, the pairs cannot change under the cache
     std::size_t bytes_ = 0;
     buffer encoded_{small_buffer};

@@ -192,14 +192,13 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         return hold(std::move(h));
     }
     if (ctx_support == context_support::yes) {
-        // Its pairs as they were encoded for the first call that carried them, copied after
-        // its head on the stack, and sent in one piece; a larger one, its head in a buffer the
-        // connection keeps (no allocation per call) and the pairs after it.
-        char small[detail::small_context_request];
-        if (const std::size_t n =
-                detail::write_small_context_request(small, id, method, params, opts.metadata.size(),
-                                                    pairs, timeout, timeout.count() > 0))
-            return sess->send(std::string_view(small, n));
+        // Its head on the stack, and its pairs as they were encoded for the first call that
+        // carried them: two pieces of one message. A larger head goes in a buffer the
+        // connection keeps (no allocation per call).
+        char small[detail::small_context_head];
+        if (const std::size_t n = detail::write_small_context_head(
+                small, id, method, params, opts.metadata.size(), timeout, timeout.count() > 0))
+            return sess->send(std::string_view(small, n), pairs);
         ctx_scratch.clear();
         detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
                                            timeout, timeout.count() > 0);

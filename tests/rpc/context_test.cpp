@@ -632,9 +632,9 @@ TEST(Context, MetadataCopiesShareTheirPairsUntilOneIsChanged) {
     EXPECT_EQ(d.size(), 2u);
 }
 
-// The send path writes a common request in one pass on the stack: its bytes must be those of
-// the general encoder, for every deadline width, pair count and size it takes, and it must
-// decline what it does not take.
+// The send path writes a common request's head in one pass on the stack, and its encoded pairs
+// after it: their bytes must be those of the general encoder, for every deadline width, pair
+// count and size it takes, and it must decline what it does not take.
 TEST(Context, TheOnePassRequestWriterWritesWhatTheGeneralOneWrites) {
     std::string params_bytes;
     {
@@ -663,18 +663,17 @@ TEST(Context, TheOnePassRequestWriterWritesWhatTheGeneralOneWrites) {
                 buffer general;
                 detail::write_context_request(general, 0x01020304, method, params, meta,
                                               std::chrono::milliseconds(ms), timed);
-                char small[detail::small_context_request];
-                const std::size_t n = detail::write_small_context_request(
-                    small, 0x01020304, method, params, meta.size(), encoded,
-                    std::chrono::milliseconds(ms), timed);
-                if (method.size() >= 32 || pairs >= 15 ||
-                    general.size() > detail::small_context_request) {
+                char small[detail::small_context_head];
+                const std::size_t n =
+                    detail::write_small_context_head(small, 0x01020304, method, params, meta.size(),
+                                                     std::chrono::milliseconds(ms), timed);
+                if (method.size() >= 32 || pairs >= 15) {
                     EXPECT_EQ(n, 0u) << method.size() << " " << pairs;
                     ++declined;
                     continue;
                 }
                 ASSERT_NE(n, 0u) << method << " " << pairs << " " << ms;
-                EXPECT_EQ(std::string_view(small, n),
+                EXPECT_EQ(std::string(small, n) + std::string(encoded),
                           std::string_view(general.data(), general.size()))
                     << method << " " << pairs << " " << ms;
                 ++written;
@@ -684,11 +683,16 @@ TEST(Context, TheOnePassRequestWriterWritesWhatTheGeneralOneWrites) {
     EXPECT_GT(written, 40);
     EXPECT_GT(declined, 10);
     // Params too long for the stack are declined, not cut.
-    const std::string big(detail::small_context_request, 'x');
-    char room[detail::small_context_request];
-    EXPECT_EQ(detail::write_small_context_request(room, 1, "m", big, 0, {},
-                                                  std::chrono::milliseconds(1), true),
-              0u);
+    // (Its fixed part: 7 bytes of head, a method's length, the map's, and the deadline's 26.)
+    const std::string big(detail::small_context_head - 35, 'x');
+    char room[detail::small_context_head];
+    EXPECT_EQ(
+        detail::write_small_context_head(room, 1, "m", big, 0, std::chrono::milliseconds(1), true),
+        0u);
+    // One byte less fits, the widest deadline and all, to the buffer's last byte.
+    EXPECT_EQ(detail::write_small_context_head(room, 1, "m", big.substr(1), 0,
+                                               std::chrono::milliseconds(5000000000ll), true),
+              detail::small_context_head);
 }
 
 TEST(Context, AMalformedTraceparentIsNotATrace) {

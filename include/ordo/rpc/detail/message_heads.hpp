@@ -114,22 +114,29 @@ class small_head {
     std::optional<std::string> long_;
 };
 
+/// write_request_head's bytes for a method shorter than 32 bytes (a fixstr), written in place
+/// at `p` (room for 8 + method.size()) in one copy instead of four appends; `first` is the
+/// array's header (0x94; 0x95 for a request with its context). Where they end.
+[[gnu::always_inline]] inline char* put_short_request_head(char* p, char first, std::uint32_t msgid,
+                                                           std::string_view method) noexcept {
+    p[0] = first;
+    p[1] = '\x00';
+    p[2] = '\xce';
+    p[3] = char(msgid >> 24);
+    p[4] = char((msgid >> 16) & 0xff);
+    p[5] = char((msgid >> 8) & 0xff);
+    p[6] = char(msgid & 0xff);
+    p[7] = char(0xa0 | method.size());
+    copy_small(p + 8, method.data(), method.size());
+    return p + 8 + method.size();
+}
+
 inline small_head request_head(std::uint32_t msgid, std::string_view method) {
     small_head h;
-    // The common method name (a fixstr that fits inline), written in place: the same bytes as
-    // write_request_head, in one copy instead of four appends.
+    // The common method name (a fixstr that fits inline), written in place.
     if (method.size() < 32 && 8 + method.size() <= sizeof h.inline_) {
-        char* p = h.inline_;
-        p[0] = '\x94';
-        p[1] = '\x00';
-        p[2] = '\xce';
-        p[3] = char(msgid >> 24);
-        p[4] = char((msgid >> 16) & 0xff);
-        p[5] = char((msgid >> 8) & 0xff);
-        p[6] = char(msgid & 0xff);
-        p[7] = char(0xa0 | method.size());
-        copy_small(p + 8, method.data(), method.size());
-        h.n_ = 8 + method.size();
+        h.n_ = static_cast<std::size_t>(put_short_request_head(h.inline_, '\x94', msgid, method) -
+                                        h.inline_);
         return h;
     }
     write_request_head(h, msgid, method);
