@@ -62,11 +62,7 @@ bool is_stream_request(const message& m) {
 }
 }  // namespace
 
-void dispatcher::on_message_slow(message& m, std::size_t bytes) {
-    if (stopped_) return;
-    if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
-    // Its deadline counts from its arrival, however long it then waits in the queue; so does
-    // its duration in the access log.
+dispatcher::arrival dispatcher::arrive(message& m, std::size_t bytes) {
     arrival a{nullptr, bytes, {}};
     if (m.meta.type != msgpack::type::NIL || (h_ && h_->access_log())) [[unlikely]] {
         // The clock is read for a deadline, the access log or a span; not for metadata alone.
@@ -76,6 +72,15 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
         if (a.at == std::chrono::steady_clock::time_point{} && a.observed)
             a.at = std::chrono::steady_clock::now();
     }
+    return a;
+}
+
+void dispatcher::on_message_slow(message& m, std::size_t bytes) {
+    if (stopped_) return;
+    if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
+    // Its deadline counts from its arrival, however long it then waits in the queue; so does
+    // its duration in the access log.
+    arrival a = arrive(m, bytes);
     if (serial_busy_ || !queue_.empty()) {
         own(m);
         // What it holds: its decoded copy (each msgpack object takes ~24 bytes, so a message
@@ -263,15 +268,19 @@ void dispatcher::on_context_message(message& m, std::size_t bytes) {
     if (!e || !e->direct) [[unlikely]]
         return on_message_slow(m, bytes);
     // What dispatch_to does for such a handler, and no more (its deadline counts from now).
-    arrival a{nullptr, bytes, {}};
-    a.ctx = read_context(m, a.at, std::move(spare_ctx_));
-    a.observed = observes(a.ctx.get());
-    if (a.observed && a.at == std::chrono::steady_clock::time_point{})
-        a.at = std::chrono::steady_clock::now();
-    if (a.ctx && a.ctx->has_deadline() && a.ctx->deadline <= std::chrono::steady_clock::now())
-        [[unlikely]]
+    arrival a = arrive(m, bytes);
+    if (expired_already(a)) [[unlikely]]
         return expired(*e, m, a);
-    run_sync<true>(*e, m, &a);
+    run_plain(*e, m, a);
+}
+
+bool dispatcher::expired_already(const arrival& a) {
+    return a.ctx && a.ctx->has_deadline() && a.ctx->deadline <= std::chrono::steady_clock::now();
+}
+
+void dispatcher::run_plain(const handler_entry& e, const message& m, arrival& a) {
+    run_sync<true>(e, m, &a);
+    // No one kept its context: the next request's reuses its memory.
     if (a.ctx && a.ctx.use_count() == 1)
         spare_ctx_ = std::const_pointer_cast<call_context>(std::move(a.ctx));
 }
@@ -320,8 +329,7 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
     }
     if (e->allow && !e->allow(self_.identity())) [[unlikely]]
         return deny(*e, m, a);
-    if (a.ctx && a.ctx->has_deadline() && req &&
-        a.ctx->deadline <= std::chrono::steady_clock::now()) [[unlikely]]
+    if (req && expired_already(a)) [[unlikely]]
         return expired(*e, m, a);
     if (e->stream) {
         if (req) return start_async(*e, m, window, window_bytes, std::move(a));
@@ -337,12 +345,7 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
                "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
-    if (e->sync) {
-        run_sync<true>(*e, m, &a);
-        if (a.ctx && a.ctx.use_count() == 1)
-            spare_ctx_ = std::const_pointer_cast<call_context>(std::move(a.ctx));
-        return;
-    }
+    if (e->sync) return run_plain(*e, m, a);
     start_async(*e, m, 0, 0, std::move(a));
 }
 

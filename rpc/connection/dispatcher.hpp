@@ -127,6 +127,14 @@ class dispatcher {
         std::chrono::steady_clock::time_point at{};
         bool observed = false;  // observes(ctx), asked once
     };
+    // How `m` came: its context read (reusing spare_ctx_), and the clock read if its deadline,
+    // the access log or a span needs it.
+    [[gnu::always_inline]] inline arrival arrive(message& m, std::size_t bytes);
+    // Whether its deadline had passed by now.
+    [[gnu::always_inline]] static inline bool expired_already(const arrival& a);
+    // A plain handler run with its arrival; its context kept for reuse if no one else did.
+    [[gnu::always_inline]] inline void run_plain(const handler_entry& e, const message& m,
+                                                 arrival& a);
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
     void dispatch(message& m, arrival a);
     // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams.
