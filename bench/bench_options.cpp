@@ -58,6 +58,13 @@ void declare_flags(CLI::App& app, config& c) {
                    "the server records spans of this fraction of traces (ordo::record_spans; "
                    "passed to the server the client starts)")
         ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--concurrency", c.concurrency,
+                   "the server's concurrency limit (server_options::concurrency): adaptive or a "
+                   "number (passed to the server the client starts)")
+        ->type_name("adaptive|N");
+    app.add_flag("--async-echo", c.async_echo,
+                 "echo is a coroutine (concurrent), which a concurrency limit counts (passed to "
+                 "the server the client starts)");
     app.add_flag("--json", c.json, "print the results as one JSON line");
     app.add_option("--connect", c.connect, "client only: a server started elsewhere")
         ->type_name("URL");

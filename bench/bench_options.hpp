@@ -35,6 +35,10 @@ struct config {
     std::vector<std::string> meta;  // pipelined: KEY=VALUE metadata on every call
     long traces = 0;                // pipelined: calls carry one of this many traceparents
     double trace_sample = -1;       // the server records spans of this fraction (-1: off)
+    // The server's server_options::concurrency ("adaptive", a number; empty: none), and echo as
+    // a coroutine (concurrent) instead of a plain function; the client passes both on.
+    std::string concurrency;
+    bool async_echo = false;
 };
 
 /// Reads argv into `c`. Returns the status to exit with when the program should stop (0 after

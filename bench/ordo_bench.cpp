@@ -8,9 +8,13 @@
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
 //              [--window N] [--cuts N [--seed S]] [--meta KEY=VALUE]... [--traces N]
-//              [--trace-sample RATE]
+//              [--trace-sample RATE] [--concurrency adaptive|N] [--async-echo]
 //   ordo-bench --serve URL [--transport T] [--interval-ms N] [--spin-us N] [--threads N]
-//              [--offload]                                        (what the client starts)
+//              [--offload] [--concurrency adaptive|N] [--async-echo]  (what the client starts)
+//
+// --concurrency adaptive|N: the server's concurrency limit (server_options::concurrency);
+// --async-echo: echo is a coroutine, which such a limit counts (a plain function is not), to
+// weigh what a limit costs each call.
 //
 // --traces N (pipelined): call i also carries traceparent i mod N, of N random traces made up
 // front; --trace-sample RATE: the server records spans of that fraction of traces
@@ -274,10 +278,22 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
     so.threads = static_cast<std::size_t>(cfg.threads);
     if (!cfg.auth_tokens.empty())
         so.authenticate = ordo::authenticate_tokens(ordo::read_token_file(cfg.auth_tokens));
+    if (cfg.concurrency == "adaptive")
+        so.concurrency = ordo::adaptive;
+    else if (!cfg.concurrency.empty())
+        so.concurrency = static_cast<std::size_t>(std::stoul(cfg.concurrency));
     ordo::server srv(io.get_executor(), so);
     if (cfg.trace_sample >= 0) ordo::record_spans({.sample_rate = cfg.trace_sample});
     oneway_state st;  // oneway runs one connection: one loop touches it
-    srv.on("echo", [](msgpack::object v) { return v; });
+    if (cfg.async_echo) {
+        ordo::handler_options concurrent;
+        concurrent.concurrent = true;
+        srv.on(
+            "echo", [](msgpack::object v) -> net::awaitable<msgpack::object> { co_return v; },
+            concurrent);
+    } else {
+        srv.on("echo", [](msgpack::object v) { return v; });
+    }
     srv.on("work", [](std::uint32_t us, msgpack::object v) {
         spin_for(std::chrono::microseconds(us));
         return v;
@@ -1455,6 +1471,11 @@ server_handle start_server(const config& cfg) {
                 cfg.transport.c_str(), "--interval-ms", interval.c_str(), "--spin-us",
                 spin.c_str(),          "--threads",     threads.c_str()};
             if (cfg.offload) args.push_back("--offload");
+            if (cfg.async_echo) args.push_back("--async-echo");
+            if (!cfg.concurrency.empty()) {
+                args.push_back("--concurrency");
+                args.push_back(cfg.concurrency.c_str());
+            }
             if (cfg.trace_sample >= 0) {
                 args.push_back("--trace-sample");
                 args.push_back(sample.c_str());

@@ -226,7 +226,29 @@ int main(int argc, char** argv) {
                    "with --auth-tokens: this subject may call ordo.stats and ordo.methods "
                    "(repeat for more)")
         ->type_name("SUBJECT");
+    std::string concurrency;
+    app.add_option("--concurrency", concurrency,
+                   "calls that suspend (sleep_ms, context...) running at once, over every "
+                   "connection: adaptive, or a number; one over it is answered overloaded with a "
+                   "retry-after hint (default: no limit)")
+        ->type_name("adaptive|N");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
+    if (concurrency == "adaptive") {
+        options.concurrency = ordo::adaptive;
+    } else if (!concurrency.empty()) {
+        std::size_t used = 0;
+        unsigned long n = 0;
+        try {
+            n = std::stoul(concurrency, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != concurrency.size() || n == 0) {
+            std::cerr << "error: --concurrency " << concurrency
+                      << ": expected adaptive or a number above 0\n";
+            return 2;
+        }
+        options.concurrency = static_cast<std::size_t>(n);
+    }
     if (!auth_tokens.empty()) {
         try {
             options.authenticate = ordo::authenticate_tokens(ordo::read_token_file(auth_tokens));

@@ -12,6 +12,9 @@
 //                                                          as a tree per trace
 //   ordo gateway --listen http://H:P --to URL [...]      serves HTTP in front of URL's channel
 //                                                          (docs/gateway.md)
+//   ordo health URL [SERVICE] [--timeout MS]               prints serving, not_serving or
+//                                                          draining (ordo.health); exits 0
+//                                                          only when serving (an exec probe)
 //   ordo replicas route+URL [--timeout MS]                 a router's view of its replicas: one
 //                                                          line each (URL, state, weight, ...),
 //                                                          then its sources; exits 1 if none is
@@ -358,6 +361,19 @@ net::awaitable<int> run(const request& r, deadline& dl) {
         };
         for (const auto& kv : o.via.map) std::cout << text(kv.key) << text(kv.val) << '\n';
         std::cout << std::flush;
+    } else if (r.command == "health") {
+        // ordo.health answers the service's state as a word; anything but serving exits 1, so
+        // that a Kubernetes exec probe takes a draining server out of rotation.
+        json service = json::array();
+        if (!r.method.empty()) service.push_back(r.method);  // a name, never read as JSON
+        auto v = co_await call_packed(ch, "ordo.health", ordo::json_codec::pack_params(service),
+                                      r.timeout_ms);
+        const msgpack::object& o = v.get();
+        if (o.type != msgpack::type::STR)
+            throw failure("ordo: health from " + r.url + ": the answer is not a word");
+        const std::string state(o.via.str.ptr, o.via.str.size);
+        std::cout << state << std::endl;
+        co_return state == "serving" ? 0 : 1;
     } else if (r.command == "stats") {
         // ordo.stats answers a map (docs/protocol.md): printed as indented JSON.
         auto v = co_await call_packed(ch, "ordo.stats", pack_args(no_args), r.timeout_ms);
@@ -493,6 +509,13 @@ int main(int argc, char** argv) {
     traces->add_option("--trace", r.trace, "only this trace (its 32 hex digits)");
     traces->add_option("--slowest", r.slowest, "the N slowest spans instead, one line each")
         ->type_name("N");
+
+    auto* health = app.add_subcommand(
+        "health",
+        "print whether an ordo server serves (ordo.health): serving, not_serving or draining; "
+        "exit 0 only when serving, 1 otherwise or when it cannot be asked (for exec probes)");
+    common(health);
+    health->add_option("SERVICE", r.method, "a service the server names (default: the server)");
 
     auto* replicas = app.add_subcommand(
         "replicas",

@@ -12,6 +12,7 @@
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "ordo/rpc/stream_call.hpp"
+#include "rpc/connection/admission.hpp"
 #include "rpc/connection/context.hpp"
 #include "rpc/connection/spans.hpp"
 #include "rpc/server/stats_answer.hpp"
@@ -37,6 +38,10 @@ struct dispatcher::run {
     std::size_t bytes_in = 0;
     std::chrono::steady_clock::time_point arrived, handler_started;
     std::shared_ptr<const call_context> ctx;
+    // The limits it holds a slot of (handler_options::concurrency, server_options::concurrency),
+    // given back when it ends, with how long it ran.
+    std::shared_ptr<admission> method_limit, server_limit;
+    std::chrono::steady_clock::time_point admitted;
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
@@ -77,7 +82,9 @@ dispatcher::arrival dispatcher::arrive(message& m, std::size_t bytes) {
 
 void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     if (stopped_) return;
-    if (m.method.starts_with("ordo.") && !is_stream_request(m)) return on_reserved(m);
+    // ordo.health_watch is a streaming handler of the table's (handlers::serve_health).
+    if (m.method.starts_with("ordo.") && !is_stream_request(m) && m.method != "ordo.health_watch")
+        return on_reserved(m);
     // Its deadline counts from its arrival, however long it then waits in the queue; so does
     // its duration in the access log.
     arrival a = arrive(m, bytes);
@@ -132,6 +139,8 @@ void dispatcher::on_reserved(const message& m) {
         p.pack_array(meta ? 1 : 0);
         if (meta) p.pack(std::string_view("meta"));
         host_.send_response(b);
+    } else if (m.method == "ordo.health" && req) {
+        answer_health(m);
     } else if (m.method == "ordo.cancel") {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
@@ -226,20 +235,6 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
     }
 }
 
-// A notification dropped: told to the host, whose callback (the application's) must not throw;
-// if it does anyway, or the reason cannot be built, dispatching goes on regardless.
-void dispatcher::report_dropped(std::string_view method, errc code,
-                                std::string_view failure) noexcept {
-    try {
-        std::string reason = failure.empty() ? "notification for \"" + std::string(method) +
-                                                   "\" dropped: no such method"
-                                             : "notification handler for \"" + std::string(method) +
-                                                   "\" failed: " + std::string(failure);
-        host_.dropped(method, code, std::move(reason));
-    } catch (...) {
-    }
-}
-
 void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string& text) {
     buffer b(small_buffer);
     encode_error_response(b, msgid, code, text);
@@ -295,9 +290,13 @@ void dispatcher::dispatch(message& m, arrival a) {
     dispatch_to(find(m.method), m, window, window_bytes, std::move(a));
 }
 
-void dispatcher::refuse(const message& m, const arrival& a, errc code, const std::string& text) {
+void dispatcher::refuse(const message& m, const arrival& a, errc code, const std::string& text,
+                        std::uint64_t retry_after_ms) {
     buffer b(small_buffer);
-    encode_error_response(b, m.msgid, code, text);
+    if (retry_after_ms) [[unlikely]]
+        encode_overloaded_response(b, m.msgid, text, retry_after_ms);
+    else
+        encode_error_response(b, m.msgid, code, text);
     host_.send_response(b);
     if (a.observed || spans_of(a.ctx.get())) [[unlikely]]
         log_access(m.method, a.ctx.get(), code,
@@ -347,28 +346,6 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
     }
     if (e->sync) return run_plain(*e, m, a);
     start_async(*e, m, 0, 0, std::move(a));
-}
-
-void dispatcher::expired(const handler_entry& e, const message& m, const arrival& a) {
-    const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - a.ctx->deadline);
-    e.counters->request_done(errc::timed_out);
-    refuse(m, a, errc::timed_out,
-           "the deadline of the call to \"" + std::string(m.method) + "\" passed " +
-               std::to_string(late.count()) + " ms before its handler could start");
-}
-
-void dispatcher::deny(const handler_entry& e, const message& m, const arrival& a) {
-    const std::string why = "permission denied: " + self_.identity().name() +
-                            " may not call method \"" + std::string(m.method) + "\"";
-    if (m.kind == message_kind::request) {
-        e.counters->request_done(errc::permission_denied);
-        refuse(m, a, errc::permission_denied, why);
-    } else {
-        ++c_.notification_errors;
-        e.counters->notification_done(true);
-        report_dropped(m.method, errc::permission_denied, why);
-    }
 }
 
 template <bool Full>
@@ -435,8 +412,16 @@ template void dispatcher::run_sync<false>(const handler_entry&, const message&, 
 
 void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
                              std::uint64_t window_bytes, arrival a) {
+    const bool limited = (e.limit || h_->limit()) && !m.method.starts_with("ordo.");
+    if (limited && !admit(e, m, a)) [[unlikely]]
+        return;
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
+    if (limited) [[unlikely]] {
+        r.method_limit = e.limit;
+        r.server_limit = h_->limit();
+        r.admitted = std::chrono::steady_clock::now();
+    }
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
     r.serial = !e.concurrent;
@@ -513,6 +498,11 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
                            logged ? std::chrono::steady_clock::now() : span_times::time_point{},
                            {}};
     const auto ctx = std::move(it->ctx);
+    if (it->method_limit || it->server_limit) [[unlikely]] {
+        const auto now = std::chrono::steady_clock::now();
+        if (it->method_limit) it->method_limit->leave(it->admitted, now);
+        if (it->server_limit) it->server_limit->leave(it->admitted, now);
+    }
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {

@@ -30,6 +30,7 @@ struct peer_counters;
 namespace detail {
 
 class memory_budget;
+class admission;
 struct span_times;
 
 /// What a dispatcher needs from its connection.
@@ -115,6 +116,9 @@ class dispatcher {
 
     void on_message_slow(message& m, std::size_t bytes);
     void on_reserved(const message& m);
+    // ordo.health [service?]: the state's word, or method_not_found for a name never set
+    // (rpc/connection/refusals.cpp).
+    void answer_health(const message& m);
     void cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
@@ -145,11 +149,17 @@ class dispatcher {
     template <bool Full>
     void run_sync(const handler_entry& e, const message& m, const arrival* a);
     void deny(const handler_entry& e, const message& m, const arrival& a);
+    // Takes a slot of e's limit and of the server's (handler_options::concurrency,
+    // server_options::concurrency), or refuses m (errc::overloaded, a notification dropped) and
+    // says no. Only asked when one of them is set (rpc/connection/admission.cpp).
+    [[gnu::cold]] bool admit(const handler_entry& e, const message& m, const arrival& a);
     void expired(const handler_entry& e, const message& m, const arrival& a);
     void start_async(const handler_entry& e, message& m, std::uint32_t window,
                      std::uint64_t window_bytes, arrival a);
-    // Answers a request with an error and records it (log_access), if it is observed.
-    void refuse(const message& m, const arrival& a, errc code, const std::string& text);
+    // Answers a request with an error and records it (log_access), if it is observed;
+    // `retry_after_ms` > 0: an overloaded answer's hint.
+    void refuse(const message& m, const arrival& a, errc code, const std::string& text,
+                std::uint64_t retry_after_ms = 0);
     // Whether a request with `ctx` is recorded as it is answered: in the access log
     // (server_options::access_log), or as a span (a traced call while spans are recorded).
     bool observes(const call_context* ctx) const noexcept;

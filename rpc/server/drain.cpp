@@ -3,6 +3,7 @@
 // closed or the grace has passed, then stopping as async_stop() does.
 #include "ordo/rpc/server.hpp"
 
+#include "rpc/server/health.hpp"
 #include "rpc/server/server_state.hpp"
 
 namespace ordo {
@@ -25,6 +26,11 @@ net::awaitable<void> server::async_drain(std::chrono::milliseconds grace, std::s
     s->drain_deadline = std::chrono::steady_clock::now() + grace;
     s->draining = true;
     for (auto& l : s->listeners) l->close();
+    // Health first: a watcher (a router) hears "draining" before any goaway is sent (waited
+    // for up to a second of the grace).
+    handlers_.set_every_health(health_state::draining);
+    co_await detail::tell_health_watchers(handlers_,
+                                          std::min(grace, std::chrono::milliseconds(1000)));
     const std::size_t told = s->open_total();
     s->event(server_event::kind::draining, {}, {},
              "grace " + std::to_string(grace.count()) + " ms, reason \"" + reason + "\"; " +

@@ -124,6 +124,7 @@ server_stats server::state::full_snapshot() const {
     if (h) {
         st.unknown_requests = h->unknown_requests();
         st.unknown_notifications = h->unknown_notifications();
+        st.concurrency = h->concurrency();
         st.methods = h->stats_by_method();
         st.batches = h->stats_by_batch();
     }

@@ -2,6 +2,7 @@
 // the record of a request answered (the access log and spans).
 #include "rpc/server/stats_answer.hpp"
 
+#include "rpc/connection/admission.hpp"
 #include "rpc/connection/dispatcher.hpp"
 #include "rpc/connection/spans.hpp"
 #include "rpc/wire/errors.hpp"
@@ -46,11 +47,27 @@ void pack_kv(msgpack::packer<buffer>& p, const char* key, const V& v) {
     p.pack(v);
 }
 
+// {"kind": "adaptive", "limit": n, "in_flight": n, "admitted": n, "refused": n,
+//  "no_load_us": n, "latency_us": n}
+void pack_concurrency(msgpack::packer<buffer>& p, const concurrency_stats& c) {
+    p.pack("concurrency");
+    p.pack_map(7);
+    pack_kv(p, "kind", c.what == concurrency_limit::kind::adaptive ? "adaptive" : "fixed");
+    pack_kv(p, "limit", c.limit);
+    pack_kv(p, "in_flight", c.in_flight);
+    pack_kv(p, "admitted", c.admitted);
+    pack_kv(p, "refused", c.refused);
+    pack_kv(p, "no_load_us", c.no_load_us);
+    pack_kv(p, "latency_us", c.latency_us);
+}
+
 void pack_method(msgpack::packer<buffer>& p, const method_stats& m) {
     std::uint32_t failed_kinds = 0;
     for (std::size_t i = 1; i < outcome_count; ++i) failed_kinds += m.requests[i] != 0;
     const bool timed = m.latency_count != 0;
-    p.pack_map(timed ? 5 : 4);
+    const bool limited = m.concurrency.what != concurrency_limit::kind::none;
+    p.pack_map(4 + (timed ? 1 : 0) + (limited ? 1 : 0));
+    if (limited) pack_concurrency(p, m.concurrency);
     pack_kv(p, "requests", m.requests_total());
     // {"timed out": n, ...}: failed requests by the code's words (error.hpp's to_string).
     p.pack("errors");
@@ -138,7 +155,10 @@ void pack_stats(buffer& out, const handlers& h, const server_stats* server) {
     msgpack::packer<buffer> p(out);
     const auto methods = h.stats_by_method();
     const auto batches = h.stats_by_batch();
-    p.pack_map(server ? 5 : 4);
+    const concurrency_stats limit = h.concurrency();
+    const bool limited = limit.what != concurrency_limit::kind::none;
+    p.pack_map((server ? 5 : 4) + (limited ? 1 : 0));
+    if (limited) pack_concurrency(p, limit);
     if (server) {
         p.pack("server");
         pack_server(p, *server);
@@ -241,6 +261,7 @@ void handlers::add(std::string name, detail::handler_entry e) {
         e.counters = it->second.counters;  // the name's figures go on
     else
         e.counters = std::make_shared<detail::method_counters>();
+    if (e.concurrency.limited()) e.limit = std::make_shared<detail::admission>(e.concurrency);
     // Run straight from the read: open to everyone, and nothing to log (the inline path keeps
     // no access log).
     e.direct = e.sync && !e.stream && !e.allow && !access_log_;
@@ -256,8 +277,21 @@ handlers& handlers::access_log(access_log_fn f) {
 std::vector<method_stats> handlers::stats_by_method() const {
     std::vector<ordo::method_stats> v;
     v.reserve(map_.size());
-    for (const auto& [name, e] : map_) v.push_back(e.counters->snapshot(name));
+    for (const auto& [name, e] : map_) {
+        if (name.starts_with("ordo.")) continue;  // served by the table itself
+        v.push_back(e.counters->snapshot(name));
+        if (e.limit) v.back().concurrency = e.limit->stats();
+    }
     return v;
+}
+
+handlers& handlers::concurrency(const concurrency_limit& l) {
+    limit_ = l.limited() ? std::make_shared<detail::admission>(l) : nullptr;
+    return *this;
+}
+
+concurrency_stats handlers::concurrency() const {
+    return limit_ ? limit_->stats() : concurrency_stats{};
 }
 
 std::vector<batch_handler_stats> handlers::stats_by_batch() const {

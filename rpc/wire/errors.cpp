@@ -9,6 +9,7 @@
 
 #include "ordo/net.hpp"
 #include "ordo/rpc/detail/handler_shapes.hpp"
+#include "ordo/rpc/detail/message_heads.hpp"
 
 namespace ordo {
 
@@ -79,6 +80,18 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
         }
     }
     return errc::remote_error;
+}
+
+void encode_overloaded_response(buffer& out, std::uint32_t msgid, std::string_view text,
+                                std::uint64_t retry_after_ms) {
+    write_response_start(out, msgid);
+    msgpack::packer<buffer> p(out);
+    p.pack_map(3);
+    p.pack_str(4).pack_str_body("code", 4).pack_int(static_cast<int>(errc::overloaded));
+    p.pack_str(7).pack_str_body("message", 7);
+    p.pack_str(static_cast<std::uint32_t>(text.size())).pack_str_body(text.data(), text.size());
+    p.pack_str(14).pack_str_body("retry_after_ms", 14).pack_uint64(retry_after_ms);
+    p.pack_nil();
 }
 
 namespace {

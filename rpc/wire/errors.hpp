@@ -3,13 +3,16 @@
 // object is encode_error_response in codec.hpp.) Both live in rpc/wire/errors.cpp.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
 #include <msgpack.hpp>
 
 #include "ordo/error.hpp"
+#include "ordo/rpc/codec.hpp"
 
 namespace ordo::detail {
 
@@ -17,6 +20,12 @@ namespace ordo::detail {
 /// map keeps its code; anything else from a foreign peer is errc::remote_error with its text:
 /// neovim's [type, message] arrays give their message, other values their msgpack text form.
 std::error_code error_from_wire(const msgpack::object& e, std::string& detail);
+
+/// An errc::overloaded answer that says how long to wait before trying again: ordo's error map
+/// with a third key, {"code": 8, "message": text, "retry_after_ms": n} (docs/protocol.md,
+/// "Overload").
+void encode_overloaded_response(buffer& out, std::uint32_t msgid, std::string_view text,
+                                std::uint64_t retry_after_ms);
 
 /// What the exception in flight answers (call inside a catch block): ordo's codes keep their
 /// code; a cancelled operation is errc::cancelled; anything else is errc::remote_error with the

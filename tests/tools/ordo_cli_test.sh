@@ -90,6 +90,15 @@ after2=$("$ordo" call "$url" total) || fail "total: $after2"
 out=$("$ordo" ping "$url") || fail "ping: $out"
 [[ "$out" =~ ^ok\ [0-9]+\.[0-9]+$ ]] || fail "ping printed '$out'"
 
+# ordo.health: the word, and the exit status an exec probe reads (0 only for serving).
+out=$("$ordo" health "$url") || fail "health: $out"
+[ "$out" = serving ] || fail "health printed '$out'"
+if out=$("$ordo" health "$url" nosuch 2>&1); then fail "health of an unknown service exited 0: $out"; fi
+grep -q 'no service "nosuch"' <<<"$out" || fail "health nosuch printed '$out'"
+if out=$("$ordo" health tcp://127.0.0.1:1 --timeout 2000 2>&1); then
+    fail "health of a closed port exited 0: $out"
+fi
+
 # ordo.methods: one method a line, with its parameter types.
 out=$("$ordo" methods "$url") || fail "methods: $out"
 grep -qx 'inc(int)' <<<"$out" || fail "methods did not list inc(int): '$out'"

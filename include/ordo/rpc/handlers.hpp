@@ -16,21 +16,25 @@
 #include <utility>
 #include <vector>
 
+#include "ordo/error.hpp"
+#include "ordo/net.hpp"
 #include "ordo/rpc/batch_handler.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "ordo/rpc/detail/batcher.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/rpc/detail/handler_shapes.hpp"
 #include "ordo/rpc/detail/type_traits.hpp"
-#include "ordo/error.hpp"
+#include "ordo/rpc/health.hpp"
 #include "ordo/rpc/interface.hpp"
-#include "ordo/net.hpp"
 #include "ordo/rpc/stats.hpp"
 #include "ordo/rpc/stream_call.hpp"
 
 namespace ordo {
 
 class peer;
+namespace detail {
+class health_board;
+}
 
 /// One request as a server's access log records it (server_options::access_log), once it has
 /// been answered, or refused without running. The views are valid during the call only.
@@ -83,6 +87,13 @@ struct handler_options {
     /// A caller it refuses gets errc::permission_denied naming the method, and nothing runs (a
     /// notification is dropped, as peer_options::on_dropped reports). Null: everyone.
     allow_fn allow{};
+    /// How many calls of this method run at once, from every connection and loop together: a
+    /// fixed number, or ordo::adaptive (ordo/rpc/concurrency.hpp). A call over it is answered
+    /// errc::overloaded with a retry-after hint before anything of it runs (a notification is
+    /// dropped, as peer_options::on_dropped reports). It bounds what a handler holds while it
+    /// is suspended: a coroutine, a body on run_on, a stream. A plain function on the loop
+    /// runs to its end before the loop reads on, and is not counted. Default: none.
+    concurrency_limit concurrency{};
 };
 
 namespace detail {
@@ -122,6 +133,7 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     e.signature = signature_of<values_t>::get();
     e.concurrent = o.concurrent;
     e.allow = o.allow;
+    e.concurrency = o.concurrency;
     if constexpr (shape::streams) {
         static_assert(std::is_same_v<typename traits::result, net::awaitable<void>>,
                       "a streaming handler (one taking ordo::writer<T>&) is a coroutine "
@@ -322,10 +334,12 @@ class handlers {
         return *this;
     }
     bool introspection() const noexcept { return introspection_; }
-    /// Calls f(name, signature) for every method, in name order.
+    /// Calls f(name, signature) for every method, in name order (not the reserved ordo.*
+    /// ones the table serves itself, such as ordo.health_watch).
     template <class F>
     void for_each_method(F&& f) const {
-        for (const auto& [name, e] : map_) f(name, e.signature);
+        for (const auto& [name, e] : map_)
+            if (!name.starts_with("ordo.")) f(name, e.signature);
     }
 
     /// Whether handler latency is measured (method_stats' histogram; two clock reads per
@@ -340,6 +354,28 @@ class handlers {
     /// and nothing is paid for it. Set before serving.
     handlers& access_log(access_log_fn f);
     const access_log_fn& access_log() const noexcept { return access_log_; }
+
+    /// How many calls of all methods together run at once (server_options::concurrency; see
+    /// handler_options::concurrency, which a method's calls must pass too). Set before serving.
+    handlers& concurrency(const concurrency_limit& l);
+    /// Where that limit stands (what none: no limit).
+    concurrency_stats concurrency() const;
+    /// The limit itself, for the dispatcher (null: none).
+    const std::shared_ptr<detail::admission>& limit() const noexcept { return limit_; }
+
+    /// Answers ordo.health and serves ordo.health_watch (docs/protocol.md, "Health") from now
+    /// on, with the whole server ("") serving (a server does this when constructed). Without
+    /// it, ordo.health answers "serving" for "" and nothing else.
+    void serve_health();
+    /// Sets what ordo.health says of `service` ("": the whole server) and tells its watchers.
+    /// A name set once stays known. Any thread.
+    void set_health(std::string_view service, health_state s);
+    /// Sets every service known, and the whole server, to `s` (server::async_drain: draining).
+    void set_every_health(health_state s);
+    /// What ordo.health says of `service`; nothing for a name never set.
+    std::optional<health_state> health(std::string_view service) const;
+    /// The states and their watchers (null before serve_health()).
+    const std::shared_ptr<detail::health_board>& health_board() const noexcept { return health_; }
 
     /// Every method's counters, in name order, and every batch handler's.
     std::vector<ordo::method_stats> stats_by_method() const;
@@ -373,6 +409,8 @@ class handlers {
     std::vector<named_batcher> batchers_;
     stats_fn stats_source_;
     access_log_fn access_log_;
+    std::shared_ptr<detail::admission> limit_;
+    std::shared_ptr<detail::health_board> health_;
 };
 
 }  // namespace ordo

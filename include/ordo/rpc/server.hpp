@@ -92,6 +92,17 @@ struct server_options {
     /// written for this long (its peer does not read) is closed with errc::overloaded and the
     /// reason. Checked every quarter of it.
     std::chrono::milliseconds output_grace{10'000};
+    /// How many calls run at once, over every connection, loop and method: none (default), a
+    /// fixed number, or `ordo::adaptive` (ordo/rpc/concurrency.hpp; docs/protocol.md
+    /// "Overload"). A call over it is answered errc::overloaded at once, before anything of it
+    /// runs, with a retry-after hint (`retry_after_ms` in the error); a notification over it is
+    /// dropped (on_event: `dropped`). Whole calls only: the connection and the order of what
+    /// it does run are untouched. It counts what a handler holds while it is suspended (a
+    /// coroutine, a body on run_on, a stream, a batch); a plain function on the loop runs to
+    /// its end before the loop reads on, and is not counted. Methods may have their own
+    /// (handler_options::concurrency); a call must pass both. server_stats::concurrency and
+    /// ordo.stats show where it stands.
+    concurrency_limit concurrency;
     /// Authentication (docs/security.md): decides on each connection, before any of its
     /// messages is served, from what its transport proved and the credentials the caller sent
     /// first (ordo.auth), and names the caller (identity::subject, peer::identity()). A refused
@@ -170,6 +181,15 @@ class server {
     /// `draining` and `drained`. Called again while a drain or a stop runs: waits for it.
     net::awaitable<void> async_drain(std::chrono::milliseconds grace,
                                      std::string reason = "draining");
+
+    /// What the reserved method ordo.health answers of `service` ("": the whole server, which
+    /// starts serving), and ordo.health_watch streams (docs/protocol.md, "Health"): handlers
+    /// set their own service's state here; `ordo health URL [SERVICE]` exits 0 only while it
+    /// is serving. async_drain() sets every service to draining before it tells any
+    /// connection. Any thread.
+    void set_health(std::string_view service, health_state s);
+    /// What ordo.health answers of `service` now; nothing for a name never set.
+    std::optional<health_state> health(std::string_view service = {}) const;
 
     /// Shows `r` in ordo.stats (server.routers, under `name`): its counts and each replica's
     /// state, read on the router's executor when asked. For a server that fronts a fleet (a

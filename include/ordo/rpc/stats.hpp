@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "ordo/rpc/batch_handler.hpp"
 #include "ordo/error.hpp"
+#include "ordo/rpc/batch_handler.hpp"
+#include "ordo/rpc/concurrency.hpp"
 
 namespace ordo {
 
@@ -42,6 +43,8 @@ struct method_stats {
     std::array<std::uint64_t, latency_bounds.size() + 1> latency_buckets{};
     std::uint64_t latency_count = 0;
     double latency_sum_seconds = 0;
+    /// Its concurrency limit (handler_options::concurrency; what none: none).
+    concurrency_stats concurrency;
 
     std::uint64_t requests_total() const noexcept {
         std::uint64_t n = 0;
@@ -93,7 +96,10 @@ struct server_stats {
     std::size_t memory_budget = 0;            ///< its limit (0: none)
     std::uint64_t unknown_requests = 0;       ///< requests for a method with no handler
     std::uint64_t unknown_notifications = 0;  ///< notifications for a method with no handler
-    std::vector<method_stats> methods;        ///< in name order
+    /// The limit on calls running at once over all methods (server_options::concurrency;
+    /// what none: none).
+    concurrency_stats concurrency;
+    std::vector<method_stats> methods;  ///< in name order
     std::vector<batch_handler_stats> batches;
     std::vector<router_view> routers;  ///< shown with server::show_router (ordo.stats only)
 };

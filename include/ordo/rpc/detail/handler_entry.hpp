@@ -10,11 +10,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "ordo/rpc/codec.hpp"
-#include "ordo/rpc/detail/handler_shapes.hpp"
-#include "ordo/rpc/detail/type_traits.hpp"
 #include "ordo/identity.hpp"
 #include "ordo/net.hpp"
+#include "ordo/rpc/codec.hpp"
+#include "ordo/rpc/concurrency.hpp"
+#include "ordo/rpc/detail/handler_shapes.hpp"
+#include "ordo/rpc/detail/type_traits.hpp"
 
 namespace ordo {
 
@@ -24,6 +25,7 @@ namespace detail {
 
 class method_counters;
 class stream_out;
+class admission;
 
 /// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
 /// result into `out` or throws (std::system_error with an ordo::errc keeps its code; anything
@@ -41,6 +43,10 @@ struct handler_entry {
     std::function<bool(const identity&)> allow;
     /// Its counters (ordo.stats), set by handlers when registered; kept across re-registration.
     std::shared_ptr<method_counters> counters;
+    /// How many of its calls run at once (handler_options::concurrency), and the limit that
+    /// handlers makes of it when registered (null: none).
+    concurrency_limit concurrency;
+    std::shared_ptr<admission> limit;
     /// Set by handlers when registered: `sync`, no `stream`, no `allow`. The dispatcher runs
     /// such a handler straight from the read, for a message with nothing queued ahead of it.
     bool direct = false;
