@@ -13,11 +13,19 @@ rate() {
         python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["rate"])'
 }
 async_none=() async_adaptive=() plain_none=() plain_adaptive=()
-for _ in $(seq 1 "$rounds"); do
-    async_none+=("$(rate --async-echo)")
-    async_adaptive+=("$(rate --async-echo --concurrency adaptive)")
-    plain_none+=("$(rate)")
-    plain_adaptive+=("$(rate --concurrency adaptive)")
+# Odd rounds run the limit first, even rounds second: what runs second is often slower.
+for i in $(seq 1 "$rounds"); do
+    if [ $((i % 2)) = 1 ]; then
+        async_adaptive+=("$(rate --async-echo --concurrency adaptive)")
+        async_none+=("$(rate --async-echo)")
+        plain_adaptive+=("$(rate --concurrency adaptive)")
+        plain_none+=("$(rate)")
+    else
+        async_none+=("$(rate --async-echo)")
+        async_adaptive+=("$(rate --async-echo --concurrency adaptive)")
+        plain_none+=("$(rate)")
+        plain_adaptive+=("$(rate --concurrency adaptive)")
+    fi
 done
 python3 - "${async_none[*]}" "${async_adaptive[*]}" "${plain_none[*]}" "${plain_adaptive[*]}" <<'PY'
 import statistics as st

@@ -21,13 +21,18 @@ admission::admission(const concurrency_limit& l)
     precise_limit_ = static_cast<double>(limit_.load());
 }
 
-void admission::leave(clock::time_point since, clock::time_point now) noexcept {
-    const std::size_t n = in_flight_.fetch_sub(1, std::memory_order_relaxed);
+std::shared_ptr<admission> admission::make(const concurrency_limit& l) {
+    // The owner's share is the 1 count_ starts at.
+    return std::shared_ptr<admission>(new admission(l), [](admission* a) { a->leave({}); });
+}
+
+void admission::sample(clock::time_point since, clock::time_point now) noexcept {
     ended_.fetch_add(1, std::memory_order_relaxed);
     held_ns_.fetch_add(
         static_cast<std::uint64_t>(std::max<std::int64_t>(ns_of(now) - ns_of(since), 0)),
         std::memory_order_relaxed);
     if (what_.what() != concurrency_limit::kind::adaptive) return;
+    const std::uint64_t n = in_flight();
     if (n > peak_.load(std::memory_order_relaxed)) peak_.store(n, std::memory_order_relaxed);
     if (ns_of(now) >= window_end_ns_.load(std::memory_order_relaxed)) [[unlikely]]
         close_window(now);
@@ -46,7 +51,7 @@ void admission::close_window(clock::time_point now) noexcept {
         held_ns_.store(0, std::memory_order_relaxed);
         return;
     }
-    // Too few calls for a latency worth trusting: the window goes on.
+    // Too few calls timed for a latency worth trusting: the window goes on.
     if (ended_.load(std::memory_order_relaxed) < 8) return;
     window_end_ns_.store(ns_of(now) + window_ns, std::memory_order_relaxed);
     const std::uint64_t ended = ended_.exchange(0, std::memory_order_relaxed);
@@ -116,7 +121,6 @@ concurrency_stats admission::stats() const noexcept {
     s.what = what_.what();
     s.limit = what_.limited() ? limit() : 0;
     s.in_flight = in_flight();
-    s.admitted = admitted_.load(std::memory_order_relaxed);
     s.refused = refused_.load(std::memory_order_relaxed);
     s.no_load_us = no_load_ns_.load(std::memory_order_relaxed) / 1000;
     s.latency_us = latency_ns_.load(std::memory_order_relaxed) / 1000;

@@ -40,8 +40,10 @@ struct dispatcher::run {
     std::shared_ptr<const call_context> ctx;
     // The limits it holds a slot of (handler_options::concurrency, server_options::concurrency),
     // given back when it ends, with how long it ran.
-    std::shared_ptr<admission> method_limit, server_limit;
-    std::chrono::steady_clock::time_point admitted;
+    // (They outlive the table: admission::make.)
+    admission* method_limit = nullptr;
+    admission* server_limit = nullptr;
+    std::chrono::steady_clock::time_point admitted;  // set for one call in four: timed
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
@@ -418,9 +420,9 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     if (limited) [[unlikely]] {
-        r.method_limit = e.limit;
-        r.server_limit = h_->limit();
-        r.admitted = std::chrono::steady_clock::now();
+        r.method_limit = e.limit.get();
+        r.server_limit = h_->limit().get();
+        if ((limit_ticks_++ & 3) == 0) r.admitted = std::chrono::steady_clock::now();
     }
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
@@ -498,11 +500,10 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
                            logged ? std::chrono::steady_clock::now() : span_times::time_point{},
                            {}};
     const auto ctx = std::move(it->ctx);
-    if (it->method_limit || it->server_limit) [[unlikely]] {
-        const auto now = std::chrono::steady_clock::now();
-        if (it->method_limit) it->method_limit->leave(it->admitted, now);
-        if (it->server_limit) it->server_limit->leave(it->admitted, now);
-    }
+    if (it->method_limit) [[unlikely]]
+        it->method_limit->leave(it->admitted);
+    if (it->server_limit) [[unlikely]]
+        it->server_limit->leave(it->admitted);
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {

@@ -234,6 +234,7 @@ class dispatcher {
         char name[23];
     };
     std::array<method_slot, 4> methods_{};
+    std::uint32_t limit_ticks_ = 0;  // calls counted by a concurrency limit: one in four is timed
     bool serial_busy_ = false;
     bool paused_ = false;
     bool stopped_ = false;

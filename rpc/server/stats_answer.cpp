@@ -47,15 +47,14 @@ void pack_kv(msgpack::packer<buffer>& p, const char* key, const V& v) {
     p.pack(v);
 }
 
-// {"kind": "adaptive", "limit": n, "in_flight": n, "admitted": n, "refused": n,
+// {"kind": "adaptive", "limit": n, "in_flight": n, "refused": n,
 //  "no_load_us": n, "latency_us": n}
 void pack_concurrency(msgpack::packer<buffer>& p, const concurrency_stats& c) {
     p.pack("concurrency");
-    p.pack_map(7);
+    p.pack_map(6);
     pack_kv(p, "kind", c.what == concurrency_limit::kind::adaptive ? "adaptive" : "fixed");
     pack_kv(p, "limit", c.limit);
     pack_kv(p, "in_flight", c.in_flight);
-    pack_kv(p, "admitted", c.admitted);
     pack_kv(p, "refused", c.refused);
     pack_kv(p, "no_load_us", c.no_load_us);
     pack_kv(p, "latency_us", c.latency_us);
@@ -261,7 +260,7 @@ void handlers::add(std::string name, detail::handler_entry e) {
         e.counters = it->second.counters;  // the name's figures go on
     else
         e.counters = std::make_shared<detail::method_counters>();
-    if (e.concurrency.limited()) e.limit = std::make_shared<detail::admission>(e.concurrency);
+    if (e.concurrency.limited()) e.limit = detail::admission::make(e.concurrency);
     // Run straight from the read: open to everyone, and nothing to log (the inline path keeps
     // no access log).
     e.direct = e.sync && !e.stream && !e.allow && !access_log_;
@@ -286,7 +285,7 @@ std::vector<method_stats> handlers::stats_by_method() const {
 }
 
 handlers& handlers::concurrency(const concurrency_limit& l) {
-    limit_ = l.limited() ? std::make_shared<detail::admission>(l) : nullptr;
+    limit_ = l.limited() ? detail::admission::make(l) : nullptr;
     return *this;
 }
 

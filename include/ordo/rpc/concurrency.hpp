@@ -12,8 +12,8 @@
 namespace ordo {
 
 /// The settings of an adaptive limit (docs/design.md, "Overload"). Each `window` it compares the
-/// latency of the calls that ended in it (from their start to their end, waits for a worker or a
-/// lock included) with the latency it learned with little load, `no_load`:
+/// latency of the calls that ended in it (one in four is timed) (from their start to their end,
+/// waits for a worker or a lock included) with the latency it learned with little load, `no_load`:
 ///   limit <- limit · clamp(tolerance · no_load / latency, 0.5, 1) + √limit
 /// so the limit grows while latency stays within `tolerance` of the no-load latency and the
 /// limit is in use, and shrinks, at most by half a window, once calls queue for longer.
@@ -61,7 +61,6 @@ struct concurrency_stats {
     concurrency_limit::kind what = concurrency_limit::kind::none;
     std::size_t limit = 0;      ///< calls it lets run at once now
     std::size_t in_flight = 0;  ///< calls running now
-    std::uint64_t admitted = 0;
     std::uint64_t refused = 0;  ///< answered errc::overloaded (notifications: dropped)
     /// What the adaptive limit learned (0 before it has): the no-load latency, and the
     /// latency of the last window, in microseconds.
