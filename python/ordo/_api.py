@@ -136,6 +136,27 @@ class _LoopHub:
         self.out: list = []
         self._pack_out = msgpack.Packer(use_bin_type=True, autoreset=True).pack
         loop.add_reader(self.hub.fileno(), self._ready)
+        # The loop's end: asyncio.run() closes the async generators its loop tracks before it
+        # closes the loop, and a request read in that last turn would start a handler task
+        # that nobody runs ("Task was destroyed but it is pending"). This generator's close
+        # refuses new handlers and cancels and awaits the ones still running.
+        self.closing = False
+        self._closer = self._close_at_loop_end()
+        try:
+            self._closer.asend(None).send(None)  # to its yield: the loop now tracks it
+        except StopIteration:
+            pass
+
+    async def _close_at_loop_end(self):
+        try:
+            yield
+        finally:
+            self.closing = True
+            running = [t for t in self.requests.values() if not t.done()]
+            for t in running:
+                t.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
 
     def queue(self, entry: tuple) -> None:
         out = self.out

@@ -100,6 +100,9 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
     if h is None:
         hub.respond(token, 9, b"ordo: the handler's server has stopped")
         return
+    if lh.closing:  # the loop is ending (_LoopHub._close_at_loop_end): no new handler task
+        hub.respond(token, 9, f"ordo: {h.name}: the server's event loop is closing".encode())
+        return
     try:
         args = _unpackb(data)
         h.check(args)
