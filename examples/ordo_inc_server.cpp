@@ -20,6 +20,8 @@
 // etcd as the key PREFIX + URL under a lease of --register-ttl-s seconds (ordo/fleet/sources.hpp),
 // prints "registered etcd://HOST:PORT/PREFIXURL" once it is there, and revokes it first on
 // SIGINT/SIGTERM.
+// --warm-up-ms N says not_serving (ordo.health) for N ms after starting, then serving (printing
+// "serving"): routers send it nothing meanwhile, and `ordo health` exits 1.
 // --auth-tokens FILE (lines `TOKEN SUBJECT`) refuses callers without one of those tokens, or a
 // client certificate, with errc::unauthenticated (ordo::authenticate_tokens); whoami() answers
 // the caller's subject. --allow-introspection SUBJECT (repeatable) lets that caller use
@@ -180,6 +182,12 @@ int main(int argc, char** argv) {
     app.add_option("--drain-ms", drain_ms,
                    "on SIGTERM, serve calls in flight for up to this long, then stop (SIGINT "
                    "stops at once)")
+        ->check(ordo_cli::at_least(0))
+        ->type_name("N");
+    long warm_up_ms = 0;
+    app.add_option("--warm-up-ms", warm_up_ms,
+                   "say `not_serving` (ordo.health) for this long after starting, as a server "
+                   "that fills its caches first would, then `serving`")
         ->check(ordo_cli::at_least(0))
         ->type_name("N");
     app.add_flag("--verbose", verbose, "also print every connection opened and closed");
@@ -350,9 +358,20 @@ int main(int argc, char** argv) {
         std::cerr << "error: " << e.what() << "\n";
         return 1;
     }
+    net::steady_timer warm_up(io);
+    if (warm_up_ms > 0) {
+        srv.set_health("", ordo::health_state::not_serving);
+        warm_up.expires_after(std::chrono::milliseconds(warm_up_ms));
+        warm_up.async_wait([&](std::error_code ec) {
+            if (ec || srv.health() != ordo::health_state::not_serving) return;
+            srv.set_health("", ordo::health_state::serving);
+            std::cout << "serving" << std::endl;
+        });
+    }
     net::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](std::error_code ec, int sig) {
         if (ec) return;
+        warm_up.cancel();
         if (sig == SIGTERM) {
             // A graceful stop (ordo.goaway to every client; see server::async_drain).
             std::cout << "draining" << std::endl;

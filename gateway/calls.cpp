@@ -1,6 +1,7 @@
 // What a gateway request does on the channel: its options (deadline, notification, stream,
 // key), the call handed to the channel's executor and awaited by the HTTP thread, streams as
 // NDJSON, and the introspection routes.
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -282,8 +283,16 @@ reply run_call(gateway::state& s, const call_request& r) {
     if (r.already_due) return timed_out_before(s, r);
     if (r.notify) return notify(s, r, std::move(params));
     auto w = call(s, r.via, r.method, std::move(params), options_of(s, r), r.conn);
-    if (w->ec)
-        return error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
+    if (w->ec) {
+        auto rep =
+            error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
+        // An overloaded backend (or router) says when to come back: RFC 9110's Retry-After, in
+        // whole seconds, rounded up from the server's hint (at least 1 without one).
+        if (w->ec == errc::overloaded)
+            rep.headers += "\r\nRetry-After: " + std::to_string(std::max<std::uint32_t>(
+                                                     1, (w->out.retry_after_ms + 999) / 1000));
+        return rep;
+    }
     std::string body = json_codec::dump(w->out.result);
     body += '\n';
     return {200, "application/json", std::move(body)};
@@ -441,13 +450,24 @@ reply routes(gateway::state& s) {
 reply healthz(gateway::state& s) {
     call_options o;
     o.timeout = std::chrono::milliseconds(2'000);
-    auto w = call(s, s.ch, "ordo.ping", json_codec::pack_params(json::array()), std::move(o));
-    // A foreign msgpack-rpc server answers ordo.ping with an error: it is alive.
+    // The backend's own word (docs/protocol.md, "Health"): through a router, a replica that is
+    // serving answers, as the router sends nothing to one that is not.
+    auto w = call(s, s.ch, "ordo.health", json_codec::pack_params(json::array()), std::move(o));
+    // A foreign msgpack-rpc server (or an ordo without ordo.health) answers with an error: it
+    // is alive, and taken as serving.
     const bool alive = !w->ec || w->ec == errc::method_not_found || w->ec == errc::remote_error ||
                        w->ec == errc::bad_arguments;
-    json j = {{"status", alive ? "ok" : "unavailable"}, {"to", s.remote()}};
-    if (!alive) j["message"] = failure_text(s, "ordo.ping", w->ec, w->out.detail);
-    return {alive ? 200 : 503, "application/json", j.dump() + "\n"};
+    std::string said = "serving";
+    if (!w->ec && w->out.result.type == msgpack::type::STR)
+        said.assign(w->out.result.via.str.ptr, w->out.result.via.str.size);
+    const bool ok = alive && said == "serving";
+    json j = {{"status", ok ? "ok" : "unavailable"}, {"to", s.remote()}};
+    if (!alive)
+        j["message"] = failure_text(s, "ordo.health", w->ec, w->out.detail);
+    else if (!ok)
+        j["message"] = "ordo gateway: " + s.remote() + " is not serving: it says " + said;
+    return {ok ? 200 : 503, "application/json",
+            j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
 
 reply metrics(gateway::state& s) {

@@ -57,11 +57,13 @@ std::string describe(const std::error_code& code, const std::string& method,
 }
 }  // namespace
 
-rpc_error::rpc_error(std::error_code code, std::string method, std::string peer, std::string detail)
+rpc_error::rpc_error(std::error_code code, std::string method, std::string peer, std::string detail,
+                     std::chrono::milliseconds retry_after)
     : std::system_error(code),
       method_(std::move(method)),
       peer_(std::move(peer)),
       detail_(std::move(detail)),
-      text_(describe(code, method_, peer_, detail_)) {}
+      text_(describe(code, method_, peer_, detail_)),
+      retry_after_(retry_after) {}
 
 }  // namespace ordo

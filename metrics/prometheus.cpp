@@ -171,6 +171,12 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
               double(r.totals.expired_in_queue));
     f.counter("ordo_router_retried_total", "Idempotent calls sent again after a replica died", base,
               double(r.totals.retried));
+    f.counter("ordo_router_moved_total",
+              "Calls sent to another replica after one refused them as overloaded", base,
+              double(r.totals.moved));
+    f.counter("ordo_router_over_budget_total",
+              "Second tries and moves not made because the retry budget was spent", base,
+              double(r.totals.over_budget));
     f.counter("ordo_router_replicas_lost_total", "Replicas whose connection ended", base,
               double(r.totals.replicas_lost));
     f.counter("ordo_router_reconnects_total", "Connections opened again to a member", base,
@@ -202,8 +208,9 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
         f.gauge("ordo_router_replica_live", "1 while the replica takes calls", rl,
                 rep.live ? 1 : 0);
         // One series per state, 1 for the replica's own (as kube-state-metrics does).
-        for (auto st : {replica_state::connecting, replica_state::ready, replica_state::reconnecting,
-                        replica_state::ejected, replica_state::draining})
+        for (auto st :
+             {replica_state::connecting, replica_state::ready, replica_state::reconnecting,
+              replica_state::ejected, replica_state::draining, replica_state::not_serving})
             f.gauge("ordo_router_replica_state", "1 for the state the replica is in",
                     with(rl, "state", to_string(st)), rep.state == st ? 1 : 0);
         f.gauge("ordo_router_replica_in_flight", "Calls sent to the replica and not answered", rl,
@@ -214,6 +221,9 @@ void export_router(families& f, const labels& base, const router_snapshot& r) {
                   with(rl, "outcome", "ok"), double(rep.completed));
         f.counter("ordo_router_replica_calls_total", "Calls finished on the replica, by outcome",
                   with(rl, "outcome", "error"), double(rep.errors));
+        f.counter("ordo_router_replica_overloaded_total",
+                  "Calls the replica refused as overloaded (moved elsewhere, or failed)", rl,
+                  double(rep.overloaded));
         // The router keeps percentiles, not a sum: gauges by quantile, and the calls counted.
         const auto secs = [](std::chrono::microseconds us) { return double(us.count()) / 1e6; };
         const std::pair<const char*, std::chrono::microseconds> qs[] = {

@@ -278,6 +278,8 @@ net::awaitable<int> show_replicas(const request& r) {
         std::cout << rc.url << ' ' << ordo::to_string(rc.state) << " weight=" << rc.weight;
         if (!rc.group.empty()) std::cout << " group=" << rc.group;
         if (!rc.source.empty()) std::cout << " source=" << rc.source;
+        if (rc.overloaded) std::cout << " overloaded=" << rc.overloaded;
+        if (rc.cooling) std::cout << " cooling";
         if (rc.state != ordo::replica_state::ready && !rc.last_error.empty())
             std::cout << " (" << rc.last_error << ')';
         std::cout << '\n';
@@ -288,7 +290,17 @@ net::awaitable<int> show_replicas(const request& r) {
         if (!sc.last_error.empty()) std::cout << " (last: " << sc.last_error << ')';
         std::cout << '\n';
     }
-    std::cout << std::flush;
+    // The retry budget the URL sets (router_options), and what this router spent of it.
+    const auto& c = rt->counters();
+    std::cout << "retry budget: ";
+    if (spec.options.retry_budget_percent < 0)
+        std::cout << "off";
+    else
+        std::cout << spec.options.retry_budget_percent << "% of calls + "
+                  << spec.options.min_retries_per_s << "/s";
+    std::cout << " (retried " << c.retried << ", moved " << c.moved << ", over budget "
+              << c.over_budget << ")\n"
+              << std::flush;
     rt->close();
     co_return ready > 0 ? 0 : 1;
 }

@@ -4,6 +4,7 @@
 
 #include "ordo/config.hpp"
 
+#include <chrono>
 #include <string>
 #include <system_error>
 
@@ -52,15 +53,21 @@ const char* to_string(errc e) noexcept;
 /// `ordo: connect to tcp://127.0.0.1:1 failed: connection refused`.
 class rpc_error : public std::system_error {
   public:
-    rpc_error(std::error_code code, std::string method, std::string peer, std::string detail);
+    rpc_error(std::error_code code, std::string method, std::string peer, std::string detail,
+              std::chrono::milliseconds retry_after = {});
 
     const std::string& method() const noexcept { return method_; }
     const std::string& peer() const noexcept { return peer_; }
     const std::string& detail() const noexcept { return detail_; }
+    /// For errc::overloaded: how long the server asked its callers to wait before trying
+    /// again (its error map's retry_after_ms, docs/protocol.md "Error objects"); 0 when it gave
+    /// no hint (a router's full queue, or a server that is not ordo).
+    std::chrono::milliseconds retry_after() const noexcept { return retry_after_; }
     const char* what() const noexcept override { return text_.c_str(); }
 
   private:
     std::string method_, peer_, detail_, text_;
+    std::chrono::milliseconds retry_after_{0};
 };
 
 }  // namespace ordo

@@ -14,8 +14,9 @@ net::awaitable<std::tuple<std::error_code>> sink_call(std::shared_ptr<channel_im
 }
 
 void throw_call_error(std::error_code ec, const std::string& method, const channel_impl& ch,
-                      const std::string& detail) {
-    throw rpc_error(ec, method, ch.remote_address(), detail);
+                      const call_sink& sink) {
+    throw rpc_error(ec, method, ch.remote_address(), sink.detail,
+                    std::chrono::milliseconds(sink.retry_after_ms));
 }
 
 }  // namespace ordo::detail

@@ -298,6 +298,20 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.max_ejected_percent = std::min<std::size_t>(100, n());
         } else if (key == "wait_for_replica_ms") {
             ro.wait_for_replica = std::chrono::milliseconds(n());
+        } else if (key == "health") {
+            if (value == "watch")
+                ro.watch_health = true;
+            else if (value == "off")
+                ro.watch_health = false;
+            else
+                bad(url, "health must be watch or off");
+        } else if (key == "overload_cooldown_ms") {
+            ro.overload_cooldown = std::chrono::milliseconds(n());
+        } else if (key == "retry_budget_percent") {
+            ro.retry_budget_percent =
+                value == "off" ? -1.0 : detail::fraction_parameter(url, key, value);
+        } else if (key == "min_retries_per_s") {
+            ro.min_retries_per_s = detail::fraction_parameter(url, key, value);
         } else if (etcd && key.rfind("etcd_", 0) == 0) {
             if (key == "etcd_ca")
                 access.ca_file = value;

@@ -103,6 +103,40 @@ replica* placement::peek(const pending_call& call) const {
     return nullptr;
 }
 
+void placement::cool(replica& r, replica::clock_type::time_point until) {
+    r.cool_until = std::max(r.cool_until, until);
+    r.damp = 0.25;
+    if (next_thaw_ == replica::clock_type::time_point{} || until < next_thaw_) next_thaw_ = until;
+}
+
+void placement::thaw() {
+    const auto now = replica::clock_type::now();
+    if (now < next_thaw_) return;
+    next_thaw_ = {};
+    for (auto& r : reps_) {
+        if (!r->cooling()) continue;
+        if (r->cool_until <= now) {
+            r->cool_until = {};
+            r->damp = 1;
+            r->cool_turns = 0;
+        } else if (next_thaw_ == replica::clock_type::time_point{} || r->cool_until < next_thaw_) {
+            next_thaw_ = r->cool_until;
+        }
+    }
+}
+
+replica* placement::elsewhere(const replica& not_this) {
+    thaw_if_due();
+    replica* best = nullptr;
+    for (auto& r : reps_) {
+        if (r.get() == &not_this || r->shadow || r->cooling() || !has_room(*r)) continue;
+        if (!best || static_cast<double>(r->in_flight) * best->weight <
+                         static_cast<double>(best->in_flight) * r->weight)
+            best = r.get();
+    }
+    return best;
+}
+
 std::size_t placement::usable() const {
     return std::size_t(std::count_if(reps_.begin(), reps_.end(),
                                      [](const auto& r) { return !r->shadow && r->takes_calls(); }));

@@ -68,6 +68,15 @@ class placement {
     /// Replicas that take calls without a key now (shadows not counted).
     std::size_t usable() const;
 
+    // Overload (router_options::overload_cooldown).
+    /// `r` answered errc::overloaded: until `until` it gets a quarter of its share of calls
+    /// without a key (least loaded: as if its weight were a quarter and one more call were in
+    /// flight; weighted: a quarter of its weight; round robin: one turn in four).
+    void cool(replica& r, replica::clock_type::time_point until);
+    /// The replica with room, other than `not_this` and none cooling, that a refused call moves
+    /// to: the least loaded per unit of weight. Null if there is none.
+    replica* elsewhere(const replica& not_this);
+
     // least_loaded's aperture.
     bool aperture_on() const noexcept { return aperture_on_; }
     /// What a call sent now carries for the aperture (aperture::tag()).
@@ -89,6 +98,13 @@ class placement {
         std::size_t calls = 0;
     };
     replica* least_loaded();
+    // Ends the cooling of replicas whose time is up (only while some replica cools: the clock
+    // is read then, and only then).
+    void thaw_if_due() {
+        if (next_thaw_ != replica::clock_type::time_point{}) [[unlikely]]
+            thaw();
+    }
+    void thaw();
 
     const members& reps_;
     route_policy policy_;
@@ -102,6 +118,7 @@ class placement {
     aperture ap_;
     std::unordered_map<std::string, key_flight> keys_;
     std::size_t cursor_ = 0;  // round robin and least-loaded ties
+    replica::clock_type::time_point next_thaw_{};  // the soonest cool_until; {} if none cools
     std::minstd_rand rng_{std::random_device{}()};
 };
 
@@ -126,7 +143,10 @@ class placement {
         };
         replica* a = draw();
         replica* b = draw();
-        auto load = [](const replica* r) { return static_cast<double>(r->in_flight) / r->weight; };
+        auto load = [](const replica* r) {
+            return (static_cast<double>(r->in_flight) + (r->cooling() ? 1 : 0)) /
+                   (r->weight * r->damp);
+        };
         if (a && b) return load(a) <= load(b) ? a : b;
         if (a || b) return a ? a : b;
     }
@@ -141,9 +161,13 @@ class placement {
         if (r.in_flight >= max_concurrent_) continue;
         if (best) {
             // in_flight / weight, compared by cross-multiplying (weights are positive): no
-            // division per replica, as this runs once per call.
-            const double mine = static_cast<double>(r.in_flight) * best->weight;
-            const double theirs = static_cast<double>(best->in_flight) * r.weight;
+            // division per replica, as this runs once per call. A cooling replica counts one
+            // call more, at a quarter of its weight (damp is 1 otherwise).
+            const double mine = (static_cast<double>(r.in_flight) + (r.cooling() ? 1 : 0)) *
+                                best->weight * best->damp;
+            const double theirs =
+                (static_cast<double>(best->in_flight) + (best->cooling() ? 1 : 0)) * r.weight *
+                r.damp;
             if (mine > theirs || (mine == theirs && turn(i) > turn(best_at))) continue;
         }
         best = &r;
@@ -158,29 +182,37 @@ class placement {
         replica* r = owner_of(call.options.key);
         return r && has_room(*r) && key_may_go(call.options.key, r) ? r : nullptr;
     }
+    thaw_if_due();
     const std::size_t n = reps_.size();
     replica* best = nullptr;
     if (policy_ == route_policy::weighted) {
         double total = 0;
         for (auto& r : reps_)
             if (!r->shadow && has_room(*r)) {
-                total += r->weight;
-                r->current += r->weight;
+                const double w = r->weight * r->damp;
+                total += w;
+                r->current += w;
                 if (!best || r->current > best->current) best = r.get();
             }
         if (best) best->current -= total;
         return best;
     }
     if (policy_ == route_policy::least_loaded) return least_loaded();
-    // round_robin: from the cursor on, wrapping.
+    // round_robin: from the cursor on, wrapping. A cooling replica lets three turns in four
+    // pass, unless no other replica has room.
     std::size_t i = cursor_ < n ? cursor_ : 0;
+    replica* passed = nullptr;
     for (std::size_t k = 0; k < n; ++k, i = i + 1 == n ? 0 : i + 1) {
         replica& r = *reps_[i];
         if (r.shadow || !has_room(r)) continue;
+        if (r.cooling() && (r.cool_turns++ & 3) != 0) [[unlikely]] {
+            passed = passed ? passed : &r;
+            continue;
+        }
         cursor_ = i + 1;
         return &r;
     }
-    return nullptr;
+    return passed;
 }
 
 }  // namespace ordo::detail

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ struct replica : std::enable_shared_from_this<replica> {
     bool shadow = false;     // in router_options::shadow_group: gets copies of calls only
     bool member = true;      // false once removed: it drains, then leaves
     bool goaway = false;     // draining because its server is going away
+    bool unwell = false;     // its server says it is not serving (ordo.health_watch)
     std::size_t source = 0;  // 0: the URL or add_replica; else the router's source number
     replica_phase ph = replica_phase::connecting;
     std::shared_ptr<peer> conn;
@@ -44,6 +46,7 @@ struct replica : std::enable_shared_from_this<replica> {
     // end reaches the router through its replica, without a weak_ptr to lock per call.
     std::shared_ptr<router::state*> owner;
     std::uint64_t gen = 0;  // which connection: calls of an earlier one are not its news
+    std::function<void()> stop_health;  // cancels the connection's ordo.health_watch, if any
 
     // Reconnection and ejection (membership).
     unsigned attempts = 0;  // failed connection attempts since the last success
@@ -59,10 +62,16 @@ struct replica : std::enable_shared_from_this<replica> {
     ring_seat seat;
     double current = 0;  // smooth weighted round robin
     std::size_t in_flight = 0;
+    // Cooling after an errc::overloaded answer (router_options::overload_cooldown): until
+    // cool_until, placement gives it `damp` of its share of calls. Only placement changes them.
+    clock_type::time_point cool_until{};
+    double damp = 1;
+    unsigned cool_turns = 0;  // round robin: turns it let pass while cooling
 
     // What its calls did (accounting: completed, errors, latency), and what membership counts
     // (connects, ejections, the last error of a connection or a call).
-    std::uint64_t completed = 0, errors = 0, shadow_calls = 0, connects = 0, ejections = 0;
+    std::uint64_t completed = 0, errors = 0, shadow_calls = 0, connects = 0, ejections = 0,
+                  overloaded = 0;
     histogram latency;
     std::string last_error;
 
@@ -70,8 +79,9 @@ struct replica : std::enable_shared_from_this<replica> {
     bool ejected() const {
         return ejected_until != clock_type::time_point{} && ejected_until > clock_type::now();
     }
-    /// Connected, neither draining nor ejected.
-    bool takes_calls() const { return ph == replica_phase::live && !ejected(); }
+    bool cooling() const { return damp < 1; }
+    /// Connected, neither draining, ejected nor said by its server not to be serving.
+    bool takes_calls() const { return ph == replica_phase::live && !unwell && !ejected(); }
 };
 
 }  // namespace ordo::detail

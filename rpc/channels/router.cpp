@@ -79,7 +79,10 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     if (!detail::take_context(*call, o.peer.default_timeout)) [[unlikely]]
         return detail::fail_call(*call, errc::timed_out, detail::inherited_timeout_reason(*call));
     const bool retry = call->attempt > 0;
-    if (!retry) ++c.calls;
+    if (!retry) {
+        ++c.calls;
+        budget.deposit();
+    }
     const auto timeout =
         call->options.timeout.count() > 0 ? call->options.timeout : o.peer.default_timeout;
     // Calls already waiting go first: a new call never overtakes them, even into room that
@@ -103,7 +106,11 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
 }
 
 std::string router::state::no_replica_reason() const {
+    const auto unwell = std::count_if(reps.begin(), reps.end(), [](const auto& r) {
+        return r->unwell && r->ph == phase::live && !r->shadow;
+    });
     return "no live replica in " + name +
+           (unwell ? " (" + std::to_string(unwell) + " not serving, by ordo.health)" : "") +
            (last_loss.empty() ? "" : " (last lost: " + last_loss + ")");
 }
 
@@ -119,9 +126,8 @@ std::string router::state::no_replica_reason() const {
             shadow(*call, timeout);
         }
     }
-    if (!retry && !call->stream && !o.idempotent_methods.empty() &&
-        o.idempotent_methods.count(call->method))
-        saved_params.insert_or_assign(call.get(), call->params.copy());
+    // Its params stay with it until it ends: it may go out again (try_again).
+    call->keep_params = !call->stream;
     call->options.timeout = timeout;
     if (!call->options.key.empty()) place.key_sent(call->options.key, rep);
     call->noted.sent = clock_type::now();  // its latency runs to the read that brings the answer
@@ -187,44 +193,71 @@ void router::state::finished(replica& r, std::uint64_t gen,
             note_outcome(r, ec);
         }
     }
-    if (r.ph == phase::draining && r.in_flight == 0 && r.conn) r.conn->close();
+    if (r.ph == phase::draining && r.in_flight == 0 && r.conn) close_idle(r);
     if (shadow) {
         ++(ec ? c.shadow_errors : c.shadow_ok);
         schedule_pump();
         return;
     }
-    if (!saved_params.empty()) {
-        if (auto it = saved_params.find(call.get()); it != saved_params.end()) {
-            auto params = std::move(it->second);
-            saved_params.erase(it);
-            if (ec == errc::peer_lost) {
-                // The caller's own call comes back for its second (and last) try. Its method,
-                // options and slot are as it went out; its params were sent and cleared.
-                const auto deadline = sent.options.timeout.count() > 0
-                                          ? n.sent + sent.options.timeout
-                                          : clock_type::time_point::max();
-                auto again = std::move(call);
-                again->params = std::move(params);
-                again->options.timeout = detail::time_left(deadline);
-                again->attempt = 1;
-                ++c.retried;
-                if (detail::recording_spans() && !again->options.metadata.empty()) [[unlikely]]
-                    detail::record_router_span(again->options.metadata, "retry", again->method,
-                                               r.url, ec, "replica " + r.url + ": " + out.detail,
-                                               {n.sent, {}, {}, clock_type::now()});
-                net::post(ex, [w = self.weak_from_this(), call = std::move(again)]() mutable {
-                    if (auto rt = w.lock())
-                        rt->s_->start_call(std::move(call));
-                    else
-                        detail::fail_call(*call, errc::closed, "ordo: the router was destroyed");
-                });
-                schedule_pump();
-                return;
-            }
-        }
-    }
+    if (ec && try_again(r, call, ec, out)) return;
     if (ec) out.detail = "replica " + r.url + ": " + out.detail;
     if (!queue.empty()) schedule_pump();  // before the caller's handler, which may start calls
+}
+
+bool router::state::try_again(replica& r, std::unique_ptr<detail::pending_call>& call,
+                              std::error_code ec, call_outcome& out) {
+    detail::pending_call& sent = *call;
+    const auto now = clock_type::now();
+    replica* to = nullptr;  // a move's replica; a second try goes where start_call puts it
+    const char* what = nullptr;
+    if (ec == errc::overloaded) {
+        // Refused before any work: it may go anywhere else, unless its order or items tie it.
+        ++r.overloaded;
+        const auto hint = std::chrono::milliseconds(out.retry_after_ms);
+        place.cool(r, now + std::max(hint, o.overload_cooldown));
+        if (sent.attempt >= 2 || sent.stream || !sent.options.key.empty()) return false;
+        to = place.elsewhere(r);
+        if (!to) return false;
+        what = "move";
+    } else if (ec == errc::peer_lost && sent.attempt == 0 && !sent.stream &&
+               o.idempotent_methods.count(sent.method)) {
+        what = "retry";
+    } else {
+        return false;
+    }
+    const auto deadline = sent.options.timeout.count() > 0 ? sent.noted.sent + sent.options.timeout
+                                                           : clock_type::time_point::max();
+    if (deadline <= now) return false;
+    if (!budget.withdraw(now)) {
+        ++c.over_budget;
+        out.detail += " (not tried again: the router's retry budget is spent)";
+        return false;
+    }
+    // The caller's own call goes out again: its method, options, params and slot are as they
+    // went out.
+    auto again = std::move(call);
+    again->options.timeout = detail::time_left(deadline);
+    ++again->attempt;
+    ++(to ? c.moved : c.retried);
+    if (detail::recording_spans() && !again->options.metadata.empty()) [[unlikely]]
+        detail::record_router_span(again->options.metadata, what, again->method, r.url, ec,
+                                   "replica " + r.url + ": " + out.detail,
+                                   {again->noted.sent, {}, {}, now});
+    // Not from inside the replica's connection, which is still completing this call.
+    std::shared_ptr<replica> target = to ? shared(to) : nullptr;
+    net::post(ex, [w = self.weak_from_this(), call = std::move(again),
+                   target = std::move(target)]() mutable {
+        auto rt = w.lock();
+        if (!rt) return detail::fail_call(*call, errc::closed, "ordo: the router was destroyed");
+        state& s = *rt->s_;
+        if (target && s.place.has_room(*target) && !s.closed) {
+            const auto timeout = call->options.timeout;
+            return s.send(*target, std::move(call), timeout, true);
+        }
+        s.start_call(std::move(call));  // where there is room now, or to wait for it
+    });
+    schedule_pump();
+    return true;
 }
 
 void router::state::schedule_pump() {

@@ -20,6 +20,7 @@ const char* to_string(replica_state s) noexcept {
         case replica_state::reconnecting: return "reconnecting";
         case replica_state::ejected: return "ejected";
         case replica_state::draining: return "draining";
+        case replica_state::not_serving: return "not_serving";
     }
     return "unknown";
 }
@@ -28,13 +29,14 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
-// Failures that say something about the replica, not about the caller.
+// Failures that say something about the replica, not about the caller. Not errc::overloaded: a
+// replica that refuses calls it has no room for works as it should, and gets fewer calls for a
+// while instead (router::state::try_again).
 bool counts_against(std::error_code ec) {
     if (ec.category() != error_category()) return true;
     switch (static_cast<errc>(ec.value())) {
         case errc::remote_error:
         case errc::timed_out:
-        case errc::overloaded:
         case errc::shutting_down:
         case errc::protocol_error:
             return true;
@@ -172,8 +174,10 @@ void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<tr
     if (again) ++c.reconnects;
     r->attempts = 0;
     r->goaway = false;
+    r->unwell = false;  // until its server says otherwise
     r->failures_in_a_row = 0;
     r->ph = phase::live;
+    watch_health(r);
     place.refresh();
     event("replica " + r->url + (again ? " back" : " added"));
     pump();
@@ -237,7 +241,7 @@ void router::state::heard_goaway(replica& r, const std::string& reason) {
     ++c.drains;
     place.refresh();
     event("replica " + r.url + " is going away (" + reason + "): draining");
-    if (r.in_flight == 0 && r.conn) r.conn->close();
+    if (r.in_flight == 0 && r.conn) close_idle(r);
     schedule_pump();  // its waiting keyed calls move on
 }
 
@@ -309,7 +313,7 @@ bool router::state::remove(const std::string& url) {
         if (r->ph != phase::draining) r->ph = phase::draining;
         place.refresh();
         rename();
-        if (r->in_flight == 0) r->conn->close();
+        if (r->in_flight == 0) close_idle(*r);
     }
     schedule_pump();
     return true;
@@ -472,6 +476,7 @@ std::vector<replica_counters> router::replicas() const {
                    : r->ph == phase::reconnecting ? replica_state::reconnecting
                    : r->ph == phase::draining     ? replica_state::draining
                    : r->ejected()                 ? replica_state::ejected
+                   : r->unwell                    ? replica_state::not_serving
                                                   : replica_state::ready;
         rc.member = r->member;
         rc.source = r->source ? s_->sources[r->source - 1].name : std::string();
@@ -482,6 +487,8 @@ std::vector<replica_counters> router::replicas() const {
         rc.completed = r->completed;
         rc.errors = r->errors;
         rc.shadow_calls = r->shadow_calls;
+        rc.overloaded = r->overloaded;
+        rc.cooling = r->cooling() && r->cool_until > state::clock_type::now();
         rc.latency = r->latency.summary();
         s_->queue.for_each([&](const detail::pending_call& call) {
             if (!call.options.key.empty() && s_->place.owner_of(call.options.key) == r.get()) ++rc.queued;
@@ -502,6 +509,9 @@ router_view router::view(std::string name) const {
     v.ejections = c.ejections;
     v.drains = c.drains;
     v.source_problems = c.source_problems;
+    v.retried = c.retried;
+    v.moved = c.moved;
+    v.over_budget = c.over_budget;
     for (auto& rc : replicas())
         v.replicas.push_back({rc.url, to_string(rc.state), rc.in_flight, rc.completed, rc.errors,
                               rc.last_error});

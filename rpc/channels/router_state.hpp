@@ -16,6 +16,7 @@
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/accounting.hpp"
 #include "rpc/channels/placement.hpp"
+#include "rpc/channels/retry_budget.hpp"
 #include "rpc/channels/wait_queue.hpp"
 
 namespace ordo {
@@ -75,9 +76,7 @@ struct router::state {
     detail::accounting books;
     double shadow_credit = 0;
     bool pump_posted = false;
-    // Idempotent calls in flight (router_options::idempotent_methods): their params, for a
-    // second try if their replica is lost.
-    std::unordered_map<const detail::pending_call*, detail::params_buffer> saved_params;
+    detail::retry_budget budget{o.retry_budget_percent, o.min_retries_per_s};
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
     detail::task_scope tasks{ex};  // connection attempts (dial()), cancelled by close_all()
@@ -113,6 +112,10 @@ struct router::state {
     static constexpr std::uint16_t shadow_mark = 0x100;
     void finished(replica& r, std::uint64_t gen, std::unique_ptr<detail::pending_call>& call,
                   std::error_code ec, call_outcome& out);
+    // A call that ended with `ec` on `r` goes out again, elsewhere, if it may (a second try, or
+    // a move away from an overloaded replica): true if it took the call.
+    bool try_again(replica& r, std::unique_ptr<detail::pending_call>& call, std::error_code ec,
+                   call_outcome& out);
     void schedule_pump();
     void pump();
     void arm_wait_timer();
@@ -129,6 +132,13 @@ struct router::state {
     void lose(replica& r, const std::string& why);
     void leave(replica& r);
     void heard_goaway(replica& r, const std::string& reason);
+    // rpc/channels/router_health.cpp: each connection watches its server's health.
+    void watch_health(const std::shared_ptr<replica>& r);
+    // Closes a draining replica's connection that has no call of the router's left: its
+    // health watch is cancelled first, so that the server has nothing running and closes its
+    // side at once.
+    void close_idle(replica& r);
+    void heard_health(replica& r, const std::string& state);
     void note_outcome(replica& r, std::error_code ec);
     void eject(replica& r);
     net::awaitable<void> add(std::string url, double weight, std::string group);

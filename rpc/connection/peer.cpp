@@ -57,7 +57,7 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     } catch (const std::system_error& e) {
         return s.calls.fail(std::move(call), e.code(), e.what());
     }
-    f.params.clear();  // sent: the copy in the batch is enough
+    if (!f.keep_params) f.params.clear();  // sent: the copy in the batch is enough
     s.calls.add(id, std::move(call));
     s.live.note_work();
 }
@@ -166,7 +166,7 @@ void peer::state::start_call_with_context(detail::pending_call* taken) {
     } catch (const std::system_error& e) {
         return calls.fail(std::move(call), e.code(), e.what());
     }
-    f.params.clear();
+    if (!f.keep_params) f.params.clear();
     calls.add(id, std::move(call));
     live.note_work();
 }

@@ -106,7 +106,7 @@ void pack_routers(msgpack::packer<buffer>& p, const std::vector<router_view>& ro
     p.pack_map(static_cast<std::uint32_t>(routers.size()));
     for (const auto& r : routers) {
         p.pack(r.name);
-        p.pack_map(8);
+        p.pack_map(11);
         pack_kv(p, "calls", r.calls);
         pack_kv(p, "queued", r.queued);
         pack_kv(p, "replicas_lost", r.replicas_lost);
@@ -114,6 +114,9 @@ void pack_routers(msgpack::packer<buffer>& p, const std::vector<router_view>& ro
         pack_kv(p, "ejections", r.ejections);
         pack_kv(p, "drains", r.drains);
         pack_kv(p, "source_problems", r.source_problems);
+        pack_kv(p, "retried", r.retried);
+        pack_kv(p, "moved", r.moved);
+        pack_kv(p, "over_budget", r.over_budget);
         p.pack("replicas");
         p.pack_array(static_cast<std::uint32_t>(r.replicas.size()));
         for (const auto& rep : r.replicas) {

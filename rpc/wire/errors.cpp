@@ -1,6 +1,7 @@
 #include "rpc/wire/errors.hpp"
 
 #include <cxxabi.h>
+#include <algorithm>
 
 #include <cstdlib>
 #include <optional>
@@ -50,7 +51,8 @@ void throw_argument_type(std::string_view method, const std::string& signature, 
 
 namespace detail {
 
-std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
+std::error_code error_from_wire(const msgpack::object& e, std::string& detail,
+                                std::uint32_t* retry_after_ms) {
     if (e.type == msgpack::type::MAP) {
         std::optional<std::int64_t> code;
         for (std::uint32_t i = 0; i < e.via.map.size; ++i) {
@@ -62,6 +64,11 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail) {
                 code = kv.val.via.i64;
             else if (k == "message" && kv.val.type == msgpack::type::STR)
                 detail.assign(kv.val.via.str.ptr, kv.val.via.str.size);
+            else if (k == "retry_after_ms" && retry_after_ms &&
+                     kv.val.type == msgpack::type::POSITIVE_INTEGER)
+                // A day at most: a hint longer than that is a broken peer's, not a plan.
+                *retry_after_ms =
+                    static_cast<std::uint32_t>(std::min<std::uint64_t>(kv.val.via.u64, 86'400'000));
         }
         if (code && *code >= 1 && *code <= static_cast<int>(errc::permission_denied) &&
             !detail.empty())

@@ -19,7 +19,8 @@ namespace ordo::detail {
 /// The error object of a response as a code, its text in `detail`. ordo's own {code, message}
 /// map keeps its code; anything else from a foreign peer is errc::remote_error with its text:
 /// neovim's [type, message] arrays give their message, other values their msgpack text form.
-std::error_code error_from_wire(const msgpack::object& e, std::string& detail);
+std::error_code error_from_wire(const msgpack::object& e, std::string& detail,
+                                std::uint32_t* retry_after_ms = nullptr);
 
 /// An errc::overloaded answer that says how long to wait before trying again: ordo's error map
 /// with a third key, {"code": 8, "message": text, "retry_after_ms": n} (docs/protocol.md,

@@ -125,6 +125,17 @@ def post(addr, path, body=None, headers=None, timeout=10):
     return request(addr, "POST", path, body, headers, timeout)
 
 
+def post_for_headers(addr, path, body):
+    """(status, the response's headers as a dict, body)"""
+    c = http.client.HTTPConnection(*addr, timeout=10)
+    try:
+        c.request("POST", path, body=body, headers=JSON)
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read().decode()
+    finally:
+        c.close()
+
+
 def error_of(text):
     j = json.loads(text)
     return j["code"], j["message"]
@@ -193,15 +204,53 @@ class Calls(unittest.TestCase):
                 async def one():
                     async with s.post(f"http://{gw.narrow[0]}:{gw.narrow[1]}/sleep_ms",
                                       data="[3000]", headers=JSON) as r:
-                        return r.status, await r.text()
+                        return r.status, await r.text(), r.headers.get("Retry-After")
                 # 3 s calls: the four reach the router while the first still runs, however
                 # slowly a busy machine starts them.
                 return await asyncio.gather(*[one() for _ in range(4)])
         results = asyncio.run(go())
-        over = [t for s, t in results if s == 503]
+        over = [(t, h) for s, t, h in results if s == 503]
         self.assertTrue(over, results)
-        self.assertEqual(error_of(over[0])[0], "overloaded")
-        self.assertIn("max_queued_calls", error_of(over[0])[1])
+        self.assertEqual(error_of(over[0][0])[0], "overloaded")
+        self.assertIn("max_queued_calls", error_of(over[0][0])[1])
+        # The router's own full queue gives no hint: Retry-After is its least, 1 s.
+        self.assertEqual(over[0][1], "1")
+
+    def test_an_overloaded_backend_is_503_with_retry_after(self):
+        # One call at a time on this replica (ordo-inc-server --concurrency 1): while one
+        # sleeps, the next is refused at once, and the gateway says when to come back.
+        _, url = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--concurrency", "1"],
+                       r"listening on (tcp://\S+)")
+        _, g = gateway(url, "--max-connections", "8")
+        # The held call comes on a connection of its own: behind the gateway's, it would wait
+        # in that connection's queue (sleep_ms is a serial handler) rather than be refused.
+        holder = subprocess.Popen([ORDO, "call", url, "sleep_ms", "5000"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # It runs once the server counts two handlers: it and the gateway's health watch
+            # (which no limit refuses).
+            deadline = time.monotonic() + 10
+            running = 0
+            while time.monotonic() < deadline and running < 2:
+                out = subprocess.run([ORDO, "stats", url], capture_output=True, text=True,
+                                     timeout=10).stdout
+                try:
+                    running = json.loads(out)["server"]["running_handlers"]
+                except (ValueError, KeyError):
+                    running = 0
+                time.sleep(0.02)
+            self.assertEqual(running, 2)
+            status, headers, text = post_for_headers(g, "/sleep_ms", "[1]")
+            self.assertEqual((status, error_of(text)[0]), (503, "overloaded"), text)
+            self.assertIn("retry after", error_of(text)[1])
+            self.assertGreaterEqual(int(headers.get("Retry-After", "0")), 1, headers)
+        finally:
+            holder.kill()  # its call ends with its connection
+            holder.wait(30)
+        # With the slot free again, calls pass, and nothing asks them to wait.
+        status, headers, text = post_for_headers(g, "/inc", "[1]")
+        self.assertEqual(status, 200, text)
+        self.assertNotIn("Retry-After", headers)
 
     def test_a_lost_peer_is_502_and_no_live_replica_503(self):
         p, url = replica()
@@ -316,9 +365,10 @@ class Disconnect(unittest.TestCase):
         body = b"[20000]"
         sock.sendall(b"POST /sleep_ms HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        def polled(read):
-            """read(`ordo stats URL` as JSON) once it is not 0, within 10 s; else 0."""
+        def polled(read, until=bool):
+            """read(`ordo stats URL` as JSON) once until(it), within 10 s; else the last."""
             deadline = time.monotonic() + 10
+            value = 0
             while time.monotonic() < deadline:
                 out = subprocess.run([ORDO, "stats", url], capture_output=True, text=True,
                                      timeout=10).stdout
@@ -326,12 +376,14 @@ class Disconnect(unittest.TestCase):
                     value = read(json.loads(out))
                 except (ValueError, KeyError):
                     value = 0
-                if value:
+                if until(value):
                     return value
                 time.sleep(0.05)
-            return 0
-        # The call is running on the backend before the client goes.
-        self.assertEqual(polled(lambda s: s["server"]["running_handlers"]), 1)
+            return value
+        # The call is running on the backend before the client goes: two handlers run there,
+        # the call and the gateway's router's ordo.health_watch.
+        self.assertEqual(polled(lambda s: s["server"]["running_handlers"],
+                                lambda n: n >= 2), 2)
         sock.close()
         # The backend's handler is cancelled (ordo.cancel), long before its 20 s.
         cancelled = polled(lambda s: s["methods"]["sleep_ms"]["errors"].get("cancelled", 0))
@@ -565,6 +617,27 @@ class Introspection(unittest.TestCase):
         self.assertIn("ordo_gateway_router_expired_in_queue_total", text)
         # Not served unless asked for.
         self.assertEqual(request(gw.single, "GET", "/metrics")[0], 404)
+
+    def test_healthz_says_what_the_backend_says_of_its_health(self):
+        # A replica that warms up says not_serving first (ordo.health), then serving.
+        p, url = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--warm-up-ms", "3000"],
+                       r"listening on (tcp://\S+)")
+        _, g = gateway(url, "--max-connections", "8")
+        status, _, text = request(g, "GET", "/-/healthz")
+        self.assertEqual(status, 503, text)
+        self.assertIn("not serving", json.loads(text)["message"])
+        # The gateway's router sends it no call meanwhile: it has no replica that serves.
+        status, _, text = post(g, "/inc", "[1]")
+        self.assertEqual((status, error_of(text)[0]), (503, "peer_lost"), text)
+        self.assertIn("1 not serving", error_of(text)[1])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status, _, text = request(g, "GET", "/-/healthz")
+            if status == 200:
+                break
+            time.sleep(0.1)
+        self.assertEqual((status, json.loads(text)["status"]), (200, "ok"), text)
+        stop(p)
 
 
 class Connections(unittest.TestCase):

@@ -140,6 +140,9 @@ TEST(Prometheus, ARoutersReplicasShowTheirStateAndItsLossesAndReconnectsAreCount
                   1);
         EXPECT_EQ(sample(text, R"(ordo_router_reconnects_total{router="fleet"})"), 0);
         EXPECT_EQ(sample(text, R"(ordo_router_ejections_total{router="fleet"})"), 0);
+        EXPECT_EQ(sample(text, R"(ordo_router_moved_total{router="fleet"})"), 0);
+        EXPECT_EQ(sample(text, R"(ordo_router_over_budget_total{router="fleet"})"), 0);
+        EXPECT_EQ(sample(text, "ordo_router_replica_overloaded_total" + rl + up + R"("})"), 0);
         // Of the two, one takes calls: the aperture (every replica that does) is one.
         EXPECT_EQ(sample(text, R"(ordo_router_aperture{router="fleet"})"), 1);
         EXPECT_EQ(sample(text, R"(ordo_router_aperture_trials_total{router="fleet"})"), 0);

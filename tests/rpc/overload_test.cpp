@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rpc/connection/admission.hpp"
+#include "support/gate.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
@@ -24,6 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using detail::admission;
+using test::gate;
 using test::run_test;
 using test::wait_until;
 using sim_clock = admission::clock;
@@ -151,26 +153,6 @@ TEST(AdaptiveLimit, ALaterSlowerWorkloadIsLearnedByTheProbe) {
     m.run(10s, 250us);
     EXPECT_GT(m.served, 10 * 2000 * 85 / 100);
 }
-
-// A handler that holds its call until the test opens the gate; once open, calls pass at once.
-struct gate {
-    net::steady_timer timer;
-    int waiting = 0;
-    bool is_open = false;
-    explicit gate(net::any_io_executor ex)
-        : timer(ex, std::chrono::steady_clock::time_point::max()) {}
-    net::awaitable<void> pass() {
-        if (is_open) co_return;
-        ++waiting;
-        auto [ec] = co_await timer.async_wait(use_tuple);
-        (void)ec;
-        --waiting;
-    }
-    void open() {
-        is_open = true;
-        timer.cancel();
-    }
-};
 
 TEST(Overload, CallsOverAFixedServerLimitAreRefusedAtOnceAndTheRestRun) {
     run_test([]() -> net::awaitable<void> {

@@ -145,6 +145,12 @@ out=$("$ordo" replicas "route+tcp://${url#tcp://},127.0.0.1:1") || fail "replica
 [[ "$(echo "$out" | sed -n 1p)" == "$url ready weight=1" ]] || fail "replicas line 1: $out"
 [[ "$(echo "$out" | sed -n 2p)" == "tcp://127.0.0.1:1 reconnecting weight=1 ("*refused*")" ]] ||
     fail "replicas line 2: $out"
+[[ "$(echo "$out" | sed -n 3p)" == "retry budget: 20% of calls + 10/s (retried 0, moved 0, over budget 0)" ]] ||
+    fail "replicas line 3 (the retry budget): $out"
+out=$("$ordo" replicas "route+tcp://${url#tcp://}?retry_budget_percent=off") ||
+    fail "replicas with the budget off: $out"
+[[ "$(echo "$out" | sed -n 2p)" == "retry budget: off (retried 0, moved 0, over budget 0)" ]] ||
+    fail "replicas, the budget off: $out"
 out=$("$ordo" replicas "route+tcp://127.0.0.1:1" 2>&1); rc=$?
 [ $rc = 1 ] && [[ "$out" == *reconnecting* ]] || fail "replicas with none ready: rc=$rc $out"
 err=$("$ordo" replicas "$url" 2>&1 >/dev/null); rc=$?

@@ -25,9 +25,11 @@
 //   ordo_server_memory_used_bytes, ordo_server_memory_budget_bytes
 //   ordo_server_batches_total{method}, ordo_server_batch_size{method} (histogram)
 //   ordo_router_calls_total, ordo_router_queued_calls, ordo_router_retried_total,
+//   ordo_router_moved_total, ordo_router_over_budget_total,
 //   ordo_router_replicas_lost_total
 //   ordo_router_replica_live{replica}, ordo_router_replica_in_flight{replica},
 //   ordo_router_replica_queued_calls{replica}, ordo_router_replica_calls_total{replica,outcome},
+//   ordo_router_replica_overloaded_total{replica},
 //   ordo_router_replica_latency_seconds{replica,quantile} (gauges: 0.5, 0.9, 0.99)
 #pragma once
 

@@ -151,6 +151,9 @@ struct call_outcome {
     /// `result` lives in the connection's read zone (`message` is empty): valid during
     /// complete*() only. Given only to calls whose takes_borrowed() is true.
     bool borrowed = false;
+    /// On errc::overloaded: how long the server asked its caller to wait before trying again
+    /// (the error map's retry_after_ms, docs/protocol.md "Error objects"); 0 when it gave none.
+    std::uint32_t retry_after_ms = 0;
 };
 
 namespace detail {

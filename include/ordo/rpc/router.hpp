@@ -72,8 +72,33 @@ struct router_options {
     /// replica. (URL: `aperture=adaptive` or `aperture=all`.)
     bool aperture = true;
     /// Methods that are safe to run twice: a call in flight on a replica that dies is retried
-    /// once on another replica instead of failing with errc::peer_lost.
+    /// once on another replica instead of failing with errc::peer_lost (within the retry
+    /// budget).
     std::set<std::string> idempotent_methods{};
+
+    /// Health (docs/protocol.md, "Health"): each replica's connection watches its server's
+    /// state with ordo.health_watch. A replica whose server says `not_serving` or `draining`
+    /// gets no new calls (its calls in flight finish) until it says `serving` again, so a drain
+    /// or a handler's set_health moves calls away before any fails there. A server that does
+    /// not know ordo.health_watch (a foreign one, an older ordo) is taken as serving. (URL:
+    /// `health=watch`, the default, or `health=off`.)
+    bool watch_health = true;
+
+    /// Overload (docs/design.md 5.12). A replica that answers errc::overloaded refused the call
+    /// before doing any of it, so the call, idempotent or not, moves to another replica that
+    /// has room and has not refused calls lately, within its deadline and the retry budget, at
+    /// most twice. Keyed calls (their order) and streams do not move: they fail with the
+    /// replica's answer, as a call does when no replica can take it. The replica is never ejected
+    /// for it: it gets a quarter of its share of calls for the time its server asked callers
+    /// to wait (rpc_error::retry_after), and at least this long.
+    std::chrono::milliseconds overload_cooldown{100};
+    /// The retry budget (as Finagle's and Linkerd's): second tries of idempotent calls and moves
+    /// of refused ones together add at most `retry_budget_percent` of the calls made, plus
+    /// `min_retries_per_s` a second (and at most ten seconds' worth saved up). A try the budget
+    /// has no room for is not made: the call fails with its original error
+    /// (router_counters::over_budget). A negative percentage turns the budget off.
+    double retry_budget_percent = 20;
+    double min_retries_per_s = 10;
     /// Replicas of this group get only shadow traffic: `shadow_fraction` of the calls (0..1) is
     /// also sent to the least loaded replica of the group that has room (or not at all, when
     /// none has). Shadow results and errors are counted, never returned to callers.
@@ -98,10 +123,11 @@ struct router_options {
     std::chrono::milliseconds reconnect_max{5'000};
 
     /// Outlier ejection (as Envoy's): a replica whose last `eject_after` calls all failed (a
-    /// handler error, a deadline, overloaded or shutting down: not a caller's cancellation or bad
-    /// arguments) takes no calls for `eject_base` times the number of its ejections in a row, at
-    /// most `eject_max`, while its connection stays open. At most `max_ejected_percent` of the
-    /// members (rounded down: never the only one) are ejected at once. 0 turns it off.
+    /// handler error, a deadline or shutting down: not a caller's cancellation or bad arguments,
+    /// nor errc::overloaded, which only sends it fewer calls for a while) takes no calls for
+    /// `eject_base` times the number of its ejections in a row, at most `eject_max`, while its
+    /// connection stays open. At most `max_ejected_percent` of the members (rounded down: never the
+    /// only one) are ejected at once. 0 turns it off.
     std::size_t eject_after = 5;
     std::chrono::milliseconds eject_base{10'000};
     std::chrono::milliseconds eject_max{300'000};
@@ -120,8 +146,10 @@ enum class replica_state {
     reconnecting,  ///< its connection ended or could not be opened: backing off, then again
     ejected,       ///< connected, but out of the ring for a while after failing every call
     draining,      ///< no new calls; those in flight finish (removed, or its server is going away)
+    not_serving,   ///< connected, but its server says it is not serving (ordo.health_watch):
+                   ///< no new calls until it says it is again
 };
-/// "connecting", "ready", "reconnecting", "ejected", "draining".
+/// "connecting", "ready", "reconnecting", "ejected", "draining", "not_serving".
 const char* to_string(replica_state s) noexcept;
 
 /// Latency percentiles from a fixed-size histogram (about 10% resolution).
@@ -146,6 +174,8 @@ struct replica_counters {
     std::uint64_t completed = 0;  ///< calls answered with a result
     std::uint64_t errors = 0;     ///< calls that failed here (any reason)
     std::uint64_t shadow_calls = 0;
+    std::uint64_t overloaded = 0;  ///< calls it refused with errc::overloaded
+    bool cooling = false;          ///< getting fewer calls after refusing some (overload_cooldown)
     /// Of calls answered here: from the router's send to the read that brought the response.
     /// A call that a handler started while its connection passed on a read counts from that
     /// read (no clock read per call), so the handlers' time before the send is included.
@@ -156,6 +186,8 @@ struct router_counters {
     std::size_t queued = 0;  ///< calls waiting for room
     std::uint64_t calls = 0;
     std::uint64_t retried = 0;         ///< idempotent calls re-sent after their replica died
+    std::uint64_t moved = 0;           ///< calls sent elsewhere after a replica was overloaded
+    std::uint64_t over_budget = 0;     ///< second tries and moves the retry budget refused
     std::uint64_t replicas_lost = 0;     ///< connections that ended without a drain
     std::uint64_t reconnects = 0;        ///< connections opened again to a member
     std::uint64_t ejections = 0;
@@ -296,7 +328,10 @@ struct route_spec {
 /// per replica, comma-separated), idempotent (comma-separated method names), shadow
 /// (comma-separated replica items, put in group "shadow") with shadow_fraction, connect_timeout_ms,
 /// reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms, max_ejected_percent,
-/// wait_for_replica_ms; and the peer parameters timeout_ms, interval_ms, liveness_timeout_ms,
+/// wait_for_replica_ms, health (watch or off), overload_cooldown_ms, retry_budget_percent (a
+/// number, or off),
+/// min_retries_per_s; and the
+/// peer parameters timeout_ms, interval_ms, liveness_timeout_ms,
 /// heartbeat_ms, applied on top of `base`.
 ///
 /// Replicas from a source instead of a list:

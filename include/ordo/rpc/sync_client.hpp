@@ -227,7 +227,8 @@ class sync_client {
                     detail::throw_bad_result(typeid(R), v.get());
                 }
             } catch (const rpc_error& e) {
-                throw rpc_error(e.code(), std::string(method), remote_address(), e.detail());
+                throw rpc_error(e.code(), std::string(method), remote_address(), e.detail(),
+                                e.retry_after());
             }
         }
     }

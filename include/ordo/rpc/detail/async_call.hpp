@@ -98,9 +98,10 @@ net::awaitable<std::tuple<std::error_code>> sink_call(std::shared_ptr<channel_im
                                                       std::string method, params_buffer params,
                                                       call_options o, call_sink& sink);
 
-/// Throws ordo::rpc_error(ec) naming the method, the channel's peer and `detail`.
+/// Throws ordo::rpc_error(ec) naming the method, the channel's peer and `detail`, with the
+/// server's retry-after hint (rpc_error::retry_after).
 [[noreturn]] void throw_call_error(std::error_code ec, const std::string& method,
-                                   const channel_impl& ch, const std::string& detail);
+                                   const channel_impl& ch, const call_sink& sink);
 
 /// sink.convert for a result of type R: converts the outcome into the std::optional<R> at `to`.
 template <class R>
@@ -122,13 +123,13 @@ net::awaitable<R> call_awaitable(std::shared_ptr<channel_impl> ch, std::string m
     if constexpr (std::is_void_v<R>) {
         call_sink sink;
         auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
-        if (ec) throw_call_error(ec, method, *ch, sink.detail);
+        if (ec) throw_call_error(ec, method, *ch, sink);
     } else {
         std::optional<R> r;  // R need not be default-constructible, as msgpack's as<R>() allows
         call_sink sink{&r, &convert_into<R>, {}, {}};
         auto [ec] = co_await sink_call(ch, method, std::move(params), std::move(o), sink);
         if (sink.thrown) std::rethrow_exception(sink.thrown);
-        if (ec) throw_call_error(ec, method, *ch, sink.detail);
+        if (ec) throw_call_error(ec, method, *ch, sink);
         co_return std::move(*r);
     }
 }

@@ -50,6 +50,7 @@ struct call_sink {
     void (*convert)(call_outcome&, void*) = nullptr;
     std::string detail;
     std::exception_ptr thrown;
+    std::uint32_t retry_after_ms = 0;  // call_outcome::retry_after_ms, on failure
 };
 
 template <class R, class Handler>
@@ -137,6 +138,7 @@ class call_op final : public pending_call {
                 }
             } else if (ec) {
                 sink_->detail = std::move(out.detail);
+                sink_->retry_after_ms = out.retry_after_ms;
             }
             deliver(now, ec);
         } else if constexpr (std::is_same_v<R, call_outcome>) {

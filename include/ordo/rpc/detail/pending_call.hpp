@@ -57,11 +57,14 @@ class pending_call {
     params_buffer params;  ///< the encoded params array
     call_options options;
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
-    /// 0 for a call as made; 1 when a router sends it again after its replica died.
+    /// 0 for a call as made; 1, 2 as a router sends it again (a replica died or was overloaded).
     std::uint8_t attempt = 0;
     /// A call the connection makes for itself (ordo.features): its end is not told to the
     /// connection's call_observer, which only hears of calls its owner started.
     bool own = false;
+    /// Its connection leaves `params` as they are once written, instead of freeing them: a
+    /// router that may send the call again elsewhere (a replica lost or overloaded) keeps them.
+    bool keep_params = false;
     /// A streaming call (ordo::stream): where its items go. Sent as ordo.stream.
     std::shared_ptr<stream_core> stream;
     /// Written by whoever starts the call on a connection it observes (a router, which is told
