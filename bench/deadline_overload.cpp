@@ -28,6 +28,8 @@
 #include <CLI/CLI.hpp>
 #include <ordo/ordo.hpp>
 
+#include "replica_loop.hpp"
+
 namespace net = ordo::net;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
@@ -133,22 +135,18 @@ int main(int argc, char** argv) {
     app.add_flag("--json", st.json, "print one JSON line");
     CLI11_PARSE(app, argc, argv);
 
-    // The replicas: their own loop and thread, so that the router's loop only routes.
-    net::io_context replica_io;
-    std::vector<std::unique_ptr<ordo::server>> servers;
+    ordo_bench::replica_loop replicas;
     std::vector<std::string> urls;
     for (int i = 0; i < st.replicas; ++i) {
-        auto s = std::make_unique<ordo::server>(replica_io.get_executor());
-        s->on("work", [](int ms) -> net::awaitable<int> {
+        auto& s = replicas.add();
+        s.on("work", [](int ms) -> net::awaitable<int> {
             net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
             co_await t.async_wait(net::use_awaitable);
             co_return ms;
         });
-        urls.push_back(s->listen("tcp://127.0.0.1:0"));
-        servers.push_back(std::move(s));
+        urls.push_back(s.listen("tcp://127.0.0.1:0"));
     }
-    auto guard = net::make_work_guard(replica_io);
-    std::thread replica_thread([&] { replica_io.run(); });
+    replicas.start();
 
     net::io_context io;
     tally t;
@@ -169,25 +167,8 @@ int main(int argc, char** argv) {
         },
         [&](std::exception_ptr e) { failed = e; });
     io.run();
-    std::promise<void> stopped;
-    net::co_spawn(
-        replica_io,
-        [&]() -> net::awaitable<void> {
-            for (auto& s : servers) co_await s->async_stop();
-        },
-        [&](std::exception_ptr) { stopped.set_value(); });
-    stopped.get_future().wait();
-    guard.reset();
-    replica_io.stop();
-    replica_thread.join();
-    if (failed) {
-        try {
-            std::rethrow_exception(failed);
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "ordo-deadline-bench: %s\n", e.what());
-        }
-        return 1;
-    }
+    replicas.stop();
+    if (failed) return ordo_bench::report_failure("ordo-deadline-bench", failed);
     const long made = t.made[0] + t.made[1];
     if (t.finished() != made) {
         std::fprintf(stderr, "ordo-deadline-bench: %ld of %ld calls never finished\n",

@@ -298,6 +298,26 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
             ro.max_ejected_percent = std::min<std::size_t>(100, n());
         } else if (key == "wait_for_replica_ms") {
             ro.wait_for_replica = std::chrono::milliseconds(n());
+        } else if (key == "hedge_after_ms") {
+            ro.hedge.after = std::chrono::milliseconds(n());
+        } else if (key == "hedge_after") {
+            if (value != "p95") bad(url, "hedge_after must be p95 (or hedge_after_ms=N)");
+            ro.hedge.p95 = true;
+        } else if (key == "hedge") {
+            // METHOD:N or METHOD:p95, comma-separated.
+            for (const auto& item : split(value, ',')) {
+                const auto colon = item.rfind(':');
+                if (colon == std::string::npos || colon == 0)
+                    bad(url, "hedge takes METHOD:N or METHOD:p95, not \"" + item + "\"");
+                hedge_policy hp;
+                const std::string when = item.substr(colon + 1);
+                if (when == "p95")
+                    hp.p95 = true;
+                else
+                    hp.after =
+                        std::chrono::milliseconds(detail::number_parameter(url, "hedge", when));
+                ro.hedge_methods[item.substr(0, colon)] = hp;
+            }
         } else if (key == "health") {
             if (value == "watch")
                 ro.watch_health = true;

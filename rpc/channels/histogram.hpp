@@ -34,7 +34,7 @@ class histogram {
         return s;
     }
 
-  private:
+    /// The `q` quantile (0..1): the low end of its bucket, or 0 with nothing recorded.
     std::chrono::microseconds at(double q) const {
         if (n_ == 0) return std::chrono::microseconds(0);
         const auto rank = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(n_)));
@@ -49,8 +49,41 @@ class histogram {
         }
         return std::chrono::microseconds(max_);
     }
+    std::uint64_t count() const noexcept { return n_; }
+    void merge(const histogram& o) {
+        for (std::size_t i = 0; i < b_.size(); ++i) b_[i] += o.b_[i];
+        n_ += o.n_;
+        max_ = std::max(max_, o.max_);
+    }
+
+  private:
     std::array<std::uint64_t, 64 * 8> b_{};
     std::uint64_t n_ = 0, max_ = 0;
+};
+
+/// Recent latencies: two histograms, the older dropped when the newer holds `span` samples, so
+/// that a percentile reflects the last `span` to 2 x `span` (a hedged method's p95).
+class recent_histogram {
+  public:
+    explicit recent_histogram(std::uint64_t span = 1000) : span_(span) {}
+    void record(std::chrono::steady_clock::duration d) {
+        if (now_.count() >= span_) {
+            old_ = now_;
+            now_ = histogram{};
+        }
+        now_.record(d);
+    }
+    std::uint64_t count() const noexcept { return old_.count() + now_.count(); }
+    /// The `q` quantile of both halves together.
+    std::chrono::microseconds at(double q) const {
+        histogram both = old_;
+        both.merge(now_);
+        return both.at(q);
+    }
+
+  private:
+    std::uint64_t span_;
+    histogram old_, now_;
 };
 
 }  // namespace ordo::detail

@@ -126,6 +126,9 @@ std::string router::state::no_replica_reason() const {
             shadow(*call, timeout);
         }
     }
+    if (hedging && !retry && !call->stream && call->options.key.empty()) [[unlikely]]
+        if (const auto delay = hedge_delay(*call); delay.count() > 0)
+            return send_hedged(rep, std::move(call), timeout, delay);
     // Its params stay with it until it ends: it may go out again (try_again).
     call->keep_params = !call->stream;
     call->options.timeout = timeout;
@@ -138,6 +141,11 @@ std::string router::state::no_replica_reason() const {
     // elsewhere now, not to a connection that is only waiting for the event loop to end it.
     if (rep.conn && !rep.conn->takes_calls()) [[unlikely]]
         lose(rep, "its connection failed while a call was being written");
+}
+
+void router::state::send_again(replica& r, std::unique_ptr<detail::pending_call> call,
+                               std::chrono::milliseconds timeout) {
+    send(r, std::move(call), timeout, true);
 }
 
 void router::state::shadow(const detail::pending_call& call, std::chrono::milliseconds timeout) {
@@ -178,6 +186,8 @@ void router::state::finished(replica& r, std::uint64_t gen,
             r.conn && gen == r.gen ? r.conn->comm().last_receive : clock_type::now();
         const auto took = std::max(arrived - n.sent, clock_type::duration::zero());
         books.answered(r, sent, took, shadow);
+        if (hedging && !shadow) [[unlikely]]
+            note_hedge_latency(sent.method, took);
         if (place.aperture_on() && !shadow && sent.options.key.empty())
             place.answered(static_cast<std::uint8_t>(n.mark), n.sent, arrived);
     } else {

@@ -15,6 +15,7 @@
 #include "lib/task_scope.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/accounting.hpp"
+#include "rpc/channels/histogram.hpp"
 #include "rpc/channels/placement.hpp"
 #include "rpc/channels/retry_budget.hpp"
 #include "rpc/channels/wait_queue.hpp"
@@ -77,6 +78,15 @@ struct router::state {
     double shadow_credit = 0;
     bool pump_posted = false;
     detail::retry_budget budget{o.retry_budget_percent, o.min_retries_per_s};
+    // Hedged calls (rpc/channels/router_hedge.cpp): whether any method is hedged, and the recent
+    // send-to-answer times of those hedged after their p95.
+    const bool hedging = o.hedge.on() || !o.hedge_methods.empty();
+    struct hedge_times {
+        detail::recent_histogram h;
+        std::chrono::microseconds p95{0};
+        std::uint64_t at_count = 0;  // h.count() when p95 was last taken
+    };
+    std::unordered_map<std::string, hedge_times> hedge_latency;
     bool closed = false;
     net::steady_timer wait_timer;  // wait_for_replica: the oldest waiting call's limit
     detail::task_scope tasks{ex};  // connection attempts (dial()), cancelled by close_all()
@@ -106,6 +116,9 @@ struct router::state {
     std::string no_replica_reason() const;
     void send(replica& r, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout, bool retry);
+    // send() of a call that goes out again (a hedge's copy), from the other files.
+    void send_again(replica& r, std::unique_ptr<detail::pending_call> call,
+                    std::chrono::milliseconds timeout);
     void shadow(const detail::pending_call& call, std::chrono::milliseconds timeout);
     // What the router notes of a call it sends (pending_call::noted): when, and a mark that
     // holds the aperture's tag (aperture::tag()) and whether it is a shadow copy.
@@ -132,6 +145,13 @@ struct router::state {
     void lose(replica& r, const std::string& why);
     void leave(replica& r);
     void heard_goaway(replica& r, const std::string& reason);
+    // rpc/channels/router_hedge.cpp: hedged calls.
+    // The delay after which `call` is hedged, or 0 if it is not.
+    std::chrono::milliseconds hedge_delay(const detail::pending_call& call);
+    // Sends `call` as its first copy to `r` and hedges it after `delay`.
+    void send_hedged(replica& r, std::unique_ptr<detail::pending_call> call,
+                     std::chrono::milliseconds timeout, std::chrono::milliseconds delay);
+    void note_hedge_latency(const std::string& method, clock_type::duration took);
     // rpc/channels/router_health.cpp: each connection watches its server's health.
     void watch_health(const std::shared_ptr<replica>& r);
     // Closes a draining replica's connection that has no call of the router's left: its

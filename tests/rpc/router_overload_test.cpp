@@ -45,6 +45,21 @@ struct replica_server {
             ++incs;
             return i + 1;
         });
+        // Sleeps `ms` where the replica stalls, else answers at once; counts its cancellations.
+        auto slow = [this](int ms) -> net::awaitable<int> {
+            ++slow_calls;
+            if (stalls) {
+                try {
+                    co_await test::sleep_for(std::chrono::milliseconds(ms));
+                } catch (const std::system_error&) {
+                    ++cancelled;
+                    throw;
+                }
+            }
+            co_return ms;
+        };
+        srv.on("slow", slow, concurrent);
+        srv.on("slow_once", slow, concurrent);
         url = srv.listen("tcp://127.0.0.1:0");
     }
     static server_options options(std::size_t limit) {
@@ -71,6 +86,8 @@ struct replica_server {
     channel direct;
     int ran = 0;   // calls of "work" that ran here (the held ones included)
     int incs = 0;  // calls of "inc" that ran here
+    bool stalls = false;  // "slow" sleeps here
+    int slow_calls = 0, cancelled = 0;
 };
 
 replica_counters counters_of(const std::vector<replica_counters>& all, const std::string& url) {
@@ -362,6 +379,94 @@ TEST(RouterHealth, AURLTurnsTheWatchOff) {
     EXPECT_TRUE(parse_route_url("route+tcp://127.0.0.1:1", {}).options.watch_health);
     EXPECT_FALSE(parse_route_url("route+tcp://127.0.0.1:1?health=off", {}).options.watch_health);
     EXPECT_THROW(parse_route_url("route+tcp://127.0.0.1:1?health=maybe", {}), std::system_error);
+}
+
+// A hedged call on a replica that stalls for a second goes to another after 200 ms, which
+// answers; the stalled copy is cancelled on its server. A method that is not idempotent is
+// never hedged.
+TEST(RouterHedge, AHedgeWinsAgainstAStalledReplicaAndItsLoserIsCancelled) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        replica_server a(ex, 64), b(ex, 64);
+        a.stalls = true;
+        router_options o;
+        o.policy = route_policy::round_robin;  // a first, then b, in turn
+        o.idempotent_methods = {"slow"};
+        o.hedge_methods["slow"] = hedge_policy{200ms, false};
+        o.hedge_methods["slow_once"] = hedge_policy{200ms, false};
+        auto rt = make_router(ex, o);
+        co_await rt->async_add_replica(a.url);
+        co_await rt->async_add_replica(b.url);
+        channel ch(rt);
+        EXPECT_EQ(co_await ch.async_call<int>("slow", 1000), 1000);
+        EXPECT_EQ(rt->counters().hedged, 1u);
+        EXPECT_EQ(rt->counters().hedge_wins, 1u);
+        EXPECT_EQ(b.slow_calls, 1);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return a.cancelled == 1; }));
+        EXPECT_EQ(co_await ch.async_call<int>("slow", 1000), 1000);  // b's turn: at once
+        EXPECT_EQ(rt->counters().hedged, 1u);
+        // Not idempotent: on a, it waits out the stall.
+        EXPECT_EQ(co_await ch.async_call<int>("slow_once", 400), 400);
+        EXPECT_EQ(a.slow_calls, 2);
+        EXPECT_EQ(rt->counters().hedged, 1u);
+        EXPECT_EQ(a.cancelled, 1);
+        rt->close();
+        co_await a.stop();
+        co_await b.stop();
+    });
+}
+
+// hedge_after=p95: no hedge until 100 answers are known, then after the method's recent 95th
+// percentile; a hedge the budget has no room for is not sent.
+TEST(RouterHedge, AfterTheP95OnceKnownAndWithinTheBudget) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        for (const bool budget : {true, false}) {
+            replica_server a(ex, 64), b(ex, 64);
+            a.stalls = true;
+            router_options o;
+            o.policy = route_policy::round_robin;
+            o.idempotent_methods = {"slow"};
+            o.hedge = hedge_policy{0ms, true};
+            if (!budget) o.retry_budget_percent = o.min_retries_per_s = 0;
+            auto rt = make_router(ex, o);
+            co_await rt->async_add_replica(a.url);
+            co_await rt->async_add_replica(b.url);
+            channel ch(rt);
+            EXPECT_EQ(co_await ch.async_call<int>("slow", 200), 200);  // on a, waited out
+            EXPECT_EQ(rt->counters().hedged, 0u);
+            // Past 100 answers, the slowest 5% of these may be hedged too.
+            for (int i = 0; i < 120; ++i) EXPECT_EQ(co_await ch.async_call<int>("slow", 0), 0);
+            const auto before = rt->counters();
+            // One of the two lands on a, and is hedged about a millisecond later.
+            for (int i = 0; i < 2; ++i) EXPECT_EQ(co_await ch.async_call<int>("slow", 1000), 1000);
+            const auto& after = rt->counters();
+            if (budget) {
+                EXPECT_GE(after.hedged, before.hedged + 1);
+                EXPECT_GE(after.hedge_wins, before.hedge_wins + 1);
+            } else {
+                EXPECT_EQ(after.hedged, 0u);
+                EXPECT_GE(after.over_budget, before.over_budget + 1);
+            }
+            rt->close();
+            co_await a.stop();
+            co_await b.stop();
+        }
+    });
+}
+
+TEST(RouterHedge, AURLSetsTheHedgePolicies) {
+    const auto o =
+        parse_route_url("route+tcp://127.0.0.1:1?idempotent=a,b&hedge_after_ms=20&hedge=a:p95,b:7",
+                        {})
+            .options;
+    EXPECT_EQ(o.hedge.after, 20ms);
+    EXPECT_FALSE(o.hedge.p95);
+    EXPECT_TRUE(o.hedge_methods.at("a").p95);
+    EXPECT_EQ(o.hedge_methods.at("b").after, 7ms);
+    EXPECT_TRUE(parse_route_url("route+tcp://127.0.0.1:1?hedge_after=p95", {}).options.hedge.p95);
+    EXPECT_THROW(parse_route_url("route+tcp://127.0.0.1:1?hedge=a", {}), std::system_error);
+    EXPECT_THROW(parse_route_url("route+tcp://127.0.0.1:1?hedge_after=p99", {}), std::system_error);
 }
 
 }  // namespace

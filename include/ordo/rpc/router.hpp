@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -36,6 +37,17 @@ enum class queue_order {
     /// among its waiting calls, and its oldest waiting call is the one sent.
     earliest_deadline,
     fifo,  ///< oldest first, deadline or not (for comparison: `queue=fifo` in a route+ URL)
+};
+
+/// When a router hedges a call (router_options::hedge): after a fixed delay, or after its method's
+/// recent 95th percentile of send-to-answer time.
+struct hedge_policy {
+    /// The delay; with p95, the least delay. 0 without p95: no hedging.
+    std::chrono::milliseconds after{0};
+    /// After the method's recent 95th percentile (of its last 1,000 to 2,000 answers, at least
+    /// `after`); until 100 answers are known, after `after` alone (none if it is 0).
+    bool p95 = false;
+    bool on() const noexcept { return after.count() > 0 || p95; }
 };
 
 struct router_options {
@@ -84,6 +96,16 @@ struct router_options {
     /// `health=watch`, the default, or `health=off`.)
     bool watch_health = true;
 
+    /// Hedged calls (as brpc's backup requests and gRPC's hedging policy), for idempotent
+    /// methods only (`idempotent_methods`), never for keyed calls (their order) or streams: a
+    /// call still unanswered after its delay goes once more, to another replica with room; the
+    /// first answer completes it and the other copy is cancelled (ordo.cancel). An error waits
+    /// for the other copy's answer. The second copy draws on the retry budget.
+    /// `hedge_methods` sets a method's own policy over `hedge`. (URL: `hedge_after_ms=N`,
+    /// `hedge_after=p95`; per method `hedge=METHOD:N` or `METHOD:p95`, comma-separated.)
+    hedge_policy hedge{};
+    std::map<std::string, hedge_policy> hedge_methods{};
+
     /// Overload (docs/design.md 5.12). A replica that answers errc::overloaded refused the call
     /// before doing any of it, so the call, idempotent or not, moves to another replica that
     /// has room and has not refused calls lately, within its deadline and the retry budget, at
@@ -92,8 +114,9 @@ struct router_options {
     /// for it: it gets a quarter of its share of calls for the time its server asked callers
     /// to wait (rpc_error::retry_after), and at least this long.
     std::chrono::milliseconds overload_cooldown{100};
-    /// The retry budget (as Finagle's and Linkerd's): second tries of idempotent calls and moves
-    /// of refused ones together add at most `retry_budget_percent` of the calls made, plus
+    /// The retry budget (as Finagle's and Linkerd's): second tries of idempotent calls, moves
+    /// of refused ones and hedges together add at most `retry_budget_percent` of the calls made,
+    /// plus
     /// `min_retries_per_s` a second (and at most ten seconds' worth saved up). A try the budget
     /// has no room for is not made: the call fails with its original error
     /// (router_counters::over_budget). A negative percentage turns the budget off.
@@ -188,6 +211,8 @@ struct router_counters {
     std::uint64_t retried = 0;         ///< idempotent calls re-sent after their replica died
     std::uint64_t moved = 0;           ///< calls sent elsewhere after a replica was overloaded
     std::uint64_t over_budget = 0;     ///< second tries and moves the retry budget refused
+    std::uint64_t hedged = 0;          ///< second copies sent after a call's hedge delay
+    std::uint64_t hedge_wins = 0;      ///< hedged calls whose second copy answered first
     std::uint64_t replicas_lost = 0;     ///< connections that ended without a drain
     std::uint64_t reconnects = 0;        ///< connections opened again to a member
     std::uint64_t ejections = 0;
@@ -328,7 +353,8 @@ struct route_spec {
 /// per replica, comma-separated), idempotent (comma-separated method names), shadow
 /// (comma-separated replica items, put in group "shadow") with shadow_fraction, connect_timeout_ms,
 /// reconnect_ms, reconnect_max_ms, eject_after, eject_ms, eject_max_ms, max_ejected_percent,
-/// wait_for_replica_ms, health (watch or off), overload_cooldown_ms, retry_budget_percent (a
+/// wait_for_replica_ms, hedge_after_ms, hedge_after (p95), hedge (METHOD:N or METHOD:p95, comma-
+/// separated), health (watch or off), overload_cooldown_ms, retry_budget_percent (a
 /// number, or off),
 /// min_retries_per_s; and the
 /// peer parameters timeout_ms, interval_ms, liveness_timeout_ms,

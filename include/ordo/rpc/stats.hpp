@@ -73,7 +73,7 @@ struct router_view {
     std::string name;
     std::uint64_t calls = 0, replicas_lost = 0, reconnects = 0, ejections = 0, drains = 0,
                   source_problems = 0;
-    std::uint64_t retried = 0, moved = 0, over_budget = 0;  ///< router_counters'
+    std::uint64_t retried = 0, moved = 0, over_budget = 0, hedged = 0;  ///< router_counters'
 
     std::size_t queued = 0;
     std::vector<replica> replicas;
