@@ -48,14 +48,8 @@ struct replica_server {
         // Sleeps `ms` where the replica stalls, else answers at once; counts its cancellations.
         auto slow = [this](int ms) -> net::awaitable<int> {
             ++slow_calls;
-            if (stalls) {
-                try {
-                    co_await test::sleep_for(std::chrono::milliseconds(ms));
-                } catch (const std::system_error&) {
-                    ++cancelled;
-                    throw;
-                }
-            }
+            if (stalls)
+                co_await test::sleep_counting_cancels(std::chrono::milliseconds(ms), cancelled);
             co_return ms;
         };
         srv.on("slow", slow, concurrent);

@@ -70,12 +70,7 @@ class server_thread {
         srv_.on("word", [] { return std::string("abc"); });
         srv_.on("sleep_ms", [this](int ms) -> net::awaitable<int> {
             ++sleeping;
-            try {
-                co_await test::sleep_for(std::chrono::milliseconds(ms));
-            } catch (const std::system_error&) {
-                ++cancelled;
-                throw;
-            }
+            co_await test::sleep_counting_cancels(std::chrono::milliseconds(ms), cancelled);
             co_return ms;
         });
         srv_.on("log", [this](std::string s) { logged.push_back(std::move(s)); });

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <system_error>
 
 #include "ordo/net.hpp"
 
@@ -13,6 +14,19 @@ namespace ordo::test {
 inline net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
     net::steady_timer t(co_await net::this_coro::executor, d);
     co_await t.async_wait(net::use_awaitable);
+}
+
+/// sleep_for, adding one to `cancelled` when the wait is cancelled (the error is rethrown):
+/// how tests see that a call's cancellation reached its handler.
+/// (`Counter`: an int, or a std::atomic<int> read from other threads.)
+template <class Counter>
+net::awaitable<void> sleep_counting_cancels(std::chrono::milliseconds d, Counter& cancelled) {
+    try {
+        co_await sleep_for(d);
+    } catch (const std::system_error&) {
+        ++cancelled;
+        throw;
+    }
 }
 
 }  // namespace ordo::test
