@@ -14,17 +14,15 @@ import math
 import weakref
 from asyncio import events
 
-import msgpack
-
 from . import _ordo
 from ._context import _current, _outgoing
 
 _tokens = itertools.count(1)
 _shut = False  # set by ordo.shutdown()
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-
-
-_unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=False)
+# msgpack in the extension (_codec.cpp), with msgpack-python's rules: the package needs nothing
+# beyond the standard library.
+_packb = _ordo.packb
+_unpackb = _ordo.unpackb
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -134,7 +132,7 @@ class _LoopHub:
         # in order, in one hand-over (flush), as BatchedSend gathers messages. Every other
         # operation flushes first, so that it comes after them.
         self.out: list = []
-        self._pack_out = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+        self._pack_out = _ordo.packb
         loop.add_reader(self.hub.fileno(), self._ready)
         # The loop's end: asyncio.run() closes the async generators its loop tracks before it
         # closes the loop, and a request read in that last turn would start a handler task

@@ -6,7 +6,7 @@ import contextvars
 import math
 import time
 
-import msgpack
+from . import _ordo
 
 
 class CallContext:
@@ -19,7 +19,7 @@ class CallContext:
     def __init__(self, packed: bytes):
         # A C++ caller's str may be any bytes: what is not UTF-8 is kept as surrogates.
         deadline_ns, pairs, self.trace_id, self.parent_id, self.span_id, self.trace_flags = \
-            msgpack.unpackb(packed, raw=False, unicode_errors="surrogateescape")
+            _ordo.unpackb(packed, True)
         #: time.monotonic() when the caller stops waiting (the server's steady clock, the same
         #: one on Linux); None: no deadline.
         self.deadline = None if deadline_ns < 0 else deadline_ns / 1e9

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "_codec.hpp"
 #include "_core.hpp"
 
 namespace pyb = pybind11;
@@ -210,6 +211,7 @@ PYBIND11_MODULE(_ordo, m) {
             },
             release());
 
+    if (!ordo::py::add_codec(m.ptr())) throw pyb::error_already_set();
     m.def(
         "read_token_file",
         [](const std::string& path) {

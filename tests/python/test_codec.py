@@ -1,0 +1,139 @@
+"""The package's own msgpack (python/ordo/_codec.cpp): the bytes and objects of msgpack-python's
+Packer(use_bin_type=True) and unpackb(raw=False, strict_map_key=False), its errors, bytes that
+are not msgpack, and a package that works with no msgpack module at all."""
+import os
+import random
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from conftest import BUILD
+from ordo import _ordo
+
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def _unpack(b, **kw):
+    return msgpack.unpackb(b, raw=False, strict_map_key=False, **kw)
+
+
+EDGES = [None, True, False, 0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63,
+         2**64 - 1, -1, -32, -33, -128, -129, -32768, -32769, -2**31, -2**31 - 1, -2**63,
+         1.5, -0.0, float("inf"), "", "a" * 31, "a" * 32, "a" * 255, "a" * 256, "é" * 40000,
+         b"", b"x" * 255, b"x" * 256, b"x" * 70000, bytearray(b"ab"), memoryview(b"abc"),
+         [], [1] * 15, [1] * 16, [1] * 70000, (1, 2), {}, {"a": 1},
+         {i: i for i in range(16)}, {i: i for i in range(70000)}, [[[[1]]]],
+         {"k": [b"v", {"z": None}], 7: -7, b"b": 1.25}]
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(10 if depth < 6 else 7)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.randint(-2**63, 2**64 - 1) >> rng.randrange(64)
+    if kind == 2:
+        return rng.uniform(-1e300, 1e300)
+    if kind == 3:
+        return "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(0x80, 0xd7ff)]))
+                       for _ in range(rng.randrange(40)))
+    if kind in (4, 5, 6):
+        return rng.randbytes(rng.choice([0, 1, 31, 255, 256, 1000]))
+    if kind == 7:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(20))]
+    if kind == 8:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(5)))
+    return {rng.choice([rng.randrange(1000), str(rng.random())]): _random_value(rng, depth + 1)
+            for _ in range(rng.randrange(8))}
+
+
+def test_the_same_bytes_and_objects_as_msgpack_python():
+    rng = random.Random(55)
+    values = EDGES + [_random_value(rng) for _ in range(2000)]
+    for v in values:
+        b = _ordo.packb(v)
+        assert b == _pack(v), repr(v)[:80]
+        assert _ordo.unpackb(b) == _unpack(b), repr(v)[:80]
+
+
+def test_what_does_not_pack_is_the_error_msgpack_python_raises():
+    for bad, err in [(object(), TypeError), ({1, 2}, TypeError), (2**64, OverflowError),
+                     (-2**63 - 1, OverflowError), ("\ud800", UnicodeEncodeError)]:
+        with pytest.raises(err):
+            _pack(bad)
+        with pytest.raises(err):
+            _ordo.packb(bad)
+    deep = []
+    for _ in range(600):
+        deep = [deep]
+    with pytest.raises(ValueError, match="recursion limit"):
+        _ordo.packb(deep)
+    with pytest.raises(TypeError, match="can not serialize 'object' object"):
+        _ordo.packb([1, object()])
+
+
+def test_bytes_that_are_not_one_object_are_a_value_error():
+    cases = [b"", b"\x92\x01", b"\xc1", b"\x01\x02", b"\xdd\xff\xff\xff\xff",
+             b"\xc6\xff\xff\xff\xff", b"\xd4\x01\x02",  # an ext type
+             b"\x91" * 100 + b"\x01"]  # deeper than ordo's limits (64)
+    for b in cases:
+        with pytest.raises(ValueError):
+            _ordo.unpackb(b)
+    with pytest.raises(UnicodeDecodeError):
+        _ordo.unpackb(b"\xa2\xff\xfe")
+    assert _ordo.unpackb(b"\xa2\xff\xfe", True) == "\udcff\udcfe"  # as the call context reads it
+    with pytest.raises(TypeError):  # an unhashable key
+        _ordo.unpackb(b"\x81\x90\x01")
+
+
+def test_mangled_bytes_decode_or_raise_and_nothing_else():
+    """A bounded fuzz of unpackb: msgpack of random values, bytes flipped, cut or added; each
+    decodes to what msgpack-python decodes, or raises what it raises for bad bytes."""
+    rng = random.Random(7)
+    for _ in range(3000):
+        b = bytearray(_pack(_random_value(rng)))
+        for _ in range(rng.randrange(1, 4)):
+            op = rng.randrange(3)
+            if op == 0 and b:
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            elif op == 1 and b:
+                del b[rng.randrange(len(b)):]
+            else:
+                b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+        try:
+            got = _ordo.unpackb(bytes(b))
+        except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            continue
+        assert got == _unpack(bytes(b))
+
+
+def test_the_package_imports_and_calls_with_no_msgpack_module():
+    """What `pip install .` into a bare venv gives: no msgpack-python. The package must not
+    need it (a module set to None in sys.modules cannot be imported)."""
+    code = """
+import sys
+sys.modules["msgpack"] = None
+import asyncio, ordo
+
+async def main():
+    srv = ordo.Server()
+    @srv.method
+    async def echo(x):
+        return x
+    url = await srv.listen("tcp://127.0.0.1:0")
+    async with await ordo.connect(url) as ch:
+        v = {"a": [1, 2.5, b"\\x00", None, True], 3: "é"}
+        assert await ch.echo(v) == {"a": [1, 2.5, b"\\x00", None, True], 3: "é"}
+    await srv.stop()
+    print("ok")
+
+asyncio.run(main())
+"""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(BUILD / "python")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
