@@ -127,6 +127,10 @@ class _LoopHub:
         self.streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
         self.channels: weakref.WeakValueDictionary[int, Channel] = weakref.WeakValueDictionary()
         self.requests: dict[int, object] = {}  # request id -> task (server side)
+        # A connection's requests that wait for its serial handler, or for those ahead of them
+        # (_server._arrive): peer channel id -> {request id: request}, and request id -> peer.
+        self.lanes: dict[int, dict] = {}
+        self.waiting: dict[int, int] = {}
         self.written: dict[int, object] = {}  # request id -> its item writer
         # Calls and notifications made in one turn of the loop go to the io thread together,
         # in order, in one hand-over (flush), as BatchedSend gathers messages. Every other
@@ -231,8 +235,8 @@ class _LoopHub:
                 else:
                     fut.set_result((a, text))
             elif kind == _REQUEST:
-                from ._server import _dispatch
-                _dispatch(self, token, a, b, data, text, code == 1, detail)
+                from ._server import _arrive
+                _arrive(self, token, a, b, data, text, code == 1, detail)
             elif kind == _ITEM:
                 st = self.streams.get(token)
                 if st is not None:
@@ -249,6 +253,10 @@ class _LoopHub:
                 task = self.requests.pop(token, None)
                 if task is not None:
                     task.cancel()
+                else:  # still waiting its turn on its connection: it never runs
+                    peer = self.waiting.pop(token, None)
+                    if peer is not None:
+                        self.lanes[peer].pop(token, None)
             elif kind == _NOTIFY_FAILED:
                 ch = self.channels.get(token)
                 if ch is not None and ch._failed is None:

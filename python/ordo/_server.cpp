@@ -203,6 +203,10 @@ std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::sha
     return std::shared_ptr<const handlers>(b, &b->srv.handlers());  // aliasing: holds b
 }
 
+// How many messages of one connection a serial method may have handed to the loop and not yet
+// answered; more wait in the connection's queue, whose bound pauses reading.
+constexpr std::uint32_t serial_pipeline = 256;
+
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
                 std::string signature, std::vector<std::string> allow) {
     auto* b = find_server(id);
@@ -210,6 +214,9 @@ void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags
     detail::handler_entry e;
     e.signature = std::move(signature);
     e.concurrent = (flags & 1) != 0;
+    // A serial method's messages cross to the loop many at a time: the loop runs a
+    // connection's handlers one at a time, in order (ordo/_api.py, _LoopHub._request).
+    if (!e.concurrent && !(flags & 2)) e.pipeline = serial_pipeline;
     if (flags & 4) e.allow = allow_subjects(std::move(allow));
     if (flags & 2) {
         e.signature += " [stream]";

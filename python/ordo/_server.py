@@ -87,6 +87,45 @@ def _describe(e: BaseException, h: _Handler) -> tuple[int, bytes]:
     return 7, f"{h.name}: {type(e).__name__}: {e}".encode()
 
 
+def _arrive(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
+            stream: bool, ctx: bytes | None) -> None:
+    """A request, as ordo's io thread hands it over. A serial method's requests cross many at
+    a time (handler_entry::pipeline, _server.cpp), so the order of a connection is kept here:
+    while one of its serial handlers runs, its later requests wait in its lane, and they run
+    in order, back to back, once it ends."""
+    lane = lh.lanes.get(peer_chan)
+    if lane is not None:
+        lane[token] = (hid, data, method, stream, ctx)
+        lh.waiting[token] = peer_chan
+        return
+    _dispatch(lh, token, hid, peer_chan, data, method, stream, ctx)
+    if _suspended_serial(lh, token, hid):
+        lh.lanes[peer_chan] = {}
+        lh.requests[token].add_done_callback(lambda _: _next_in_lane(lh, peer_chan))
+
+
+def _suspended_serial(lh: _LoopHub, token: int, hid: int) -> bool:
+    """Whether the request just dispatched is a serial handler that did not end at once."""
+    h = _handlers.get(hid)
+    if h is None or h.concurrent:
+        return False
+    task = lh.requests.get(token)
+    return task is not None and not task.done()
+
+
+def _next_in_lane(lh: _LoopHub, peer_chan: int) -> None:
+    lane = lh.lanes.get(peer_chan)
+    while lane:
+        token = next(iter(lane))
+        hid, data, method, stream, ctx = lane.pop(token)
+        lh.waiting.pop(token, None)
+        _dispatch(lh, token, hid, peer_chan, data, method, stream, ctx)
+        if _suspended_serial(lh, token, hid):
+            lh.requests[token].add_done_callback(lambda _: _next_in_lane(lh, peer_chan))
+            return
+    lh.lanes.pop(peer_chan, None)
+
+
 def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
               stream: bool, ctx: bytes | None = None) -> None:
     if ctx is not None:

@@ -25,6 +25,7 @@ struct dispatcher::run {
     std::uint32_t msgid = 0;
     bool is_request = false;
     bool serial = false;
+    bool pipelined = false;  // counted in pipelined_ (handler_entry::pipeline)
     bool cancelled = false;
     bool orphan = false;  // of a session that was lost: its answer is not sent
     // Shared: a handler may outlive the table it was registered in (a server destroyed while
@@ -427,6 +428,10 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
     r.serial = !e.concurrent;
+    if (e.pipeline) [[unlikely]] {  // serial only once `pipeline` of them are out
+        r.pipelined = true;
+        r.serial = ++pipelined_ >= e.pipeline;
+    }
     r.counters = e.counters;
     if (h_->time_calls()) r.started = std::chrono::steady_clock::now();
     // A handler that suspends costs far more than reading the clock: traced, it is timed.
@@ -488,6 +493,8 @@ net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void
 void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
                                 bool failed, const std::pair<errc, std::string>& why) {
     const bool serial = it->serial;
+    if (it->pipelined) [[unlikely]]
+        --pipelined_;
     const bool req = it->is_request;
     const bool orphan = it->orphan;
     const auto counters = std::move(it->counters);

@@ -237,6 +237,7 @@ class dispatcher {
     std::uint32_t limit_ticks_ = 0;  // calls counted by a concurrency limit: one in four is timed
     bool serial_busy_ = false;
     bool paused_ = false;
+    std::uint32_t pipelined_ = 0;  // pipelined runs out (handler_entry::pipeline)
     bool stopped_ = false;
 };
 

@@ -1,6 +1,6 @@
 // The dispatcher alone, fed decoded messages without a connection: serial order with a
-// suspended handler, concurrent handlers overlapping, ordo.cancel of a running and of a queued
-// request, read pausing at the queue limit, and stop().
+// suspended handler, concurrent handlers overlapping, a pipelined serial handler's window,
+// ordo.cancel of a running and of a queued request, read pausing at the queue limit, and stop().
 #include "rpc/connection/dispatcher.hpp"
 
 #include <gtest/gtest.h>
@@ -178,6 +178,41 @@ TEST(Dispatcher, ConcurrentHandlersOverlapAndStartInOrder) {
         EXPECT_EQ(r->d->running(), 3u);
         g.open();
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->host.answers.size() == 3; }));
+        EXPECT_EQ(r->d->running(), 0u);
+    });
+}
+
+// handler_entry::pipeline (the Python binding's serial methods, whose loop keeps each
+// connection's order): up to `pipeline` messages are handed over without waiting for the one
+// before; the next waits in the queue, as behind any serial handler, until one of them ends.
+TEST(Dispatcher, APipelinedSerialHandlerTakesUpToItsWindowThenQueues) {
+    run_test([]() -> net::awaitable<void> {
+        gate g(co_await net::this_coro::executor);
+        std::vector<int> ran;
+        handlers h;
+        detail::handler_entry e;
+        e.pipeline = 3;
+        e.async = [&](peer&, msgpack::object params, buffer& out) -> net::awaitable<void> {
+            const int x = params.via.array.ptr[0].as<int>();
+            ran.push_back(x);
+            co_await g.wait();
+            msgpack::pack(out, x);
+        };
+        h.on_entry("p", std::move(e));
+        auto r = co_await rig::make(h, 100);
+        for (int i = 1; i <= 5; ++i) r->feed(request(i, "p", i));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return ran.size() == 3; }));
+        co_await test::sleep_for(20ms);  // time for a fourth to start if it wrongly could
+        EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+        EXPECT_EQ(r->d->running(), 3u);
+        EXPECT_EQ(r->d->queued(), 2u);
+        g.open();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return r->host.answers.size() == 5; }));
+        EXPECT_EQ(ran, (std::vector<int>{1, 2, 3, 4, 5}));
+        for (std::size_t i = 0; i < 5; ++i) {
+            EXPECT_EQ(r->host.answers[i].msgid, i + 1);
+            EXPECT_EQ(r->host.answers[i].text, std::to_string(i + 1));
+        }
         EXPECT_EQ(r->d->running(), 0u);
     });
 }

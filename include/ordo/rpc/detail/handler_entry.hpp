@@ -1,6 +1,7 @@
 // handler_entry, one registered handler type-erased, and what runs a typed handler inside one.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -33,6 +34,12 @@ class admission;
 struct handler_entry {
     std::string signature;  ///< e.g. "(int)", for error messages
     bool concurrent = false;
+    /// For a serial handler whose runner keeps a connection's order itself (the Python
+    /// binding: its loop runs a connection's handlers one at a time, in order): up to this many
+    /// of a connection's messages are handed to it without waiting for the one before, so that
+    /// they cross to the runner together; the next waits as for any serial handler (queued, and
+    /// reading pauses once the queue is full). 0: serial as usual.
+    std::uint32_t pipeline = 0;
     std::function<void(peer&, const msgpack::object& params, buffer& out)> sync;
     /// `params` is a view: the caller keeps its memory alive until the coroutine ends.
     std::function<net::awaitable<void>(peer&, msgpack::object params, buffer& out)> async;
