@@ -1,0 +1,597 @@
+"""A Dask comm backend over ordo, ``LocalCluster(protocol="ordo://")`` or ``"ordo+resume://"``:
+Dask finds it through the entry points group ``distributed.comm.backends`` (``ordo =
+ordo.dask:OrdoBackend``, ``ordo+resume = ordo.dask:OrdoResumeBackend``).
+
+One Dask comm is one ordered ordo connection to the listener's ordo.Server (tcp://host:port):
+
+    connector                                  listener (one ordo.Server)
+    notify dask.open                     ->    makes this connection's comm and runs Dask's
+                                               handshake (Listener.on_connection), then the handler
+    stream dask.read                     ->    first item: the connector's address as the listener
+                                         <-    sees it; then each message the listener's comm
+                                               writes, in order; the stream's end is its close
+    notify dask.frames (chunks, tail)    ->    each message the connector's comm writes, in order
+    call dask.sync                       ->    answered once fewer than _INBOX_BYTES are unread
+    notify dask.close                    ->    the connector closed the comm (after its messages)
+
+A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm). It
+travels as one ordo message (a notification or a stream item) when it holds up to _PART_BYTES,
+and as several parts otherwise, each ``(chunks, tail)``: tail 0 ends the message, 1 says that
+more frames follow, 2 that the last chunk's frame goes on in the next part: no ordo message
+exceeds ordo's max_message_bytes (128 MiB).
+
+Ordering and failure: messages arrive once, in the order written. A comm is closed by its own
+close() or abort(), by the other side's, or when its connection is lost; then read() raises
+CommClosedError once the messages already here are read, and write() raises it at once.
+ordo+resume:// connects with ``?resume_ms=N`` (Dask config ``distributed.comm.ordo.resume-ms``,
+30000 by default): a connection that drops is resumed within N ms and the comm goes on as if
+nothing happened. A session that is not resumed in time, or that the listener lost, closes the
+comm; it is never reopened silently. The price: a peer that dies without closing its comms is
+noticed only once the window has passed. Every object here belongs to the loop that made it.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import weakref
+
+import dask
+from dask.utils import parse_timedelta
+from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.core import Comm, CommClosedError, Connector, Listener
+from distributed.comm.registry import Backend
+from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.utils import ensure_ip, ensure_memoryview, get_ip, get_ipv6
+
+from . import OrdoError
+from . import Server as _OrdoServer
+from . import connect as _ordo_connect
+
+logger = logging.getLogger(__name__)
+
+_PART_BYTES = 8 << 20  # frame bytes in one ordo message at most
+_SYNC_BYTES = 16 << 20  # a connector's writes wait for dask.sync after this many bytes
+_INBOX_BYTES = 64 << 20  # unread bytes past which the sender is held (dask.sync, credit)
+RESUME_MS = 30000  # ordo+resume's window when the Dask config does not set one
+
+_END = object()  # in a listener comm's outbox: the stream ends here (close)
+_ABORT = object()  # in a listener comm's outbox: the stream fails here (abort)
+
+
+def _parts(frames: list, limit: int):
+    """Yields ``(chunks, tail, nbytes)``: the frames cut into parts of at most `limit` bytes
+    (tail as in the module's docstring). Frames are not copied: chunks are bytes or views."""
+    part, size = [], 0
+    for f in frames:
+        if not isinstance(f, bytes):
+            f = ensure_memoryview(f)  # also what ordo cannot pack as is (PickleBuffer, ...)
+        n, start = len(f) if isinstance(f, bytes) else f.nbytes, 0
+        while True:
+            room = limit - size
+            if n - start <= room:
+                part.append(f if start == 0 else memoryview(f)[start:])
+                size += n - start
+                break
+            if room > 0:  # this frame fills the part and goes on in the next one
+                part.append(memoryview(f)[start:start + room])
+                start += room
+                yield part, 2, limit
+            else:
+                yield part, 1, size
+            part, size = [], 0
+    yield part, 0, size
+
+
+class _Inbox:
+    """The messages that arrived and are not read yet, in order, then why no more will come.
+    Parts are joined here. `nbytes` counts whole messages only: the reader cannot take a part,
+    so holding the sender back for one would never end."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.messages: collections.deque = collections.deque()  # (frames, nbytes)
+        self.nbytes = 0
+        self.ended: str | None = None  # the reason, once nothing more will come
+        self._partial: list | None = None
+        self._partial_bytes = 0
+        self._joining = False  # the next part's first chunk belongs to the last frame
+        self._reader: asyncio.Future | None = None
+        self._space: list[asyncio.Future] = []
+
+    def put(self, chunks: list, tail: int) -> None:
+        if self.ended is not None:
+            return
+        n = sum(map(len, chunks))
+        if self._partial is None and tail == 0:  # the common case: a whole message
+            self.messages.append((chunks, n))
+            self.nbytes += n
+        else:
+            partial = self._partial if self._partial is not None else []
+            if self._joining:
+                last = partial[-1]
+                if not isinstance(last, bytearray):
+                    partial[-1] = last = bytearray(last)
+                last += chunks[0]
+                chunks = chunks[1:]
+            partial.extend(chunks)
+            self._partial_bytes += n
+            self._joining = tail == 2
+            if tail:
+                self._partial = partial
+                return
+            self.messages.append((partial, self._partial_bytes))
+            self.nbytes += self._partial_bytes
+            self._partial, self._partial_bytes = None, 0
+        self._wake([self._reader])
+
+    def end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+            self._partial, self._partial_bytes = None, 0  # a message cut short is dropped
+            self._wake([self._reader, *self._space])
+            self._space = []
+
+    def drained(self) -> bool:  # ended, and every message read
+        return self.ended is not None and not self.messages
+
+    async def get(self) -> list:
+        """The next message's frames; CommClosedError(reason) once none is left. Cancelling
+        it loses nothing."""
+        while not self.messages:
+            if self.ended is not None:
+                raise CommClosedError(self.ended)
+            self._reader = self.loop.create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        frames, n = self.messages.popleft()
+        self.nbytes -= n
+        if self._space and self.nbytes < _INBOX_BYTES:
+            self._wake(self._space)
+            self._space = []
+        return frames
+
+    async def below(self, limit: int) -> None:
+        """Returns once fewer than `limit` bytes are held, or the inbox has ended."""
+        while self.nbytes >= limit and self.ended is None:
+            fut = self.loop.create_future()
+            self._space.append(fut)
+            await fut
+
+    @staticmethod
+    def _wake(futures: list) -> None:
+        for f in futures:
+            if f is not None and not f.done():
+                f.set_result(None)
+
+
+class OrdoComm(Comm):
+    """A Dask comm over one ordo connection; `_link` is its side's transport (_ClientLink or
+    _ServerLink). One reader and one writer at a time, as Dask's Comm contract says."""
+
+    def __init__(self, link, local_addr: str, peer_addr: str, deserialize: bool = True):
+        super().__init__(deserialize=deserialize)
+        self._link = link
+        self._local_addr = local_addr  # core.connect reads these two names
+        self._peer_addr = peer_addr
+        self._closed = False
+        # A comm that Dask drops unclosed is aborted, so that its connection does not linger.
+        self._finalizer = weakref.finalize(self, _abandon, link, repr(self))
+        self._finalizer.atexit = False
+
+    @property
+    def local_address(self) -> str:
+        return self._local_addr
+
+    @property
+    def peer_address(self) -> str:
+        return self._peer_addr
+
+    def closed(self) -> bool:
+        """True once closed here, or the other side has gone and its messages are read."""
+        return self._closed or self._link.inbox.drained()
+
+    async def read(self, deserializers=None):
+        """The next message. Raises CommClosedError once the comm is closed (here: at once;
+        by the other side or a lost connection: after the messages already here). Cancelling a
+        read loses no message."""
+        if self._closed:
+            raise CommClosedError(f"in {self!r}: closed")
+        try:
+            frames = await self._link.inbox.get()
+        except CommClosedError as e:
+            raise CommClosedError(f"in {self!r}: {e}") from None
+        try:
+            return await from_frames(frames, deserialize=self.deserialize,
+                                     deserializers=deserializers,
+                                     allow_offload=self.allow_offload)
+        except EOFError:  # frames that do not decode: what follows cannot be trusted
+            self.abort()
+            raise CommClosedError(f"in {self!r}: aborted on truncated data") from None
+
+    async def write(self, msg, serializers=None, on_error="message") -> int:
+        """Sends `msg`, serialised as Dask's tcp comm does; returns its bytes. Raises
+        CommClosedError if the comm is closed or its connection gone. A connector's write
+        waits, every _SYNC_BYTES, until the listener holds fewer than _INBOX_BYTES unread."""
+        self._check_open()
+        frames = await to_frames(
+            msg, allow_offload=self.allow_offload, serializers=serializers, on_error=on_error,
+            context={"sender": self.local_info, "recipient": self.remote_info,
+                     **self.handshake_options},
+            frame_split_size=_PART_BYTES)
+        self._check_open()  # again: to_frames may have waited (offload)
+        try:
+            return await self._link.send(frames)
+        except CommClosedError as e:
+            raise CommClosedError(f"in {self!r}: {e}") from None
+
+    def _check_open(self) -> None:
+        if self._closed or self._link.gone is not None:
+            raise CommClosedError(f"in {self!r}: closed")
+
+    async def close(self) -> None:
+        """Closes the comm; what was written before is delivered first."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer.detach()
+            await self._link.close()
+
+    def abort(self) -> None:
+        """Closes the comm at once; what was written may not all be delivered."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer.detach()
+            self._link.abort("aborted")
+
+
+def _abandon(link, name: str) -> None:
+    """A comm was dropped unclosed: aborts its link, unless it has ended (the other side
+    closed it: Dask does not close such comms) or its loop has."""
+    if link.gone is None and not link.loop.is_closed():
+        logger.warning("closing the dangling %s", name)
+        link.abort("the comm was dropped unclosed")
+
+
+# ---- the connector's side -----------------------------------------------------------------
+
+class _ClientLink:
+    """A connector's transport: the ordo channel, and the pump, a task that moves dask.read's
+    items into the inbox (so that closed() sees the other side's close without a read, and a
+    cancelled read loses nothing) and that closes the channel."""
+
+    def __init__(self, ch, stream):
+        self.loop = asyncio.get_running_loop()
+        self.ch = ch
+        self.stream = stream
+        self.inbox = _Inbox(self.loop)
+        self.gone: str | None = None  # why nothing more is sent
+        self.unsynced = 0
+        self.lock = asyncio.Lock()  # keeps the parts of one message together
+        self.pump = self.loop.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        reason = "the listener closed the comm"
+        try:
+            async for item in self.stream:
+                self.inbox.put(item[0], item[1])
+                if self.inbox.nbytes >= _INBOX_BYTES:  # hold the listener (stream credit)
+                    await self.inbox.below(_INBOX_BYTES)
+        except OrdoError as e:  # PeerLost, SessionLost, the listener aborting, ...
+            reason = f"the comm ended: {e}"
+        except asyncio.CancelledError:  # by abort() (close() too), which sent dask.close
+            # ordo's close() can drop what was queued just before it (the last notification;
+            # a resumable session's ordo.bye): close once a call sent after them is answered.
+            timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+            with contextlib.suppress(OrdoError):  # failed: the listener sees that instead
+                await self.ch.call("dask.sync", timeout=timeout)
+        finally:
+            self.gone = self.gone or reason
+            self.inbox.end(self.gone)
+            self.ch.close()
+
+    async def send(self, frames: list) -> int:
+        total = 0
+        async with self.lock:
+            for chunks, tail, n in _parts(frames, _PART_BYTES):
+                if self.gone is not None:
+                    raise CommClosedError(self.gone)
+                try:
+                    self.ch.notify("dask.frames", chunks, tail)
+                    self.unsynced += n
+                    total += n
+                    if self.unsynced >= _SYNC_BYTES:
+                        # Bounds what the listener holds unread and, on ordo+resume, what is
+                        # unacknowledged (past max_unacked_bytes, 64 MiB, notify fails).
+                        self.unsynced = 0
+                        await self.ch.call("dask.sync")
+                except (OrdoError, TypeError) as e:
+                    self.abort(f"write failed: {e}")
+                    raise CommClosedError(f"write failed: {e}") from e
+        return total
+
+    async def close(self) -> None:
+        self.abort("closed")
+        await asyncio.wait([self.pump])
+
+    def abort(self, reason: str) -> None:
+        """Nothing more is sent or received; the listener is told (dask.close, after what was
+        written), and the pump closes the channel once that is known to have arrived."""
+        if self.gone is None:
+            self.gone = reason
+            self.inbox.end(reason)
+            with contextlib.suppress(OrdoError):  # failed: the listener sees that instead
+                self.ch.notify("dask.close")
+        if not self.pump.done():
+            self.pump.cancel()
+
+
+class OrdoConnector(Connector):
+    def __init__(self, scheme: str, resume: bool):
+        self.scheme, self.resume = scheme, resume
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        """A comm to the listener at `address` (host:port). Raises CommClosedError (an
+        OSError, which Dask retries) when it cannot be reached or refuses the comm."""
+        host, port = parse_host_port(address)
+        url = "tcp://" + unparse_host_port(host, port)
+        if self.resume:
+            ms = dask.config.get("distributed.comm.ordo.resume-ms", RESUME_MS)
+            url += f"?resume_ms={int(ms)}"
+        try:
+            ch = await _ordo_connect(url)
+        except OrdoError as e:
+            if isinstance(e, ValueError):  # BadAddress
+                raise
+            raise CommClosedError(f"{self.scheme}://{address}: {e}") from e
+        try:
+            ch.notify("dask.open")
+            stream = ch.stream("dask.read")
+            seen_as = await anext(stream)  # the listener has made its comm
+            link = _ClientLink(ch, stream)
+        except (OrdoError, StopAsyncIteration) as e:
+            ch.close()
+            raise CommClosedError(f"{self.scheme}://{address} refused the comm: "
+                                  f"{e or 'stream ended'}") from e
+        except BaseException:  # cancelled: Dask's connect timeout
+            ch.close()
+            raise
+        return OrdoComm(link, f"{self.scheme}://{seen_as.removeprefix('tcp://')}",
+                        f"{self.scheme}://{unparse_host_port(host, port)}", deserialize)
+
+
+# ---- the listener's side ------------------------------------------------------------------
+
+class _ServerLink:
+    """A listener comm's transport: what its dask.read stream is to send, and its inbox, which
+    dask.frames fills."""
+
+    def __init__(self, listener: OrdoListener, key: int, seen_as: str):
+        self.loop = asyncio.get_running_loop()
+        self.listener = listener
+        self.key = key  # the connection's peer id
+        self.seen_as = seen_as  # the connector's address, as this side sees it
+        self.inbox = _Inbox(self.loop)
+        self.outbox: collections.deque = collections.deque()
+        self.out_waiter: asyncio.Future | None = None
+        self.streaming = False  # dask.read is running
+        self.gone: str | None = None  # why nothing more is sent
+        self.forgotten = self.loop.create_future()  # done: the listener has let it go
+
+    async def send(self, frames: list) -> int:
+        parts = list(_parts(frames, _PART_BYTES))
+        self.outbox.extend((chunks, tail) for chunks, tail, _ in parts)
+        self.wake()
+        return sum(n for _, _, n in parts)
+
+    async def close(self) -> None:
+        """Returns once what was written is with ordo (dask.read has ended), as Dask's tcp
+        comm waits for its writes to flush, and, for the last comm of a stopped listener, once
+        its ordo server has stopped."""
+        self.end(_END, "closed", drop=False)
+        await asyncio.shield(self.forgotten)
+        await self.listener.stopped()
+
+    def abort(self, reason: str) -> None:
+        self.end(_ABORT, reason, drop=True)
+
+    def end(self, last, reason: str, drop: bool) -> None:
+        """Nothing more is sent after `last` (_END or _ABORT), nor received; `drop`: what is
+        queued and unsent is dropped."""
+        self.inbox.end(reason)
+        if self.gone is None:
+            self.gone = reason
+            if drop:
+                self.outbox.clear()
+            self.outbox.append(last)
+            self.wake()
+        if not self.streaming:  # no stream to end: the listener lets it go now
+            self.listener.forget(self)
+
+    def wake(self) -> None:
+        if self.out_waiter is not None and not self.out_waiter.done():
+            self.out_waiter.set_result(None)
+
+
+class OrdoListener(Listener):
+    """Serves Dask comms on an ordo.Server listening on tcp://host:port. stop() stops taking
+    new comms at once; the ordo server itself stops once the comms it holds have ended."""
+
+    def __init__(self, scheme: str, address: str, comm_handler, deserialize: bool = True,
+                 allow_offload: bool = True, default_host: str | None = None,
+                 default_port: int = 0, **connection_args):
+        if connection_args.get("require_encryption"):
+            raise RuntimeError(f"encryption required by Dask configuration, refusing to listen "
+                               f"on {scheme}://{address}: ordo's Dask comms are not encrypted")
+        self.scheme, self.prefix = scheme, scheme + "://"  # Worker.start_unsafe reads prefix
+        self.ip, self.port = parse_host_port(address, default_port)
+        self.default_host, self.comm_handler = default_host, comm_handler
+        self.deserialize, self.allow_offload = deserialize, allow_offload
+        self._srv: _OrdoServer | None = None
+        self._bound: tuple[str, int] = ("", 0)  # the bound address, once started
+        self._links: dict[int, _ServerLink] = {}  # by the connection's peer id
+        self._tasks: set[asyncio.Task] = set()  # comm handlers, and the server's stop
+        self._stopping = False
+        self._stop_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        srv = _OrdoServer()
+        # concurrent=True: each runs as its message is read, in order, without waiting for
+        # the one before; the plain functions run at once, inside the drain of the connection.
+        for name, fn in (("dask.open", self._open), ("dask.read", self._read),
+                         ("dask.frames", self._frames), ("dask.sync", self._sync),
+                         ("dask.close", self._close)):
+            srv.method(name=name, concurrent=True, with_peer=True)(fn)
+        # Set before listen() returns: a caller that knows the port may be served before.
+        self._srv, self._loop = srv, asyncio.get_running_loop()
+        self._bound = (self.ip or "0.0.0.0", self.port)
+        bound = await srv.listen("tcp://" + unparse_host_port(*self._bound))
+        self._bound = parse_host_port(bound.removeprefix("tcp://"))
+
+    def stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._stop_if_idle()
+
+    @property
+    def listen_address(self) -> str:
+        return f"{self.prefix}{unparse_host_port(*self._bound)}"
+
+    @property
+    def contact_address(self) -> str:
+        host = ensure_concrete_host(self._bound[0], default_host=self.default_host)
+        return f"{self.prefix}{unparse_host_port(host, self._bound[1])}"
+
+    # -- the ordo methods, each keyed by its connection: peer._id is the same for all of its
+    # messages, across resumes too --
+
+    def _open(self, peer) -> None:
+        key = peer._id
+        if key in self._links:
+            logger.warning("%s: refused a second dask.open from %s", self.listen_address,
+                           peer.identity.address)
+            return
+        if self._stopping:
+            return  # its dask.read fails, and so does its connector
+        seen_as = peer.identity.address
+        link = _ServerLink(self, key, seen_as)
+        self._links[key] = link
+        comm = OrdoComm(link, self.contact_address,
+                        f"{self.prefix}{seen_as.removeprefix('tcp://')}", self.deserialize)
+        comm.allow_offload = self.allow_offload
+        self._spawn(self._serve(comm))
+
+    async def _read(self, peer):
+        link = self._links.get(peer._id)
+        if link is None or link.streaming:
+            raise CommClosedError("no Dask comm to read on this connection")
+        link.streaming = True
+        try:
+            yield link.seen_as
+            out = link.outbox
+            while True:
+                while not out:
+                    link.out_waiter = link.loop.create_future()
+                    await link.out_waiter
+                item = out.popleft()
+                if item is _END:
+                    return
+                if item is _ABORT:
+                    raise CommClosedError(f"{self.listen_address} aborted the comm")
+                yield item
+        finally:  # ended, or cancelled by ordo: the connection is gone (a resume aside)
+            link.streaming = False
+            link.end(_END, "connection lost", drop=True)
+
+    def _frames(self, peer, chunks, tail) -> None:
+        if link := self._links.get(peer._id):
+            link.inbox.put(chunks, tail)
+
+    async def _sync(self, peer) -> None:
+        if link := self._links.get(peer._id):
+            await link.inbox.below(_INBOX_BYTES)
+
+    def _close(self, peer) -> None:
+        if link := self._links.get(peer._id):  # after its messages: they stay readable
+            link.end(_END, "the connector closed the comm", drop=True)
+
+    # -- comm handlers and the server's end --
+
+    async def _serve(self, comm: OrdoComm) -> None:
+        try:
+            await self.on_connection(comm)
+        except CommClosedError:
+            logger.info("comm from %s closed before its handshake completed", comm.peer_address)
+            return
+        r = self.comm_handler(comm)
+        if inspect.isawaitable(r):
+            await r
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s: a comm handler failed", self.listen_address,
+                         exc_info=task.exception())
+
+    def forget(self, link: _ServerLink) -> None:
+        if self._links.get(link.key) is link:
+            del self._links[link.key]
+            self._stop_if_idle()
+        if not link.forgotten.done():
+            link.forgotten.set_result(None)
+
+    def _stop_if_idle(self) -> None:
+        if self._stopping and not self._links and self._stop_task is None and self._srv:
+            self._stop_task = self._spawn(self._srv.stop())
+
+    async def stopped(self) -> None:
+        """Waits for the ordo server's stop, if it has begun."""
+        if self._stop_task is not None and not self._stop_task.done():
+            await asyncio.shield(self._stop_task)
+
+
+# ---- backends -----------------------------------------------------------------------------
+
+class OrdoBackend(Backend):
+    """``ordo://host:port``: one ordo connection per comm. Addresses are handled as Dask's
+    tcp:// ones are (IPv4 and IPv6 hosts, resolved to IPs)."""
+
+    scheme = "ordo"
+    resume = False
+
+    def get_connector(self) -> OrdoConnector:
+        return OrdoConnector(self.scheme, self.resume)
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args) -> OrdoListener:
+        return OrdoListener(self.scheme, loc, handle_comm, deserialize, **connection_args)
+
+    def get_address_host(self, loc):
+        return parse_host_port(loc)[0]
+
+    def get_address_host_port(self, loc):
+        return parse_host_port(loc)
+
+    def resolve_address(self, loc):
+        host, port = parse_host_port(loc)
+        return unparse_host_port(ensure_ip(host), port)
+
+    def get_local_address_for(self, loc):
+        host = ensure_ip(parse_host_port(loc)[0])
+        return unparse_host_port(get_ipv6(host) if ":" in host else get_ip(host), None)
+
+
+class OrdoResumeBackend(OrdoBackend):
+    """``ordo+resume://host:port``: the same over resumable sessions (see the module's
+    docstring): a connection that drops and comes back within the window closes no comm."""
+
+    scheme = "ordo+resume"
+    resume = True

@@ -1,0 +1,485 @@
+"""ordo's Dask comm backend (ordo.dask): Dask's own comm checks, a workload on a LocalCluster
+compared with tcp://, and a scheduler whose workers' connections are reset again and again."""
+import asyncio
+import collections
+import importlib.metadata
+import os
+import socket
+import struct
+import threading
+import time
+import warnings
+
+import msgpack
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import dask  # noqa: E402
+from distributed import Client, LocalCluster, Scheduler, SchedulerPlugin, Worker  # noqa: E402
+from distributed import WorkerPlugin, wait  # noqa: E402
+from distributed.comm import CommClosedError, connect, listen  # noqa: E402
+
+with warnings.catch_warnings():
+    # Dask's test module marks some of its tests gpu and flaky, marks this suite does not
+    # register: its own conftest does. Only its check_* helpers are used here.
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    from distributed.comm.tests import test_comms as dask_checks  # noqa: E402
+from distributed.utils_test import has_ipv6  # noqa: E402
+
+import ordo.dask  # noqa: E402
+
+SCHEMES = ["ordo", "ordo+resume"]
+
+def test_dask_finds_the_backends_through_their_entry_points():
+    """Dask loads a scheme's backend from the entry points group distributed.comm.backends:
+    the package declares ordo and ordo+resume (pyproject.toml for the wheel, ordo.dist-info in
+    the build tree, which the worker processes of a LocalCluster find on their sys.path)."""
+    eps = {e.name: e.value
+           for e in importlib.metadata.entry_points(group="distributed.comm.backends")}
+    assert eps.get("ordo") == "ordo.dask:OrdoBackend", eps
+    assert eps.get("ordo+resume") == "ordo.dask:OrdoResumeBackend", eps
+    from distributed.comm.registry import get_backend
+    assert isinstance(get_backend("ordo"), ordo.dask.OrdoBackend)
+    assert isinstance(get_backend("ordo+resume"), ordo.dask.OrdoResumeBackend)
+
+
+async def settle(timeout=10):
+    """Waits (bounded) until the loop runs nothing but this task: what the checks leave
+    behind (a listener's server stopping, a comm handler ending) ends before the loop does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not others:
+            return
+        await asyncio.wait(others, timeout=0.1)
+    raise AssertionError(f"tasks still running after {timeout} s: {others}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- 1. Dask's own comm checks (distributed/comm/tests/test_comms.py) ------------------------
+#
+# Left out, as they do not apply: check_inproc_specific and the inproc-only tests (inproc
+# internals); the TLS checks (tls_kwargs, check_tls_extra: ordo's Dask comms are plain TCP);
+# test_tcp_specific, test_comm_closed_on_write_error / _on_read_error, test_retry_connect and
+# test_handshake_slow_comm (they subclass or patch the tcp backend's classes and tornado
+# stream); listen addresses 0.0.0.0 and "" (their contact address is the host's external IP,
+# and these tests stay on loopback).
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_dasks_client_server_check_passes(scheme):
+    await dask_checks.check_client_server(f"{scheme}://127.0.0.1",
+                                          dask_checks.tcp_eq("127.0.0.1"))
+    if has_ipv6():
+        await dask_checks.check_client_server(f"{scheme}://[::1]", dask_checks.tcp_eq("::1"))
+    await settle()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_dasks_closed_comm_checks_pass(scheme):
+    await dask_checks.check_comm_closed_implicit(f"{scheme}://127.0.0.1")
+    await dask_checks.check_comm_closed_explicit(f"{scheme}://127.0.0.1")
+    await settle()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_dasks_deserialize_checks_pass(scheme):
+    await dask_checks.check_deserialize(f"{scheme}://127.0.0.1")
+    await dask_checks.check_deserialize_roundtrip(f"{scheme}://127.0.0.1")
+    await dask_checks.check_deserialize_eoferror(f"{scheme}://127.0.0.1")
+    await settle()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_dasks_repr_address_timeout_and_listener_checks_pass(scheme):
+    a, b = await dask_checks.get_comm_pair(f"{scheme}://127.0.0.1")
+    await dask_checks.check_repr(a, b)
+    a, b = await dask_checks.get_comm_pair(f"{scheme}://127.0.0.1")
+    await dask_checks.check_addresses(a, b)
+    await dask_checks.check_connect_timeout(f"{scheme}://127.0.0.1:{free_port()}")
+    await dask_checks.check_many_listeners(f"{scheme}://127.0.0.1")
+    await settle()
+
+
+# ---- ordo.dask's own guarantees ---------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
+        scheme, monkeypatch):
+    # Tiny parts, syncs and inboxes: every message is cut into parts, frames are cut across
+    # parts, the connector waits for dask.sync many times, and some messages are larger than
+    # what either side holds unread before it holds the sender back.
+    monkeypatch.setattr(ordo.dask, "_PART_BYTES", 1000)
+    monkeypatch.setattr(ordo.dask, "_SYNC_BYTES", 5000)
+    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 20_000)
+    sizes = [0, 1, 999, 1000, 1001, 2500, 40_000, 3, 123_457]
+    msgs = [{"i": i, "blob": os.urandom(n), "many": tuple(os.urandom(n % 700) for _ in range(5))}
+            for i, n in enumerate(sizes * 3)]
+    got = []
+
+    async def echo(comm):
+        for _ in msgs:
+            m = await comm.read()
+            got.append(m)
+            await comm.write(m)
+        await comm.close()
+
+    async def exchange(address):
+        comm = await connect(address)
+        for m in msgs:
+            await comm.write(m)
+        back = [await comm.read() for _ in msgs]
+        with pytest.raises(CommClosedError):
+            await comm.read()
+        await comm.close()
+        return back
+
+    async with listen(f"{scheme}://127.0.0.1", echo) as listener:
+        back = await asyncio.wait_for(exchange(listener.contact_address), 60)
+    assert got == msgs and back == msgs
+    await settle()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_message_written_just_before_close_arrives_and_the_close_follows_it(scheme):
+    # ordo's close() can drop what was queued just before it; the comm must not.
+    got = asyncio.Queue()
+
+    async def handler(comm):
+        try:
+            await got.put(await comm.read())
+            await comm.read()
+        except CommClosedError:
+            await got.put("closed")
+
+    async with listen(f"{scheme}://127.0.0.1", handler) as listener:
+        for i in range(40):
+            comm = await connect(listener.contact_address)
+            await comm.write(i)
+            await comm.close()
+            assert await asyncio.wait_for(got.get(), 10) == i
+            assert await asyncio.wait_for(got.get(), 10) == "closed"
+    await settle()
+
+
+async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeypatch):
+    monkeypatch.setattr(ordo.dask, "_SYNC_BYTES", 10_000)
+    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
+    reading = asyncio.Event()
+    comms = asyncio.Queue()
+
+    async def handler(comm):
+        await comms.put(comm)
+        await reading.wait()
+
+    async with listen("ordo://127.0.0.1", handler) as listener:
+        comm = await connect(listener.contact_address)
+        server_comm = await comms.get()
+        blob = b"x" * 5000
+        written = 0
+        with pytest.raises(asyncio.TimeoutError):
+            for _ in range(100):  # 500 kB, ten times what the listener holds unread
+                await asyncio.wait_for(comm.write(blob), 2)
+                written += 1
+        assert 8 <= written < 20, written  # held near _INBOX_BYTES
+        reading.set()
+        assert [await server_comm.read() for _ in range(written)] == [blob] * written
+        await server_comm.close()
+        await comm.close()
+    await settle()
+
+
+async def test_a_lost_connection_closes_both_comms():
+    # The listener's process stands in for a dead peer: its ordo server stops.
+    comms = asyncio.Queue()
+
+    async def handler(comm):
+        await comms.put(comm)
+
+    listener = await listen("ordo://127.0.0.1", handler)
+    comm = await connect(listener.contact_address)
+    server_comm = await comms.get()
+    await listener._srv.stop()
+    with pytest.raises(CommClosedError):
+        await asyncio.wait_for(comm.read(), 10)
+    assert comm.closed()
+    with pytest.raises(CommClosedError):
+        await comm.write("x")
+    with pytest.raises(CommClosedError):
+        await asyncio.wait_for(server_comm.read(), 10)
+    listener.stop()
+    await settle()
+
+
+# ---- 2. a workload on a LocalCluster, ordo:// against tcp:// ----------------------------------
+
+def inc(x):
+    return x + 1
+
+
+def add(a, b):
+    return a + b
+
+
+def unique_keys(part):
+    return sorted(set(part.k))
+
+
+def frame(seed, rows):
+    import numpy as np
+    import pandas as pd
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"k": rng.integers(0, 5000, rows), "v": rng.integers(0, 10**6, rows)})
+
+
+class NoAsyncioDebug(WorkerPlugin):
+    """Turns asyncio's debug mode (on under -X dev) off in a worker: it times every callback
+    and makes Dask's workers and scheduler 2-3 times slower, so that 10,000 tasks would take
+    minutes on two cores. The other tests keep it."""
+
+    name = "no-asyncio-debug"
+
+    def setup(self, worker):
+        asyncio.get_running_loop().set_debug(False)
+
+
+workload_results = {}
+
+
+def workload_reference():
+    import dask.dataframe as dd
+    pdf = frame(7, 300_000)
+    ddf = dd.from_pandas(pdf, npartitions=10)
+    return sum(range(1, 10_001)), pdf.groupby("k").v.sum().sort_index(), 32_896, ddf
+
+
+@pytest.mark.parametrize("protocol", ["tcp://", "ordo://"])
+async def test_a_workload_gives_the_same_results_over_ordo_as_over_tcp(protocol):
+    pd = pytest.importorskip("pandas")
+    asyncio.get_running_loop().set_debug(False)  # see NoAsyncioDebug
+    want_sum, want_groups, want_tree, ddf = workload_reference()
+    times = {}
+    t0 = time.monotonic()
+    async with LocalCluster(protocol=protocol, n_workers=2, threads_per_worker=1,
+                            processes=True, asynchronous=True,
+                            dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster, asynchronous=True) as client:
+        assert cluster.scheduler_address.startswith(protocol)
+        assert all(w.startswith(protocol) for w in cluster.scheduler.workers)
+        await client.register_worker_plugin(NoAsyncioDebug())
+        t = time.monotonic()
+        futures = client.map(inc, range(10_000))
+        await wait(futures)
+        total = sum(await client.gather(futures))
+        del futures
+        times["10k tasks"] = time.monotonic() - t
+
+        t = time.monotonic()  # a task shuffle: every partition sends a piece to every other
+        shuffled = ddf.shuffle("k", shuffle="tasks", npartitions=10)
+        # computed together, the two share the shuffle
+        keysets = client.compute([dask.delayed(unique_keys)(p) for p in shuffled.to_delayed()])
+        groups = client.compute(shuffled.groupby("k").v.sum())
+        parts = await client.gather(keysets)
+        groups = (await groups).sort_index()
+        times["shuffle"] = time.monotonic() - t
+
+        t = time.monotonic()
+        leaves = [dask.delayed(inc)(i) for i in range(256)]
+        while len(leaves) > 1:
+            leaves = [dask.delayed(add)(a, b) for a, b in zip(leaves[::2], leaves[1::2])]
+        tree = await client.compute(leaves[0])
+        times["tree"] = time.monotonic() - t
+    times["all"] = time.monotonic() - t0
+    print(protocol, {k: round(v, 1) for k, v in times.items()})
+
+    keys_seen = [k for p in parts for k in p]
+    assert len(keys_seen) == len(set(keys_seen)), "a key is in two partitions after the shuffle"
+    assert total == want_sum
+    pd.testing.assert_series_equal(groups, want_groups)
+    assert tree == want_tree
+    workload_results[protocol] = (total, groups, tree)
+    if "tcp://" in workload_results:
+        t_total, t_groups, t_tree = workload_results["tcp://"]
+        assert (total, tree) == (t_total, t_tree)
+        pd.testing.assert_series_equal(groups, t_groups)
+
+
+# ---- 3. connections reset under a running workload ---------------------------------------------
+
+class ResetProxy:
+    """Forwards loopback TCP connections to `target_port`. reset() resets every forwarded
+    connection: SO_LINGER {1, 0} on both of its sockets, then close, so that both ends see
+    ECONNRESET; new connections are accepted as before. `cuts` counts the resets each session
+    got: an ordo session (the id in the listener's answer to ordo.hello, the first message it
+    sends on each connection of a resumable session) or else the TCP connection."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.live = {}  # (client writer, server writer) -> session key
+        self.cuts = collections.Counter()
+        self.rounds = []  # per reset(): the sessions it cut
+        self.tasks = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _accept(self, c_reader, c_writer):
+        try:
+            s_reader, s_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            c_writer.close()
+            return
+        pair = (c_writer, s_writer)
+        self.live[pair] = pair
+        first = msgpack.Unpacker(raw=False)
+
+        def session_of(data):  # reads the server's first message, once
+            nonlocal first
+            first.feed(data)
+            for obj in first:
+                first = None
+                if (isinstance(obj, list) and len(obj) == 4 and obj[0] == 1 and
+                        isinstance(obj[3], list) and len(obj[3]) == 4 and
+                        isinstance(obj[3][1], bytes)):
+                    self.live[pair] = obj[3][1]
+                return
+
+        t = asyncio.current_task()
+        self.tasks.add(t)
+        try:
+            await asyncio.gather(self._pipe(c_reader, s_writer, None),
+                                 self._pipe(s_reader, c_writer, lambda d: first and session_of(d)))
+        finally:
+            self.live.pop(pair, None)
+            self.tasks.discard(t)
+
+    @staticmethod
+    async def _pipe(reader, writer, look):
+        try:
+            while data := await reader.read(1 << 16):
+                if look:
+                    look(data)
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    def reset(self, count: bool = True) -> None:
+        """Resets every forwarded connection; `count`: a round of the test (the sessions it
+        cut are recorded in `rounds`)."""
+        cut = set()
+        for pair, key in list(self.live.items()):
+            for w in pair:
+                if w.transport.is_closing():  # this direction has ended already
+                    continue
+                cut.add(key)
+                w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                      struct.pack("ii", 1, 0))
+                w.transport.abort()
+        if count:
+            self.rounds.append(cut)
+            self.cuts.update(cut)
+
+    async def close(self):
+        self.server.close()
+        await self.server.wait_closed()
+        self.reset(count=False)
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=10)
+
+
+class Removals(SchedulerPlugin):
+    def __init__(self):
+        self.removed = []
+
+    def remove_worker(self, scheduler, worker):
+        self.removed.append(worker)
+
+
+runs = collections.Counter()  # task key -> executions
+runs_lock = threading.Lock()
+
+
+def recorded(x, pause):
+    time.sleep(pause)
+    key = distributed.get_worker().get_current_task()
+    with runs_lock:
+        runs[key] += 1
+    return x + 1
+
+
+async def run_through_cuts(protocol, rounds, every):
+    """A scheduler on `protocol`, two in-process workers reaching it through a ResetProxy; a
+    workload runs while every connection through the proxy is reset `rounds` times. Returns
+    (workers removed, executions per key, the result or None, the proxy)."""
+    runs.clear()
+    removals = Removals()
+    async with Scheduler(protocol=protocol, host="127.0.0.1", port=0, dashboard=False,
+                         dashboard_address="127.0.0.1:0") as scheduler:
+        scheduler.add_plugin(removals)
+        proxy = ResetProxy(int(scheduler.address.rsplit(":", 1)[1]))
+        via = f"{protocol}127.0.0.1:{await proxy.start()}"
+        workers = [Worker(via, nthreads=1, host="127.0.0.1", dashboard=False,
+                          dashboard_address="127.0.0.1:0") for _ in range(2)]
+        try:
+            await asyncio.gather(*workers)
+            # each worker's stream and, from its first heartbeat on, its rpc connection
+            deadline = time.monotonic() + 10
+            while len(proxy.live) < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            async with Client(scheduler.address, asynchronous=True) as client:
+                futures = client.map(recorded, range(300), pause=0.03)  # 4.5 s at least
+                # a tree over them: workers fetch each other's results
+                while len(futures) > 1:
+                    futures = [client.submit(add, a, b) for a, b in
+                               zip(futures[::2], futures[1::2])] + futures[len(futures) & ~1:]
+                result = futures[0]
+                await asyncio.sleep(every)
+                for _ in range(rounds):
+                    if result.done() or not scheduler.workers:
+                        break
+                    proxy.reset()
+                    await asyncio.sleep(every)
+                try:
+                    value = await asyncio.wait_for(result, 60 if protocol != "tcp://" else 5)
+                except (asyncio.TimeoutError, Exception):
+                    value = None
+                removed = list(removals.removed)  # before the workers close, at the end
+                del futures, result
+        finally:
+            await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
+            await proxy.close()
+    return removed, dict(runs), value, proxy
+
+
+async def test_resumable_sessions_keep_every_worker_through_repeated_resets():
+    asyncio.get_running_loop().set_debug(False)  # see NoAsyncioDebug
+    want = sum(range(1, 301))
+    removed, executions, value, proxy = await run_through_cuts("ordo+resume://", 8, 0.4)
+    t_removed, t_executions, t_value, t_proxy = await run_through_cuts("tcp://", 8, 0.4)
+    for name, (rm, ex, val, px) in {"ordo+resume://": (removed, executions, value, proxy),
+                                    "tcp://": (t_removed, t_executions, t_value, t_proxy)}.items():
+        print(f"\n{name}: {len(px.rounds)} rounds of resets, cuts per connection "
+              f"{sorted(px.cuts.values())}; {len(rm)} workers removed, "
+              f"{sum(ex.values()) - len(ex)} tasks run again, {300 - len(ex)} never run, "
+              f"result {val}")
+
+    assert value == want
+    assert removed == []
+    assert len(executions) == 300 and set(executions.values()) == {1}
+    # Every session the first round cut (each worker's stream to the scheduler and its pooled
+    # rpc connection: four at least) lived through the workload and was cut 5 times or more.
+    assert len(proxy.rounds) >= 5
+    assert len(proxy.rounds[0]) >= 4
+    assert all(proxy.cuts[key] >= 5 for key in proxy.rounds[0]), proxy.cuts
+
+    # The same over tcp:// loses the workers (a worker whose scheduler stream breaks closes).
+    assert t_proxy.rounds and t_removed
