@@ -37,8 +37,8 @@ async def serve_ordo() -> None:
     state = {"total": 0}
 
     # Concurrent, as Dask's handlers are: inc has no order to keep between the calls of one
-    # connection, so the server takes every call in flight at once (serial handlers answer
-    # one call per connection at a time: a round trip through the loop each).
+    # connection, so the server takes every call in flight at once (a serial handler's calls
+    # also cross to the loop many at a time, but run one after another).
     @srv.method(concurrent=True)
     async def inc(x: int) -> int:
         return x + 1
