@@ -39,7 +39,6 @@ import logging
 import weakref
 
 import dask
-from dask.utils import parse_timedelta
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend
@@ -283,11 +282,7 @@ class _ClientLink:
         except OrdoError as e:  # PeerLost, SessionLost, the listener aborting, ...
             reason = f"the comm ended: {e}"
         except asyncio.CancelledError:  # by abort() (close() too), which sent dask.close
-            # ordo's close() can drop what was queued just before it (the last notification;
-            # a resumable session's ordo.bye): close once a call sent after them is answered.
-            timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
-            with contextlib.suppress(OrdoError):  # failed: the listener sees that instead
-                await self.ch.call("dask.sync", timeout=timeout)
+            pass  # close() below still sends it, and a resumable session's ordo.bye
         finally:
             self.gone = self.gone or reason
             self.inbox.end(self.gone)
@@ -319,7 +314,7 @@ class _ClientLink:
 
     def abort(self, reason: str) -> None:
         """Nothing more is sent or received; the listener is told (dask.close, after what was
-        written), and the pump closes the channel once that is known to have arrived."""
+        written), and the pump closes the channel, which sends them all first."""
         if self.gone is None:
             self.gone = reason
             self.inbox.end(reason)

@@ -305,6 +305,7 @@ net::any_io_executor peer::get_executor() const {
 
 void peer::close() {
     s_->sess->close();
+    s_->hold_until_ended();
 }
 void peer::close(errc code, std::string reason) {
     if (s_->sess->is_open()) {
@@ -317,6 +318,7 @@ void peer::close(errc code, std::string reason) {
         }
     }
     s_->sess->close(std::move(reason));
+    s_->hold_until_ended();
 }
 void peer::abort() {
     s_->sess->abort();

@@ -62,6 +62,7 @@ struct peer::state final : detail::call_table_host,
     // idle connection keeps: 2 KiB holds the objects of messages with a few dozen values.
     detail::read_area read_area{2048};
     bool ended = false;
+    bool kept_for_close = false;  // close() keeps the peer until its connection has ended
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
     net::steady_timer eof_probe;  // half-close: the second probe (peer_finished_sending)
@@ -203,6 +204,24 @@ struct peer::state final : detail::call_table_host,
             });
         }
         return true;
+    }
+
+    // close() promises that what was queued is sent: the peer (its session and connection)
+    // outlives the caller's last handle until the connection has ended. A waiting coroutine
+    // holds it, so that an io_context destroyed meanwhile frees it with its other handlers. The
+    // end comes in bounded time: the flush, then at most comm.close_timeout for the other side's
+    // end (a resumable session's ordo.bye included).
+    void hold_until_ended() {
+        if (ended || kept_for_close) return;
+        auto p = self.weak_from_this().lock();
+        if (!p) return;  // not shared: whoever owns it decides how long it lives
+        kept_for_close = true;
+        net::co_spawn(
+            ex,
+            [](std::shared_ptr<peer> p) -> net::awaitable<void> {
+                co_await p->async_wait_closed();
+            }(std::move(p)),
+            net::detached);
     }
 
     void on_ended(const close_result& r) {

@@ -54,6 +54,23 @@ async def test_calls_and_notifications_keep_their_order(cpp_server):
     ch.close()
 
 
+async def test_what_was_notified_before_close_arrives_though_the_channel_is_dropped(cpp_server):
+    probe = await ordo.connect(cpp_server.url)
+    base = await probe.total()
+    for _ in range(20):
+        ch = await ordo.connect(cpp_server.url)
+        for _ in range(100):
+            ch.notify("add", 1)
+        ch.close()
+        del ch  # the last handle: the connection must still send what it took first
+    for _ in range(600):  # up to a minute
+        if await probe.total() == base + 2000:
+            break
+        await asyncio.sleep(0.1)
+    assert await probe.total() == base + 2000
+    probe.close()
+
+
 async def test_a_stream_yields_every_item_in_order(cpp_server):
     ch = await ordo.connect(cpp_server.url)
     assert [x async for x in ch.stream("count_to", 2000, window=16)] == list(range(2000))

@@ -343,6 +343,41 @@ TEST(Handlers, NotificationsThenACallAreSeenInThatOrder) {
     });
 }
 
+// close() sends what was queued before it even when the caller drops its last handle at once:
+// 20 connections each send 100 notifications, close, and are dropped in the same breath. Over a
+// resumable session the close's ordo.bye must get out too, or the server would keep the session
+// for its 60 s window: the server's peers are all gone well before that.
+void check_close_then_drop(const char* query) {
+    run_test(
+        [query]() -> net::awaitable<void> {
+            server srv(co_await net::this_coro::executor);
+            long total = 0;
+            int seen = 0;
+            srv.on("add", [&](int x) {
+                total += x;
+                ++seen;
+            });
+            const auto url = srv.listen("tcp://127.0.0.1:0") + query;
+            for (int round = 0; round < 20; ++round) {
+                auto ch = co_await async_connect(url);
+                for (int i = 1; i <= 100; ++i) ch.notify("add", i);
+                ch.impl()->close();
+            }  // each channel's last handle went at the end of its round, its notifications queued
+            EXPECT_TRUE(co_await wait_until([&] { return seen == 2000; }, 60s)) << seen;
+            EXPECT_EQ(total, 20 * 5050);
+            EXPECT_TRUE(co_await wait_until([&] { return srv.peer_count() == 0; }, 30s))
+                << srv.peer_count() << " sessions left on the server";
+            co_await srv.async_stop();
+        },
+        150s);
+}
+TEST(Peers, AChannelClosedAndDroppedAtOnceStillSendsWhatItQueued) {
+    check_close_then_drop("");
+}
+TEST(Peers, AResumableChannelClosedAndDroppedAtOnceSendsItsQueueAndItsGoodbye) {
+    check_close_then_drop("?resume_ms=60000");
+}
+
 TEST(Peers, BothSidesCallEachOtherOverOneConnection) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;

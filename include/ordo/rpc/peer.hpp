@@ -193,7 +193,7 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
     /// Flushes what is queued and closes; pending calls fail with errc::closed. Completes when
     /// the connection has ended.
     net::awaitable<void> async_close();
-    /// close() without waiting.
+    /// close() without waiting: the connection outlives the last handle until it has ended.
     void close() override;
     /// close(), after telling the remote side why: an ordo.closing [code, reason] notification,
     /// which an ordo peer adds to the reason its connection ended with (foreign peers ignore it).
