@@ -2,7 +2,7 @@
 (bench/README.md, "Dask"):
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/bench_dask.py [--runs 3]
-        [--burst 100000] [--json FILE]
+        [--burst 100000] [--scale 1.0] [--json FILE]
 
 Each run starts a LocalCluster of 2 worker processes (1 thread each) per protocol, the two
 protocols interleaved run after run, and measures on it:
@@ -39,7 +39,7 @@ def _messages(cluster, client) -> int:
     return to_workers + from_workers
 
 
-def one_run(protocol: str, burst: int) -> dict:
+def one_run(protocol: str, burst: int, scale: float) -> dict:
     from distributed import Client, LocalCluster
 
     with LocalCluster(protocol=protocol, n_workers=2, threads_per_worker=1,
@@ -47,7 +47,7 @@ def one_run(protocol: str, burst: int) -> dict:
         client.wait_for_workers(2, timeout=60)
         client.gather(client.map(dask_workload.inc, range(200), pure=False))  # warm up
         t = time.perf_counter()
-        result = dask_workload.run(client)
+        result = dask_workload.run(client, scale)
         workload_s = time.perf_counter() - t
         before = _messages(cluster, client)
         t = time.perf_counter()
@@ -63,12 +63,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--burst", type=int, default=100_000)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="the workload's size (meson test's smoke run: 0.01)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {p: [] for p in PROTOCOLS}
     for i in range(args.runs):
         for p in PROTOCOLS:
-            r = one_run(p, args.burst)
+            r = one_run(p, args.burst, args.scale)
             runs[p].append(r)
             print(f"run {i + 1} {p:8} workload {r['workload_s']:.2f} s, burst "
                   f"{r['burst_s']:.2f} s ({r['tasks_per_s']:.0f} tasks/s, "

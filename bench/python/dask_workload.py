@@ -42,6 +42,12 @@ def tree(client, leaves: int = 512) -> int:
     return level[0].compute(scheduler=client.get)
 
 
-def run(client) -> dict:
-    return {"small_tasks": small_tasks(client), "shuffle": shuffle(client),
-            "tree": tree(client)}
+def run(client, scale: float = 1.0) -> dict:
+    """The three parts; `scale` < 1 shrinks them (the smoke test's 0.01: 100 tasks, 2,000 rows,
+    a tree of 8 leaves)."""
+    leaves = 8
+    while leaves * 2 <= 512 * scale:
+        leaves *= 2
+    return {"small_tasks": small_tasks(client, max(1, int(10_000 * scale))),
+            "shuffle": shuffle(client, max(100, int(200_000 * scale))),
+            "tree": tree(client, leaves)}
