@@ -15,6 +15,7 @@ client_q=""
 if [ "${AUTH:-0}" = 1 ]; then
     printf 'bench-token-0123456789 bench\n' >"$out/tokens"
     echo bench-token-0123456789 >"$out/token"
+    chmod 600 "$out/tokens" "$out/token"
     serve_args=(--auth-tokens "$out/tokens")
     client_q="?token_file=$out/token"
 fi

@@ -22,6 +22,7 @@ auth=() gw_auth=() bearer=() q=""
 if [ "${AUTH:-0}" = 1 ]; then
     printf 'wrk-token-0123456789 wrk\ngateway-token-0123456789 gateway\n' >"$dir/tokens"
     echo gateway-token-0123456789 >"$dir/gw.token"
+    chmod 600 "$dir/tokens" "$dir/gw.token"
     auth=(--auth-tokens "$dir/tokens")
     gw_auth=(--auth-tokens "$dir/tokens")
     bearer=(-H "Authorization: Bearer wrk-token-0123456789")

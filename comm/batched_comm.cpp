@@ -319,6 +319,11 @@ void batched_comm::send(std::string_view head, std::string_view body) {
     impl_->send(head, body);
 }
 
+void batched_comm::set_limits(const limits& l) {
+    impl_->o.limits = l;
+    impl_->framer.set_limits(l);
+}
+
 void batched_comm::pause_reading(bool paused) {
     impl_->paused = paused;
     if (!paused && impl_->rd == impl::reader::parked) impl_->reader_wake.cancel();

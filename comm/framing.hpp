@@ -30,6 +30,11 @@ class framer {
   public:
     explicit framer(const limits& l = {});
 
+    /// Checks what is scanned from now on against `l`. Raising limits is safe at any point
+    /// (what was scanned passed the lower ones); lowering them applies to headers not yet
+    /// scanned.
+    void set_limits(const limits& l) noexcept { limits_ = l; }
+
     /// A writable area of at least `n` bytes at the end of the buffer. Invalidates views
     /// returned by next(). When it has to grow, the buffer doubles, but to no more than
     /// `max_capacity` unless `n` needs more.

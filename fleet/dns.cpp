@@ -548,7 +548,7 @@ class dns_state : public std::enable_shared_from_this<dns_state> {
 std::unique_ptr<replica_source> make_dns_source(net::any_io_executor ex, dns_source_options o) {
     // c-ares and timers stay with the state, which handlers still queued may hold.
     return std::make_unique<detail::source_handle<dns_state>>(
-        std::make_shared<dns_state>(ex, std::move(o)));
+        std::make_shared<dns_state>(ex, std::move(o)), true);
 }
 
 }  // namespace ordo

@@ -12,7 +12,8 @@ namespace ordo::detail {
 template <class State>
 class source_handle final : public replica_source {
   public:
-    explicit source_handle(std::shared_ptr<State> s) : s_(std::move(s)) {}
+    explicit source_handle(std::shared_ptr<State> s, bool own_name = false)
+        : s_(std::move(s)), own_name_(own_name) {}
     ~source_handle() override { s_->stop(); }
     void start(std::function<void(std::vector<member>)> update,
                std::function<void(const std::string&)> problem) override {
@@ -22,9 +23,11 @@ class source_handle final : public replica_source {
     void stop() override { s_->stop(); }
     std::string describe() const override { return s_->describe(); }
     source_counters counters() const override { return s_->counters(); }
+    bool resolves_own_name() const override { return own_name_; }
 
   private:
     std::shared_ptr<State> s_;
+    bool own_name_;
 };
 
 }  // namespace ordo::detail

@@ -1,7 +1,13 @@
 #include "ordo/address.hpp"
 
+#include <algorithm>
+
+#include <asio/ip/address.hpp>
+
+#include "lib/address_group.hpp"
 #include "lib/url_number.hpp"
 #include "ordo/error.hpp"
+#include "ordo/net.hpp"
 
 namespace ordo {
 namespace {
@@ -88,4 +94,31 @@ address parse_address(std::string_view url) {
     return a;
 }
 
+namespace detail {
+
+std::string address_group(std::string_view url) {
+    const auto scheme_end = url.find("://");
+    if (scheme_end == std::string_view::npos) return {};
+    const std::string_view scheme = url.substr(0, scheme_end);
+    if (scheme != "tcp" && scheme != "tls") return {};
+    std::string_view host = url.substr(scheme_end + 3);
+    if (!host.empty() && host.front() == '[') {
+        const auto close = host.find(']');
+        if (close == std::string_view::npos) return {};
+        host = host.substr(1, close - 1);
+    } else {
+        host = host.substr(0, host.rfind(':'));
+    }
+    std::error_code ec;
+    auto a = net::ip::make_address(std::string(host), ec);
+    if (ec) return std::string(host);
+    if (a.is_v6() && a.to_v6().is_v4_mapped())
+        a = net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6());
+    if (!a.is_v6()) return a.to_string();
+    auto bytes = a.to_v6().to_bytes();
+    std::fill(bytes.begin() + 8, bytes.end(), 0);
+    return net::ip::address_v6(bytes).to_string() + "/64";
+}
+
+}  // namespace detail
 }  // namespace ordo

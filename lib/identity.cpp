@@ -1,7 +1,10 @@
 // Token files, the token authenticator and subject rules (ordo/identity.hpp).
 #include "ordo/identity.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -20,6 +23,15 @@ constexpr std::size_t min_token_chars = 16;
 }
 
 std::string read_whole(const std::string& path) {
+    // Tokens are secrets: as ssh does with a private key, a file others may read is refused
+    // rather than used (a pipe or /dev/fd/N has no such mode to check).
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 077) != 0) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+        bad_file(path, std::string("may be read or written by group or others (mode ") + mode +
+                           "); tokens are secrets: chmod 600 " + path);
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) bad_file(path, "cannot be read");
     std::string text;

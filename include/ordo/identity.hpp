@@ -84,7 +84,8 @@ allow_fn allow_subjects(std::vector<std::string> subjects);
 /// Reads a token file: one `TOKEN SUBJECT` per line; blank lines and lines starting with `#`
 /// are skipped. Throws std::system_error (errc::bad_address) naming the file and line for
 /// what it cannot read: a missing subject, a token shorter than 16 characters, a token given
-/// twice, a file over 1 MiB, a file with no token at all.
+/// twice, a file over 1 MiB, a file with no token at all, and (as ssh refuses a private key
+/// others can read) a regular file whose mode lets group or others read or write it.
 std::map<std::string, std::string> read_token_file(const std::string& path);
 
 /// An authenticate_fn over a table of tokens (token -> subject): a caller that presents a
@@ -94,7 +95,8 @@ std::map<std::string, std::string> read_token_file(const std::string& path);
 authenticate_fn authenticate_tokens(std::map<std::string, std::string> tokens);
 
 /// The first line of `path`, without its line end: a caller's token file (token_file=PATH).
-/// Throws std::system_error (errc::bad_address) naming the file if it cannot be read or is empty.
+/// Throws std::system_error (errc::bad_address) naming the file if it cannot be read, is empty,
+/// or is a regular file that group or others may read or write (chmod 600).
 std::string read_token(const std::string& path);
 
 }  // namespace ordo

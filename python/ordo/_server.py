@@ -482,13 +482,15 @@ class Server:
         return register(fn) if fn is not None else register
 
     def batch(self, fn=None, *, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.005,
-              name: str | None = None):
+              name: str | None = None, allow=None):
         """Registers a batch handler (Ray Serve's @serve.batch): callers make single calls
         with one argument (several: a tuple); `fn` takes the list of arguments of up to
         max_batch_size calls (gathered from every connection for at most batch_wait_timeout_s
         after the first) and returns a list of the same length; an element that is an
         exception fails its call alone; a raise or a wrong length fails the whole batch. An
-        async generator function makes a streaming batch handler (see _StreamBatcher)."""
+        async generator function makes a streaming batch handler (see _StreamBatcher).
+        allow: as for method(): the subjects that may call it (None: everyone); a caller
+        refused gets PermissionDenied and never joins a batch."""
         def register(f):
             n = name or f.__name__
             if inspect.isasyncgenfunction(f):
@@ -507,6 +509,7 @@ class Server:
             self._batchers.append(b)
             h = _Handler(n, one, True, False)
             h.signature = "(*args) [batch]"
+            h.allow = None if allow is None else [str(s) for s in allow]
             self._register(h)
             return f
         return register(fn) if fn is not None else register

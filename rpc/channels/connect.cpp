@@ -318,6 +318,8 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
                         std::chrono::milliseconds(detail::number_parameter(url, "hedge", when));
                 ro.hedge_methods[item.substr(0, colon)] = hp;
             }
+        } else if (key == "token_hosts") {
+            ro.token_hosts = split(value, ',');
         } else if (key == "health") {
             if (value == "watch")
                 ro.watch_health = true;

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ordo/address.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/router_state.hpp"
 #include "rpc/connection/when_closed.hpp"
@@ -152,8 +153,34 @@ ms router::state::retry_later(const std::shared_ptr<replica>& r) {
     return delay;
 }
 
+// Whether `r` may be given the route's credentials (router_options::token_hosts).
+bool router::state::trusted_with_token(const replica& r) const {
+    if (r.source == 0 || sources[r.source - 1].src->resolves_own_name()) return true;
+    address a;
+    try {
+        a = parse_address(r.url);
+    } catch (const std::system_error&) {
+        return false;
+    }
+    if (const auto ca = a.param("ca"); a.scheme == "tls" && ca && !ca->empty()) return true;
+    const std::string host_port = a.host + ":" + std::to_string(a.port);
+    for (const auto& h : o.token_hosts)
+        if (h == a.host || h == host_port || h == "[" + a.host + "]:" + std::to_string(a.port))
+            return true;
+    return false;
+}
+
 void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<transport> t) {
-    r->conn = detail::make_connected_peer(std::move(t), r->url, o.peer, nullptr);
+    if (!o.peer.credentials.empty() && !trusted_with_token(*r)) {
+        peer_options without = o.peer;
+        without.credentials = {};
+        event("replica " + r->url + " (from " + sources[r->source - 1].name +
+              ") is connected without the route's token: its host is not in token_hosts, and "
+              "it is not tls:// with ca=");
+        r->conn = detail::make_connected_peer(std::move(t), r->url, without, nullptr);
+    } else {
+        r->conn = detail::make_connected_peer(std::move(t), r->url, o.peer, nullptr);
+    }
     r->conn->observe_calls(std::make_unique<conn_watch>(r, r->gen));
     r->conn->start();
     detail::when_closed(

@@ -165,6 +165,7 @@ struct router::state {
     bool remove(const std::string& url);
     void apply(std::size_t source, std::vector<member> set);
     void follow(std::unique_ptr<replica_source> src);
+    bool trusted_with_token(const replica& r) const;
     void close_all();
 };
 

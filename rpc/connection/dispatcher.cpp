@@ -118,6 +118,15 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
 // connection alive while a long serial handler runs, and a cancel must reach that handler.
 void dispatcher::on_reserved(const message& m) {
     const bool req = m.kind == message_kind::request;
+    if (req && (m.method == "ordo.cancel" || m.method == "ordo.credit" ||
+                m.method == "ordo.closing" || m.method == "ordo.goaway")) {
+        // Notifications only: a request is answered (its caller would wait forever) and
+        // does nothing.
+        return respond_error(m.msgid, errc::method_not_found,
+                             "\"" + std::string(m.method) +
+                                 "\" is a reserved notification, not a method: send it as a "
+                                 "notification (docs/protocol.md, \"Reserved methods\")");
+    }
     if (m.method == "ordo.ping") {
         if (req) {
             buffer b(small_buffer);

@@ -82,6 +82,7 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
         after_gate_ = mode_;
         mode_ = mode::gated;
         who_.may_introspect = false;
+        if (rc_.gated_limits) comm_->set_limits(*rc_.gated_limits);
     }
 }
 
@@ -199,6 +200,8 @@ void session::on_gated_message(std::string_view bytes) {
     who_.subject = v.subject;
     if (!presented.empty()) who_.token_subject = v.subject;
     mode_ = after_gate_;
+    // Known now: the messages after this one may be as large as the connection allows.
+    if (rc_.gated_limits && comm_) comm_->set_limits(options_.limits);
     if (!auth) on_comm_message(bytes);  // the first message, served as any other
 }
 

@@ -18,6 +18,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -149,6 +150,10 @@ struct resume_config {
     /// from the identity its transport proved and the ordo.auth it sent first, if any; may set
     /// identity::may_introspect. Null: every caller is served.
     std::function<auth_verdict(identity&, const credentials&)> gate;
+    /// The server's side, with a gate: what the connection's messages are held to until the
+    /// gate has accepted it (a stranger's ordo.auth needs little room); then the connection's
+    /// own limits. Null: its own limits throughout.
+    std::optional<limits> gated_limits;
 };
 
 /// Belongs to the transport's executor.

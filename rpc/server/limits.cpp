@@ -127,7 +127,8 @@ net::awaitable<void> server::state::watch_budget(std::shared_ptr<state> s, loop&
 void server::state::refuse(std::unique_ptr<transport> t, errc code, std::string why) {
     const std::string remote = t->remote_address();
     ++refused;
-    event(server_event::kind::refused, remote, code, why);
+    // A flood of refusals is said a few times a second per address, then summed up.
+    report(server_event::kind::refused, address_group(remote), remote, make_error_code(code), why);
     if (refusing >= max_refusing) {
         t->close();
         return keep_spare();

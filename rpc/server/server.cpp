@@ -84,61 +84,67 @@ net::awaitable<void> server::state::accept_loop(std::shared_ptr<state> s, listen
             continue;
         }
         loop& lp = s->loop_of(t->get_executor());
+        auto st = s->welcome(t, lp);
+        if (!st) continue;  // refused (per-address cap, failed authentications)
         ++lp.open;
-        s->on_loop(lp, [s, &lp, t = std::move(t)]() mutable { s->serve(lp, std::move(t)); });
+        s->on_loop(lp, [s, &lp, t = std::move(t), st = std::move(st)]() mutable {
+            s->serve(lp, std::move(t), std::move(st));
+        });
     }
     --s->accept_loops;
     s->changed.cancel();
 }
 
 // On lp's executor: the accepted connection becomes a peer served there.
-void server::state::serve(loop& lp, std::unique_ptr<transport> t) {
+// `who` is its record as a stranger (rpc/server/strangers.cpp) until the gate accepts it.
+void server::state::serve(loop& lp, std::unique_ptr<transport> t, std::shared_ptr<stranger> who) {
     auto s = shared_from_this();
     if (stopping) {
         // Accepted just before a stop: not served.
         t->close();
+        at_home(lp, [s, who] { s->forget(who, {}); });
         return closed_on(lp);
     }
     detail::resume_config rc;
     // A caller coming back lands on any loop; its session's connection moves to the loop the
     // session lives on (session_handshake.cpp).
     rc.registry = sessions;
+    // Every connection passes the gate with its first message: that is when it stops being a
+    // stranger. With authenticate, its messages are held to the strangers' limits until then.
+    rc.gate = gate_for(who);
     if (o.authenticate) {
-        rc.gate = [auth = o.authenticate, intro = o.allow_introspection](
-                      identity& who, const credentials& presented) {
-            auth_verdict v = auth(who, presented);
-            if (v.accepted) {
-                who.subject = v.subject;
-                who.may_introspect = intro && intro(who);
-            }
-            return v;
-        };
+        limits strict = o.peer.comm.limits;
+        strict.max_message_bytes = std::min(strict.max_message_bytes, o.strangers.max_message_bytes);
+        strict.max_string_bytes = std::min(strict.max_string_bytes, o.strangers.max_message_bytes);
+        rc.gated_limits = strict;
     }
     std::shared_ptr<peer> p;
     const std::string remote = t->remote_address();
     try {
         p = detail::make_peer(std::move(t), o.peer, h, std::move(rc));
     } catch (const std::exception& e) {
-        at_home(lp, [s, remote, why = std::string(e.what())] {
-            s->event(server_event::kind::closed, remote, make_error_code(errc::overloaded),
-                     "ordo: connection not served: " + why);
+        at_home(lp, [s, who, remote, why = std::string(e.what())] {
+            s->left(who, remote, make_error_code(errc::overloaded),
+                    "ordo: connection not served: " + why);
         });
         return closed_on(lp);
     }
+    who->p = p;
     lp.peers.push_back({p});
     auto it = std::prev(lp.peers.end());
     at_home(lp, [s, remote] { s->event(server_event::kind::opened, remote); });
-    detail::when_closed(
-        *p, lp.ex, s, [st = s.get(), &lp, it](const std::error_code& code, const std::string& why) {
-            lp.closed_bytes_received += it->p->comm().bytes_received;
-            lp.closed_bytes_sent += it->p->comm().bytes_sent;
-            std::string remote = it->p->remote_address();
-            lp.peers.erase(it);
-            st->at_home(lp, [st, remote = std::move(remote), code, why] {
-                st->event(server_event::kind::closed, remote, code, why);
-            });
-            st->closed_on(lp);
-        });
+    detail::when_closed(*p, lp.ex, s,
+                        [st = s.get(), &lp, it, who](const std::error_code& code,
+                                                     const std::string& why) {
+                            lp.closed_bytes_received += it->p->comm().bytes_received;
+                            lp.closed_bytes_sent += it->p->comm().bytes_sent;
+                            std::string remote = it->p->remote_address();
+                            lp.peers.erase(it);
+                            st->at_home(lp, [st, who, remote = std::move(remote), code, why] {
+                                st->left(who, remote, code, why);
+                            });
+                            st->closed_on(lp);
+                        });
     p->start();
     // Accepted just before a drain began, placed here after this loop told its connections.
     if (draining) detail::send_goaway(*p, drain_left(), drain_reason);
@@ -171,6 +177,7 @@ server::server(net::any_io_executor ex, server_options o)
         l->sweep_tick = std::make_unique<net::steady_timer>(l->ex);
         l->budget_tick = std::make_unique<net::steady_timer>(l->ex);
     }
+    s_->stranger_tick = std::make_unique<net::steady_timer>(s_->ex);
     std::weak_ptr<state> w = s_;
     if (s_->o.on_event && !s_->o.peer.on_dropped)
         s_->o.peer.on_dropped = [w](const dropped_message& d) {
@@ -190,6 +197,7 @@ server::~server() {
     // handler table: it is let go once those loops have stopped (below).
     if (!loops_) s.h = nullptr;
     for (auto& l : s.listeners) l->close();
+    s.stranger_tick->cancel();
     for (auto& l : s.loops) {
         if (!l->home) continue;
         l->sweep_tick->cancel();
@@ -254,6 +262,10 @@ std::string server::listen(std::string_view url) {
         for (auto& lp : s_->loops)
             net::co_spawn(lp->ex, state::sweep_idle(s_, *lp), detail::rethrow_escaped{});
     }
+    if (!s_->watching_strangers) {
+        s_->watching_strangers = true;
+        net::co_spawn(s_->ex, state::watch_strangers(s_), detail::rethrow_escaped{});
+    }
     if (s_->o.peer.comm.budget && !s_->watching_budget) {
         s_->watching_budget = true;
         for (auto& lp : s_->loops)
@@ -267,6 +279,7 @@ net::awaitable<void> server::async_stop() {
     auto s = s_;
     s->stopping = true;
     for (auto& l : s->listeners) l->close();
+    s->stranger_tick->cancel();
     for (auto& l : s->loops)
         s->on_loop(*l, [s, &lp = *l] {
             lp.sweep_tick->cancel();

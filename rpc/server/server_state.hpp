@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "ordo/rpc/server.hpp"
@@ -173,7 +174,8 @@ struct server::state : std::enable_shared_from_this<server::state> {
 
     // rpc/server/server.cpp: accepting and placing connections.
     static net::awaitable<void> accept_loop(std::shared_ptr<state> s, listener* l);
-    void serve(loop& lp, std::unique_ptr<transport> t);
+    struct stranger;
+    void serve(loop& lp, std::unique_ptr<transport> t, std::shared_ptr<stranger> who);
     void closed_on(loop& lp);
 
     // rpc/server/limits.cpp: idle connections, the memory budget, refusing connections.
@@ -185,6 +187,57 @@ struct server::state : std::enable_shared_from_this<server::state> {
     static net::awaitable<void> say_closing(std::shared_ptr<state> s, std::unique_ptr<transport> t,
                                             errc code, std::string why);
     static net::awaitable<void> drain(transport& t);
+
+    // rpc/server/strangers.cpp: connections not known yet (server_options::strangers).
+    // Everything here but the fields marked otherwise is touched on the server's executor.
+    struct stranger {
+        std::string key;  // address_group() of its address ("": exempt from per-address caps)
+        loop* lp = nullptr;
+        std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+        bool listed = true;  // in `strangers` (known, evicted or closed: not)
+        bool met = false;    // known (the gate accepted it), as the server's executor heard
+        std::list<std::shared_ptr<stranger>>::iterator where;
+        // On lp's executor only:
+        std::weak_ptr<peer> p;
+        bool known = false;
+    };
+    struct address_count {
+        std::size_t open = 0, strangers = 0;
+        // Failed authentications in the window that began at failures_since.
+        std::size_t failures = 0;
+        std::chrono::steady_clock::time_point failures_since{};
+    };
+    // At most one report a second per address; the rest are counted and said with the next.
+    struct report_window {
+        std::chrono::steady_clock::time_point since{};
+        std::size_t said = 0, unsaid = 0;
+        std::error_code last_code;
+    };
+    std::list<std::shared_ptr<stranger>> strangers;  // oldest first
+    std::unordered_map<std::string, address_count> addresses;
+    std::unordered_map<std::string, report_window> reports;
+    std::unique_ptr<net::steady_timer> stranger_tick;
+    bool watching_strangers = false;
+    static std::string address_group(std::string_view url);
+    // At accept: null after refusing `t` (per-address cap, failed authentications), else its
+    // record, after making room among strangers.
+    std::shared_ptr<stranger> welcome(std::unique_ptr<transport>& t, loop& lp);
+    // The gate for a connection of `st`: the application's authenticate, if any, and the
+    // moment it becomes known.
+    std::function<auth_verdict(identity&, const credentials&)> gate_for(
+        std::shared_ptr<stranger> st);
+    void known(const std::shared_ptr<stranger>& st);
+    void unlist(stranger& st);
+    void evict(const std::shared_ptr<stranger>& st, errc code, std::string why, bool tell);
+    // Its counts go (and a refused authentication is counted against its address).
+    void forget(const std::shared_ptr<stranger>& st, const std::error_code& code);
+    // A served connection ended: its counts, failed authentications, and its `closed` report.
+    void left(const std::shared_ptr<stranger>& st, std::string remote, std::error_code code,
+              std::string why);
+    void report(server_event::kind what, const std::string& key, std::string peer,
+                std::error_code code, std::string reason);
+    void say_unsaid(const std::string& k, report_window& r);
+    static net::awaitable<void> watch_strangers(std::shared_ptr<state> s);
 
     // rpc/server/stats.cpp: server_stats.
     static void add_loop(server_stats& st, const loop& lp);

@@ -4,6 +4,7 @@
 
 #include <future>
 
+#include "lib/printable.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/server/server_state.hpp"
@@ -148,12 +149,14 @@ std::string to_string(const server_event& e) {
                                             "over budget", "dropped", "draining", "drained"};
     std::string line = "ordo: ";
     line += names[static_cast<int>(e.what)];
-    if (!e.peer.empty()) line += " " + e.peer;
+    // The reason may quote a peer's bytes (a method name): one event stays one line.
+    if (!e.peer.empty()) line += " " + detail::printable(e.peer);
     if (e.code)
         line += std::string(": ") + (e.code.category() == error_category()
                                          ? to_string(static_cast<errc>(e.code.value()))
                                          : e.code.message());
-    if (!e.reason.empty()) line += (e.code ? " (" : ": ") + e.reason + (e.code ? ")" : "");
+    if (!e.reason.empty())
+        line += (e.code ? " (" : ": ") + detail::printable(e.reason) + (e.code ? ")" : "");
     return line;
 }
 

@@ -3,6 +3,7 @@
 // registration (a key under a lease, kept alive, put again, revoked).
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -620,6 +621,7 @@ std::string write_secret(const std::string& dir, const std::string& name, const 
     std::FILE* f = std::fopen(path.c_str(), "w");
     std::fputs((v + "\n").c_str(), f);
     std::fclose(f);
+    ::chmod(path.c_str(), 0600);  // a secret: a file others may read is refused
     return path;
 }
 

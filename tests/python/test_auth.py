@@ -18,6 +18,8 @@ def token_files(tmp_path):
     alice.write_text(ALICE + "\n")
     bob = tmp_path / "bob"
     bob.write_text(BOB + "\n")
+    for f in (table, alice, bob):
+        f.chmod(0o600)  # tokens are secrets: a file others may read is refused
     return str(table), str(alice), str(bob)
 
 
@@ -94,6 +96,50 @@ async def test_introspection_is_closed_unless_allowed(token_files):
 def test_a_bad_token_file_is_named(tmp_path):
     bad = tmp_path / "tokens"
     bad.write_text("short alice\n")
+    bad.chmod(0o600)
     with pytest.raises(ValueError) as e:
         ordo.Server(auth_tokens=str(bad))
     assert str(bad) in str(e.value) and "line 1" in str(e.value)
+
+
+def test_a_token_file_others_may_read_is_refused(tmp_path):
+    table = tmp_path / "tokens"
+    table.write_text(f"{ALICE} alice\n")
+    table.chmod(0o644)
+    with pytest.raises(ValueError) as e:
+        ordo.Server(auth_tokens=str(table))
+    assert "chmod 600" in str(e.value)
+    table.chmod(0o600)
+    ordo.Server(auth_tokens=str(table))
+
+
+async def test_a_batch_handler_takes_allow(token_files):
+    table, alice, bob = token_files
+    srv = ordo.Server(auth_tokens=table)
+    ran = []
+
+    @srv.batch(allow=["alice"])
+    async def double(xs):
+        ran.append(list(xs))
+        return [x * 2 for x in xs]
+
+    @srv.batch(allow=["alice"])
+    async def count(ns):
+        for step in range(max(ns)):
+            yield [step if step < n else ordo.END for n in ns]
+
+    url = await srv.listen("tcp://127.0.0.1:0")
+    a = await ordo.connect(url + "?token_file=" + alice)
+    b = await ordo.connect(url + "?token_file=" + bob)
+    assert await a.double(21) == 42
+    with pytest.raises(ordo.PermissionDenied) as denied:
+        await b.double(1)
+    assert "bob" in str(denied.value)
+    with pytest.raises(ordo.PermissionDenied):
+        async for _ in b.stream("count", 2):
+            pass
+    assert [x async for x in a.stream("count", 2)] == [0, 1]
+    assert ran == [[21]]  # bob's call never joined a batch
+    for ch in (a, b):
+        ch.close()
+    await srv.stop()

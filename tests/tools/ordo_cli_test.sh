@@ -170,6 +170,7 @@ pid=
 printf '# tokens\nalice-token-0123456789 alice\nbob-token-0123456789ab bob\n' >"$dir/tokens"
 echo alice-token-0123456789 >"$dir/alice"
 echo bob-token-0123456789ab >"$dir/bob"
+chmod 600 "$dir/tokens" "$dir/alice" "$dir/bob"  # secrets: a file others may read is refused
 "$server" --listen tcp://127.0.0.1:0 --auth-tokens "$dir/tokens" --allow-introspection alice \
     --access-log "$dir/access.log" >"$dir/auth.out" 2>&1 &
 pid=$!
@@ -187,7 +188,11 @@ out=$("$ordo" methods "$aurl?token_file=$dir/alice") || fail "methods as alice: 
 [[ "$out" == *whoami* ]] || fail "methods as alice printed '$out'"
 err=$("$ordo" methods "$aurl?token_file=$dir/bob" 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *"permission denied"* ]] || fail "methods as bob: rc=$rc $err"
+# A caller the server keeps its method list from still calls, with the arguments as given.
+out=$("$ordo" call "$aurl?token_file=$dir/bob" inc 1) || fail "inc as bob (no introspection): $out"
+[ "$out" = 2 ] || fail "inc 1 as bob printed '$out'"
 echo wrong-token-0123456789 >"$dir/wrong"
+chmod 600 "$dir/wrong"
 err=$("$ordo" call "$aurl?token_file=$dir/wrong" inc 1 2>&1 >/dev/null); rc=$?
 [ $rc = 1 ] && [[ "$err" == *"not accepted"* ]] || fail "wrong token: rc=$rc $err"
 grep -q "refused" "$dir/auth.out" || fail "the server did not report the refusals: $(cat "$dir/auth.out")"
@@ -201,16 +206,20 @@ out=$("$ordo" call "$aurl?token_file=$dir/alice" context --timeout 500 --meta te
 left=$(echo "$out" | grep -o '"deadline_left_ms":[0-9]*' | cut -d: -f2)
 [ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le 500 ] || fail "context deadline: '$out'"
 kill -TERM "$pid"; wait "$pid" || fail "auth server exited $? after SIGTERM"
-# One JSON line per call answered: whoami as alice, the context call with its trace id; the
-# refused callers were never served, so they have none.
+# One JSON line per call answered: whoami as alice, the context call with its trace id, bob's
+# inc; the refused calls (bob's ordo.methods, the callers without a token) were never served,
+# so they have none.
 log=$(cat "$dir/access.log")
 grep -q '"method":"whoami","peer":"tcp://127.0.0.1:[0-9]*","subject":"alice","status":"ok","code":0' \
     "$dir/access.log" || fail "access log has no whoami record: $log"
 grep -q '"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","method":"context"' "$dir/access.log" ||
     fail "access log has no traced context record: $log"
-[ "$(grep -c '"subject":"bob"' "$dir/access.log")" = 0 ] || fail "bob's refused calls were logged: $log"
-# inc, whoami, context (ordo.methods and the reserved methods are not logged).
-[ "$(wc -l <"$dir/access.log")" = 3 ] || fail "access log: expected 3 records: $log"
+[ "$(grep -c '"subject":"bob"' "$dir/access.log")" = 1 ] &&
+    grep -q '"method":"inc","peer":"tcp://127.0.0.1:[0-9]*","subject":"bob","status":"ok"' \
+        "$dir/access.log" || fail "bob's calls in the access log are not his one inc: $log"
+# alice's inc, whoami, context and bob's inc (ordo.methods and the reserved methods are not
+# logged).
+[ "$(wc -l <"$dir/access.log")" = 4 ] || fail "access log: expected 4 records: $log"
 pid=
 
 # A msgpack-rpc server nobody here wrote (skipped without neovim).

@@ -206,6 +206,11 @@ class batched_comm {
     /// built separately from an encoded payload).
     void send(std::string_view head, std::string_view body);
 
+    /// Checks incoming messages against `l` from the next one on (a server holds a stranger
+    /// to smaller limits until it knows who it is). On the comm's executor; may be called
+    /// from on_message.
+    void set_limits(const limits& l);
+
     /// While paused, the reader takes no more bytes from the transport (messages already read
     /// are still delivered), so that a peer that outruns its handlers meets TCP flow control
     /// instead of unbounded queues. Not paused at start.

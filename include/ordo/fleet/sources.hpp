@@ -51,6 +51,10 @@ class replica_source {
     /// What it watches, e.g. "dns:_ordo._tcp.svc.test (nameserver 127.0.0.1:5353)".
     virtual std::string describe() const = 0;
     virtual source_counters counters() const = 0;
+    /// Whether its members are what the route's own name resolves to (DNS), so that a route
+    /// presents its credentials to them as to the hosts of its URL; a source that reads names
+    /// from elsewhere (a file, etcd) does not (router_options::token_hosts).
+    virtual bool resolves_own_name() const { return false; }
 };
 
 struct dns_source_options {

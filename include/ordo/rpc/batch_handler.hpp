@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ordo/error.hpp"
+#include "ordo/identity.hpp"
 #include "ordo/net.hpp"
 
 namespace ordo {
@@ -44,6 +45,9 @@ struct batch_options {
     /// cancellation. One that ignores both runs to its end, holding its worker thread and its
     /// batch slot (max_concurrent_batches) meanwhile; its results are dropped.
     net::any_io_executor run_on{};
+    /// Who may call it, as handler_options::allow: a caller it refuses gets
+    /// errc::permission_denied and never joins a batch. Null: everyone.
+    allow_fn allow{};
 };
 
 /// The failure of one element of a batch: only that call fails, with this code and message.

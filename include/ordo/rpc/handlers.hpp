@@ -254,6 +254,7 @@ class handlers {
         detail::handler_entry e;
         e.signature = "(" + detail::type_name(typeid(Arg)) + ") [batch]";
         e.concurrent = true;
+        e.allow = o.allow;
         e.async = [core, name](peer&, msgpack::object params, buffer& out) {
             return detail::submit_batch<Arg>(core, name, params, out);
         };
@@ -285,6 +286,7 @@ class handlers {
         detail::handler_entry e;
         e.signature = "(" + detail::type_name(typeid(Arg)) + ") [batch stream]";
         e.concurrent = true;
+        e.allow = o.allow;
         e.stream = [core, name](peer&, msgpack::object params, detail::stream_out& out) {
             return detail::submit_batch_stream<Arg>(core, name, params, out);
         };

@@ -95,6 +95,15 @@ struct router_options {
     /// not know ordo.health_watch (a foreign one, an older ordo) is taken as serving. (URL:
     /// `health=watch`, the default, or `health=off`.)
     bool watch_health = true;
+    /// Where the route's credentials go (peer.credentials, the URL's token_file=; docs/security.md
+    /// "Tokens and routes"). Replicas the route's author named (the URL's list, route+dns's own
+    /// name, add_replica) always get them. Replicas a file or etcd names (route+file://,
+    /// route+etcd://, follow() of such a source) get them only when their host, or host:port,
+    /// is one of these, or when they are tls:// with ca= (the certificate then proves the
+    /// name); the others are connected without credentials, and told of with an event, so that
+    /// whoever can write a replica file cannot collect the token with a listener of their own.
+    /// (URL: `token_hosts=H1,H2:PORT,...`.)
+    std::vector<std::string> token_hosts{};
 
     /// Hedged calls (as brpc's backup requests and gRPC's hedging policy), for idempotent
     /// methods only (`idempotent_methods`), never for keyed calls (their order) or streams: a
@@ -356,7 +365,7 @@ struct route_spec {
 /// wait_for_replica_ms, hedge_after_ms, hedge_after (p95), hedge (METHOD:N or METHOD:p95, comma-
 /// separated), health (watch or off), overload_cooldown_ms, retry_budget_percent (a
 /// number, or off),
-/// min_retries_per_s; and the
+/// min_retries_per_s, token_hosts (comma-separated); and the
 /// peer parameters timeout_ms, interval_ms, liveness_timeout_ms,
 /// heartbeat_ms, applied on top of `base`.
 ///

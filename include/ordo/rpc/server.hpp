@@ -24,8 +24,9 @@ struct server_event {
                         ///< resumes a session shows as opened, then closed with the reason
                         ///< "resumed an earlier session": the session goes on over it)
         closed,         ///< a served connection ended; `code` and `reason` say how
-        refused,        ///< accepted beyond max_connections, or with no descriptors left (a
-                        ///< spare one is kept for this): told why, then closed
+        refused,        ///< accepted beyond max_connections or stranger_limits, or with no
+                        ///< descriptors left (a spare one is kept for this): told why, then
+                        ///< closed
         accept_failed,  ///< accepting failed (e.g. out of descriptors); the server retries
         over_budget,    ///< the memory budget was found used up (again); `reason` has figures
         dropped,        ///< a notification was dropped: no such method, or its handler threw
@@ -40,6 +41,43 @@ struct server_event {
     std::string peer;  ///< the remote address (empty for accept_failed)
     std::error_code code;
     std::string reason;
+};
+
+/// What a server spends on a connection before it knows who is calling (docs/security.md,
+/// "Strangers"). A connection is a *stranger* from its accept until its first message is
+/// served; on a server that authenticates, until server_options::authenticate accepted it.
+/// Without these bounds, callers nobody knows could fill max_connections with silent
+/// connections, or the memory budget with unfinished messages, and lock out the callers the
+/// server knows. Addresses count together by IPv4 address or IPv6 /64 (one host holds a whole
+/// /64); unix:// and inproc:// callers count only in max_strangers. Refusals, evictions,
+/// strangers closed and failed authentications are reported through on_event at most once a
+/// second per address, with how many were left unsaid.
+struct stranger_limits {
+    /// With authenticate set: a connection the gate has not accepted within this (no
+    /// ordo.auth, no first message, or an unfinished one) is told why and closed. 0: none.
+    std::chrono::milliseconds auth_timeout{10'000};
+    /// Without authenticate: a connection that has not sent a whole first message within this
+    /// is told why and closed (so does a client that connects and calls only minutes later:
+    /// raise it, or set 0, for such callers). 0: none.
+    std::chrono::milliseconds first_message_timeout{60'000};
+    /// Connections from one address at once, known or not; one beyond it is refused, told
+    /// why. 0: no cap.
+    std::size_t max_per_address = 1024;
+    /// Strangers at once, in all and from one address. A new connection beyond either cap
+    /// closes the oldest stranger (of its address, else of all) at once: a flood of silent
+    /// connections never fills max_connections, and a caller that authenticates when it
+    /// connects is never the oldest. 0: no cap.
+    std::size_t max_strangers = 1024;
+    std::size_t max_strangers_per_address = 64;
+    /// With authenticate set: the largest message (and str/bin) a stranger may send, ordo.auth
+    /// included; a larger one is refused at its header, before it is buffered. With
+    /// max_strangers this bounds what strangers hold of the memory budget (1,024 x 64 KiB is
+    /// a sixteenth of the default 1 GiB), whatever they send.
+    std::size_t max_message_bytes = std::size_t{64} << 10;
+    /// With authenticate set: after this many refused authentications from one address within
+    /// auth_failure_window, its new connections are refused until the window ends. 0: no limit.
+    std::size_t max_auth_failures = 20;
+    std::chrono::milliseconds auth_failure_window{10'000};
 };
 
 struct server_options {
@@ -60,6 +98,8 @@ struct server_options {
     /// Connections served at once. One accepted beyond it gets an ordo.closing notification
     /// saying why and is closed at once, instead of waiting in the kernel's backlog.
     std::size_t max_connections = 10'000;
+    /// Bounds on connections the server does not know yet (see stranger_limits).
+    stranger_limits strangers{};
     /// The one place a server reports what it drops or refuses: told of connections opened,
     /// closed (with the reason: end of stream, protocol error, message_timeout, dead peer...),
     /// refused, of accept failures, of the memory budget running out and of notifications
