@@ -1,13 +1,14 @@
 // What a gateway request does on the channel: its options (deadline, notification, stream,
-// key), the call handed to the channel's executor and awaited by the HTTP thread, streams as
-// NDJSON, and the introspection routes.
+// key), the call started on the channel's executor (where the gateway runs) and awaited by the
+// request's coroutine, streams as NDJSON, and the introspection routes. A client that goes
+// away, or a gateway that stops, cancels what its request started (ordo.cancel).
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <vector>
+
+#include <asio/experimental/awaitable_operators.hpp>
 
 #include "gateway/gateway_state.hpp"
 #include "json/json_codec.hpp"
@@ -21,69 +22,71 @@ namespace {
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
-// One call's completion, awaited by the HTTP thread that made it. The channel completes it on
-// its executor (complete()); the thread may ask to cancel it through `signal`, also there.
+// One call's completion, awaited by its request's coroutine on the same executor: complete()
+// keeps the outcome and wakes the connection (or, for the gateway's own calls, a timer).
 struct waiter {
-    std::mutex m;
-    std::condition_variable cv;
     bool done = false;
     std::error_code ec;
     call_outcome out;
     net::cancellation_signal signal;
+    net::steady_timer* wake = nullptr;
 };
 
 class http_call final : public detail::pending_call {
   public:
-    http_call(std::shared_ptr<waiter> w, gateway::state& s) : w_(std::move(w)), s_(s) {}
+    explicit http_call(std::shared_ptr<waiter> w) : w_(std::move(w)) {}
     void complete(std::error_code ec, call_outcome out) override {
-        s_.note_remote();  // on the channel's executor: its name may be read here
-        {
-            std::lock_guard lk(w_->m);
-            w_->ec = ec;
-            w_->out = std::move(out);
-            w_->done = true;
-        }
-        w_->cv.notify_one();
+        w_->ec = ec;
+        w_->out = std::move(out);
+        w_->done = true;
+        if (w_->wake) w_->wake->cancel();
     }
 
   private:
     std::shared_ptr<waiter> w_;
-    gateway::state& s_;  // outlives its calls: stop() waits for them
 };
 
-// Makes the call on the channel's executor and waits for it here (an HTTP thread). While the
-// gateway stops, the call is cancelled (on the executor) and its cancellation awaited.
-// `conn`, when given, is the HTTP connection the call serves: a call still pending when its
-// client closes the connection is cancelled (ordo.cancel reaches the server).
-std::shared_ptr<waiter> call(gateway::state& s, const channel& ch, const std::string& method,
-                             detail::params_buffer params, call_options o,
-                             mg_connection* conn = nullptr) {
+// Makes the call and waits for it. `conn`, when given, is the HTTP connection the call
+// serves: a call still pending when its client goes away, or when the gateway stops, is
+// cancelled (ordo.cancel reaches the server) and its end awaited.
+net::awaitable<std::shared_ptr<waiter>> call(gateway::state& s, const channel& ch,
+                                             const std::string& method,
+                                             detail::params_buffer params, call_options o,
+                                             connection* conn = nullptr) {
     auto w = std::make_shared<waiter>();
-    auto c = std::make_unique<http_call>(w, s);
+    std::optional<net::steady_timer> own;
+    if (conn) {
+        w->wake = &conn->wake;
+    } else {
+        own.emplace(s.ex, std::chrono::steady_clock::time_point::max());
+        w->wake = &*own;
+    }
+    auto c = std::make_unique<http_call>(w);
     c->method = method;
     c->params = std::move(params);
     c->options = std::move(o);
     c->slot = w->signal.slot();
     ++s.calls;
-    net::post(ch.get_executor(),
-              [impl = ch.impl(), c = std::move(c)]() mutable { impl->start_call(std::move(c)); });
-    std::unique_lock lk(w->m);
+    ch.impl()->start_call(std::move(c));
     bool cancel_sent = false;
-    while (!w->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return w->done; })) {
-        if (!cancel_sent && conn && client_gone(conn)) {
+    while (!w->done) {
+        if (!cancel_sent && conn && conn->eof) {
             cancel_sent = true;
             ++s.calls_abandoned;
-            s.event("ordo gateway: call " + method + " cancelled: its client went away");
-            net::post(ch.get_executor(),
-                      [w] { w->signal.emit(net::cancellation_type::terminal); });
+            s.event("ordo gateway: call " + method + " cancelled: its client " + conn->remote +
+                    " went away");
+            w->signal.emit(net::cancellation_type::terminal);
+            continue;
         }
-        if (s.stopping && !cancel_sent) {
+        if (!cancel_sent && s.stopping) {
             cancel_sent = true;
-            net::post(ch.get_executor(),
-                      [w] { w->signal.emit(net::cancellation_type::terminal); });
+            w->signal.emit(net::cancellation_type::terminal);
+            continue;
         }
+        co_await w->wake->async_wait(use_tuple);
     }
-    return w;
+    w->wake = nullptr;
+    co_return w;
 }
 
 std::string failure_text(gateway::state& s, const std::string& method, std::error_code ec,
@@ -102,11 +105,7 @@ std::optional<double> positive_ms(std::string_view text) {
 }
 
 std::string url_decoded(std::string_view in) {
-    std::string out(in.size() + 1, '\0');
-    const int n = mg_url_decode(in.data(), static_cast<int>(in.size()), out.data(),
-                                static_cast<int>(out.size()), 1);
-    out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-    return out;
+    return percent_decoded(in, true);
 }
 
 bool flag_value(std::string_view v) {
@@ -151,8 +150,7 @@ reply error_reply(std::error_code ec, const std::string& message, const std::str
     return request_error(http_status(ec, detail), code_name(ec), message);
 }
 
-std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
-    const mg_request_info* ri = mg_get_request_info(c);
+std::optional<reply> parse_options(const http_request& req, call_request& r) {
     std::vector<std::string> deadlines;  // where each deadline came from
     auto deadline = [&](const std::string& name, const std::string& value,
                         bool absolute) -> std::optional<reply> {
@@ -163,7 +161,7 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
                 "ordo gateway: give one deadline, not both " + deadlines[0] + " and " + name);
         return apply_deadline(r, name, value, absolute);
     };
-    std::string_view q = ri->query_string ? ri->query_string : "";
+    std::string_view q = req.query;
     while (!q.empty()) {
         const auto amp = q.find('&');
         const std::string_view item = q.substr(0, amp);
@@ -189,19 +187,19 @@ std::optional<reply> parse_options(const mg_connection* c, call_request& r) {
         if (bad) return bad;
     }
     for (const char* h : {"Ordo-Relative-Slo-Ms", "Ordo-Absolute-Slo-Ms"})
-        if (const char* v = mg_get_header(c, h))
-            if (auto bad = deadline(std::string("header ") + h, v,
+        if (const std::string* v = req.header(h))
+            if (auto bad = deadline(std::string("header ") + h, *v,
                                     std::strcmp(h, "Ordo-Absolute-Slo-Ms") == 0))
                 return bad;
-    if (const char* v = mg_get_header(c, "Ordo-Notify")) r.notify = flag_value(v);
-    if (const char* v = mg_get_header(c, "Ordo-Stream")) r.stream = flag_value(v);
-    if (const char* v = mg_get_header(c, "Ordo-Key")) r.key = v;
+    if (const std::string* v = req.header("Ordo-Notify")) r.notify = flag_value(*v);
+    if (const std::string* v = req.header("Ordo-Stream")) r.stream = flag_value(*v);
+    if (const std::string* v = req.header("Ordo-Key")) r.key = *v;
     // W3C Trace Context: passed on as the call's metadata (docs/protocol.md, "Call context")
     // when well formed; a malformed one is dropped, as the recommendation says.
-    if (const char* tp = mg_get_header(c, "traceparent"); tp && valid_traceparent(tp)) {
-        r.meta.emplace_back("traceparent", tp);
-        if (const char* ts = mg_get_header(c, "tracestate"); ts && std::strlen(ts) <= 512)
-            r.meta.emplace_back("tracestate", ts);
+    if (const std::string* tp = req.header("traceparent"); tp && valid_traceparent(*tp)) {
+        r.meta.emplace_back("traceparent", *tp);
+        if (const std::string* ts = req.header("tracestate"); ts && ts->size() <= 512)
+            r.meta.emplace_back("tracestate", *ts);
     }
     return std::nullopt;
 }
@@ -241,48 +239,26 @@ reply timed_out_before(gateway::state& s, const call_request& r) {
 }
 
 reply notify(gateway::state& s, const call_request& r, detail::params_buffer params) {
-    // notify_raw runs on the channel's executor; its refusal (overloaded, closed) comes back.
-    struct result {
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-        std::error_code ec;
-        std::string why;
-    };
-    auto res = std::make_shared<result>();
+    // Taken at once on the channel's executor (here), or refused (overloaded, closed).
     ++s.notifications;
-    net::post(r.via.get_executor(),
-              [impl = r.via.impl(), res, method = r.method, p = std::move(params)] {
-                  std::error_code ec;
-                  std::string why;
-                  try {
-                      impl->notify_raw(method, std::string_view(p.data(), p.size()));
-                  } catch (const std::system_error& e) {
-                      ec = e.code();
-                      why = e.what();
-                  }
-                  {
-                      std::lock_guard lk(res->m);
-                      res->ec = ec;
-                      res->why = std::move(why);
-                      res->done = true;
-                  }
-                  res->cv.notify_one();
-              });
-    std::unique_lock lk(res->m);
-    res->cv.wait(lk, [&] { return res->done; });
-    if (res->ec) return error_reply(res->ec, res->why, res->why);
+    try {
+        r.via.impl()->notify_raw(r.method, std::string_view(params.data(), params.size()));
+    } catch (const std::system_error& e) {
+        return error_reply(e.code(), e.what(), e.what());
+    }
     return {202, "application/json", ""};
 }
 
 }  // namespace
 
-reply run_call(gateway::state& s, const call_request& r) {
+net::awaitable<reply> run_call(gateway::state& s, const call_request& r) {
     detail::params_buffer params;
-    if (auto bad = params_of(r, params)) return *bad;
-    if (r.already_due) return timed_out_before(s, r);
-    if (r.notify) return notify(s, r, std::move(params));
-    auto w = call(s, r.via, r.method, std::move(params), options_of(s, r), r.conn);
+    if (auto bad = params_of(r, params)) co_return *bad;
+    if (r.already_due) co_return timed_out_before(s, r);
+    if (r.notify) co_return notify(s, r, std::move(params));
+    // Arguments named, not temporaries inside the co_await (GCC 12 destroys those twice).
+    call_options o = options_of(s, r);
+    auto w = co_await call(s, r.via, r.method, std::move(params), std::move(o), r.conn);
     if (w->ec) {
         auto rep =
             error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
@@ -291,17 +267,17 @@ reply run_call(gateway::state& s, const call_request& r) {
         if (w->ec == errc::overloaded)
             rep.headers += "\r\nRetry-After: " + std::to_string(std::max<std::uint32_t>(
                                                      1, (w->out.retry_after_ms + 999) / 1000));
-        return rep;
+        co_return rep;
     }
     std::string body = json_codec::dump(w->out.result);
     body += '\n';
-    return {200, "application/json", std::move(body)};
+    co_return reply{200, "application/json", std::move(body)};
 }
 
 namespace {
 
 // One HTTP chunk in one write: its size, the data, CRLF. False once the client has gone.
-bool write_chunk(mg_connection* c, std::string_view data) {
+net::awaitable<bool> write_chunk(connection& c, std::string_view data) {
     char head[24];
     const int n = std::snprintf(head, sizeof head, "%zx\r\n", data.size());
     std::string out;
@@ -309,21 +285,41 @@ bool write_chunk(mg_connection* c, std::string_view data) {
     out.append(head, static_cast<std::size_t>(n));
     out.append(data);
     out += "\r\n";
-    return mg_write(c, out.data(), out.size()) == static_cast<int>(out.size());
+    co_return co_await write_all(c, out);
+}
+
+// The next item of `st`, or its failure as a value: `||` waits for the first operation that
+// succeeds, so one that threw would wait for the other (the connection's next event).
+struct stream_step {
+    std::optional<value> item;
+    std::optional<rpc_error> failed;
+};
+
+net::awaitable<stream_step> next_step(std::shared_ptr<detail::stream_state<value>> st) {
+    stream_step r;
+    try {
+        r.item = co_await detail::stream_state<value>::next(std::move(st));
+    } catch (const rpc_error& e) {
+        r.failed = e;
+    }
+    co_return r;
 }
 
 }  // namespace
 
-int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
+net::awaitable<int> serve_stream(gateway::state& s, const http_request& req,
+                                 const call_request& r) {
+    using namespace net::experimental::awaitable_operators;
+    connection& c = *r.conn;
     detail::params_buffer params;
     if (auto bad = params_of(r, params)) {
-        send_reply(c, *bad);
-        return bad->status;
+        co_await send_reply(s, c, req, *bad);
+        co_return bad->status;
     }
     if (r.already_due) {
         auto rep = timed_out_before(s, r);
-        send_reply(c, rep);
-        return rep.status;
+        co_await send_reply(s, c, req, rep);
+        co_return rep.status;
     }
     auto o = options_of(s, r);
     auto st = std::make_shared<detail::stream_state<value>>(
@@ -331,51 +327,64 @@ int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
         default_stream_window_bytes);
     ++s.calls;
     detail::start_stream(r.via.impl(), st, std::move(params), std::move(o));
-    bool started = false, cancelled = false;
+    bool started = false;
+    auto gone = [&] {
+        st->cancel();
+        ++s.abandoned;
+        s.event("ordo gateway: stream " + r.method + " cancelled: its client " + c.remote +
+                " went away");
+    };
     for (;;) {
         std::optional<value> v;
-        try {
-            // In slices, so that a stopping gateway cancels a stream that sends nothing.
-            if (!st->next_until(v, clock_type::now() + std::chrono::milliseconds(200))) {
-                if (s.stopping && !cancelled) {
-                    cancelled = true;
-                    st->cancel();
-                }
-                continue;
+        std::optional<reply> failed;
+        // The next item, or an event of the connection: its client went away, the gateway
+        // stops (the item is then not taken).
+        auto got = co_await (next_step(st) || wait_event(c));
+        if (got.index() == 1) {
+            if (c.eof) {
+                gone();
+                co_return 200;
             }
-        } catch (const rpc_error& e) {
-            auto rep = error_reply(e.code(), e.what(), e.detail());
+            if (s.stopping) st->cancel();
+            continue;
+        }
+        stream_step& step = std::get<0>(got);
+        if (step.failed)
+            failed = error_reply(step.failed->code(), step.failed->what(), step.failed->detail());
+        else
+            v = std::move(step.item);
+        if (failed) {
+            const reply& rep = *failed;
             if (!started) {
-                send_reply(c, rep);
-                return rep.status;
+                co_await send_reply(s, c, req, rep);
+                co_return rep.status;
             }
             // Mid-stream: the status is sent; the failure is the last line.
             json line = {{"error", json::parse(rep.body)}};
-            write_chunk(c, line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
-            write_chunk(c, "");
-            return 200;
+            const std::string last =
+                line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+            if (co_await write_chunk(c, last)) co_await write_chunk(c, "");
+            co_return 200;
         }
         if (!started) {
             started = true;
             static constexpr std::string_view head =
                 "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
                 "Transfer-Encoding: chunked\r\n\r\n";
-            if (mg_write(c, head.data(), head.size()) != static_cast<int>(head.size())) {
-                st->cancel();
-                ++s.abandoned;
-                return 200;
+            if (!co_await write_all(c, head)) {
+                gone();
+                co_return 200;
             }
         }
         if (!v) {
-            write_chunk(c, "");
-            return 200;
+            co_await write_chunk(c, "");
+            co_return 200;
         }
-        if (!write_chunk(c, json_codec::dump(v->get()) + "\n")) {
+        const std::string item = json_codec::dump(v->get()) + "\n";
+        if (!co_await write_chunk(c, item)) {
             // The client went away: the handler is cancelled (ordo.cancel).
-            st->cancel();
-            ++s.abandoned;
-            s.event("ordo gateway: stream " + r.method + " cancelled: its client went away");
-            return 200;
+            gone();
+            co_return 200;
         }
     }
 }
@@ -383,10 +392,13 @@ int serve_stream(gateway::state& s, mg_connection* c, const call_request& r) {
 namespace {
 
 // ordo.methods as {name: signature}; throws rpc_error.
-std::map<std::string, std::string> read_methods(gateway::state& s) {
+net::awaitable<std::map<std::string, std::string>> read_methods(gateway::state& s,
+                                                                const channel& via) {
     call_options o;
     o.timeout = std::chrono::milliseconds(5'000);
-    auto w = call(s, s.ch, "ordo.methods", json_codec::pack_params(json::array()), std::move(o));
+    const std::string method = "ordo.methods";  // named: see run_call
+    auto none = json_codec::pack_params(json::array());
+    auto w = co_await call(s, via, method, std::move(none), std::move(o));
     if (w->ec) throw rpc_error(w->ec, "ordo.methods", s.remote(), w->out.detail);
     std::map<std::string, std::string> m;
     const msgpack::object& obj = w->out.result;
@@ -398,7 +410,7 @@ std::map<std::string, std::string> read_methods(gateway::state& s) {
         m.emplace(std::string(kv.key.via.str.ptr, kv.key.via.str.size),
                   std::string(kv.val.via.str.ptr, kv.val.via.str.size));
     }
-    return m;
+    co_return m;
 }
 
 bool is_stream(const std::string& signature) {
@@ -407,30 +419,31 @@ bool is_stream(const std::string& signature) {
 
 }  // namespace
 
-bool method_streams(gateway::state& s, const std::string& method) {
-    std::lock_guard lk(s.methods_mu);
+net::awaitable<bool> method_streams(gateway::state& s, const std::string& method) {
     const auto now = clock_type::now();
     auto it = s.methods.find(method);
     const bool fresh = s.methods_at && now - *s.methods_at < std::chrono::seconds(10);
     const bool recent = s.methods_at && now - *s.methods_at < std::chrono::seconds(1);
     if (!(fresh && (it != s.methods.end() || recent))) {
         s.methods_at = now;
+        std::map<std::string, std::string> m;
         try {
-            s.methods = read_methods(s);
+            m = co_await read_methods(s, s.ch);
         } catch (const rpc_error&) {
-            s.methods.clear();  // not an ordo server, or unreachable: calls say why
+            // Not an ordo server, or unreachable: calls say why.
         }
+        s.methods = std::move(m);
         it = s.methods.find(method);
     }
-    return it != s.methods.end() && is_stream(it->second);
+    co_return it != s.methods.end() && is_stream(it->second);
 }
 
-reply routes(gateway::state& s) {
+net::awaitable<reply> routes(gateway::state& s, const channel& via) {
     std::map<std::string, std::string> m;
     try {
-        m = read_methods(s);
+        m = co_await read_methods(s, via);
     } catch (const rpc_error& e) {
-        return error_reply(e.code(), e.what(), e.detail());
+        co_return error_reply(e.code(), e.what(), e.detail());
     }
     json list = json::array();
     for (const auto& [name, sig] : m)
@@ -438,21 +451,23 @@ reply routes(gateway::state& s) {
                         {"method", name},
                         {"params", sig.substr(0, sig.find(')') + 1)},
                         {"stream", is_stream(sig)}});
-    {
-        std::lock_guard lk(s.methods_mu);
+    if (via.impl() == s.ch.impl()) {
         s.methods = m;
         s.methods_at = clock_type::now();
     }
     json j = {{"to", s.remote()}, {"routes", std::move(list)}};
-    return {200, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+    co_return reply{200, "application/json",
+                    j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
 
-reply healthz(gateway::state& s) {
+net::awaitable<reply> healthz(gateway::state& s, bool full) {
     call_options o;
     o.timeout = std::chrono::milliseconds(2'000);
     // The backend's own word (docs/protocol.md, "Health"): through a router, a replica that is
     // serving answers, as the router sends nothing to one that is not.
-    auto w = call(s, s.ch, "ordo.health", json_codec::pack_params(json::array()), std::move(o));
+    const std::string method = "ordo.health";  // named: see run_call
+    auto none = json_codec::pack_params(json::array());
+    auto w = co_await call(s, s.ch, method, std::move(none), std::move(o));
     // A foreign msgpack-rpc server (or an ordo without ordo.health) answers with an error: it
     // is alive, and taken as serving.
     const bool alive = !w->ec || w->ec == errc::method_not_found || w->ec == errc::remote_error ||
@@ -461,13 +476,17 @@ reply healthz(gateway::state& s) {
     if (!w->ec && w->out.result.type == msgpack::type::STR)
         said.assign(w->out.result.via.str.ptr, w->out.result.via.str.size);
     const bool ok = alive && said == "serving";
-    json j = {{"status", ok ? "ok" : "unavailable"}, {"to", s.remote()}};
-    if (!alive)
-        j["message"] = failure_text(s, "ordo.health", w->ec, w->out.detail);
-    else if (!ok)
-        j["message"] = "ordo gateway: " + s.remote() + " is not serving: it says " + said;
-    return {ok ? 200 : 503, "application/json",
-            j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+    json j = {{"status", ok ? "ok" : "unavailable"}};
+    // A caller the gateway does not know learns yes or no, not where the backend is or why.
+    if (full) {
+        j["to"] = s.remote();
+        if (!alive)
+            j["message"] = failure_text(s, "ordo.health", w->ec, w->out.detail);
+        else if (!ok)
+            j["message"] = "ordo gateway: " + s.remote() + " is not serving: it says " + said;
+    }
+    co_return reply{ok ? 200 : 503, "application/json",
+                    j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
 
 reply metrics(gateway::state& s) {
@@ -503,10 +522,7 @@ reply metrics(gateway::state& s) {
          {{"", double(s.in_flight.load())}});
     // A router's queue, read on its executor.
     if (auto rt = std::dynamic_pointer_cast<router>(s.ch.impl())) {
-        auto p = std::make_shared<std::promise<router_counters>>();
-        auto f = p->get_future();
-        net::post(rt->get_executor(), [rt, p] { p->set_value(rt->counters()); });
-        const auto c = f.get();
+        const auto c = rt->counters();  // on its executor: the gateway runs there
         line("ordo_gateway_router_queued_calls", "gauge", "Calls waiting for a replica with room",
              {{"", double(c.queued)}});
         line("ordo_gateway_router_expired_in_queue_total", "counter",

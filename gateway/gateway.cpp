@@ -1,8 +1,12 @@
 #include "ordo/gateway/gateway.hpp"
 
-// The HTTP side: civetweb's context, its options (the limits), routing a request, reading its
-// body within the limits, writing responses. What a request does on the channel is in
-// gateway/calls.cpp.
+// The HTTP side, on the channel's executor: the listener (ordo's tcp:// or tls://, with its
+// handshake caps), connections capped per address and in all (a new one closes the oldest
+// connection that has not sent a whole request yet rather than be refused), one coroutine
+// pair per connection (a reader that takes bytes as they come, so that a client that goes
+// away is noticed while its call runs; a server that reads requests and answers them in
+// order), deadlines checked by one sweep, routing, and writing responses. What a request
+// does on the channel is gateway/calls.cpp; callers and their tokens, gateway/callers.cpp.
 #include <strings.h>
 
 #include <cstring>
@@ -10,128 +14,93 @@
 #include <string>
 #include <vector>
 
+#include <asio/experimental/awaitable_operators.hpp>
+
 #include "gateway/gateway_state.hpp"
-#include "gateway/tls_front.hpp"
+#include "lib/address_group.hpp"
+#include "lib/escaped.hpp"
 #include "ordo/address.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo {
+
+gateway::state::state(channel c, gateway_options opt)
+    : ch(std::move(c)), o(std::move(opt)), ex(ch.get_executor()) {
+    if (!o.auth_tokens.empty()) check_token = authenticate_tokens(o.auth_tokens);
+}
+
+namespace gw {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-using gw::conn_data;
+using namespace std::chrono_literals;
 
-gateway::state& state_of(const mg_connection* c) {
-    return *static_cast<gateway::state*>(mg_get_user_data(mg_get_context(c)));
-}
+constexpr std::size_t read_chunk = 4096;
+constexpr std::size_t max_refusing = 64;
+constexpr auto sweep_every = 100ms;
 
-// An HTTP-level failure: civetweb writes `status` with `reason` as text and closes the
-// connection (mg_send_http_error sets its must-close flag); the others are not touched.
-int close_with(mg_connection* c, int status, const std::string& reason) {
-    auto& s = state_of(c);
-    s.count_status(status);
-    mg_send_http_error(c, status, "%s\n", reason.c_str());
-    return status;
-}
-
-int limit_close(mg_connection* c, int status, const std::string& reason) {
-    auto& s = state_of(c);
-    ++s.limit_closes;
-    s.event("ordo gateway: closing a connection: " + reason);
-    return close_with(c, status, reason);
-}
-
-// Reads the whole body, within max_body_bytes and request_timeout; nullopt when a limit closed
-// the connection.
-std::optional<std::string> read_body(mg_connection* c, const mg_request_info* ri,
-                                     gateway::state& s, int& status) {
-    const auto max = s.o.max_body_bytes;
-    if (ri->content_length > 0 && static_cast<std::uint64_t>(ri->content_length) > max) {
-        status = limit_close(c, 413,
-                             "ordo gateway: a body of " + std::to_string(ri->content_length) +
-                                 " bytes is over max_body_bytes (" + std::to_string(max) + ")");
-        return std::nullopt;
+const char* reason_phrase(int status) {
+    switch (status) {
+        case 100: return "Continue";
+        case 200: return "OK";
+        case 202: return "Accepted";
+        case 204: return "No Content";
+        case 400: return "Bad Request";
+        case 401: return "Unauthorized";
+        case 403: return "Forbidden";
+        case 404: return "Not Found";
+        case 405: return "Method Not Allowed";
+        case 408: return "Request Timeout";
+        case 413: return "Content Too Large";
+        case 415: return "Unsupported Media Type";
+        case 429: return "Too Many Requests";
+        case 431: return "Request Header Fields Too Large";
+        case 500: return "Internal Server Error";
+        case 502: return "Bad Gateway";
+        case 503: return "Service Unavailable";
+        case 504: return "Gateway Timeout";
     }
-    std::string body;
-    if (ri->content_length > 0) body.reserve(static_cast<std::size_t>(ri->content_length));
-    const auto until = clock_type::now() + s.o.request_timeout;
-    char buf[16 * 1024];
-    for (;;) {
-        const int n = mg_read(c, buf, sizeof buf);
-        if (n <= 0) break;
-        body.append(buf, static_cast<std::size_t>(n));
-        if (body.size() > max) {
-            status = limit_close(c, 413,
-                                 "ordo gateway: the body is over max_body_bytes (" +
-                                     std::to_string(max) + ")");
-            return std::nullopt;
-        }
-        if (clock_type::now() > until) {
-            status = limit_close(c, 408,
-                                 "ordo gateway: the body did not arrive within " +
-                                     std::to_string(s.o.request_timeout.count()) +
-                                     " ms (request_timeout)");
-            return std::nullopt;
-        }
-    }
-    if (ri->content_length > 0 && body.size() < static_cast<std::size_t>(ri->content_length)) {
-        status = limit_close(c, 408,
-                             "ordo gateway: the body ended after " + std::to_string(body.size()) +
-                                 " of " + std::to_string(ri->content_length) +
-                                 " bytes (cut, or slower than request_timeout)");
-        return std::nullopt;
-    }
-    return body;
+    return "Status";
 }
 
-// The request line and headers as received, give or take the separators' bytes.
-std::size_t header_bytes(const mg_request_info* ri) {
-    auto len = [](const char* p) { return p ? std::strlen(p) : 0; };
-    std::size_t n = len(ri->request_method) + len(ri->request_uri) + len(ri->query_string) + 12;
-    for (int i = 0; i < ri->num_headers; ++i)
-        n += len(ri->http_headers[i].name) + len(ri->http_headers[i].value) + 4;
-    return n + 2;
+// A response that closes the connection after it: the HTTP-level failures (a limit, a
+// malformed request), as text.
+reply closing_reply(int status, const std::string& reason) {
+    reply r{status, "text/plain", reason + "\n"};
+    r.close = true;
+    return r;
 }
 
-// RFC 9112 section 6.3: a body's length must be unambiguous. Two Content-Length headers that
-// differ, a list of lengths, or a Content-Length beside a Transfer-Encoding could be read one
-// way here and another by a proxy in front (request smuggling): 400, and the connection
-// closes.
-std::optional<std::string> framing_error(const mg_request_info* ri) {
-    const char* length = nullptr;
-    bool chunked = false;
-    for (int i = 0; i < ri->num_headers; ++i) {
-        const char* name = ri->http_headers[i].name;
-        const char* value = ri->http_headers[i].value ? ri->http_headers[i].value : "";
-        if (strcasecmp(name, "Transfer-Encoding") == 0) chunked = true;
-        if (strcasecmp(name, "Content-Length") != 0) continue;
-        if (std::strchr(value, ',') != nullptr)
-            return "ordo gateway: a Content-Length with a list of values (RFC 9112)";
-        if (length && std::strcmp(length, value) != 0)
-            return std::string("ordo gateway: two different Content-Length headers (") + length +
-                   ", " + value + "; RFC 9112)";
-        length = value;
-    }
-    if (length && chunked)
-        return "ordo gateway: Content-Length with Transfer-Encoding (RFC 9112)";
+// RFC 9112 section 6.3: a body's length must be unambiguous. http_parser refuses two
+// Content-Length headers and one beside Transfer-Encoding; this says so for what it lets
+// through, and refuses a duplicated Authorization (which of the two would be checked?).
+std::optional<reply> framing_error(const http_request& req) {
+    if (req.count("Content-Length") > 1)
+        return closing_reply(400, "ordo gateway: two Content-Length headers (RFC 9112)");
+    if (req.count("Content-Length") == 1 && req.count("Transfer-Encoding") > 0)
+        return closing_reply(400, "ordo gateway: Content-Length with Transfer-Encoding (RFC 9112)");
+    if (req.count("Authorization") > 1)
+        return closing_reply(400, "ordo gateway: more than one Authorization header");
+    if (req.count("Host") > 1)
+        return closing_reply(400, "ordo gateway: more than one Host header (RFC 9112)");
     return std::nullopt;
 }
 
 // Content-Type: application/json, with or without parameters (charset=utf-8).
-bool is_json(const mg_connection* c) {
-    const char* t = mg_get_header(c, "Content-Type");
+bool is_json(const http_request& req) {
+    const std::string* t = req.header("Content-Type");
     if (!t) return false;
-    std::string_view v(t);
+    std::string_view v(*t);
     v = v.substr(0, v.find(';'));
     while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
     return v.size() == 16 && strncasecmp(v.data(), "application/json", 16) == 0;
 }
 
 // gateway_options::allowed_hosts: the Host header's name, its port aside.
-std::optional<gw::reply> host_refused(const mg_connection* c, const gateway::state& s) {
+std::optional<reply> host_refused(const http_request& req, const gateway::state& s) {
     if (s.o.allowed_hosts.empty()) return std::nullopt;
-    const char* h = mg_get_header(c, "Host");
-    std::string host = h ? h : "";
+    const std::string* h = req.header("Host");
+    std::string host = h ? *h : "";
     if (!host.empty() && host.front() == '[') {
         host = host.substr(0, host.find(']') + 1);
     } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
@@ -139,180 +108,384 @@ std::optional<gw::reply> host_refused(const mg_connection* c, const gateway::sta
     }
     for (const auto& allowed : s.o.allowed_hosts)
         if (strcasecmp(allowed.c_str(), host.c_str()) == 0) return std::nullopt;
-    return gw::request_error(403, "forbidden_host",
-                             "ordo gateway: Host '" + host +
-                                 "' is not one this gateway serves (--allow-host)");
+    return request_error(403, "forbidden_host",
+                         "ordo gateway: Host '" + host +
+                             "' is not one this gateway serves (--allow-host)");
 }
 
 // A CORS preflight: granted to gateway_options::cors_origin only.
-gw::reply preflight(const mg_connection* c, const gateway::state& s) {
-    const char* origin = mg_get_header(c, "Origin");
-    if (!origin || s.o.cors_origin != origin)
-        return gw::request_error(403, "forbidden_origin",
-                                 "ordo gateway: origin " + std::string(origin ? origin : "(none)") +
-                                     " is not granted cross-origin calls (--cors-origin)");
-    gw::reply r;
+reply preflight(const http_request& req, const gateway::state& s) {
+    const std::string* origin = req.header("Origin");
+    if (!origin || s.o.cors_origin != *origin)
+        return request_error(403, "forbidden_origin",
+                             "ordo gateway: origin " + (origin ? *origin : "(none)") +
+                                 " is not granted cross-origin calls (--cors-origin)");
+    reply r;
     r.status = 204;
     r.type.clear();
     return r;
 }
 
-int respond(mg_connection* c, gateway::state& s, const gw::reply& r) {
-    s.count_status(r.status);
-    gw::send_reply(c, r);
-    return r.status;
-}
-
-}  // namespace
-
-namespace {
-
-int handle(mg_connection* c, gateway::state& s) {
-    const mg_request_info* ri = mg_get_request_info(c);
-    // Behind the https front, civetweb's loopback port serves the front's connections only.
-    if (s.https) {
-        const gw::tls_front* f = s.front_seen.load(std::memory_order_acquire);
-        if (!f || std::strcmp(ri->remote_addr, "127.0.0.1") != 0 ||
-            !f->relays(static_cast<std::uint16_t>(ri->remote_port)))
-            return close_with(c, 403, "ordo gateway: this port serves the https listener only");
-    }
-    if (s.connections > s.o.max_connections) {
-        ++s.refused;
-        s.event("ordo gateway: refused a connection from " + std::string(ri->remote_addr) +
-                ": " + std::to_string(s.o.max_connections) + " already open (max_connections)");
-        return close_with(c, 503,
-                          "ordo gateway: " + std::to_string(s.o.max_connections) +
-                              " connections already open (max_connections)");
-    }
-    if (auto bad = framing_error(ri)) return limit_close(c, 400, *bad);
-    const std::string_view verb = ri->request_method;
-    const std::string_view path = ri->local_uri ? ri->local_uri : "/";
-    if (auto bad = host_refused(c, s)) return respond(c, s, *bad);
-    if (verb == "OPTIONS" && !s.o.cors_origin.empty()) return respond(c, s, preflight(c, s));
+// What one request does; the reply, or nothing when it wrote its own response (a stream).
+net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
+                                           const http_request& req) {
+    if (auto bad = framing_error(req)) co_return bad;
+    const std::string& verb = req.method;
+    const std::string& path = req.path.empty() ? std::string("/") : req.path;
+    if (auto bad = host_refused(req, s)) co_return bad;
+    if (verb == "OPTIONS" && !s.o.cors_origin.empty()) co_return preflight(req, s);
     std::string token;
-    if (path != "/-/healthz")
-        if (auto refused = gw::bearer_refused(c, s, token)) return respond(c, s, *refused);
+    std::optional<reply> refused = bearer_refused(req, s, token);
+    // Health is open to probes: a caller the gateway does not know learns only yes or no.
+    if (path == "/-/healthz" && (verb == "GET" || verb == "HEAD"))
+        co_return co_await healthz(s, !s.check_token || !refused);
+    if (refused) co_return refused;
     const bool get = verb == "GET" || verb == "HEAD";
-    if (const auto n = header_bytes(ri); n > s.o.max_header_bytes)
-        return limit_close(c, 431,
-                           "ordo gateway: the request line and headers (" + std::to_string(n) +
-                               " bytes) are over max_header_bytes (" +
-                               std::to_string(s.o.max_header_bytes) + ")");
     if (path == "/metrics" && !s.o.metrics)
-        return respond(c, s,
-                       gw::request_error(404, "not_found",
-                                         "ordo gateway: /metrics is off (gateway_options::metrics, "
-                                         "ordo gateway --metrics)"));
-    if (path == "/-/routes" || path == "/-/healthz" || (path == "/metrics" && s.o.metrics)) {
+        co_return request_error(404, "not_found",
+                                "ordo gateway: /metrics is off (gateway_options::metrics, "
+                                "ordo gateway --metrics)");
+    if (path == "/-/routes" || path == "/-/healthz" || path == "/metrics") {
         if (!get)
-            return respond(c, s,
-                           gw::request_error(405, "method_not_allowed",
-                                             "ordo gateway: " + std::string(path) + " takes GET"));
-        if (path == "/-/routes") return respond(c, s, gw::routes(s));
-        if (path == "/-/healthz") return respond(c, s, gw::healthz(s));
-        return respond(c, s, gw::metrics(s));
+            co_return request_error(405, "method_not_allowed",
+                                    "ordo gateway: " + path + " takes GET");
+        if (path == "/metrics") co_return metrics(s);
+        channel via;
+        try {
+            via = co_await upstream_for(s, token);
+        } catch (const std::system_error& e) {
+            co_return error_reply(e.code(), e.what(), e.what());
+        }
+        co_return co_await routes(s, via);
     }
-    if (path.size() < 2 || path.starts_with("/-/") ||
-        path.find('/', 1) != std::string_view::npos)
-        return respond(c, s,
-                       gw::request_error(404, "not_found",
-                                         "ordo gateway: no route " + std::string(path) +
-                                             " (POST /METHOD, GET /-/routes, /-/healthz)"));
+    if (path.size() < 2 || path.starts_with("/-/") || path.find('/', 1) != std::string::npos)
+        co_return request_error(404, "not_found",
+                                "ordo gateway: no route " + path +
+                                    " (POST /METHOD, GET /-/routes, /-/healthz)");
     if (verb != "POST")
-        return respond(c, s,
-                       gw::request_error(405, "method_not_allowed",
-                                         "ordo gateway: call " + std::string(path.substr(1)) +
-                                             " with POST, not " + std::string(verb)));
-    gw::call_request r;
-    r.conn = c;
-    try {
-        r.via = gw::upstream_for(s, token);
-    } catch (const std::system_error& e) {
-        return respond(c, s, gw::error_reply(e.code(), e.what(), e.what()));
-    }
-    r.method = std::string(path.substr(1));
+        co_return request_error(405, "method_not_allowed",
+                                "ordo gateway: call " + path.substr(1) + " with POST, not " +
+                                    verb);
+    call_request r;
+    r.conn = &c;
+    r.method = path.substr(1);
     if (r.method.starts_with("ordo.") && !s.o.expose_admin)
-        return respond(c, s,
-                       gw::request_error(404, "not_found",
-                                         "ordo gateway: " + r.method +
-                                             " is reserved (ordo gateway --expose-admin, "
-                                             "gateway_options::expose_admin)"));
-    int status = 0;
-    auto body = read_body(c, ri, s, status);
-    if (!body) return status;
-    r.body = std::move(*body);
+        co_return request_error(404, "not_found",
+                                "ordo gateway: " + r.method +
+                                    " is reserved (ordo gateway --expose-admin, "
+                                    "gateway_options::expose_admin)");
     // A body must say it is JSON: a form or text/plain is what a page of another origin can
     // post without a preflight.
-    if (r.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(c))
-        return respond(c, s,
-                       gw::request_error(415, "unsupported_media_type",
-                                         "ordo gateway: call " + r.method +
-                                             ": a body needs Content-Type: application/json"));
-    if (auto bad = gw::parse_options(c, r)) return respond(c, s, *bad);
-    if (!r.notify && (r.stream || gw::method_streams(s, r.method))) {
-        status = gw::serve_stream(s, c, r);
-        s.count_status(status);
-        return status;
-    }
-    return respond(c, s, gw::run_call(s, r));
-}
-
-int on_request(mg_connection* c, void*) {
-    auto& s = state_of(c);
-    ++s.in_flight;
-    int status = 500;
+    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(req))
+        co_return request_error(415, "unsupported_media_type",
+                                "ordo gateway: call " + r.method +
+                                    ": a body needs Content-Type: application/json");
+    if (auto bad = parse_options(req, r)) co_return bad;
     try {
-        status = handle(c, s);
-    } catch (const std::exception& e) {
-        // A bug or an allocation failure: this request fails, the gateway goes on.
-        status = close_with(c, 500, std::string("ordo gateway: ") + e.what());
+        r.via = co_await upstream_for(s, token);
+    } catch (const std::system_error& e) {
+        co_return error_reply(e.code(), e.what(), e.what());
     }
-    if (auto* d = static_cast<conn_data*>(mg_get_user_connection_data(c)))
-        d->since = clock_type::now();
-    --s.in_flight;
-    return status;
-}
-
-int on_init_connection(const mg_connection* c, void** data) {
-    ++state_of(c).connections;
-    *data = new conn_data;
-    return 0;
-}
-
-void on_connection_close(const mg_connection* c) {
-    --state_of(c).connections;
-    delete static_cast<conn_data*>(mg_get_user_connection_data(c));
-    mg_set_user_connection_data(c, nullptr);
-}
-
-// civetweb's own answers to requests it could not read: named by the limit that caused them.
-int on_http_error(mg_connection* c, int status, const char* msg) {
-    auto& s = state_of(c);
-    const std::string_view m = msg ? msg : "";
-    // civetweb reads headers into a buffer of 2 x max_header_bytes (header_buffer()): beyond
-    // that it gives up with "Message too large" (413), or "Malformed message" (400).
-    const std::string over = "ordo gateway: a malformed request, or its request line and headers "
-                             "over 2 x max_header_bytes (" +
-                             std::to_string(s.o.max_header_bytes) + ")";
-    if (status == 413 && m.starts_with("Message too large")) return limit_close(c, 431, over) == 0;
-    if (status == 400 && m.starts_with("Malformed message")) {
-        // civetweb says so for bad bytes and for headers that stopped arriving alike; the time
-        // tells them apart (its clock starts when the previous response was written).
-        const auto* d = static_cast<conn_data*>(mg_get_user_connection_data(c));
-        const auto limit = std::min(s.o.request_timeout, s.o.idle_timeout);
-        if (d && clock_type::now() - d->since >= limit * 9 / 10)
-            return limit_close(c, 408,
-                               "ordo gateway: the request's headers did not arrive within " +
-                                   std::to_string(limit.count()) + " ms (request_timeout)") == 0;
-        return limit_close(c, 400, over) == 0;
+    r.body = req.body;
+    if (!r.notify && (r.stream || co_await method_streams(s, r.method))) {
+        s.count_status(co_await serve_stream(s, req, r));
+        co_return std::nullopt;
     }
-    s.count_status(status);
-    return 1;  // civetweb's own page
+    co_return co_await run_call(s, r);
 }
 
-int on_log(const mg_connection* c, const char* message) {
-    if (c) state_of(c).event(std::string("ordo gateway: civetweb: ") + message);
-    return 1;
+// Reads what arrives into c.in while the connection lives, waking the server at each read;
+// stops taking more while a whole request's worth is unread (pipelining stays bounded).
+net::awaitable<void> read_loop(gateway::state& s, connection& c) {
+    const std::size_t cap = s.o.max_header_bytes + s.o.max_body_bytes + read_chunk;
+    // Read into a buffer of its own: c.in may be compacted or grown while a read is pending.
+    auto chunk = std::make_unique<char[]>(read_chunk);
+    while (!c.eof && c.at != connection::phase::closing) {
+        if (c.unread() >= cap) {
+            co_await wait_event(c);
+            continue;
+        }
+        std::error_code ec;
+        const std::size_t n =
+            co_await c.t->async_read_some(net::buffer(chunk.get(), read_chunk), ec);
+        if (c.in_taken == c.in.size()) {
+            c.in.clear();
+            c.in_taken = 0;
+            if (c.in.capacity() > 4 * read_chunk) c.in.shrink_to_fit();
+        }
+        c.in.append(chunk.get(), n);
+        if (ec) c.eof = true;
+        c.wake.cancel();
+    }
+}
+
+// Waits up to a second for the client to end its side (what it still sends is dropped), so
+// that closing does not reset the connection before it has read the last response.
+net::awaitable<void> linger(connection& c) {
+    c.t->shutdown_send();
+    const auto until = clock_type::now() + 1s;
+    while (!c.eof && clock_type::now() < until) {
+        c.in_taken = c.in.size();
+        c.deadline = until;
+        co_await wait_event(c);
+        if (c.expired) break;
+    }
+}
+
+// Serves the requests of `c` in order until it closes.
+net::awaitable<void> serve(gateway::state& s, connection& c) {
+    using phase = connection::phase;
+    bool first = true;
+    for (;;) {
+        // A new connection has request_timeout for its first request; a kept one idle_timeout.
+        c.at = phase::waiting;
+        c.set_deadline(first ? std::min(s.o.request_timeout, s.o.idle_timeout) : s.o.idle_timeout);
+        bool continued = false;
+        while (!c.reader.ready() && !c.reader.failed()) {
+            if (c.unread() > 0) {
+                const std::string_view pending(c.in.data() + c.in_taken, c.unread());
+                c.in_taken += c.reader.feed(pending);
+                c.wake.cancel();  // a reader waiting for room may read on
+                if (c.at == phase::waiting && !c.reader.idle()) {
+                    c.at = phase::head;
+                    c.set_deadline(s.o.request_timeout);
+                }
+                if (c.at == phase::head && c.reader.head_done()) {
+                    c.at = phase::body;
+                    c.set_deadline(s.o.request_timeout);
+                    const std::string* expect = c.reader.request().header("Expect");
+                    if (!c.reader.ready() && expect && strcasecmp(expect->c_str(), "100-continue") == 0 &&
+                        !continued) {
+                        continued = true;
+                        static constexpr std::string_view go_on = "HTTP/1.1 100 Continue\r\n\r\n";
+                        if (!co_await write_all(c, go_on)) co_return;
+                    }
+                }
+                continue;
+            }
+            if (c.eof || s.stopping || c.evicted) co_return;
+            if (c.expired) {
+                if (c.at == phase::waiting) {
+                    if (!first) s.event("ordo gateway: closed an idle connection from " + c.remote +
+                                        " (idle_timeout)");
+                    co_return;
+                }
+                ++s.limit_closes;
+                const std::string what = c.at == phase::head ? "headers" : "body";
+                const std::string why =
+                    "ordo gateway: the request's " + what + " did not arrive within " +
+                    std::to_string(s.o.request_timeout.count()) + " ms (request_timeout)";
+                s.event(why + " from " + c.remote + ": closing the connection");
+                s.count_status(408);
+                http_request none;
+                const reply late = closing_reply(408, why);  // named: see calls.cpp's run_call
+                if (co_await send_reply(s, c, none, late)) co_await linger(c);
+                co_return;
+            }
+            co_await wait_event(c);
+        }
+        if (c.reader.failed()) {
+            ++s.limit_closes;
+            s.event(c.reader.error_reason() + " from " + c.remote + ": closing the connection");
+            s.count_status(c.reader.error_status());
+            http_request none;
+            const reply bad = closing_reply(c.reader.error_status(), c.reader.error_reason());
+            if (co_await send_reply(s, c, none, bad)) co_await linger(c);
+            co_return;
+        }
+        first = false;
+        c.served_one = true;
+        c.at = phase::busy;
+        c.deadline = clock_type::time_point::max();
+        http_request req = std::move(c.reader.request());
+        c.reader.next();
+        ++s.in_flight;
+        std::optional<reply> r;
+        try {
+            r = co_await route(s, c, req);
+        } catch (const std::exception& e) {
+            // A bug or an allocation failure: this request fails, the gateway goes on.
+            r = closing_reply(500, std::string("ordo gateway: ") + e.what());
+        }
+        --s.in_flight;
+        if (r) {
+            if (r->close) ++s.limit_closes;
+            s.count_status(r->status);
+            if (!co_await send_reply(s, c, req, *r)) co_return;
+            if (r->close) {
+                s.event(r->body.substr(0, r->body.size() - 1) + " from " + c.remote +
+                        ": closing the connection");
+                co_await linger(c);
+                co_return;
+            }
+        }
+        if (c.eof) co_return;
+        if (!req.keep_alive || s.stopping) {
+            co_await linger(c);
+            co_return;
+        }
+    }
+}
+
+// stop() completes once nothing of the gateway runs on the executor any more.
+void maybe_done(gateway::state& s) {
+    if (!s.stopping || !s.conns.empty() || s.tasks > 0 || s.refusing > 0 || !s.all_closed)
+        return;
+    auto done = std::move(s.all_closed);
+    s.all_closed = nullptr;
+    done();
+}
+
+void forget(gateway::state& s, connection& c) {
+    s.conns.erase(c.where);
+    if (!c.key.empty())
+        if (auto it = s.per_address.find(c.key); it != s.per_address.end() && --it->second == 0)
+            s.per_address.erase(it);
+    --s.connections;
+    maybe_done(s);
+}
+
+net::awaitable<void> run_connection(std::shared_ptr<gateway::state> s,
+                                    std::unique_ptr<connection> c) {
+    using namespace net::experimental::awaitable_operators;
+    co_await (read_loop(*s, *c) && [](gateway::state& st, connection& cn) -> net::awaitable<void> {
+        co_await serve(st, cn);
+        cn.at = connection::phase::closing;
+        cn.t->close();
+    }(*s, *c));
+    forget(*s, *c);
+}
+
+// A connection not served: answered 503 with the reason, then closed (at most max_refusing at
+// once are answered; beyond, closed without a word).
+net::awaitable<void> refuse(std::shared_ptr<gateway::state> s, std::unique_ptr<transport> t,
+                            std::string why) {
+    ++s->refused;
+    s->count_status(503);
+    s->event("ordo gateway: refused a connection from " + t->remote_address() + ": " + why);
+    if (s->refusing >= max_refusing) {
+        t->close();
+        co_return;
+    }
+    ++s->refusing;
+    const std::string out = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                            "Connection: close\r\nContent-Length: " +
+                            std::to_string(why.size() + 1) + "\r\n\r\n" + why + "\n";
+    std::error_code ec;
+    co_await t->async_write(net::buffer(out), ec);
+    if (!ec) {
+        using namespace net::experimental::awaitable_operators;
+        t->shutdown_send();
+        net::steady_timer limit(t->get_executor(), 1s);
+        char sink[1024];
+        auto drain = [&]() -> net::awaitable<void> {
+            for (int i = 0; i < 64; ++i) {
+                std::error_code e;
+                co_await t->async_read_some(net::buffer(sink), e);
+                if (e) co_return;
+            }
+        };
+        co_await (drain() || limit.async_wait(use_tuple));
+    }
+    t->close();
+    --s->refusing;
+    maybe_done(*s);
+}
+
+// Closes, at once, the oldest connection that has not sent a whole request yet (a stranger:
+// silent, or slow on purpose). False when there is none.
+bool evict_a_stranger(gateway::state& s, const std::string& key, const std::string& why) {
+    for (connection* c : s.conns) {
+        if (c->served_one || c->evicted || (!key.empty() && c->key != key)) continue;
+        c->evicted = true;
+        ++s.limit_closes;
+        s.event("ordo gateway: closed " + c->remote + " to make room: " + why);
+        c->t->close();
+        c->wake.cancel();
+        return true;
+    }
+    return false;
+}
+
+net::awaitable<void> accept_loop(std::shared_ptr<gateway::state> s) {
+    net::steady_timer backoff(s->ex);
+    while (!s->stopping) {
+        std::unique_ptr<transport> t;
+        std::string failed;
+        try {
+            t = co_await s->l->async_accept();
+        } catch (const std::system_error& e) {
+            failed = e.what();
+        }
+        if (!t) {
+            if (s->stopping) break;
+            // Out of descriptors and the like: try again shortly rather than spin or quit.
+            s->event("ordo gateway: accepting failed: " + failed);
+            backoff.expires_after(100ms);
+            co_await backoff.async_wait(use_tuple);
+            continue;
+        }
+        if (s->stopping) {
+            t->close();
+            break;
+        }
+        const std::string key = detail::address_group(t->remote_address());
+        const std::size_t mine = key.empty() ? 0 : s->per_address[key];
+        if (s->o.max_connections_per_address > 0 && mine >= s->o.max_connections_per_address &&
+            !evict_a_stranger(*s, key, std::to_string(mine) + " connections from " + key +
+                                           " (max_connections_per_address)")) {
+            net::co_spawn(s->ex,
+                          refuse(s, std::move(t),
+                                 "ordo gateway: " + std::to_string(mine) +
+                                     " connections from " + key +
+                                     " already open (max_connections_per_address)"),
+                          detail::rethrow_escaped{});
+            continue;
+        }
+        if (s->conns.size() >= s->o.max_connections &&
+            !evict_a_stranger(*s, {}, std::to_string(s->conns.size()) +
+                                          " connections open (max_connections)")) {
+            net::co_spawn(s->ex,
+                          refuse(s, std::move(t),
+                                 "ordo gateway: " + std::to_string(s->o.max_connections) +
+                                     " connections already open (max_connections)"),
+                          detail::rethrow_escaped{});
+            continue;
+        }
+        auto c = std::make_unique<connection>(std::move(t), s->o);
+        c->write_limit = s->o.idle_timeout;
+        c->key = key;
+        if (!key.empty()) ++s->per_address[key];
+        c->where = s->conns.insert(s->conns.end(), c.get());
+        ++s->connections;
+        net::co_spawn(s->ex, run_connection(s, std::move(c)), detail::rethrow_escaped{});
+    }
+    --s->tasks;
+    maybe_done(*s);
+}
+
+// Every sweep_every: connections past their deadline are woken to close (with 408 mid-request),
+// or closed at once while a response is being written to a client that does not read.
+net::awaitable<void> sweep(std::shared_ptr<gateway::state> s) {
+    while (!s->stopping) {
+        s->sweep_tick->expires_after(sweep_every);
+        co_await s->sweep_tick->async_wait(use_tuple);
+        if (s->stopping) break;
+        const auto now = clock_type::now();
+        for (connection* c : s->conns) {
+            if (c->deadline > now || c->expired) continue;
+            c->expired = true;
+            if (c->at == connection::phase::writing) {
+                ++s->limit_closes;
+                s->event("ordo gateway: " + c->remote + " did not read its response within " +
+                         std::to_string(s->o.idle_timeout.count()) + " ms (idle_timeout): closed");
+                c->t->close();
+            }
+            c->wake.cancel();
+        }
+    }
+    --s->tasks;
+    maybe_done(*s);
 }
 
 [[noreturn]] void bad_listen(const std::string& url, const std::string& why) {
@@ -322,8 +495,8 @@ int on_log(const mg_connection* c, const char* message) {
                                 url + (why.empty() ? "" : " (" + why + ")"));
 }
 
-// HOST:PORT of `url`; for https://, its certificate, key and client CA go to `s`.
-std::string listen_address(const std::string& url, gateway::state& s) {
+// The listener's URL (tcp:// for http://, tls:// for https://, with its files).
+std::string listener_url(const std::string& url) {
     const bool tls = url.rfind("https://", 0) == 0;
     if (!tls && url.rfind("http://", 0) != 0) bad_listen(url, "");
     std::string hp = url.substr(tls ? 8 : 7);
@@ -337,102 +510,104 @@ std::string listen_address(const std::string& url, gateway::state& s) {
         hp.rfind(':') == std::string::npos)
         bad_listen(url, "");
     if (!tls && !query.empty()) bad_listen(url, "parameters are for https:// only");
-    for (const auto& [key, value] : query_params(query)) {
-        if (key == "cert")
-            s.tls_cert = value;
-        else if (key == "key")
-            s.tls_key = value;
-        else if (key == "ca")
-            s.tls_ca = value;
-        else
-            bad_listen(url, "unknown parameter \"" + key + "\"");
+    bool cert = false, key = false;
+    for (const auto& [k, v] : query_params(query)) {
+        if (k == "cert")
+            cert = !v.empty();
+        else if (k == "key")
+            key = !v.empty();
+        else if (k != "ca")
+            bad_listen(url, "unknown parameter \"" + k + "\"");
     }
-    if (tls && (s.tls_cert.empty() || s.tls_key.empty()))
-        bad_listen(url, "https needs cert= and key=");
-    return hp;
+    if (tls && (!cert || !key)) bad_listen(url, "https needs cert= and key=");
+    return std::string(tls ? "tls://" : "tcp://") + hp + (query.empty() ? "" : "?" + query);
 }
-
 
 }  // namespace
 
+net::awaitable<bool> write_all(connection& c, std::string_view bytes) {
+    const auto was = c.at;
+    c.at = connection::phase::writing;
+    c.set_deadline(c.write_limit);
+    std::error_code ec;
+    co_await c.t->async_write(net::buffer(bytes.data(), bytes.size()), ec);
+    c.at = was;
+    c.deadline = clock_type::time_point::max();
+    c.expired = false;
+    if (ec) c.eof = true;
+    co_return !ec;
+}
+
+net::awaitable<void> wait_event(connection& c) {
+    // The timer never expires (it is made so): cancel() is the event, and it wakes every
+    // coroutine waiting (the reader and the server may both be).
+    co_await c.wake.async_wait(use_tuple);
+}
+
+net::awaitable<bool> send_reply(gateway::state& s, connection& c, const http_request& req,
+                                const reply& r) {
+    const std::string* conn = req.header("Connection");
+    const bool v10 = req.major == 1 && req.minor == 0;
+    std::string out;
+    out.reserve(160 + r.body.size());
+    out += "HTTP/1.1 ";
+    out += std::to_string(r.status);
+    out += ' ';
+    out += reason_phrase(r.status);
+    if (!r.type.empty()) {
+        out += "\r\nContent-Type: ";
+        out += r.type;
+    }
+    const std::string& granted = s.o.cors_origin;
+    if (const std::string* origin = req.header("Origin");
+        !granted.empty() && origin && granted == *origin) {
+        out += "\r\nAccess-Control-Allow-Origin: ";
+        out += granted;
+        out += "\r\nVary: Origin";
+        if (req.method == "OPTIONS")
+            out += "\r\nAccess-Control-Allow-Methods: POST, GET"
+                   "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
+                   "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
+    }
+    out += r.headers;
+    out += "\r\nContent-Length: ";
+    out += std::to_string(r.body.size());
+    if (r.close)
+        out += "\r\nConnection: close";
+    else if (v10 && conn && strcasecmp(conn->c_str(), "keep-alive") == 0)
+        out += "\r\nConnection: keep-alive";
+    else if (!v10 && conn && strcasecmp(conn->c_str(), "close") == 0)
+        out += "\r\nConnection: close";
+    out += "\r\n\r\n";
+    if (req.method != "HEAD") out += r.body;
+    co_return co_await write_all(c, out);
+}
+
+}  // namespace gw
+
 gateway::gateway(channel ch, gateway_options o)
-    : s_(std::make_unique<state>(std::move(ch), std::move(o))) {
-    const std::string hp = listen_address(s_->o.listen, *s_);
-    const bool tls = !s_->tls_cert.empty();
-    s_->https = tls;
-    // https: civetweb serves plain HTTP on a loopback port of its own, behind ordo's TLS.
-    const std::string civetweb_at = tls ? "127.0.0.1:0" : hp;
-    // Threads: one per connection served, and a few more that only answer refusals, so that a
-    // connection over max_connections hears why instead of waiting in civetweb's queue.
-    const auto num = [](auto v) { return std::to_string(v); };
-    const std::vector<std::string> opts = {
-        "listening_ports", civetweb_at,
-        "num_threads", num(s_->o.max_connections + 4),
-        // Headers up to 2 x max_header_bytes are read, so that those over max_header_bytes are
-        // refused by name (431); beyond, civetweb refuses them itself (on_http_error). Each
-        // civetweb thread keeps a buffer this large, whose pages a large request touches: with
-        // the default 260 threads, 8 MiB in all (at 4 x, it was 16 MiB).
-        "max_request_size", num(2 * s_->o.max_header_bytes),
-        "request_timeout_ms", num(s_->o.request_timeout.count()),
-        "keep_alive_timeout_ms", num(s_->o.idle_timeout.count()),
-        "enable_keep_alive", "yes",
-        "tcp_nodelay", "1",
-        "decode_url", "yes",
-        "enable_directory_listing", "no",
-        // civetweb's default grants every origin ("*") on its own pages: none here (see
-        // gateway_options::cors_origin).
-        "access_control_allow_origin", "",
+    : s_(std::make_shared<state>(std::move(ch), std::move(o))) {
+    const std::string lurl = gw::listener_url(s_->o.listen);
+    s_->https = lurl.rfind("tls://", 0) == 0;
+    transport_options to;
+    to.on_refused = [w = std::weak_ptr<state>(s_)](const std::string& line) {
+        if (auto s = w.lock()) s->event("ordo gateway: " + line);
     };
-    std::vector<const char*> argv;
-    for (auto& x : opts) argv.push_back(x.c_str());
-    argv.push_back(nullptr);
-    mg_callbacks cb{};
-    cb.init_connection = on_init_connection;
-    cb.connection_close = on_connection_close;
-    cb.http_error = on_http_error;
-    cb.log_message = on_log;
-    mg_init_library(0);
-    mg_error_data err{};
-    unsigned code = 0;
-    char text[256] = {};
-    err.code = &code;
-    err.text = text;
-    err.text_buffer_size = sizeof text;
-    mg_init_data init{};
-    init.callbacks = &cb;
-    init.user_data = s_.get();
-    init.configuration_options = argv.data();
-    s_->ctx = mg_start2(&init, &err);
-    if (!s_->ctx) {
-        mg_exit_library();
+    try {
+        s_->l = ordo::listen(s_->ex, lurl, to);
+    } catch (const std::system_error& e) {
         throw std::system_error(make_error_code(errc::bad_address),
-                                "ordo gateway: cannot listen on " + s_->o.listen + ": " +
-                                    (text[0] ? std::string(text) : "civetweb did not start"));
+                                "ordo gateway: cannot listen on " + s_->o.listen + ": " + e.what());
     }
-    mg_set_request_handler(s_->ctx, "/", on_request, nullptr);
-    mg_server_port ports[4] = {};
-    const int n = mg_get_server_ports(s_->ctx, 4, ports);
-    const std::string host = hp.substr(0, hp.rfind(':'));
-    std::string port = n > 0 ? std::to_string(ports[0].port) : hp.substr(hp.rfind(':') + 1);
-    if (tls) {
-        std::string front = "tls://" + hp + "?cert=" + s_->tls_cert + "&key=" + s_->tls_key;
-        if (!s_->tls_ca.empty()) front += "&ca=" + s_->tls_ca;
-        try {
-            s_->front = std::make_unique<gw::tls_front>(
-                front, static_cast<std::uint16_t>(std::stoi(port)),
-                2 * (s_->o.max_connections + 4), s_->o.on_event);
-        } catch (const std::system_error& e) {
-            mg_stop(s_->ctx);
-            s_->ctx = nullptr;
-            mg_exit_library();
-            throw std::system_error(make_error_code(errc::bad_address),
-                                    "ordo gateway: cannot listen on " + s_->o.listen + ": " +
-                                        e.what());
-        }
-        port = std::to_string(s_->front->port());
-        s_->front_seen.store(s_->front.get(), std::memory_order_release);
-    }
-    s_->url = std::string(tls ? "https://" : "http://") + host + ":" + port;
+    const address bound = parse_address(s_->l->local_address());
+    const std::string host = bound.host.find(':') != std::string::npos ? "[" + bound.host + "]"
+                                                                        : bound.host;
+    s_->url = std::string(s_->https ? "https://" : "http://") + host + ":" +
+              std::to_string(bound.port);
+    s_->sweep_tick = std::make_unique<net::steady_timer>(s_->ex);
+    s_->tasks = 2;
+    net::co_spawn(s_->ex, gw::accept_loop(s_), detail::rethrow_escaped{});
+    net::co_spawn(s_->ex, gw::sweep(s_), detail::rethrow_escaped{});
 }
 
 gateway::~gateway() {
@@ -440,25 +615,30 @@ gateway::~gateway() {
 }
 
 void gateway::stop() {
-    if (!s_->ctx) return;
-    s_->stopping = true;
-    if (s_->front) s_->front->stop();
-    mg_stop(s_->ctx);
-    s_->ctx = nullptr;
-    mg_exit_library();
-    // The callers' channels are released on their executor, as channels must be.
-    std::map<std::string, std::shared_ptr<const std::shared_future<channel>>> ups;
-    {
-        std::lock_guard lk(s_->upstream_mu);
-        ups.swap(s_->upstreams);
-    }
-    if (ups.empty()) return;
-    std::promise<void> released;
-    net::post(s_->ch.get_executor(), [&] {
-        ups.clear();
-        released.set_value();
+    if (!s_ || !s_->l) return;
+    std::promise<void> done;
+    net::post(s_->ex, [s = s_, &done] {
+        s->stopping = true;
+        s->l->close();
+        s->sweep_tick->cancel();
+        // Requests in flight have their calls cancelled (calls.cpp sees `stopping`); each
+        // connection ends, and the last one says so.
+        s->all_closed = [s, &done] {
+            // The callers' channels are released here, on their executor, as channels must be.
+            s->upstreams.clear();
+            done.set_value();
+        };
+        for (gw::connection* c : s->conns) {
+            c->wake.cancel();
+            if (c->at == gw::connection::phase::waiting || c->at == gw::connection::phase::head ||
+                c->at == gw::connection::phase::body)
+                c->t->close();
+        }
+        gw::maybe_done(*s);
     });
-    released.get_future().wait();
+    done.get_future().wait();
+    net::post(s_->ex, [s = s_] { s->l.reset(); });
+    s_->l.reset();
 }
 
 const std::string& gateway::url() const noexcept {
@@ -530,45 +710,4 @@ int http_status(std::error_code ec, const std::string& detail) {
     return 500;
 }
 
-namespace gw {
-
-void send_reply(mg_connection* c, const reply& r) {
-    const mg_request_info* ri = mg_get_request_info(c);
-    const char* conn = mg_get_header(c, "Connection");
-    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 only when asked (civetweb
-    // decides the same way whether to read another request).
-    const bool v10 = ri->http_version && std::strcmp(ri->http_version, "1.0") == 0;
-    std::string out;
-    out.reserve(160 + r.body.size());
-    out += "HTTP/1.1 ";
-    out += std::to_string(r.status);
-    out += ' ';
-    out += mg_get_response_code_text(c, r.status);
-    if (!r.type.empty()) {
-        out += "\r\nContent-Type: ";
-        out += r.type;
-    }
-    const std::string& granted = state_of(c).o.cors_origin;
-    if (const char* origin = mg_get_header(c, "Origin");
-        !granted.empty() && origin && granted == origin) {
-        out += "\r\nAccess-Control-Allow-Origin: ";
-        out += granted;
-        out += "\r\nVary: Origin";
-        if (std::strcmp(ri->request_method, "OPTIONS") == 0)
-            out += "\r\nAccess-Control-Allow-Methods: POST, GET"
-                   "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
-                   "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
-    }
-    out += r.headers;
-    out += "\r\nContent-Length: ";
-    out += std::to_string(r.body.size());
-    if (v10 && conn && strcasecmp(conn, "keep-alive") == 0) out += "\r\nConnection: keep-alive";
-    if (!v10 && conn && strcasecmp(conn, "close") == 0) out += "\r\nConnection: close";
-    out += "\r\n\r\n";
-    const bool head = std::strcmp(ri->request_method, "HEAD") == 0;
-    if (!head) out += r.body;
-    mg_write(c, out.data(), out.size());
-}
-
-}  // namespace gw
 }  // namespace ordo

@@ -30,9 +30,13 @@ void add_gateway_options(CLI::App* sub, gateway_args& a) {
             ->default_str(std::to_string(d.count()));
     };
     sub->add_option("--max-connections", o.max_connections,
-                    "connections served at once; one more is answered 503")
+                    "connections open at once; one more closes the oldest that has sent no "
+                    "whole request, else is answered 503")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    sub->add_option("--max-connections-per-address", o.max_connections_per_address,
+                    "connections open at once from one address (IPv6: a /64); 0: no cap")
+        ->capture_default_str();
     sub->add_option("--max-header-bytes", o.max_header_bytes, "request line and headers (431)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
@@ -102,8 +106,8 @@ net::awaitable<ordo::channel> connect_as(std::string url, ordo::credentials who)
 }  // namespace
 
 int run_gateway(gateway_args a) {
-    // SIGINT and SIGTERM are taken by sigwait() below, in this thread only: every thread
-    // started from here (the loop's, civetweb's) inherits the blocked mask.
+    // SIGINT and SIGTERM are taken by sigwait() below, in this thread only: the loop's thread,
+    // started from here, inherits the blocked mask.
     sigset_t stop_signals;
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);

@@ -1,4 +1,5 @@
-// ordo::gateway: HTTP/1.1 in front of any ordo channel (libordo-gateway, on civetweb).
+// ordo::gateway: HTTP/1.1 in front of any ordo channel (libordo-gateway), served on the
+// channel's own event loop.
 //
 //   POST /METHOD            body: the params as a JSON array, or one JSON value for a
 //                           one-parameter method (an array argument alone: [[1, 2]]); no body:
@@ -41,16 +42,22 @@ struct gateway_options {
     /// https://HOST:PORT?cert=F&key=F: HTTPS with that certificate and key (PEM); with &ca=F,
     /// clients must also show a certificate that CA signed.
     std::string listen = "http://127.0.0.1:8080";
-    /// Connections served at once. One more is answered 503 and closed.
-    std::size_t max_connections = 256;
-    /// A request line and headers larger than this: 413, connection closed.
+    /// Connections open at once. One more closes the oldest connection that has not sent a
+    /// whole request yet (silent or slow: a stranger), or, when every connection has, is
+    /// answered 503 and closed. Each costs a few KiB and no thread.
+    std::size_t max_connections = 10'000;
+    /// Connections open at once from one address (an IPv4 address or an IPv6 /64); one more
+    /// closes that address's oldest stranger, or is answered 503. 0: no cap.
+    std::size_t max_connections_per_address = 256;
+    /// A request line and headers larger than this: 431, connection closed.
     std::size_t max_header_bytes = 16 * 1024;
     /// A body larger than this: 413, connection closed.
     std::size_t max_body_bytes = 1024 * 1024;
     /// A request's headers, and then its body, must each arrive within this (slow clients):
-    /// else 408, connection closed.
+    /// else 408, connection closed. A new connection must begin its first request within it.
     std::chrono::milliseconds request_timeout{10'000};
-    /// A keep-alive connection with no request for this long is closed.
+    /// A keep-alive connection with no request for this long is closed; so is one whose client
+    /// does not take a response within it.
     std::chrono::milliseconds idle_timeout{30'000};
     /// The deadline of calls that carry none (0: none, or the channel's default).
     std::chrono::milliseconds default_timeout{30'000};
@@ -69,15 +76,17 @@ struct gateway_options {
     std::vector<std::string> allowed_hosts;
     /// Bearer tokens (token -> subject, as ordo::read_token_file reads them). When not empty,
     /// every request but GET /-/healthz needs `Authorization: Bearer TOKEN` with one of them:
-    /// else 401 unauthenticated.
+    /// else 401 unauthenticated (two Authorization headers: 400). /-/healthz then tells a
+    /// caller without one only whether the backend serves.
     std::map<std::string, std::string> auth_tokens;
     /// With auth_tokens: opens the channel that carries one caller's calls, presenting its
     /// token to the backend, which then names the caller itself (its own token table, e.g. the
     /// same file). Called once per token, on the gateway channel's executor. Null: every call
     /// goes over the gateway's own channel, and the backend sees the gateway as the caller.
     std::function<net::awaitable<channel>(const credentials&)> connect_as;
-    /// Called (on a gateway thread) with a line for each connection refused or closed by a
-    /// limit, and for civetweb's own errors.
+    /// Called (on the channel's executor) with a line for each connection refused or closed by
+    /// a limit and each failed TLS handshake, naming the client's address; at most 10 a
+    /// second, then one line that counts the rest.
     std::function<void(const std::string&)> on_event{};
 };
 
@@ -86,7 +95,7 @@ struct gateway_counters {
     std::uint64_t calls = 0;              ///< calls and streams started on the channel
     std::uint64_t notifications = 0;
     std::uint64_t status_2xx = 0, status_4xx = 0, status_5xx = 0;
-    std::uint64_t refused_connections = 0;  ///< over max_connections
+    std::uint64_t refused_connections = 0;  ///< over max_connections or the per-address cap
     std::uint64_t limit_closes = 0;       ///< connections closed by a size or time limit
     std::uint64_t streams_abandoned = 0;  ///< streams cancelled because their client went away
     std::uint64_t calls_abandoned = 0;    ///< calls cancelled because their client went away
@@ -102,16 +111,14 @@ int http_status(std::error_code ec, const std::string& detail);
 /// The errc's name in snake_case ("method_not_found"), or the code's message for other codes.
 std::string code_name(std::error_code ec);
 
-/// Serves HTTP on civetweb's threads (one per connection being served) and hands each call to
-/// the channel's executor (net::post); a thread waits for its own call's completion, never the
-/// executor for a thread. The channel's executor must keep running while the gateway lives.
-/// Not copyable or movable.
+/// Serves HTTP/1.1 on the channel's executor: ordo's tcp:// or tls:// listener (with its
+/// handshake caps), one coroutine pair per connection and no thread, requests read in order
+/// (pipelining included) and answered in order, calls started and awaited on that executor.
+/// The channel's executor must keep running while the gateway lives. Not copyable or movable.
 class gateway {
   public:
     /// Listens at once. Throws std::system_error (errc::bad_address) for a bad listen URL or
-    /// one that cannot be bound, naming it. Reads the channel's name (remote_address()): make
-    /// it where that is safe (on the channel's executor, or while the router's members do not
-    /// change); later names are read on the executor.
+    /// one that cannot be bound, naming it. Any thread.
     gateway(channel ch, gateway_options o);
     /// stop().
     ~gateway();
@@ -122,13 +129,14 @@ class gateway {
     const std::string& url() const noexcept;
     gateway_counters counters() const;
     /// Stops listening, closes the connections and waits for the requests in flight (their
-    /// calls complete on the channel's executor, which must still run). Idempotent.
+    /// calls are cancelled, and complete on the channel's executor, which must still run).
+    /// Idempotent. Not from the channel's executor (it waits for it).
     void stop();
 
     struct state;
 
   private:
-    std::unique_ptr<state> s_;
+    std::shared_ptr<state> s_;  // and the coroutines that run on its executor
 };
 
 }  // namespace ordo
