@@ -172,8 +172,8 @@ def http_request(addr, ctx):
 
 
 def slowloris(addr, ctx, n, stop):
-    conns = []
-    for i in range(n):
+    def begin(i):
+        """A connection from a slowloris address that starts a request and never ends it."""
         try:
             s = socket.socket()
             s.bind(("127.0.3.%d" % (1 + i % 100), 0))
@@ -181,28 +181,24 @@ def slowloris(addr, ctx, n, stop):
             if ctx:
                 s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
             s.sendall(b"POST /inc HTTP/1.1\r\n")
-            conns.append(s)
+            return s
         except OSError:
-            pass
+            return None
+
+    conns = [begin(i) for i in range(n)]
     while not stop.is_set():
         for i, s in enumerate(conns):
             try:
+                if s is None:
+                    raise OSError
                 s.sendall(b"X")
             except OSError:
                 # Closed by the gateway (request_timeout): a new one takes its place.
-                try:
-                    s = socket.socket()
-                    s.bind(("127.0.3.%d" % (1 + i % 100), 0))
-                    s.connect(addr)
-                    if ctx:
-                        s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
-                    s.sendall(b"POST /inc HTTP/1.1\r\n")
-                    conns[i] = s
-                except OSError:
-                    pass
+                conns[i] = begin(i)
         stop.wait(1.0)
     for s in conns:
-        s.close()
+        if s is not None:
+            s.close()
 
 
 def gateway_part(ordo, ordo_server, samples, strangers, d, https):
