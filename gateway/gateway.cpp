@@ -628,11 +628,12 @@ void gateway::stop() {
             s->upstreams.clear();
             done.set_value();
         };
+        // A connection serving a request finishes it (its call cancelled; calls.cpp sees
+        // `stopping`); any other (waiting, reading a request, writing to a client that may
+        // not read) is closed now.
         for (gw::connection* c : s->conns) {
             c->wake.cancel();
-            if (c->at == gw::connection::phase::waiting || c->at == gw::connection::phase::head ||
-                c->at == gw::connection::phase::body)
-                c->t->close();
+            if (c->at != gw::connection::phase::busy) c->t->close();
         }
         gw::maybe_done(*s);
     });

@@ -127,7 +127,28 @@ struct http_reader::impl {
         req.headers.back().second.append(p, n);
         return count_head(n);
     }
+    // RFC 9112 section 5: a field name is a token (no whitespace before the colon), and a
+    // value holds no line end (no obsolete line folding): either could be read another way
+    // by a proxy in front.
+    static bool is_token(std::string_view name) {
+        if (name.empty()) return false;
+        for (const char ch : name) {
+            const auto c = static_cast<unsigned char>(ch);
+            if (c <= 0x20 || c >= 0x7f || std::string_view("\"(),/:;<=>?@[\\]{}").find(ch) !=
+                                                std::string_view::npos)
+                return false;
+        }
+        return true;
+    }
+
     int headers_complete() {
+        for (const auto& [name, value] : req.headers) {
+            if (!is_token(name))
+                return fail(400, "ordo gateway: a malformed header name (RFC 9112 section 5.1)");
+            if (value.find_first_of("\r\n", 0, 3) != std::string::npos)
+                return fail(400, "ordo gateway: a header value with a line end (obsolete line "
+                                 "folding; RFC 9112 section 5.2)");
+        }
         req.method = http_method_str(static_cast<http_method>(parser.method));
         req.major = parser.http_major;
         req.minor = parser.http_minor;

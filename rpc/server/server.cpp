@@ -102,7 +102,7 @@ void server::state::serve(loop& lp, std::unique_ptr<transport> t, std::shared_pt
     if (stopping) {
         // Accepted just before a stop: not served.
         t->close();
-        at_home(lp, [s, who] { s->forget(who, {}); });
+        at_home(lp, [s, who] { s->forget(who); });
         return closed_on(lp);
     }
     detail::resume_config rc;

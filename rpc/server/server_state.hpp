@@ -229,8 +229,10 @@ struct server::state : std::enable_shared_from_this<server::state> {
     void known(const std::shared_ptr<stranger>& st);
     void unlist(stranger& st);
     void evict(const std::shared_ptr<stranger>& st, errc code, std::string why, bool tell);
-    // Its counts go (and a refused authentication is counted against its address).
-    void forget(const std::shared_ptr<stranger>& st, const std::error_code& code);
+    // Its counts go.
+    void forget(const std::shared_ptr<stranger>& st);
+    // The gate refused it: counted against its address (max_auth_failures).
+    void failed_auth(const stranger& st);
     // A served connection ended: its counts, failed authentications, and its `closed` report.
     void left(const std::shared_ptr<stranger>& st, std::string remote, std::error_code code,
               std::string why);

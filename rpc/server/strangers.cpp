@@ -85,7 +85,12 @@ std::function<auth_verdict(identity&, const credentials&)> server::state::gate_f
     return [w = weak_from_this(), st = std::move(st), auth = o.authenticate,
             intro = o.allow_introspection](identity& who, const credentials& presented) {
         auth_verdict v = auth ? auth(who, presented) : auth_verdict::accept({});
-        if (!v.accepted) return v;
+        if (!v.accepted) {
+            // Counted against the address now, not when the connection has closed: a caller
+            // that keeps refused connections open must not try more tokens meanwhile.
+            if (auto s = w.lock()) s->at_home(*st->lp, [s, st] { s->failed_auth(*st); });
+            return v;
+        }
         if (auth) {
             who.subject = v.subject;
             who.may_introspect = intro && intro(who);
@@ -124,7 +129,18 @@ void server::state::evict(const std::shared_ptr<stranger>& st, errc code, std::s
     });
 }
 
-void server::state::forget(const std::shared_ptr<stranger>& st, const std::error_code& code) {
+void server::state::failed_auth(const stranger& st) {
+    if (st.key.empty()) return;
+    address_count& a = addresses[st.key];
+    const auto now = clock::now();
+    if (now - a.failures_since >= o.strangers.auth_failure_window) {
+        a.failures = 0;
+        a.failures_since = now;
+    }
+    ++a.failures;
+}
+
+void server::state::forget(const std::shared_ptr<stranger>& st) {
     unlist(*st);
     if (st->key.empty()) return;
     auto it = addresses.find(st->key);
@@ -132,20 +148,13 @@ void server::state::forget(const std::shared_ptr<stranger>& st, const std::error
     address_count& a = it->second;
     --a.open;
     const auto now = clock::now();
-    if (!st->met && code == errc::unauthenticated) {
-        if (now - a.failures_since >= o.strangers.auth_failure_window) {
-            a.failures = 0;
-            a.failures_since = now;
-        }
-        ++a.failures;
-    }
     if (a.open == 0 && (a.failures == 0 || now - a.failures_since >= o.strangers.auth_failure_window))
         addresses.erase(it);
 }
 
 void server::state::left(const std::shared_ptr<stranger>& st, std::string remote,
                          std::error_code code, std::string why) {
-    forget(st, code);
+    forget(st);
     if (st->met)
         event(server_event::kind::closed, std::move(remote), code, std::move(why));
     else

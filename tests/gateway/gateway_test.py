@@ -749,7 +749,9 @@ class Hostile(unittest.TestCase):
                         b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n",
                         # Digits only (RFC 9110 section 8.6): not +1, not 1abc.
                         b"Content-Length: +1\r\n",
-                        b"Content-Length: 1abc\r\n"):
+                        b"Content-Length: 1abc\r\n",
+                        # Whitespace before the colon (RFC 9112 section 5.1).
+                        b"Content-Length : 1\r\n"):
             req = b"POST /inc HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n1"
             reply = raw_exchange(gw.single, req)
             self.assertIsNotNone(reply, "the connection was left open")
