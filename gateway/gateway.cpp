@@ -35,7 +35,7 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr std::size_t read_chunk = 4096;
+constexpr std::size_t min_read_chunk = 512, max_read_chunk = 16 * 1024;
 constexpr std::size_t max_refusing = 64;
 constexpr auto sweep_every = 100ms;
 
@@ -197,23 +197,40 @@ net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
 // Reads what arrives into c.in while the connection lives, waking the server at each read;
 // stops taking more while a whole request's worth is unread (pipelining stays bounded).
 net::awaitable<void> read_loop(gateway::state& s, connection& c) {
-    const std::size_t cap = s.o.max_header_bytes + s.o.max_body_bytes + read_chunk;
-    // Read into a buffer of its own: c.in may be compacted or grown while a read is pending.
-    auto chunk = std::make_unique<char[]>(read_chunk);
+    const std::size_t cap = s.o.max_header_bytes + s.o.max_body_bytes + max_read_chunk;
+    // Read into a buffer of its own (c.in may be compacted or grown while a read is pending),
+    // small while the connection waits for a request (most of 10,000 idle connections' memory
+    // would be their read buffers), doubled while reads come back full.
+    std::size_t size = min_read_chunk;
+    auto chunk = std::make_unique<char[]>(size);
     while (!c.eof && c.at != connection::phase::closing) {
         if (c.unread() >= cap) {
             co_await wait_event(c);
             continue;
         }
+        if (c.in_taken == c.in.size()) {
+            c.in_taken = 0;
+            if (c.at == connection::phase::waiting) {
+                std::string().swap(c.in);
+                if (size > min_read_chunk) {
+                    size = min_read_chunk;
+                    chunk = std::make_unique<char[]>(size);
+                }
+            } else {
+                c.in.clear();
+            }
+        }
         std::error_code ec;
-        const std::size_t n =
-            co_await c.t->async_read_some(net::buffer(chunk.get(), read_chunk), ec);
+        const std::size_t n = co_await c.t->async_read_some(net::buffer(chunk.get(), size), ec);
         if (c.in_taken == c.in.size()) {
             c.in.clear();
             c.in_taken = 0;
-            if (c.in.capacity() > 4 * read_chunk) c.in.shrink_to_fit();
         }
         c.in.append(chunk.get(), n);
+        if (n == size && size < max_read_chunk) {
+            size *= 2;
+            chunk = std::make_unique<char[]>(size);
+        }
         if (ec) c.eof = true;
         c.wake.cancel();
     }
@@ -615,7 +632,8 @@ gateway::~gateway() {
 }
 
 void gateway::stop() {
-    if (!s_ || !s_->l) return;
+    if (!s_ || stopped_) return;
+    stopped_ = true;
     std::promise<void> done;
     net::post(s_->ex, [s = s_, &done] {
         s->stopping = true;
@@ -624,8 +642,10 @@ void gateway::stop() {
         // Requests in flight have their calls cancelled (calls.cpp sees `stopping`); each
         // connection ends, and the last one says so.
         s->all_closed = [s, &done] {
-            // The callers' channels are released here, on their executor, as channels must be.
+            // The callers' channels and the listener are released here, on their executor, as
+            // they must be; nothing of the gateway runs there after this.
             s->upstreams.clear();
+            s->l.reset();
             done.set_value();
         };
         // A connection serving a request finishes it (its call cancelled; calls.cpp sees
@@ -638,8 +658,6 @@ void gateway::stop() {
         gw::maybe_done(*s);
     });
     done.get_future().wait();
-    net::post(s_->ex, [s = s_] { s->l.reset(); });
-    s_->l.reset();
 }
 
 const std::string& gateway::url() const noexcept {

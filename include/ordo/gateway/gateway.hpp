@@ -137,6 +137,7 @@ class gateway {
 
   private:
     std::shared_ptr<state> s_;  // and the coroutines that run on its executor
+    bool stopped_ = false;      // stop() has completed (touched by its caller's thread only)
 };
 
 }  // namespace ordo
