@@ -464,6 +464,26 @@ class Https(unittest.TestCase):
         ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
         ports = {int(m.group(1)) for m in re.finditer(r":(\d+)\s.*pid=%d," % pid, ss)}
         self.assertEqual(ports, {idle[1]}, ss)
+        # Event lines name the real client, over https too (no relay in between).
+        log = os.path.join(d, "events")
+        with open(log, "w") as err:
+            q = subprocess.Popen([ORDO, "gateway", "--listen",
+                                  f"https://127.0.0.1:0?cert={cert}&key={key}", "--to", url,
+                                  "--max-header-bytes", "1024"],
+                                 stdout=subprocess.PIPE, stderr=err, text=True)
+        procs.append(q)
+        gateways.append(q)
+        m = re.search(r"listening on https://(\S+):(\d+) for", q.stdout.readline())
+        raw = socket.create_connection((m.group(1), int(m.group(2))), timeout=10,
+                                       source_address=("127.0.0.3", 0))
+        t = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        t.sendall(b"POST /inc HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n")
+        self.assertIn(b"431", t.recv(4096))
+        t.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "from tls://127.0.0.3:" not in open(log).read():
+            time.sleep(0.05)
+        self.assertIn("max_header_bytes (1024) from tls://127.0.0.3:", open(log).read())
         # A listen URL that names no key is refused, naming what is missing.
         p = subprocess.run([ORDO, "gateway", "--listen", f"https://127.0.0.1:0?cert={cert}",
                             "--to", url], capture_output=True, text=True, timeout=30)
