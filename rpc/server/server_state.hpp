@@ -228,7 +228,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
         std::shared_ptr<stranger> st);
     void known(const std::shared_ptr<stranger>& st);
     void unlist(stranger& st);
-    void evict(const std::shared_ptr<stranger>& st, errc code, std::string why, bool tell);
+    void evict(std::shared_ptr<stranger> st, errc code, std::string why, bool tell);
     // Its counts go.
     void forget(const std::shared_ptr<stranger>& st);
     // The gate refused it: counted against its address (max_auth_failures).

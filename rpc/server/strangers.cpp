@@ -115,8 +115,8 @@ void server::state::unlist(stranger& st) {
     if (!st.key.empty()) --addresses[st.key].strangers;
 }
 
-void server::state::evict(const std::shared_ptr<stranger>& st, errc code, std::string why,
-                          bool tell) {
+// `st` by value: callers pass an element of `strangers`, which unlist() erases.
+void server::state::evict(std::shared_ptr<stranger> st, errc code, std::string why, bool tell) {
     unlist(*st);
     on_loop(*st->lp, [st, code, why = std::move(why), tell]() mutable {
         if (st->known) return;  // accepted meanwhile, on its loop
