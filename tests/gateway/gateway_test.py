@@ -450,7 +450,7 @@ class Https(unittest.TestCase):
         r = c.getresponse()
         self.assertEqual((r.status, r.read().decode()), (200, "2\n"))
         c.close()
-        # When civetweb closes an idle connection, the client's connection closes too.
+        # When the gateway closes an idle connection, the client sees the end of the stream.
         _, idle = gateway(url, "--max-connections", "8", "--idle-timeout-ms", "300",
                           listen=f"https://127.0.0.1:0?cert={cert}&key={key}")
         c = http.client.HTTPSConnection(*idle, timeout=10, context=ctx)
@@ -783,7 +783,7 @@ class Hostile(unittest.TestCase):
 class Limits(unittest.TestCase):
     def assert_closed_with(self, reply, status, why):
         self.assertIsNotNone(reply, "the connection was left open")
-        # civetweb answers HTTP/1.0 when it could not read the request line.
+        # (HTTP/1.0 or 1.1: the status line of a request that could not be read.)
         self.assertRegex(reply[:12], rb"^HTTP/1\.[01] %d" % status, reply[:200])
         self.assertIn(why.encode(), reply)
 
