@@ -5,8 +5,9 @@
 // connection that has not sent a whole request yet rather than be refused), one coroutine
 // pair per connection (a reader that takes bytes as they come, so that a client that goes
 // away is noticed while its call runs; a server that reads requests and answers them in
-// order), deadlines checked by one sweep, routing, and writing responses. What a request
-// does on the channel is gateway/calls.cpp; callers and their tokens, gateway/callers.cpp.
+// order), deadlines checked by one sweep, and the gateway's life (start, stop, counters). What
+// one request does is gateway/routes.cpp; on the channel, gateway/calls.cpp; callers and
+// their tokens, gateway/callers.cpp.
 #include <strings.h>
 
 #include <cstring>
@@ -38,161 +39,6 @@ using namespace std::chrono_literals;
 constexpr std::size_t min_read_chunk = 512, max_read_chunk = 16 * 1024;
 constexpr std::size_t max_refusing = 64;
 constexpr auto sweep_every = 100ms;
-
-const char* reason_phrase(int status) {
-    switch (status) {
-        case 100: return "Continue";
-        case 200: return "OK";
-        case 202: return "Accepted";
-        case 204: return "No Content";
-        case 400: return "Bad Request";
-        case 401: return "Unauthorized";
-        case 403: return "Forbidden";
-        case 404: return "Not Found";
-        case 405: return "Method Not Allowed";
-        case 408: return "Request Timeout";
-        case 413: return "Content Too Large";
-        case 415: return "Unsupported Media Type";
-        case 429: return "Too Many Requests";
-        case 431: return "Request Header Fields Too Large";
-        case 500: return "Internal Server Error";
-        case 502: return "Bad Gateway";
-        case 503: return "Service Unavailable";
-        case 504: return "Gateway Timeout";
-    }
-    return "Status";
-}
-
-// A response that closes the connection after it: the HTTP-level failures (a limit, a
-// malformed request), as text.
-reply closing_reply(int status, const std::string& reason) {
-    reply r{status, "text/plain", reason + "\n"};
-    r.close = true;
-    return r;
-}
-
-// RFC 9112 section 6.3: a body's length must be unambiguous. http_parser refuses two
-// Content-Length headers and one beside Transfer-Encoding; this says so for what it lets
-// through, and refuses a duplicated Authorization (which of the two would be checked?).
-std::optional<reply> framing_error(const http_request& req) {
-    if (req.count("Content-Length") > 1)
-        return closing_reply(400, "ordo gateway: two Content-Length headers (RFC 9112)");
-    if (req.count("Content-Length") == 1 && req.count("Transfer-Encoding") > 0)
-        return closing_reply(400, "ordo gateway: Content-Length with Transfer-Encoding (RFC 9112)");
-    if (req.count("Authorization") > 1)
-        return closing_reply(400, "ordo gateway: more than one Authorization header");
-    if (req.count("Host") > 1)
-        return closing_reply(400, "ordo gateway: more than one Host header (RFC 9112)");
-    return std::nullopt;
-}
-
-// Content-Type: application/json, with or without parameters (charset=utf-8).
-bool is_json(const http_request& req) {
-    const std::string* t = req.header("Content-Type");
-    if (!t) return false;
-    std::string_view v(*t);
-    v = v.substr(0, v.find(';'));
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-    return v.size() == 16 && strncasecmp(v.data(), "application/json", 16) == 0;
-}
-
-// gateway_options::allowed_hosts: the Host header's name, its port aside.
-std::optional<reply> host_refused(const http_request& req, const gateway::state& s) {
-    if (s.o.allowed_hosts.empty()) return std::nullopt;
-    const std::string* h = req.header("Host");
-    std::string host = h ? *h : "";
-    if (!host.empty() && host.front() == '[') {
-        host = host.substr(0, host.find(']') + 1);
-    } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
-        host.resize(colon);
-    }
-    for (const auto& allowed : s.o.allowed_hosts)
-        if (strcasecmp(allowed.c_str(), host.c_str()) == 0) return std::nullopt;
-    return request_error(403, "forbidden_host",
-                         "ordo gateway: Host '" + host +
-                             "' is not one this gateway serves (--allow-host)");
-}
-
-// A CORS preflight: granted to gateway_options::cors_origin only.
-reply preflight(const http_request& req, const gateway::state& s) {
-    const std::string* origin = req.header("Origin");
-    if (!origin || s.o.cors_origin != *origin)
-        return request_error(403, "forbidden_origin",
-                             "ordo gateway: origin " + (origin ? *origin : "(none)") +
-                                 " is not granted cross-origin calls (--cors-origin)");
-    reply r;
-    r.status = 204;
-    r.type.clear();
-    return r;
-}
-
-// What one request does; the reply, or nothing when it wrote its own response (a stream).
-net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
-                                           const http_request& req) {
-    if (auto bad = framing_error(req)) co_return bad;
-    const std::string& verb = req.method;
-    const std::string& path = req.path.empty() ? std::string("/") : req.path;
-    if (auto bad = host_refused(req, s)) co_return bad;
-    if (verb == "OPTIONS" && !s.o.cors_origin.empty()) co_return preflight(req, s);
-    std::string token;
-    std::optional<reply> refused = bearer_refused(req, s, token);
-    // Health is open to probes: a caller the gateway does not know learns only yes or no.
-    if (path == "/-/healthz" && (verb == "GET" || verb == "HEAD"))
-        co_return co_await healthz(s, !s.check_token || !refused);
-    if (refused) co_return refused;
-    const bool get = verb == "GET" || verb == "HEAD";
-    if (path == "/metrics" && !s.o.metrics)
-        co_return request_error(404, "not_found",
-                                "ordo gateway: /metrics is off (gateway_options::metrics, "
-                                "ordo gateway --metrics)");
-    if (path == "/-/routes" || path == "/-/healthz" || path == "/metrics") {
-        if (!get)
-            co_return request_error(405, "method_not_allowed",
-                                    "ordo gateway: " + path + " takes GET");
-        if (path == "/metrics") co_return metrics(s);
-        channel via;
-        try {
-            via = co_await upstream_for(s, token);
-        } catch (const std::system_error& e) {
-            co_return error_reply(e.code(), e.what(), e.what());
-        }
-        co_return co_await routes(s, via);
-    }
-    if (path.size() < 2 || path.starts_with("/-/") || path.find('/', 1) != std::string::npos)
-        co_return request_error(404, "not_found",
-                                "ordo gateway: no route " + path +
-                                    " (POST /METHOD, GET /-/routes, /-/healthz)");
-    if (verb != "POST")
-        co_return request_error(405, "method_not_allowed",
-                                "ordo gateway: call " + path.substr(1) + " with POST, not " +
-                                    verb);
-    call_request r;
-    r.conn = &c;
-    r.method = path.substr(1);
-    if (r.method.starts_with("ordo.") && !s.o.expose_admin)
-        co_return request_error(404, "not_found",
-                                "ordo gateway: " + r.method +
-                                    " is reserved (ordo gateway --expose-admin, "
-                                    "gateway_options::expose_admin)");
-    // A body must say it is JSON: a form or text/plain is what a page of another origin can
-    // post without a preflight.
-    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(req))
-        co_return request_error(415, "unsupported_media_type",
-                                "ordo gateway: call " + r.method +
-                                    ": a body needs Content-Type: application/json");
-    if (auto bad = parse_options(req, r)) co_return bad;
-    try {
-        r.via = co_await upstream_for(s, token);
-    } catch (const std::system_error& e) {
-        co_return error_reply(e.code(), e.what(), e.what());
-    }
-    r.body = req.body;
-    if (!r.notify && (r.stream || co_await method_streams(s, r.method))) {
-        s.count_status(co_await serve_stream(s, req, r));
-        co_return std::nullopt;
-    }
-    co_return co_await run_call(s, r);
-}
 
 // Reads what arrives into c.in while the connection lives, waking the server at each read;
 // stops taking more while a whole request's worth is unread (pipelining stays bounded).
@@ -559,45 +405,6 @@ net::awaitable<void> wait_event(connection& c) {
     // The timer never expires (it is made so): cancel() is the event, and it wakes every
     // coroutine waiting (the reader and the server may both be).
     co_await c.wake.async_wait(use_tuple);
-}
-
-net::awaitable<bool> send_reply(gateway::state& s, connection& c, const http_request& req,
-                                const reply& r) {
-    const std::string* conn = req.header("Connection");
-    const bool v10 = req.major == 1 && req.minor == 0;
-    std::string out;
-    out.reserve(160 + r.body.size());
-    out += "HTTP/1.1 ";
-    out += std::to_string(r.status);
-    out += ' ';
-    out += reason_phrase(r.status);
-    if (!r.type.empty()) {
-        out += "\r\nContent-Type: ";
-        out += r.type;
-    }
-    const std::string& granted = s.o.cors_origin;
-    if (const std::string* origin = req.header("Origin");
-        !granted.empty() && origin && granted == *origin) {
-        out += "\r\nAccess-Control-Allow-Origin: ";
-        out += granted;
-        out += "\r\nVary: Origin";
-        if (req.method == "OPTIONS")
-            out += "\r\nAccess-Control-Allow-Methods: POST, GET"
-                   "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
-                   "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
-    }
-    out += r.headers;
-    out += "\r\nContent-Length: ";
-    out += std::to_string(r.body.size());
-    if (r.close)
-        out += "\r\nConnection: close";
-    else if (v10 && conn && strcasecmp(conn->c_str(), "keep-alive") == 0)
-        out += "\r\nConnection: keep-alive";
-    else if (!v10 && conn && strcasecmp(conn->c_str(), "close") == 0)
-        out += "\r\nConnection: close";
-    out += "\r\n\r\n";
-    if (req.method != "HEAD") out += r.body;
-    co_return co_await write_all(c, out);
 }
 
 }  // namespace gw

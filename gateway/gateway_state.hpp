@@ -187,6 +187,14 @@ std::optional<reply> bearer_refused(const http_request& req, gateway::state& s,
 /// could not open).
 net::awaitable<channel> upstream_for(gateway::state& s, const std::string& token);
 
+/// A text/plain response that closes the connection after it: the HTTP-level failures (a
+/// limit, a malformed request).
+reply closing_reply(int status, const std::string& reason);
+/// What one request does on connection `c`: the reply, or nothing when it wrote its own
+/// response (a stream).
+net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
+                                           const http_request& req);
+
 /// Writes `r` as one HTTP/1.1 response to `req`. False when the client is gone.
 net::awaitable<bool> send_reply(gateway::state& s, connection& c, const http_request& req,
                                 const reply& r);
