@@ -74,6 +74,7 @@ void batched_comm::impl::send(std::string_view m, std::string_view body) {
         net::post(ex, [self = shared_from_this()] {
             self->flush_posted = false;
             self->flush();
+            self->notify_written();
         });
     } else if (writer_wait == wait::interval && queue.size() >= o.max_batch_bytes) {
         wake_writer();
@@ -191,11 +192,15 @@ net::awaitable<void> batched_comm::impl::write_batches() {
             c.write_since = clock::now();
         }
         if (direct && co_await write_in_steps()) break;
-        if (writing.empty()) continue;
+        if (writing.empty()) {
+            notify_written();
+            continue;
+        }
         std::error_code ec;
         const std::size_t n =
             co_await t->async_write(net::buffer(writing.data(), writing.size()) + written, ec);
         if (end_batch(written + n, ec)) break;
+        notify_written();
     }
     if (st != state::closing) co_return;
     // Flushed after close(): end our direction, then give the peer close_timeout to end its.

@@ -197,12 +197,17 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // handlers queued leaves together. It writes what the kernel takes at once; the writer
     // writes any rest.
     void flush();
+    // A write completed, outside any send(): the owner may send more (comm_options::on_written).
+    void notify_written() {
+        if (o.on_written && !detached && st != state::ended) o.on_written();
+    }
     // The reader's flush, after the messages of a read or of a turn.
     void flush_delivered() {
         if (rd == reader::delivering) rd = reader::reading;
         if (!flush_due) return;
         flush_due = false;
         flush();
+        notify_written();
     }
     // The start and the end of writing one batch (`writing`), whichever of flush() and the
     // writer writes it. end_batch() counts `n` bytes as written; true when `ec` ended the

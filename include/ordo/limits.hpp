@@ -22,6 +22,9 @@ struct limits {
     /// Most msgpack objects in one message. Decoding costs about 24 bytes of memory per object,
     /// so this bounds the decoded size of a message as max_message_bytes bounds its wire size.
     std::size_t max_objects = std::size_t{1} << 22;
+    /// Most lanes with a message in the making (in pieces) at once on one connection
+    /// (docs/protocol.md, "Lanes").
+    std::size_t max_lanes = 64;
     /// Most pairs in one call's metadata (docs/protocol.md, "Call context").
     std::size_t max_metadata_entries = 64;
     /// Most bytes of one call's metadata, its keys and values together.

@@ -33,6 +33,8 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
         o.resume = ms();
     else if (key == "max_unacked_bytes")
         o.max_unacked_bytes = number_parameter(url, key, value);
+    else if (key == "piece_bytes")
+        o.piece_bytes = number_parameter(url, key, value);
     else if (key == "token_file")
         o.credentials.token = read_token(value);
     else
@@ -409,6 +411,7 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
     if (url.substr(0, 6) == "route+") co_return co_await connect_route(url, std::move(o));
     const address a = parse_address(url);
     bool pooled = false;
+    std::string lane;  // the channel's default lane
     pool_options po;
     std::string kept;  // transport parameters (TLS files...), passed on
     for (const auto& param : a.params) {
@@ -419,6 +422,8 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
         if (key == "mode") {
             if (value != "ordered" && value != "pooled") bad(url, "mode must be ordered or pooled");
             pooled = value == "pooled";
+        } else if (key == "lane") {
+            lane = value;
         } else if (detail::apply_peer_parameter(url, key, value, o)) {
         } else if (key == "max_connections") {
             po.max_connections = std::max<std::size_t>(1, n());
@@ -448,12 +453,12 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
         po.peer = o;
         auto p = make_pool(ex, where, po);
         co_await p->async_warm_up();
-        co_return channel(std::move(p));
+        co_return channel(std::move(p)).lane(lane);
     }
     auto t = co_await async_connect_transport(where, o.transport);
     auto p = detail::make_connected_peer(std::move(t), where, std::move(o), h);
     p->start();
-    co_return channel(std::move(p));
+    co_return channel(std::move(p)).lane(lane);
 }
 
 }  // namespace

@@ -337,6 +337,9 @@ pool::~pool() {
 }
 
 void pool::start_call(std::unique_ptr<detail::pending_call> call) {
+    // Each call has a connection to itself: a lane would only cost the connection a question
+    // (ordo.features) and pieces.
+    call->lane = 0;
     s_->start_call(std::move(call));
 }
 

@@ -322,7 +322,7 @@ void router::state::arm_wait_timer() {
     });
 }
 
-void router::state::notify(std::string_view method, std::string_view params) {
+void router::state::notify(std::string_view method, std::string_view params, std::uint16_t lane) {
     if (closed) throw_error(errc::closed, "ordo: router " + name + " is closed");
     replica* best = nullptr;
     for (auto& r : reps)
@@ -331,7 +331,7 @@ void router::state::notify(std::string_view method, std::string_view params) {
     if (!best)
         throw rpc_error(make_error_code(errc::peer_lost), {}, {},
                         "ordo: notify " + std::string(method) + " failed: " + no_replica_reason());
-    best->conn->notify_raw(method, params);
+    best->conn->notify_raw_on(lane, method, params);
 }
 
 router::router(private_tag, net::any_io_executor ex, router_options o)
@@ -347,7 +347,11 @@ void router::start_call(std::unique_ptr<detail::pending_call> call) {
 }
 
 void router::notify_raw(std::string_view method, std::string_view params) {
-    s_->notify(method, params);
+    s_->notify(method, params, 0);
+}
+
+void router::notify_raw_on(std::uint16_t lane, std::string_view method, std::string_view params) {
+    s_->notify(method, params, lane);
 }
 
 const std::string& router::remote_address() const noexcept {

@@ -132,7 +132,7 @@ struct router::state {
     void schedule_pump();
     void pump();
     void arm_wait_timer();
-    void notify(std::string_view method, std::string_view params);
+    void notify(std::string_view method, std::string_view params, std::uint16_t lane);
 
     // rpc/channels/router_members.cpp: who the replicas are.
     std::shared_ptr<replica> admit(std::string url, double weight, std::string group,

@@ -57,7 +57,7 @@ void call_table::withdraw(std::uint32_t msgid, errc why) {
     count();
     e.watch.disarm(*e.call);
     abandon(msgid);
-    host_.send_cancel(msgid);
+    host_.send_cancel(msgid, e.call->lane);
     fail(std::move(e.call), why,
          why == errc::timed_out
              ? "no response within " + std::to_string(e.watch.timeout().count()) + " ms"

@@ -27,8 +27,8 @@ class call_table_host {
   public:
     virtual ~call_table_host() = default;
     /// A call was withdrawn (deadline or cancellation) while the remote side may be running
-    /// it: send ordo.cancel for `msgid`.
-    virtual void send_cancel(std::uint32_t msgid) = 0;
+    /// it: send ordo.cancel for `msgid`, on the call's `lane`.
+    virtual void send_cancel(std::uint32_t msgid, std::uint16_t lane) = 0;
     /// Held while a deadline or cancellation handler runs: the connection, kept alive.
     virtual std::weak_ptr<void> owner() = 0;
 };

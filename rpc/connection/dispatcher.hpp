@@ -56,6 +56,9 @@ class dispatcher_host {
     }
     /// A handler that ran asynchronously has finished (its answer, if any, is sent).
     virtual void handler_finished() {}
+    /// The remote side asked whether this one reads pieces (ordo.features "lanes") and was
+    /// told it does: it reads them too (docs/protocol.md, "Lanes").
+    virtual void remote_reads_lanes() {}
     /// A message was dropped with nobody to answer: a notification for a method with no
     /// handler, or whose handler threw.
     virtual void dropped(std::string_view method, errc code, std::string reason) = 0;

@@ -42,9 +42,10 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     auto& f = *call;
     // A context to send or to inherit, or calls held ahead of this one: the other way
     // (docs/protocol.md, "Call context"). Checked in one go: a plain call pays only this.
+    // A call on a named lane, or one the default lane sends as pieces, takes that way too.
     if (detail::contexts_set.load(std::memory_order_relaxed) != 0 ||
-        f.options.timeout.count() != 0 || !f.options.metadata.empty() || s.context_always)
-        [[unlikely]]
+        f.options.timeout.count() != 0 || !f.options.metadata.empty() || s.context_always ||
+        f.lane != 0 || f.params.size() > s.divert_above) [[unlikely]]
         return s.start_call_with_context(call.release());
     const std::uint32_t id = s.calls.next_id();
     try {
@@ -63,6 +64,10 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
 }
 
 void peer::notify_raw(std::string_view method, std::string_view params) {
+    notify_raw_on(0, method, params);
+}
+
+void peer::notify_raw_on(std::uint16_t lane, std::string_view method, std::string_view params) {
     if (s_->left)
         throw rpc_error(errc::peer_lost, {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
@@ -75,9 +80,10 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
         buffer b(small_buffer + params.size());
         detail::write_notification_head(b, method);
         b.write(params.data(), params.size());
-        return s_->hold_bytes(std::string_view(b.data(), b.size()), method, params);
+        return s_->hold_bytes(std::string_view(b.data(), b.size()), method, params,
+                              lane ? detail::lane_name(lane) : std::string());
     }
-    s_->sess->send(detail::notification_head(method), params);
+    s_->send_out(lane, detail::notification_head(method), params, method);
 }
 
 // ---- call context (docs/protocol.md, "Call context") ----
@@ -112,8 +118,9 @@ void peer::state::ask_features() {
     detail::write_request_head(b, id, "ordo.features");
     msgpack::packer<buffer> p(b);
     p.pack_array(1);
-    p.pack_array(1);
+    p.pack_array(2);
     p.pack(std::string_view("meta"));
+    p.pack(std::string_view("lanes"));
     sess->send(std::string_view(b.data(), b.size()));  // throws as a call's send does
     ++c.calls_started;
     calls.add(id, std::move(call));
@@ -140,8 +147,9 @@ void peer::state::hold(held_message h) {
 }
 
 void peer::state::hold_bytes(std::string_view bytes, std::string_view notification,
-                             std::string_view params) {
+                             std::string_view params, std::string_view lane) {
     held_message h;
+    h.lane.assign(lane);
     h.bytes.assign(bytes);
     h.notification.assign(notification);
     h.params.assign(params);
@@ -156,13 +164,19 @@ void peer::state::start_call_with_context(detail::pending_call* taken) {
     std::uint32_t id = 0;
     try {
         // Asked before this call takes its msgid: ordo.features goes first, with the lower one.
-        if (ctx_support == context_support::unknown) ask_if_context(f.options);
+        // (A call on a named lane asks too: whether the other side reads pieces.)
+        if (ctx_support == context_support::unknown) {
+            if (f.lane != 0)
+                ask_features();
+            else
+                ask_if_context(f.options);
+        }
         id = calls.next_id();
         if (f.stream)
             send_stream_request(id, f);
         else
             send_request(id, f.method, std::string_view(f.params.data(), f.params.size()),
-                         f.options);
+                         f.options, f.lane);
     } catch (const std::system_error& e) {
         return calls.fail(std::move(call), e.code(), e.what());
     }
@@ -172,7 +186,7 @@ void peer::state::start_call_with_context(detail::pending_call* taken) {
 }
 
 void peer::state::send_request(std::uint32_t id, std::string_view method, std::string_view params,
-                               const call_options& opts) {
+                               const call_options& opts, std::uint16_t lane) {
     const auto timeout = opts.timeout.count() > 0 ? opts.timeout : o.default_timeout;
     const bool has_context = timeout.count() > 0 || !opts.metadata.empty();
     // Checked here, whether it is sent now, held or sent plain; encoded once for the calls
@@ -181,11 +195,12 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
     if (!opts.metadata.empty()) pairs = ctx_pairs.pack(method, opts.metadata, timeout.count() > 0);
     if (!has_context || ctx_support == context_support::no) {
         // Plain: held behind what waits for the answer, if anything does.
+        if (!holding) return send_out(lane, detail::request_head(id, method), params);
         buffer b(small_buffer + params.size());
         detail::write_request_head(b, id, method);
         b.write(params.data(), params.size());
-        if (!holding) return sess->send(std::string_view(b.data(), b.size()));
         held_message h;
+        if (lane) h.lane = detail::lane_name(lane);
         h.bytes.assign(b.data(), b.size());
         h.request = true;
         h.msgid = id;
@@ -197,14 +212,16 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         // connection keeps (no allocation per call).
         char small[detail::small_context_head];
         if (const std::size_t n = detail::write_small_context_head(
-                small, id, method, params, opts.metadata.size(), timeout, timeout.count() > 0))
+                small, id, method, params, opts.metadata.size(), timeout, timeout.count() > 0);
+            n > 0 && lane == 0)
             return sess->send(std::string_view(small, n), pairs);
         ctx_scratch.clear();
         detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
                                            timeout, timeout.count() > 0);
-        return sess->send(std::string_view(ctx_scratch.data(), ctx_scratch.size()), pairs);
+        return send_out(lane, std::string_view(ctx_scratch.data(), ctx_scratch.size()), pairs);
     }
     held_message h;
+    if (lane) h.lane = detail::lane_name(lane);
     h.request = true;
     h.msgid = id;
     h.method.assign(method);
@@ -248,15 +265,19 @@ void peer::state::features_answered(std::error_code ec, const call_outcome& out)
     }
     // Any error answer is a peer that does not know ordo.features (method_not_found from a
     // plain msgpack-rpc peer) or does not answer it in time: it gets plain calls.
-    bool yes = false;
+    bool yes = false, lanes = false;
     if (!ec && out.result.type == msgpack::type::ARRAY) {
         const auto& a = out.result.via.array;
-        for (std::uint32_t i = 0; i < a.size; ++i)
-            if (a.ptr[i].type == msgpack::type::STR &&
-                std::string_view(a.ptr[i].via.str.ptr, a.ptr[i].via.str.size) == "meta")
-                yes = true;
+        for (std::uint32_t i = 0; i < a.size; ++i) {
+            if (a.ptr[i].type != msgpack::type::STR) continue;
+            const std::string_view name(a.ptr[i].via.str.ptr, a.ptr[i].via.str.size);
+            yes = yes || name == "meta";
+            lanes = lanes || name == "lanes";
+        }
     }
     ctx_support = yes ? context_support::yes : context_support::no;
+    lanes_ok = lanes_ok || lanes;
+    update_divert();
     const auto now = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < waiting.size(); ++i) {
         auto& h = waiting[i];
@@ -266,7 +287,7 @@ void peer::state::features_answered(std::error_code ec, const call_outcome& out)
         if (h.request && !calls.contains(h.msgid)) continue;
         try {
             if (!h.bytes.empty()) {
-                sess->send(h.bytes);
+                send_named(h.lane, h.bytes, {}, h.notification);
                 continue;
             }
             buffer b(small_buffer + h.params.size());
@@ -281,7 +302,7 @@ void peer::state::features_answered(std::error_code ec, const call_outcome& out)
                 detail::write_request_head(b, h.msgid, h.method);
                 b.write(h.params.data(), h.params.size());
             }
-            sess->send(std::string_view(b.data(), b.size()));
+            send_named(h.lane, std::string_view(b.data(), b.size()), {});
         } catch (const std::system_error& e) {
             // Taken, and now it cannot be sent (its output is full): the connection ends,
             // loudly, and what was held fails with it or is told undelivered.
@@ -304,7 +325,7 @@ net::any_io_executor peer::get_executor() const {
 }
 
 void peer::close() {
-    s_->sess->close();
+    s_->close_session({}, {});
     s_->hold_until_ended();
 }
 void peer::close(errc code, std::string reason) {
@@ -317,7 +338,7 @@ void peer::close(errc code, std::string reason) {
             // Full or ending: it closes without a word.
         }
     }
-    s_->sess->close(std::move(reason));
+    s_->close_session({}, std::move(reason));
     s_->hold_until_ended();
 }
 void peer::abort() {

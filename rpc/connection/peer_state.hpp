@@ -8,11 +8,15 @@
 // caller's side of streaming calls (ordo.stream, ordo.credit).
 #pragma once
 
+#include <limits>
+#include <optional>
+
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "rpc/connection/call_table.hpp"
 #include "rpc/connection/context.hpp"
 #include "rpc/connection/dispatcher.hpp"
+#include "rpc/connection/lanes.hpp"
 #include "rpc/connection/liveness.hpp"
 #include "rpc/connection/session.hpp"
 
@@ -26,13 +30,18 @@ struct peer::state final : detail::call_table_host,
           detail::resume_config rc)
         : self(p),
           o(std::move(opt)),
+          h(h),
           ex(t->get_executor()),
           remote(t->remote_address()),
           closed_event(ex, std::chrono::steady_clock::time_point::max()),
           eof_probe(ex),
           live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
           calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
-          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c) {
+          disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c),
+          lanes_out(o.piece_bytes,
+                    [this](std::string_view head, std::string_view body) { sess->send(head, body); },
+                    [this] { return sess->counters().buffered_bytes; }),
+          piece_timer(ex) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         context_always = o.default_timeout.count() > 0;
         rc.max_unacked_bytes = o.max_unacked_bytes;
@@ -42,6 +51,10 @@ struct peer::state final : detail::call_table_host,
                                 std::map<std::string, std::string>{{"token", o.credentials.token}});
             rc.credentials_message.assign(b.data(), b.size());
         }
+        // A completed write makes room for the next pieces (lanes), when some wait.
+        o.comm.on_written = [this] {
+            if (!lanes_out.empty()) lanes_written();
+        };
         sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
                                                  [this](const close_result& r) { on_ended(r); });
     }
@@ -55,6 +68,7 @@ struct peer::state final : detail::call_table_host,
 
     peer& self;
     peer_options o;
+    const handlers* h;
     net::any_io_executor ex;
     std::string remote;
     peer_counters c;
@@ -95,6 +109,8 @@ struct peer::state final : detail::call_table_host,
         if (m.kind == message_kind::notification) {
             if (m.method == "ordo.item")  // an item of one of this side's streams
                 return calls.on_item(m, wire_bytes);
+            if (m.method == "ordo.piece") [[unlikely]]
+                return on_piece(m);
         } else if (m.kind == message_kind::response) {
             return on_response(m);
         } else if (m.meta.type != msgpack::type::NIL) [[unlikely]] {
@@ -162,11 +178,11 @@ struct peer::state final : detail::call_table_host,
             auto keep = w.lock();
             if (!keep) return;
             leave_posted = false;
-            if (left || !sess->is_open() || calls.waiting() > 0 || disp.running() > 0 ||
-                disp.queued() > 0)
+            if (left || !sess->is_open() || calls.waiting() > 0 || running_all() > 0 ||
+                queued_all() > 0)
                 return;
             left = true;
-            sess->close(make_error_code(errc::peer_lost), heard_eof ? eof_why : goaway_why);
+            close_session(make_error_code(errc::peer_lost), heard_eof ? eof_why : goaway_why);
         });
     }
     void handler_finished() override {
@@ -194,7 +210,7 @@ struct peer::state final : detail::call_table_host,
             sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
         fail_all_calls(code, eof_why);
         leave_when_idle();
-        if (disp.running() > 0 || disp.queued() > 0) {
+        if (running_all() > 0 || queued_all() > 0) {
             send_ping();
             live.note_work();
             eof_probe.expires_after(std::chrono::milliseconds(100));
@@ -231,7 +247,9 @@ struct peer::state final : detail::call_table_host,
         eof_probe.cancel();
         fail_all_calls(code, why);
         sess->report_undelivered(r, o.on_undelivered, c);
+        end_lanes(code, why);
         disp.stop();
+        for (auto& l : lane_parts) l->disp.stop();
         ended = true;
         closed_event.cancel();
         auto fns = std::move(closed_fns);
@@ -246,6 +264,7 @@ struct peer::state final : detail::call_table_host,
     enum class context_support : std::uint8_t { unknown, asking, yes, no };
     context_support ctx_support = context_support::unknown;
     struct held_message {
+        std::string lane;          // the lane it goes on (docs/protocol.md "Lanes")
         std::string bytes;         // as it goes out; empty for a call with a context
         std::string notification;  // a notification's method (told undelivered if dropped)
         bool request = false;      // a call (msgid): not sent if withdrawn meanwhile
@@ -279,14 +298,15 @@ struct peer::state final : detail::call_table_host,
     }
 
     // The connection's way out for what keeps order with calls (rpc/connection/peer.cpp).
-    void send_ordered(std::string_view bytes) {
+    void send_ordered(std::string_view bytes, std::uint16_t lane = 0) {
         if (holding) [[unlikely]]
-            return hold_bytes(bytes, {}, {});
-        sess->send(bytes);
+            return hold_bytes(bytes, {}, {}, lane ? detail::lane_name(lane) : std::string());
+        send_out(lane, bytes, {});
     }
     // Holds a message (throws errc::overloaded over the bound).
     void hold(held_message h);
-    void hold_bytes(std::string_view bytes, std::string_view notification, std::string_view params);
+    void hold_bytes(std::string_view bytes, std::string_view notification, std::string_view params,
+                    std::string_view lane = {});
     // Tells on_undelivered of the held notifications from `from` on (counted, guarded).
     void report_held(std::vector<held_message>& waiting, std::size_t from, std::error_code ec,
                      const std::string& why);
@@ -297,11 +317,106 @@ struct peer::state final : detail::call_table_host,
     [[gnu::always_inline]] bool refuse_call(std::unique_ptr<detail::pending_call>& call);
     // A request with its context (or held behind what waits): `params` the encoded array.
     void send_request(std::uint32_t id, std::string_view method, std::string_view params,
-                      const call_options& opts);
+                      const call_options& opts, std::uint16_t lane = 0);
     void ask_features();
     // Asks (ordo.features) if a call with `opts` has a context to send; the answer is unknown.
     void ask_if_context(const call_options& opts);
     void features_answered(std::error_code ec, const call_outcome& out);
+
+    // ---- lanes (docs/protocol.md "Lanes"; rpc/connection/peer_lanes.cpp) ----
+
+    detail::lane_writer lanes_out;
+    detail::lane_reader lanes_in;
+    detail::read_area lane_area{256};  // a whole message from pieces is decoded into it
+    bool lanes_ok = false;             // the other side reads ordo.piece
+    // A default-lane message larger than this goes as pieces: SIZE_MAX while the other side
+    // does not read pieces, 0 while the default lane has pieces waiting (what follows them on
+    // that lane waits behind them), else the piece size.
+    std::size_t divert_above = std::numeric_limits<std::size_t>::max();
+    // close() came while pieces waited: the session closes once they have all gone.
+    bool close_after_lanes = false;
+    std::error_code lanes_close_code;
+    std::string lanes_close_reason;
+    net::steady_timer piece_timer;  // message_timeout for a message in the making
+    bool piece_timer_armed = false;
+    // A named lane's dispatcher: the lane's messages in order, independent of other lanes.
+    struct lane_part final : detail::dispatcher_host {
+        lane_part(state& s, std::string_view lane_name);
+        state& s;
+        std::string name;
+        bool paused = false;
+        detail::dispatcher disp;
+        void send_response(const buffer& b) override;
+        void pause_reading(bool p) override;
+        void handler_started() override { s.handler_started(); }
+        std::shared_ptr<void> keep_alive() override { return s.keep_alive(); }
+        void remote_closing(std::error_code code, std::string reason) override {
+            s.remote_closing(code, std::move(reason));
+        }
+        void remote_going_away(std::chrono::milliseconds grace, std::string reason) override {
+            s.remote_going_away(grace, std::move(reason));
+        }
+        void handler_finished() override { s.handler_finished(); }
+        void dropped(std::string_view method, errc code, std::string reason) override {
+            s.dropped(method, code, std::move(reason));
+        }
+        void remote_reads_lanes() override { s.remote_reads_lanes(); }
+    };
+    std::vector<std::unique_ptr<lane_part>> lane_parts;
+
+    // The way out for a message on `lane`: a default-lane message that needs no pieces goes
+    // straight to the session, as without lanes.
+    [[gnu::always_inline]] void send_out(std::uint16_t lane, std::string_view head,
+                                         std::string_view body,
+                                         std::string_view notification = {}) {
+        if (lane == 0 && head.size() + body.size() <= divert_above) [[likely]]
+            return sess->send(head, body);
+        send_on_lane(lane == 0 ? std::string_view() : std::string_view(detail::lane_name(lane)),
+                     head, body, notification);
+    }
+    // The same for a lane by name (a named lane's answers, what was held).
+    void send_named(std::string_view lane, std::string_view head, std::string_view body,
+                    std::string_view notification = {}) {
+        if (lane.empty() && head.size() + body.size() <= divert_above)
+            return sess->send(head, body);
+        send_on_lane(lane, head, body, notification);
+    }
+    // A message on a named lane, or one the default lane sends as pieces (or holds behind
+    // them); toward a peer that has not said it reads pieces, held until ordo.features is
+    // answered, or sent plain once it said it does not.
+    [[gnu::cold]] void send_on_lane(std::string_view name, std::string_view head,
+                                    std::string_view body, std::string_view notification);
+    void update_divert() {
+        divert_above = !lanes_ok                  ? std::numeric_limits<std::size_t>::max()
+                       : lanes_out.busy({})       ? 0
+                                                  : lanes_out.piece_bytes();
+    }
+    void remote_reads_lanes() override {
+        lanes_ok = true;
+        update_divert();
+    }
+    // A piece arrived: a whole message, once its last piece is in, goes where it would have
+    // gone, on its lane.
+    [[gnu::cold]] void on_piece(message& m);
+    void arm_piece_timer();
+    // A write completed: the next pieces go.
+    void lanes_written();
+    // Connection or session ended: pieces waiting are dropped (the notifications among them
+    // told undelivered), messages in the making too.
+    void end_lanes(std::error_code code, const std::string& why);
+    // Closes the session, or once the pieces waiting have gone.
+    void close_session(std::error_code code, std::string reason);
+    detail::dispatcher& dispatcher_of(std::string_view lane);
+    std::size_t running_all() const {
+        std::size_t n = disp.running();
+        for (const auto& l : lane_parts) n += l->disp.running();
+        return n;
+    }
+    std::size_t queued_all() const {
+        std::size_t n = disp.queued();
+        for (const auto& l : lane_parts) n += l->disp.queued();
+        return n;
+    }
 
     // ---- the parts' view of the connection ----
 
@@ -312,7 +427,9 @@ struct peer::state final : detail::call_table_host,
         // The next session may meet a restarted server: ask again.
         ctx_support = context_support::unknown;
         sess->report_undelivered(r, o.on_undelivered, c);
+        end_lanes(r.code, r.reason);
         disp.restart();
+        for (auto& l : lane_parts) l->disp.restart();
         if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
     }
     void session_opened(bool resumed) override {
@@ -324,32 +441,36 @@ struct peer::state final : detail::call_table_host,
 
     // rpc/streams/peer_stream.cpp.
     void send_stream_request(std::uint32_t id, detail::pending_call& call);
-    void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes);
+    void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
+                     std::uint16_t lane);
 
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
     // output is full) ends the connection instead, as a response that cannot be sent does.
     template <class Encode>
-    void send_control(Encode encode) {
+    void send_control(Encode encode, std::uint16_t lane) {
         try {
             buffer b(small_buffer);
             encode(b);
-            send_ordered(std::string_view(b.data(), b.size()));
+            send_ordered(std::string_view(b.data(), b.size()), lane);
         } catch (const std::system_error& e) {
             if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         }
     }
 
-    void send_cancel(std::uint32_t msgid) override {
+    // On the call's lane, behind its request. Before the connection may leave: a goaway's
+    // leave_when_idle() must find the cancel already queued.
+    void send_cancel(std::uint32_t msgid, std::uint16_t lane) override {
+        if (sess->is_open())
+            send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); }, lane);
         if (heard_goaway) leave_when_idle();  // a call withdrawn: maybe nothing is pending now
-        if (!sess->is_open()) return;
-        send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); });
     }
 
-    void send_response(const buffer& b) override {
+    void send_response(const buffer& b) override { send_response_on(0, b); }
+    void send_response_on(std::uint16_t lane, const buffer& b) {
         if (answers_stopped || !sess->is_open()) return;
         try {
-            sess->send(std::string_view(b.data(), b.size()));
+            send_out(lane, std::string_view(b.data(), b.size()), {});
         } catch (const std::system_error& e) {
             // Refusing a response would leave its caller waiting: end the connection loudly.
             if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
@@ -360,11 +481,29 @@ struct peer::state final : detail::call_table_host,
         }
     }
     void pause_reading(bool paused) override {
+        if (!lane_parts.empty()) return pause_lane(disp_paused, paused);
+        disp_paused = paused;
         sess->pause_reading(paused);
         reading_paused = paused;
         if (!paused) resumed_reading = std::chrono::steady_clock::now();
     }
+    bool disp_paused = false;
+    // Reading stops while any lane's dispatcher asks (its queue is full).
+    void pause_lane(bool& flag, bool paused) {
+        if (flag == paused) return;
+        flag = paused;
+        std::size_t n = disp_paused ? 1 : 0;
+        for (const auto& l : lane_parts) n += l->paused ? 1 : 0;
+        const bool any = n > 0;
+        if (any == reading_paused) return;
+        sess->pause_reading(any);
+        reading_paused = any;
+        if (!any) resumed_reading = std::chrono::steady_clock::now();
+    }
     void handler_started() override { live.note_work(); }
+    void acknowledged() override {
+        if (!lanes_out.empty()) lanes_written();
+    }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
     void remote_closing(std::error_code code, std::string reason) override {
         sess->note_remote_reason(code, std::move(reason));
@@ -375,7 +514,7 @@ struct peer::state final : detail::call_table_host,
     }
 
     std::size_t calls_waiting() const override { return calls.waiting(); }
-    std::size_t handlers_running() const override { return disp.running(); }
+    std::size_t handlers_running() const override { return running_all(); }
     // While this side does not read (its queue is full), the peer's silence is this side's
     // own doing: the watchdog counts it from when reading resumed, not from the last bytes
     // read before the pause (a server busy with a long queue took a live caller for dead).

@@ -33,22 +33,26 @@ void dispatcher::on_reserved(const message& m) {
         }
     } else if (m.method == "ordo.features" && req) {
         // [[feature, ...]] asked: answered with those this side reads ("meta": a request's
-        // context, docs/protocol.md "Call context"), whatever else was asked.
-        bool meta = false;
+        // context, docs/protocol.md "Call context"; "lanes": pieces, "Lanes"), whatever else
+        // was asked.
+        bool meta = false, lanes = false;
         const auto& a = m.params.via.array;
         if (a.size >= 1 && a.ptr[0].type == msgpack::type::ARRAY)
             for (std::uint32_t i = 0; i < a.ptr[0].via.array.size; ++i) {
                 const auto& f = a.ptr[0].via.array.ptr[i];
-                if (f.type == msgpack::type::STR &&
-                    std::string_view(f.via.str.ptr, f.via.str.size) == "meta")
-                    meta = true;
+                if (f.type != msgpack::type::STR) continue;
+                const std::string_view name(f.via.str.ptr, f.via.str.size);
+                meta = meta || name == "meta";
+                lanes = lanes || name == "lanes";
             }
         buffer b(small_buffer);
         write_response_head(b, m.msgid);
         msgpack::packer<buffer> p(b);
-        p.pack_array(meta ? 1 : 0);
+        p.pack_array((meta ? 1 : 0) + (lanes ? 1 : 0));
         if (meta) p.pack(std::string_view("meta"));
+        if (lanes) p.pack(std::string_view("lanes"));
         host_.send_response(b);
+        if (lanes) host_.remote_reads_lanes();
     } else if (m.method == "ordo.health" && req) {
         answer_health(m);
     } else if (m.method == "ordo.cancel") {

@@ -396,8 +396,9 @@ void session::report_undelivered(const close_result& r,
                                  const std::function<void(const undelivered_notification&)>& report,
                                  peer_counters& c) const {
     for (const auto& bytes : r.undelivered) {
-        // Only notifications are reported (calls fail on their own).
-        if (!is_notification_head(bytes)) continue;
+        // Only notifications are reported (calls fail on their own); pieces (ordo.piece) are
+        // the lanes' to report (peer::state::end_lanes), by the message they were part of.
+        if (!is_notification_head(bytes) || bytes.substr(2, 11) == "\xaaordo.piece") continue;
         try {
             message m = decode_message(bytes, options_.limits);
             if (m.kind != message_kind::notification) continue;

@@ -131,6 +131,9 @@ class session_host {
     /// read. True: the host serves what it read and closes the session itself; false: the
     /// connection ends as lost.
     virtual bool peer_finished_sending() { return false; }
+    /// A resumable session: the other side acknowledged messages, so that more may be sent
+    /// (max_unacked_bytes).
+    virtual void acknowledged() {}
 };
 
 /// How a session resumes, and how its connections are let in.

@@ -173,6 +173,7 @@ bool session::on_control(std::string_view bytes) {
         sent_.drop_until(n);
         note_unacked();
         changed();
+        host_.acknowledged();
         return true;
     }
     if (is_control_notification(bytes, "ordo.bye")) {

@@ -26,20 +26,23 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
         o.default_timeout.count() > 0 || holding)
         // With its context (docs/protocol.md, "Call context"), or held behind what waits.
         send_request(id, "ordo.stream", std::string_view(b.data() + head, b.size() - head),
-                     call.options);
+                     call.options, call.lane);
     else
-        sess->send(std::string_view(b.data(), b.size()));
-    call.stream->attach(
-        [w = self.weak_from_this(), ex = ex, id](std::uint32_t n, std::uint64_t bytes) {
-            net::post(ex, [w, id, n, bytes] {
-                if (auto p = w.lock()) p->s_->send_credit(id, n, bytes);
-            });
+        send_out(call.lane, std::string_view(b.data(), b.size()), {});
+    call.stream->attach([w = self.weak_from_this(), ex = ex, id, lane = call.lane](
+                            std::uint32_t n, std::uint64_t bytes) {
+        net::post(ex, [w, id, n, bytes, lane] {
+            if (auto p = w.lock()) p->s_->send_credit(id, n, bytes, lane);
         });
+    });
 }
 
-void peer::state::send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes) {
+// On the stream's lane, behind its request.
+void peer::state::send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
+                              std::uint16_t lane) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
-    send_control([&](buffer& b) { encode_notification(b, "ordo.credit", msgid, n, bytes); });
+    send_control([&](buffer& b) { encode_notification(b, "ordo.credit", msgid, n, bytes); },
+                 lane);
 }
 
 }  // namespace ordo

@@ -22,7 +22,7 @@ using test::wait_until;
 struct fake_host final : detail::call_table_host {
     std::vector<std::uint32_t> cancels;
     std::shared_ptr<int> token = std::make_shared<int>(0);
-    void send_cancel(std::uint32_t id) override { cancels.push_back(id); }
+    void send_cancel(std::uint32_t id, std::uint16_t) override { cancels.push_back(id); }
     std::weak_ptr<void> owner() override { return token; }
 };
 

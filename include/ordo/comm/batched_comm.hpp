@@ -67,6 +67,9 @@ struct comm_options {
     std::chrono::milliseconds close_timeout{5000};
     /// Called at the start of every write (tracing, tests). Runs on the comm's executor.
     std::function<void(const write_event&)> on_write;
+    /// Called when a write has completed and the owner may send more (ordo::peer hands the
+    /// next pieces of its lanes then). Never from inside send(); on the comm's executor.
+    std::function<void()> on_written;
     /// The memory budget this connection charges its read buffer and its unwritten output to
     /// (set by ordo::server from server_options::memory_budget on the connections it accepts;
     /// null: none). While the budget is used up, the reader still reads into the buffer it has

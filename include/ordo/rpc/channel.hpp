@@ -101,6 +101,18 @@ class channel {
         impl_->notify_raw(method, std::string_view(params.data(), params.size()));
     }
 
+    /// A channel on the same connection (or pool, or router) whose calls and notifications go
+    /// on lane `name` (docs/protocol.md "Lanes"): in order with one another, and in no order
+    /// with other lanes', whose large messages they do not wait behind (nor they behind
+    /// theirs); the remote side runs each lane's handlers apart, one serial handler at a time
+    /// per lane. "" is the default lane, where every channel starts. Toward a peer that does
+    /// not read lanes (a plain msgpack-rpc peer, an older ordo) everything goes on one lane, as
+    /// before. Cheap: a handle; close() on it closes what it shares. Throws rpc_error
+    /// (bad_arguments) for a name over 64 bytes, or beyond 4,096 lane names in one process.
+    channel lane(std::string_view name) const;
+    /// Its lane's id (0: the default lane).
+    std::uint16_t lane_id() const noexcept;
+
     const std::string& remote_address() const noexcept { return impl_->remote_address(); }
     net::any_io_executor get_executor() const { return impl_->get_executor(); }
     const std::shared_ptr<channel_impl>& impl() const noexcept { return impl_; }

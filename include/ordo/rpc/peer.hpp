@@ -124,6 +124,12 @@ struct peer_options {
     /// any call; docs/protocol.md "Authentication"); the URL parameter token_file=PATH reads
     /// the token from a file. Pools and routers present it on each of their connections.
     ordo::credentials credentials;
+    /// Lanes (docs/protocol.md "Lanes"; channel::lane): toward a peer that reads them, a
+    /// message larger than this goes on the wire in pieces of this size, which the writer
+    /// interleaves with other lanes' messages (a message on a named lane always goes as
+    /// pieces). Small messages then wait for about one piece, not for a whole large message.
+    /// URL parameter piece_bytes. 0: 64 KiB.
+    std::size_t piece_bytes = 64 * 1024;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;
@@ -183,6 +189,8 @@ class peer final : public channel_impl, public std::enable_shared_from_this<peer
 
     void start_call(std::unique_ptr<detail::pending_call> call) override;
     void notify_raw(std::string_view method, std::string_view params) override;
+    void notify_raw_on(std::uint16_t lane, std::string_view method,
+                       std::string_view params) override;
     const std::string& remote_address() const noexcept override;
     /// Who the other side is: its address, what its transport proved (certificate, unix
     /// credentials) and, on a server that authenticates (server_options::authenticate), the

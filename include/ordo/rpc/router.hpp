@@ -316,6 +316,8 @@ class router final : public channel_impl, public std::enable_shared_from_this<ro
     void start_call(std::unique_ptr<detail::pending_call> call) override;
     /// Sends a one-way message to one replica (least loaded); unordered between replicas.
     void notify_raw(std::string_view method, std::string_view params) override;
+    void notify_raw_on(std::uint16_t lane, std::string_view method,
+                       std::string_view params) override;
     /// "route:" and the replicas' URLs, e.g. "route:tcp://h1:7000,tcp://h2:7000".
     const std::string& remote_address() const noexcept override;
     net::any_io_executor get_executor() const override;

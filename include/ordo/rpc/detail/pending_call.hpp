@@ -59,6 +59,9 @@ class pending_call {
     net::cancellation_slot slot;  ///< the caller's, if any: a channel installs its handler here
     /// 0 for a call as made; 1, 2 as a router sends it again (a replica died or was overloaded).
     std::uint8_t attempt = 0;
+    /// The lane it goes on (docs/protocol.md "Lanes"): 0, the default lane, or an id from
+    /// detail::lane_id(); set by a channel on a lane (channel::lane).
+    std::uint16_t lane = 0;
     /// A call the connection makes for itself (ordo.features): its end is not told to the
     /// connection's call_observer, which only hears of calls its owner started.
     bool own = false;

@@ -1,0 +1,176 @@
+// The lanes of an ordered connection (docs/protocol.md "Lanes"): what goes out as pieces and
+// when, the pieces that come in put back together and dispatched on their lane, one
+// dispatcher per named lane, and the end of it all with the connection. The pieces'
+// bookkeeping itself is rpc/connection/lanes.cpp.
+#include "ordo/rpc/peer.hpp"
+
+#include "rpc/connection/peer_state.hpp"
+
+namespace ordo {
+
+peer::state::lane_part::lane_part(state& st, std::string_view lane_name)
+    : s(st),
+      name(lane_name),
+      disp(st.self, st.ex, st.h, st.o.max_queued_messages, st.o.max_queued_bytes,
+           st.o.comm.budget.get(), *this, st.c) {}
+
+void peer::state::lane_part::send_response(const buffer& b) {
+    if (s.answers_stopped || !s.sess->is_open()) return;
+    try {
+        s.send_on_lane(name, std::string_view(b.data(), b.size()), {}, {});
+    } catch (const std::system_error& e) {
+        // As the default lane's answers (peer::state::send_response_on).
+        if (e.code() == errc::overloaded) return s.sess->abort(errc::overloaded);
+        s.answers_stopped = true;
+    }
+}
+
+void peer::state::lane_part::pause_reading(bool p) {
+    s.pause_lane(paused, p);
+}
+
+void peer::state::send_on_lane(std::string_view name, std::string_view head, std::string_view body,
+                               std::string_view notification) {
+    if (!lanes_ok) {
+        // Answered (ordo.features) without "lanes": the other side reads one lane, and gets
+        // everything on it, in the order sent.
+        if (name.empty() || ctx_support == context_support::yes ||
+            ctx_support == context_support::no)
+            return sess->send(head, body);
+        if (ctx_support == context_support::unknown) ask_features();
+        held_message h;
+        h.lane.assign(name);
+        h.bytes.reserve(head.size() + body.size());
+        h.bytes.append(head).append(body);
+        if (!notification.empty()) {
+            h.notification.assign(notification);
+            h.params.assign(body);
+        }
+        return hold(std::move(h));
+    }
+    const std::size_t size = head.size() + body.size();
+    // What waits for its pieces to go counts against the bound of the output it stands for.
+    if (lanes_out.bytes() + sess->counters().buffered_bytes + size > o.comm.max_buffer_bytes)
+        throw_error(errc::overloaded,
+                    "ordo: send to " + remote + " refused: " + std::to_string(lanes_out.bytes()) +
+                        " bytes wait for their pieces to go, + " + std::to_string(size) +
+                        " would exceed max_buffer_bytes (" +
+                        std::to_string(o.comm.max_buffer_bytes) + ")");
+    lanes_out.push(name, head, body, notification);
+    update_divert();
+    lanes_written();
+}
+
+void peer::state::lanes_written() {
+    lanes_out.pump();
+    update_divert();
+    if (close_after_lanes && lanes_out.empty()) {
+        close_after_lanes = false;
+        close_session(lanes_close_code, std::move(lanes_close_reason));
+    }
+}
+
+void peer::state::close_session(std::error_code code, std::string reason) {
+    if (!lanes_out.empty() && sess->is_open()) {
+        // The pieces still waiting go first: close() promises to send what was taken.
+        close_after_lanes = true;
+        lanes_close_code = code;
+        lanes_close_reason = std::move(reason);
+        return;
+    }
+    if (code)
+        sess->close(code, std::move(reason));
+    else if (!reason.empty())
+        sess->close(std::move(reason));
+    else
+        sess->close();
+}
+
+void peer::state::end_lanes(std::error_code code, const std::string& why) {
+    for (auto& method : lanes_out.clear()) {
+        ++c.notifications_undelivered;
+        if (!o.on_undelivered) continue;
+        undelivered_notification u;
+        u.method = std::move(method);
+        u.code = code;
+        u.reason = why;
+        try {
+            o.on_undelivered(u);
+        } catch (...) {
+            // The application's callback must not throw; one that does loses only its report.
+        }
+    }
+    lanes_in.clear();
+    piece_timer.cancel();
+    // A new session may meet another server: it says again whether it reads pieces.
+    lanes_ok = false;
+    update_divert();
+    close_after_lanes = false;
+}
+
+detail::dispatcher& peer::state::dispatcher_of(std::string_view lane) {
+    if (lane.empty()) return disp;
+    for (auto& l : lane_parts)
+        if (l->name == lane) return l->disp;
+    if (lane_parts.size() >= o.comm.limits.max_lanes)
+        throw_error(errc::protocol_error, "ordo: " + remote + " used more than max_lanes (" +
+                                              std::to_string(o.comm.limits.max_lanes) +
+                                              ") lanes on one connection");
+    lane_parts.push_back(std::make_unique<lane_part>(*this, lane));
+    return lane_parts.back()->disp;
+}
+
+void peer::state::on_piece(message& m) {
+    const auto& a = m.params.via.array;
+    std::uint64_t remaining = 0;
+    if (a.size != 3 || a.ptr[0].type != msgpack::type::STR ||
+        a.ptr[1].type != msgpack::type::POSITIVE_INTEGER || a.ptr[2].type != msgpack::type::BIN)
+        throw_error(errc::protocol_error, "ordo: malformed ordo.piece from " + remote +
+                                              " (expected [lane, remaining, bin])");
+    remaining = a.ptr[1].via.u64;
+    if (!lanes_ok) remote_reads_lanes();
+    const std::optional<std::string_view> whole = lanes_in.take(
+        std::string_view(a.ptr[0].via.str.ptr, a.ptr[0].via.str.size), remaining,
+        std::string_view(a.ptr[2].via.bin.ptr, a.ptr[2].via.bin.size), o.comm.limits);
+    arm_piece_timer();
+    if (!whole) return;
+    message w = decode_message(*whole, o.comm.limits, lane_area.zone);
+    if (w.kind == message_kind::response) return on_response(w);
+    if (w.kind == message_kind::notification) {
+        if (w.method == "ordo.piece")
+            throw_error(errc::protocol_error, "ordo: " + remote + " sent a piece inside a piece");
+        if (w.method == "ordo.item") return calls.on_item(w, whole->size());
+    }
+    detail::dispatcher& d = dispatcher_of(lanes_in.lane());
+    if (w.kind == message_kind::request && w.meta.type != msgpack::type::NIL)
+        d.on_context_message(w, whole->size());
+    else
+        d.on_message(w, whole->size());
+    if (heard_goaway) leave_when_idle();
+}
+
+// A message in pieces must be whole within message_timeout of its first piece, as a message
+// must be within it of its first bytes.
+void peer::state::arm_piece_timer() {
+    const auto timeout = o.comm.message_timeout;
+    if (piece_timer_armed || timeout.count() <= 0) return;
+    const auto oldest = lanes_in.oldest();
+    if (oldest == std::chrono::steady_clock::time_point{}) return;
+    piece_timer_armed = true;
+    piece_timer.expires_at(oldest + timeout);
+    piece_timer.async_wait([w = self.weak_from_this(), this, timeout](std::error_code ec) {
+        auto keep = w.lock();
+        if (!keep) return;
+        piece_timer_armed = false;
+        if (ec || !sess->is_open()) return;
+        const auto oldest = lanes_in.oldest();
+        if (oldest == std::chrono::steady_clock::time_point{}) return;
+        if (std::chrono::steady_clock::now() < oldest + timeout) return arm_piece_timer();
+        sess->abort(errc::protocol_error,
+                    "ordo: protocol error: a message in pieces from " + remote +
+                        " was not complete within message_timeout (" +
+                        std::to_string(timeout.count()) + " ms)");
+    });
+}
+
+}  // namespace ordo

@@ -1,0 +1,431 @@
+// Lanes (channel::lane, docs/protocol.md "Lanes"): order within a lane and none between lanes,
+// lanes dispatched apart, large messages in pieces that small ones pass, a foreign peer that
+// sees plain msgpack-rpc, resumable sessions cut in the middle of pieces, and the limits on
+// pieces.
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include <gtest/gtest.h>
+#include <asio/ip/tcp.hpp>
+#include <asio/write.hpp>
+
+#include "ordo/rpc/connect.hpp"
+#include "ordo/rpc/server.hpp"
+#include "support/cutting_proxy.hpp"
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using test::run_test;
+using test::wait_until;
+
+std::uint16_t port_of(const std::string& url) {
+    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+}
+
+std::shared_ptr<peer> peer_of(const channel& c) {
+    return std::dynamic_pointer_cast<peer>(c.impl()->lane_base(c.impl()));
+}
+
+// Records what arrives, per tag, in arrival order (handlers may run on the server's loops).
+struct recorder {
+    std::mutex m;
+    std::map<std::string, std::vector<std::uint64_t>> seen;
+    void add(const std::string& tag, std::uint64_t i) {
+        std::lock_guard l(m);
+        seen[tag].push_back(i);
+    }
+    std::size_t count(const std::string& tag) {
+        std::lock_guard l(m);
+        return seen[tag].size();
+    }
+    // The first position where `tag`'s numbers are not 0, 1, 2..., or -1.
+    long out_of_order(const std::string& tag) {
+        std::lock_guard l(m);
+        const auto& v = seen[tag];
+        for (std::size_t i = 0; i < v.size(); ++i)
+            if (v[i] != i) return static_cast<long>(i);
+        return -1;
+    }
+};
+
+// Messages on three lanes, some large enough to go in pieces, all interleaved by the sender:
+// each lane's arrive in the order sent.
+TEST(Lanes, OrderHoldsWithinEachLane) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        recorder rec;
+        server srv(ex);
+        srv.on("rec", [&](std::string tag, std::uint64_t i) { rec.add(tag, i); });
+        srv.on("rec_big", [&](std::string tag, std::uint64_t i, const std::string& blob) {
+            if (blob.size() != 300'000) rec.add("broken", blob.size());
+            rec.add(tag, i);
+        });
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        auto a = ch.lane("a");
+        auto b = ch.lane("b");
+        EXPECT_EQ(a.lane_id(), ch.lane("a").lane_id());
+        EXPECT_NE(a.lane_id(), 0);
+        EXPECT_EQ(ch.lane_id(), 0);
+        EXPECT_EQ(a.lane("").lane_id(), 0);
+        const std::string blob(300'000, 'x');
+        constexpr std::uint64_t n = 600;
+        for (std::uint64_t i = 0; i < n; ++i) {
+            if (i % 50 == 7)
+                a.notify("rec_big", std::string("a"), i, blob);
+            else
+                a.notify("rec", std::string("a"), i);
+            b.notify("rec", std::string("b"), i);
+            if (i % 100 == 3)
+                co_await b.async_call<void>("rec_big", std::string("b_calls"), i, blob);
+            else
+                ch.notify("rec", std::string("default"), i);
+            if (i % 100 == 3) ch.notify("rec", std::string("default"), i);
+            if (i % 64 == 0) co_await peer_of(ch)->async_drain();
+        }
+        const bool all = co_await wait_until(
+            [&] { return rec.count("a") == n && rec.count("b") == n && rec.count("default") == n; },
+            40s);
+        EXPECT_TRUE(all) << rec.count("a") << " " << rec.count("b") << " "
+                         << rec.count("default");
+        if (!all) co_return;
+        EXPECT_EQ(rec.out_of_order("a"), -1);
+        EXPECT_EQ(rec.out_of_order("b"), -1);
+        EXPECT_EQ(rec.out_of_order("default"), -1);
+        EXPECT_EQ(rec.count("broken"), 0u);
+        EXPECT_EQ(rec.count("b_calls"), n / 100);
+        EXPECT_EQ(co_await a.async_call<int>("inc", 1), 2);
+        co_await srv.async_stop();
+    });
+}
+
+// A serial handler that waits on one lane holds that lane only: the default lane's calls and
+// another lane's are served meanwhile (on one lane they would wait behind it).
+TEST(Lanes, ALaneWhoseHandlerWaitsDoesNotHoldAnotherLane) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        bool holding = false, released = false;
+        server srv(ex);
+        srv.on("hold", [&]() -> net::awaitable<int> {
+            holding = true;
+            net::steady_timer t(co_await net::this_coro::executor);
+            const auto until = clock_type::now() + 30s;
+            while (!released && clock_type::now() < until) {
+                t.expires_after(1ms);
+                co_await t.async_wait(use_tuple);
+            }
+            co_return released ? 1 : 0;
+        });
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("release", [&] { released = true; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        bool held_done = false;
+        int held_result = -1;
+        ch.lane("slow").async_call<int>("hold", [&](std::error_code ec, int r) {
+            held_done = true;
+            held_result = ec ? -2 : r;
+        });
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return holding; }, 20s));
+        // Behind "hold" on its own lane these would wait for it: they must not.
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1, timeout(10s)), 2);
+        EXPECT_EQ(co_await ch.lane("other").async_call<int>("inc", 2, timeout(10s)), 3);
+        EXPECT_FALSE(held_done);
+        co_await ch.lane("other").async_call<void>("release", timeout(10s));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return held_done; }, 20s));
+        EXPECT_EQ(held_result, 1);
+        co_await srv.async_stop();
+    });
+}
+
+// A 16 MiB echo on a lane goes in pieces both ways: small calls on the default lane, made
+// after it, complete while it is on the wire (in one piece they would wait for all of it).
+TEST(Lanes, SmallCallsPassALargeCallInPieces) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("echo", [](const std::string& s) { return s; });
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        // The first call on a lane asks whether the server reads lanes; asked here, so that
+        // the large call goes in pieces from its first byte.
+        EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
+        std::string blob(16 << 20, '\0');
+        for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 131 % 251);
+        bool big_done = false;
+        bool big_ok = false;
+        ch.lane("bulk").async_call<std::string>("echo", blob,
+                                                [&](std::error_code ec, std::string r) {
+                                                    big_done = true;
+                                                    big_ok = !ec && r == blob;
+                                                });
+        int passed = 0;
+        const auto until = clock_type::now() + 60s;
+        while (!big_done && clock_type::now() < until) {
+            EXPECT_EQ(co_await ch.async_call<int>("inc", passed), passed + 1);
+            if (!big_done) ++passed;
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
+        EXPECT_TRUE(big_ok);
+        EXPECT_GE(passed, 5) << "small calls waited behind the large one";
+        co_await srv.async_stop();
+    });
+}
+
+// A msgpack-rpc server that knows nothing of ordo: answers "echo" with its first argument,
+// anything else with an error, and keeps the methods it was sent.
+struct foreign_server {
+    explicit foreign_server(net::any_io_executor ex)
+        : acceptor(ex, {net::ip::make_address("127.0.0.1"), 0}) {
+        net::co_spawn(ex, serve(), net::detached);
+    }
+    std::string url() const {
+        return "tcp://127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+    }
+    net::awaitable<void> serve() {
+        auto [aec, sock] = co_await acceptor.async_accept(use_tuple);
+        if (aec) co_return;
+        msgpack::unpacker in;
+        for (;;) {
+            in.reserve_buffer(65536);
+            auto [ec, n] = co_await sock.async_read_some(net::buffer(in.buffer(), 65536), use_tuple);
+            if (ec) co_return;
+            in.buffer_consumed(n);
+            msgpack::object_handle oh;
+            while (in.next(oh)) {
+                const auto& a = oh.get().via.array;
+                const int kind = a.ptr[0].as<int>();
+                const std::string method = a.ptr[kind == 0 ? 2 : 1].as<std::string>();
+                methods.push_back(method);
+                if (kind != 0) continue;
+                msgpack::sbuffer b;
+                msgpack::packer<msgpack::sbuffer> p(b);
+                p.pack_array(4);
+                p.pack(1);
+                p.pack(a.ptr[1]);
+                if (method == "echo") {
+                    p.pack_nil();
+                    p.pack(a.ptr[3].via.array.ptr[0]);
+                } else {
+                    p.pack(std::string("no such method"));
+                    p.pack_nil();
+                }
+                co_await net::async_write(sock, net::buffer(b.data(), b.size()), use_tuple);
+            }
+        }
+    }
+    net::ip::tcp::acceptor acceptor;
+    std::vector<std::string> methods;
+};
+
+// Toward a peer that does not read lanes, a lane's messages go whole and in the order sent,
+// after one question (ordo.features) it answers with an error: no ordo.piece on its wire.
+TEST(Lanes, AForeignPeerGetsPlainMessagesInTheOrderSent) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        foreign_server fs(ex);
+        auto ch = co_await async_connect(fs.url());
+        const std::string blob(200'000, 'y');
+        ch.lane("bulk").notify("note", 1);
+        EXPECT_EQ(co_await ch.lane("bulk").async_call<std::string>("echo", blob), blob);
+        EXPECT_EQ(co_await ch.async_call<int>("echo", 7), 7);
+        EXPECT_EQ(co_await ch.lane("x").async_call<int>("echo", 8), 8);
+        const std::vector<std::string> want{"ordo.features", "note", "echo", "echo", "echo"};
+        EXPECT_EQ(fs.methods, want);
+    });
+}
+
+// A resumable session cut at random byte counts, inside pieces too: every lane's messages
+// arrive once each and in order, and every call is answered.
+TEST(Lanes, CutsInsidePiecesLoseAndDuplicateNothingOnAnyLane) {
+    run_test(
+        []() -> net::awaitable<void> {
+            auto ex = co_await net::this_coro::executor;
+            recorder rec;
+            server srv(ex);
+            srv.on("rec", [&](std::string tag, std::uint64_t i, const std::string& blob) {
+                if (blob.size() % 1000 != 0) rec.add("broken", blob.size());
+                rec.add(tag, i);
+            });
+            srv.on("echo", [](const std::string& s) { return s; });
+            const auto url = srv.listen("tcp://127.0.0.1:0");
+            test::cut_options co;
+            co.seed = 20261129;
+            co.min_bytes = 100'000;
+            co.max_bytes = 900'000;
+            test::cutting_proxy proxy("127.0.0.1", port_of(url), co);
+            auto ch = co_await async_connect(proxy.url() + "?resume_ms=20000&piece_bytes=16384");
+            auto bulk = ch.lane("bulk");
+            constexpr std::uint64_t n = 300;
+            std::uint64_t answered = 0, failed = 0;
+            for (std::uint64_t i = 0; i < n; ++i) {
+                bulk.notify("rec", std::string("bulk"), i, std::string((i % 7) * 40'000, 'b'));
+                ch.notify("rec", std::string("default"), i, std::string(1000, 'd'));
+                ch.lane("small").notify("rec", std::string("small"), i, std::string());
+                if (i % 10 == 0) {
+                    std::string want(100'000 + i, 'e');
+                    bulk.async_call<std::string>("echo", want,
+                                                 [&, want](std::error_code ec, std::string r) {
+                                                     if (ec || r != want) ++failed;
+                                                     ++answered;
+                                                 });
+                }
+                if (i % 8 == 0) co_await peer_of(ch)->async_drain();
+            }
+            ORDO_CO_ASSERT_TRUE(co_await wait_until(
+                [&] {
+                    return rec.count("bulk") >= n && rec.count("default") >= n &&
+                           rec.count("small") >= n && answered == n / 10;
+                },
+                120s));
+            EXPECT_EQ(rec.count("bulk"), n);
+            EXPECT_EQ(rec.count("default"), n);
+            EXPECT_EQ(rec.count("small"), n);
+            EXPECT_EQ(rec.out_of_order("bulk"), -1);
+            EXPECT_EQ(rec.out_of_order("default"), -1);
+            EXPECT_EQ(rec.out_of_order("small"), -1);
+            EXPECT_EQ(rec.count("broken"), 0u);
+            EXPECT_EQ(failed, 0u);
+            EXPECT_GE(proxy.cuts(), 10u);
+            EXPECT_TRUE(peer_of(ch)->is_open());
+            co_await srv.async_stop();
+        },
+        240s);
+}
+
+// A client of pieces written by hand.
+struct piece_client {
+    net::ip::tcp::socket sock;
+    explicit piece_client(net::any_io_executor ex) : sock(ex) {}
+    net::awaitable<void> connect(const std::string& url) {
+        co_await sock.async_connect({net::ip::make_address("127.0.0.1"), port_of(url)},
+                                    net::use_awaitable);
+    }
+    net::awaitable<void> piece(const std::string& lane, std::uint64_t remaining,
+                               const std::string& bytes) {
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        p.pack_array(3);
+        p.pack(2);
+        p.pack(std::string("ordo.piece"));
+        p.pack_array(3);
+        p.pack(lane);
+        p.pack(remaining);
+        p.pack_bin(static_cast<std::uint32_t>(bytes.size()));
+        p.pack_bin_body(bytes.data(), static_cast<std::uint32_t>(bytes.size()));
+        co_await net::async_write(sock, net::buffer(b.data(), b.size()), use_tuple);
+    }
+    // Reads until the server closes the connection (true) or `limit` passes (false).
+    net::awaitable<bool> closed_within(std::chrono::milliseconds limit) {
+        using namespace net::experimental::awaitable_operators;
+        char buf[4096];
+        const auto deadline = clock_type::now() + limit;
+        while (clock_type::now() < deadline) {
+            net::steady_timer t(sock.get_executor(), deadline - clock_type::now());
+            auto r = co_await (sock.async_read_some(net::buffer(buf), use_tuple) ||
+                               t.async_wait(use_tuple));
+            if (r.index() == 1) co_return false;
+            if (std::get<0>(std::get<0>(r))) co_return true;
+        }
+        co_return false;
+    }
+};
+
+std::string encoded_notification(const std::string& method, int arg) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_array(3);
+    p.pack(2);
+    p.pack(method);
+    p.pack_array(1);
+    p.pack(arg);
+    return std::string(b.data(), b.size());
+}
+
+// Pieces that break a limit or contradict each other close their connection (and only it):
+// too large a message, too many lanes, pieces that say other sizes, a piece inside a piece, a
+// message never completed within message_timeout. Pieces within the limits are served.
+TEST(Lanes, PiecesOverTheLimitsCloseTheirConnection) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.peer.comm.limits.max_message_bytes = 1 << 20;
+        so.peer.comm.limits.max_lanes = 4;
+        so.peer.comm.message_timeout = 500ms;
+        server srv(ex, so);
+        int noted = 0;
+        srv.on("note", [&](int) { ++noted; });
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        const std::string note = encoded_notification("note", 1);
+
+        {  // within the limits: a message in three pieces, and one of one piece, are served
+            piece_client c(ex);
+            co_await c.connect(url);
+            co_await c.piece("a", note.size() - 2, note.substr(0, 2));
+            co_await c.piece("a", note.size() - 5, note.substr(2, 3));
+            co_await c.piece("a", 0, note.substr(5));
+            co_await c.piece("b", 0, note);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return noted == 2; }, 10s));
+        }
+        {  // a message over max_message_bytes
+            piece_client c(ex);
+            co_await c.connect(url);
+            co_await c.piece("a", 2 << 20, note.substr(0, 2));
+            EXPECT_TRUE(co_await c.closed_within(10s));
+        }
+        {  // five lanes with a message in the making, over max_lanes (4)
+            piece_client c(ex);
+            co_await c.connect(url);
+            for (int i = 0; i < 5; ++i)
+                co_await c.piece("lane" + std::to_string(i), note.size() - 1, note.substr(0, 1));
+            EXPECT_TRUE(co_await c.closed_within(10s));
+        }
+        {  // pieces that say different sizes
+            piece_client c(ex);
+            co_await c.connect(url);
+            co_await c.piece("a", note.size() - 1, note.substr(0, 1));
+            co_await c.piece("a", 100, note.substr(1, 1));
+            EXPECT_TRUE(co_await c.closed_within(10s));
+        }
+        {  // a piece inside a piece
+            piece_client inner(ex);
+            msgpack::sbuffer b;
+            msgpack::packer<msgpack::sbuffer> p(b);
+            p.pack_array(3);
+            p.pack(2);
+            p.pack(std::string("ordo.piece"));
+            p.pack_array(3);
+            p.pack(std::string("a"));
+            p.pack(0);
+            p.pack_bin(static_cast<std::uint32_t>(note.size()));
+            p.pack_bin_body(note.data(), static_cast<std::uint32_t>(note.size()));
+            piece_client c(ex);
+            co_await c.connect(url);
+            co_await c.piece("a", 0, std::string(b.data(), b.size()));
+            EXPECT_TRUE(co_await c.closed_within(10s));
+        }
+        {  // a message begun and never finished: closed after message_timeout
+            piece_client c(ex);
+            co_await c.connect(url);
+            const auto began = clock_type::now();
+            co_await c.piece("a", note.size() - 1, note.substr(0, 1));
+            EXPECT_TRUE(co_await c.closed_within(20s));
+            EXPECT_GE(clock_type::now() - began, 400ms);
+        }
+        EXPECT_EQ(noted, 2);
+        auto ch = co_await async_connect(url);
+        EXPECT_EQ(co_await ch.lane("a").async_call<int>("inc", 1), 2);
+        co_await srv.async_stop();
+    });
+}
+
+}  // namespace
+}  // namespace ordo
