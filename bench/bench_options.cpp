@@ -11,7 +11,11 @@ void declare_flags(CLI::App& app, config& c) {
     app.add_option("--workload", c.workload,
                    "oneway, seq, pipelined, hol, fanin, fanin-raw, cpu or beside-slow");
     app.add_option("--transport", c.transport, "tcp, unix, inproc, zmq, tls, raw-tcp or raw-zmq");
-    app.add_option("--mode", c.mode, "ordered, pooled or naive (a connection per call)");
+    app.add_option("--mode", c.mode,
+                   "ordered, pooled, naive (a connection per call) or lanes (hol: ordered, the "
+                   "big calls on lane \"bulk\")");
+    app.add_option("--big-inflight", c.big_inflight, "hol: big calls kept in flight (2)")
+        ->check(ordo_cli::at_least(1));
     app.add_option("--interval-ms", c.interval_ms, "batching interval of each connection")
         ->check(ordo_cli::at_least(0));
     app.add_option("--count", c.count, "messages or calls (0: the workload's default)")

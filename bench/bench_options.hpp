@@ -16,6 +16,7 @@ struct config {
     int interval_ms = 0;
     long count = 0;  // 0: the workload's default
     long inflight = 256;
+    long big_inflight = 2;  // hol: big calls kept in flight
     long window = 0;  // stream, stream-batch: call_options::window (0: the library's default)
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;

@@ -4,7 +4,8 @@
 //   ordo-bench [--workload oneway|seq|pipelined|hol|fanin|fanin-raw|cpu|beside-slow|stream|
 //                          stream-batch]
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
-//              [--mode ordered|pooled|naive] [--interval-ms N] [--count N] [--inflight K]
+//              [--mode ordered|pooled|naive|lanes] [--interval-ms N] [--count N] [--inflight K]
+//              [--big-inflight N]
 //              [--size BYTES] [--clients C] [--spin-us N] [--json] [--connect URL]
 //              [--resume-ms N] [--work-us U] [--slow-ms S] [--server-threads N] [--offload]
 //              [--window N] [--cuts N [--seed S]] [--meta KEY=VALUE]... [--traces N]
@@ -133,8 +134,10 @@ void complete(config& c) {
         fail("unknown workload " + c.workload);
     if (std::find(transports.begin(), transports.end(), c.transport) == transports.end())
         fail("unknown transport " + c.transport);
-    if (c.mode != "ordered" && c.mode != "pooled" && c.mode != "naive")
-        fail("unknown mode " + c.mode + " (ordered, pooled or naive)");
+    if (c.mode != "ordered" && c.mode != "pooled" && c.mode != "naive" && c.mode != "lanes")
+        fail("unknown mode " + c.mode + " (ordered, pooled, naive or lanes)");
+    if (c.mode == "lanes" && c.workload != "hol")
+        fail("--mode lanes is for hol: an ordered channel whose big calls go on their own lane");
     if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
     if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
     if (c.count == 0)
@@ -227,6 +230,7 @@ struct result {
     double seconds = 0;
     long calls = 0;             // messages or calls counted in the rate
     std::vector<float> lat_us;  // per call (empty for oneway)
+    double big_mb_s = 0;        // hol: the big calls' payload bytes per second (each way)
     double msgs_per_write = 0;
     std::uint64_t peak_buffer_bytes = 0;
 };
@@ -1163,17 +1167,21 @@ net::awaitable<result> ordo_naive(const config& cfg, std::string url, long count
     co_return res;
 }
 
-// Small calls, one at a time, while big calls run back to back on the same channel.
+// Small calls, one at a time, while --big-inflight big calls run back to back on the same
+// channel (with --mode lanes, on its lane "bulk").
 net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
     result res;
     const std::string big = payload(static_cast<std::size_t>(cfg.size), 7);
+    const ordo::channel big_ch = cfg.mode == "lanes" ? ch.lane("bulk") : ch;
+    // The first call on a lane asks whether the server reads lanes: asked before the clock.
+    if (cfg.mode == "lanes") (void)co_await big_ch.async_call<std::string>("echo", payload(16, 0));
     bool stop = false;
     int big_running = 0;
     long big_done = 0;
     std::string error;
     std::function<void()> issue_big = [&] {
         ++big_running;
-        ch.async_call<std::string>("echo", big, [&](std::error_code ec, std::string r) {
+        big_ch.async_call<std::string>("echo", big, [&](std::error_code ec, std::string r) {
             --big_running;
             ++big_done;
             try {
@@ -1184,10 +1192,12 @@ net::awaitable<result> ordo_hol(const config& cfg, ordo::channel ch) {
             if (!stop) issue_big();
         });
     };
-    issue_big();
+    const auto start = clock_type::now();
+    for (long k = 0; k < cfg.big_inflight; ++k) issue_big();
     res = co_await ordo_seq(ch, 16, cfg.count, "hol small");
     stop = true;
     co_await wait_until([&] { return big_running == 0; });
+    res.big_mb_s = double(big_done) * double(big.size()) / 1e6 / seconds_since(start);
     if (!error.empty()) fail(error);
     if (big_done == 0) fail("hol: no big call completed");
     co_return res;
@@ -1622,7 +1632,7 @@ std::string cdf(const std::vector<float>& sorted) {
             "\"msgs_per_write\":%.1f,\"peak_buffer_bytes\":%llu,\"client_cpu_s\":%.3f,"
             "\"server_cpu_s\":%s,\"server_cpu_us_per_call\":%s,\"spin_us\":%d,"
             "\"max_us\":%.2f,\"server_threads\":%ld,\"work_us\":%ld,\"slow_ms\":%ld,"
-            "\"offload\":%s,\"cdf_us\":%s}\n",
+            "\"offload\":%s,\"big_inflight\":%ld,\"big_mb_s\":%.1f,\"cdf_us\":%s}\n",
             cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms, r.calls,
             one_at_a_time ? 1 : cfg.inflight, cfg.size,
             cfg.workload.rfind("fanin", 0) == 0 || cfg.workload == "cpu" ? cfg.clients : 1,
@@ -1630,7 +1640,8 @@ std::string cdf(const std::vector<float>& sorted) {
             percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999), r.msgs_per_write,
             static_cast<unsigned long long>(r.peak_buffer_bytes), client_cpu, server, per_call,
             cfg.spin_us, max_us, cfg.server_threads, cfg.work_us, cfg.slow_ms,
-            cfg.offload ? "true" : "false", cdf(r.lat_us).c_str());
+            cfg.offload ? "true" : "false", cfg.workload == "hol" ? cfg.big_inflight : 0,
+            r.big_mb_s, cdf(r.lat_us).c_str());
     } else {
         std::printf("%s %s %s interval %d ms, size %ld: %ld in %.3f s = %.0f/s",
                     cfg.workload.c_str(), cfg.transport.c_str(), cfg.mode.c_str(), cfg.interval_ms,
@@ -1640,6 +1651,7 @@ std::string cdf(const std::vector<float>& sorted) {
                         percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.99),
                         percentile(r.lat_us, 0.999), max_us);
         if (r.msgs_per_write > 0) std::printf("; %.1f msgs/write", r.msgs_per_write);
+        if (r.big_mb_s > 0) std::printf("; big calls %.0f MB/s", r.big_mb_s);
         std::printf("; cpu client %.2f s, server %s s (%s us/call)\n", client_cpu, server,
                     per_call);
     }

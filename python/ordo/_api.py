@@ -348,6 +348,10 @@ async def connect(url: str, *, handlers=None) -> Channel:
     return Channel(lh, chan, remote)
 
 
+# Ids of lanes' channels, chosen here (the core's own ids count up from 1).
+_lane_ids = itertools.count(1 << 62)
+
+
 class Channel:
     """What call sites hold: an ordered peer, a pool or a router, as the URL chose.
 
@@ -363,6 +367,7 @@ class Channel:
         self.remote_address = remote
         self._failed: OrdoError | None = None
         self._closed = False
+        self._base: Channel | None = None  # a lane's channel: the channel it is a lane of
         lh.channels[chan] = self
 
     def __getattr__(self, name: str):
@@ -438,11 +443,32 @@ class Channel:
         lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window)
         return st
 
+    def lane(self, name: str) -> Channel:
+        """A channel on the same connection whose calls and notifications go on lane `name`
+        (docs/protocol.md "Lanes"): in order with one another and in no order with other
+        lanes', whose large messages they do not wait behind; the server runs each lane's
+        handlers apart. "" is the default lane. Closing it (or dropping it) closes nothing:
+        the connection is its channel's. Raises ValueError for a name over 64 bytes."""
+        if len(name.encode()) > 64:
+            raise ValueError(f"ordo: lane name of {len(name.encode())} bytes, over the most of 64")
+        base = self._base or self
+        if name == "":
+            return base
+        chan = next(_lane_ids)
+        self._lh.flush()  # what was sent before on this connection goes first
+        self._lh.hub.open_lane(base._id, chan, name)
+        ch = Channel(self._lh, chan, self.remote_address)
+        ch._base = base
+        return ch
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._lh.flush()
-            self._lh.hub.close_channel(self._id)
+            if self._base is not None:
+                self._lh.hub.forget_channel(self._id)
+            else:
+                self._lh.hub.close_channel(self._id)
 
     def __del__(self):
         try:

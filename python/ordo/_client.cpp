@@ -289,6 +289,21 @@ void stream_forget(std::uint64_t token) {
     rt.streams.erase(it);
 }
 
+void open_lane(std::uint64_t chan, std::uint64_t lane, const std::string& name) {
+    auto& rt = runtime::get();
+    auto it = rt.channels.find(chan);
+    if (it == rt.channels.end()) return;  // closed: the lane's calls fail as its channel's
+    try {
+        rt.channels.emplace(lane, it->second.lane(name));
+    } catch (const std::system_error&) {
+        // A name the Python side checked: not reached. Its calls fail as on a closed channel.
+    }
+}
+
+void forget_channel(std::uint64_t chan) {
+    runtime::get().channels.erase(chan);
+}
+
 void close_channel(std::uint64_t chan) {
     auto& rt = runtime::get();
     auto it = rt.channels.find(chan);

@@ -147,6 +147,10 @@ void stream_took(std::uint64_t token, std::uint64_t bytes);
 void stream_cancel(std::uint64_t token);
 void stream_forget(std::uint64_t token);
 void close_channel(std::uint64_t chan);
+/// Registers `lane` as a channel on lane `name` of channel `chan` (channel::lane).
+void open_lane(std::uint64_t chan, std::uint64_t lane, const std::string& name);
+/// Forgets channel `chan` without closing what it shares (a lane's channel).
+void forget_channel(std::uint64_t chan);
 /// Fills `c` (code, text, detail) for a failure `ec` of `method` on `peer`.
 void describe_failure(completion& c, std::error_code ec, const std::string& method,
                       const std::string& peer, const std::string& detail);

@@ -151,6 +151,20 @@ PYBIND11_MODULE(_ordo, m) {
             },
             release())
         .def(
+            "open_lane",
+            [](const hub&, std::uint64_t chan, std::uint64_t lane, std::string name) {
+                runtime::get().submit([chan, lane, name = std::move(name)] {
+                    op::open_lane(chan, lane, name);
+                });
+            },
+            release())
+        .def(
+            "forget_channel",
+            [](const hub&, std::uint64_t chan) {
+                runtime::get().submit([chan] { op::forget_channel(chan); });
+            },
+            release())
+        .def(
             "close_channel",
             [](const hub&, std::uint64_t chan) {
                 runtime::get().submit([chan] { op::close_channel(chan); });

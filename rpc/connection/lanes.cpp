@@ -87,6 +87,18 @@ void lane_writer::push(std::string_view name, std::string_view head, std::string
     it->messages.push_back(std::move(w));
 }
 
+void lane_writer::credit(std::string_view name, std::uint64_t bytes) {
+    for (auto& l : lanes_) {
+        if (l.name != name) continue;
+        if (bytes > l.in_flight) break;
+        l.in_flight -= bytes;
+        return;
+    }
+    throw_error(errc::protocol_error, "ordo.lane_credit: credit for " + std::to_string(bytes) +
+                                          " bytes of lane \"" + std::string(name) +
+                                          "\", more than were sent");
+}
+
 void lane_writer::pump() {
     if (pumping_) return;
     pumping_ = true;
@@ -95,11 +107,14 @@ void lane_writer::pump() {
         ~reset() { b = false; }
     } r{pumping_};
     while (bytes_ > 0 && backlog_() < piece_bytes_) {
-        // The next lane in turn that has something to send; lanes left empty are dropped.
-        std::erase_if(lanes_, [](const lane& l) { return l.messages.empty(); });
-        if (lanes_.empty()) break;
-        if (next_ >= lanes_.size()) next_ = 0;
-        lane& l = lanes_[next_++];
+        // Lanes with nothing waiting and nothing in flight are dropped; the next lane in turn
+        // that may send goes.
+        std::erase_if(lanes_, [](const lane& l) { return l.messages.empty() && l.in_flight == 0; });
+        std::size_t k = 0;
+        while (k < lanes_.size() && !lanes_[(next_ + k) % lanes_.size()].ready()) ++k;
+        if (k == lanes_.size()) break;  // every lane with messages waits for credit
+        lane& l = lanes_[(next_ + k) % lanes_.size()];
+        next_ = (next_ + k + 1) % lanes_.size();
         waiting& w = l.messages.front();
         const std::size_t n = std::min(piece_bytes_, w.bytes.size() - w.sent);
         const std::uint64_t remaining = w.bytes.size() - w.sent - n;
@@ -111,6 +126,7 @@ void lane_writer::pump() {
         }
         w.sent += n;
         bytes_ -= n;
+        if (!l.name.empty()) l.in_flight += n;
         if (remaining == 0) l.messages.pop_front();
     }
 }

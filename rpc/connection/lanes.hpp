@@ -36,6 +36,11 @@ std::uint16_t lane_id(std::string_view name);
 /// The name of lane `id` (as lane_id() gave it out). Thread-safe.
 const std::string& lane_name(std::uint16_t id);
 
+/// Bytes of a named lane's pieces a sender may have sent and not yet been given credit for
+/// (docs/protocol.md "Lanes"); the receiver gives credit (ordo.lane_credit) in steps of a
+/// quarter of it.
+inline constexpr std::uint64_t lane_window_bytes = std::uint64_t{4} << 20;
+
 /// Appends the head of `[2, "ordo.piece", [lane, remaining, bin(size)]]` to `out`: the piece's
 /// `size` bytes follow it.
 void write_piece_head(std::string& out, std::string_view lane, std::uint64_t remaining,
@@ -65,7 +70,11 @@ class lane_writer {
     /// `notification`: a notification's method, kept to report it if it is never sent.
     void push(std::string_view name, std::string_view head, std::string_view body,
               std::string_view notification = {});
-    /// Hands pieces to the connection, one per lane in turn, while its backlog is below one
+    /// The receiver took `bytes` more of lane `name`'s pieces off the wire (ordo.lane_credit).
+    /// Throws rpc_error (protocol_error) for credit beyond what was sent.
+    void credit(std::string_view name, std::uint64_t bytes);
+    /// Hands pieces to the connection, one per lane in turn (a named lane while it has credit:
+    /// less than lane_window_bytes sent and not credited), while its backlog is below one
     /// piece. Called when a message is queued and when a write completes; a call made while
     /// one runs returns at once (that one goes on). Never throws: a piece the connection
     /// refuses (full, or ending) stays, for the next call or for clear().
@@ -82,6 +91,10 @@ class lane_writer {
     struct lane {
         std::string name;
         fifo<waiting> messages;
+        std::uint64_t in_flight = 0;  // a named lane's piece bytes sent and not credited
+        bool ready() const noexcept {
+            return !messages.empty() && (name.empty() || in_flight < lane_window_bytes);
+        }
     };
     std::size_t piece_bytes_;
     send_fn send_;

@@ -355,6 +355,12 @@ net::awaitable<void> peer::async_close() {
 
 net::awaitable<void> peer::async_drain() {
     auto keep = shared_from_this();
+    // What waits for its pieces to go (lanes) counts as output too.
+    while (s_->lanes_out.bytes() > s_->o.comm.high_water_bytes && s_->sess->is_open()) {
+        ++s_->lanes_waiters;
+        co_await s_->lanes_event.async_wait(use_tuple);
+        --s_->lanes_waiters;
+    }
     co_await s_->sess->async_drain();
 }
 

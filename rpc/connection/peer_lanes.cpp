@@ -64,6 +64,7 @@ void peer::state::send_on_lane(std::string_view name, std::string_view head, std
 void peer::state::lanes_written() {
     lanes_out.pump();
     update_divert();
+    if (lanes_waiters > 0 && lanes_out.bytes() <= o.comm.high_water_bytes) lanes_event.cancel();
     if (close_after_lanes && lanes_out.empty()) {
         close_after_lanes = false;
         close_session(lanes_close_code, std::move(lanes_close_reason));
@@ -72,12 +73,27 @@ void peer::state::lanes_written() {
 
 void peer::state::close_session(std::error_code code, std::string reason) {
     if (!lanes_out.empty() && sess->is_open()) {
-        // The pieces still waiting go first: close() promises to send what was taken.
+        // The pieces still waiting go first: close() promises to send what was taken. A lane
+        // the other side gives no credit for holds them close_timeout at most: then they are
+        // told undelivered, and the session closes.
+        if (!close_after_lanes) {
+            close_timer.expires_after(o.comm.close_timeout);
+            close_timer.async_wait([w = self.weak_from_this(), this](std::error_code ec) {
+                auto keep = w.lock();
+                if (ec || !keep || !close_after_lanes) return;
+                close_after_lanes = false;
+                end_lanes(make_error_code(errc::closed),
+                          "ordo: " + remote + " gave no credit for them within close_timeout (" +
+                              std::to_string(o.comm.close_timeout.count()) + " ms)");
+                close_session(lanes_close_code, std::move(lanes_close_reason));
+            });
+        }
         close_after_lanes = true;
         lanes_close_code = code;
         lanes_close_reason = std::move(reason);
         return;
     }
+    close_timer.cancel();
     if (code)
         sess->close(code, std::move(reason));
     else if (!reason.empty())
@@ -102,22 +118,48 @@ void peer::state::end_lanes(std::error_code code, const std::string& why) {
     }
     lanes_in.clear();
     piece_timer.cancel();
+    lanes_event.cancel();
     // A new session may meet another server: it says again whether it reads pieces.
     lanes_ok = false;
     update_divert();
     close_after_lanes = false;
+    close_timer.cancel();
 }
 
-detail::dispatcher& peer::state::dispatcher_of(std::string_view lane) {
-    if (lane.empty()) return disp;
+peer::state::lane_part& peer::state::part_of(std::string_view lane) {
     for (auto& l : lane_parts)
-        if (l->name == lane) return l->disp;
+        if (l->name == lane) return *l;
     if (lane_parts.size() >= o.comm.limits.max_lanes)
         throw_error(errc::protocol_error, "ordo: " + remote + " used more than max_lanes (" +
                                               std::to_string(o.comm.limits.max_lanes) +
                                               ") lanes on one connection");
     lane_parts.push_back(std::make_unique<lane_part>(*this, lane));
-    return lane_parts.back()->disp;
+    return *lane_parts.back();
+}
+
+void peer::state::grant(lane_part& l) {
+    const std::uint64_t held = l.credited + l.disp.queued_bytes();
+    if (l.received < held + detail::lane_window_bytes / 4 || !sess->is_open()) return;
+    const std::uint64_t n = l.received - held;
+    try {
+        buffer b(small_buffer);
+        encode_notification(b, "ordo.lane_credit", l.name, n);
+        sess->send(std::string_view(b.data(), b.size()));  // ahead of every lane's pieces
+        l.credited += n;
+    } catch (const std::system_error&) {
+        // Full or ending: given with the next message read or handler finished.
+    }
+}
+
+void peer::state::on_lane_credit(message& m) {
+    const auto& a = m.params.via.array;
+    if (a.size != 2 || a.ptr[0].type != msgpack::type::STR ||
+        a.ptr[1].type != msgpack::type::POSITIVE_INTEGER)
+        throw_error(errc::protocol_error, "ordo: malformed ordo.lane_credit from " + remote +
+                                              " (expected [lane, bytes])");
+    lanes_out.credit(std::string_view(a.ptr[0].via.str.ptr, a.ptr[0].via.str.size),
+                     a.ptr[1].via.u64);
+    lanes_written();
 }
 
 void peer::state::on_piece(message& m) {
@@ -129,24 +171,39 @@ void peer::state::on_piece(message& m) {
                                               " (expected [lane, remaining, bin])");
     remaining = a.ptr[1].via.u64;
     if (!lanes_ok) remote_reads_lanes();
-    const std::optional<std::string_view> whole = lanes_in.take(
-        std::string_view(a.ptr[0].via.str.ptr, a.ptr[0].via.str.size), remaining,
-        std::string_view(a.ptr[2].via.bin.ptr, a.ptr[2].via.bin.size), o.comm.limits);
+    const std::string_view lane(a.ptr[0].via.str.ptr, a.ptr[0].via.str.size);
+    const std::string_view bytes(a.ptr[2].via.bin.ptr, a.ptr[2].via.bin.size);
+    if (lane.size() > detail::max_lane_name_bytes)
+        throw_error(errc::protocol_error, "ordo: " + remote + " named a lane of " +
+                                              std::to_string(lane.size()) + " bytes (the most is " +
+                                              std::to_string(detail::max_lane_name_bytes) + ")");
+    // A response's caller may drop the last reference to this peer.
+    const auto keep = self.weak_from_this().lock();
+    lane_part* part = lane.empty() ? nullptr : &part_of(lane);
+    const std::optional<std::string_view> whole =
+        lanes_in.take(lane, remaining, bytes, o.comm.limits);
     arm_piece_timer();
-    if (!whole) return;
-    message w = decode_message(*whole, o.comm.limits, lane_area.zone);
-    if (w.kind == message_kind::response) return on_response(w);
-    if (w.kind == message_kind::notification) {
-        if (w.method == "ordo.piece")
-            throw_error(errc::protocol_error, "ordo: " + remote + " sent a piece inside a piece");
-        if (w.method == "ordo.item") return calls.on_item(w, whole->size());
+    if (part) part->received += bytes.size();
+    if (!whole) {
+        if (part) grant(*part);
+        return;
     }
-    detail::dispatcher& d = dispatcher_of(lanes_in.lane());
-    if (w.kind == message_kind::request && w.meta.type != msgpack::type::NIL)
-        d.on_context_message(w, whole->size());
-    else
-        d.on_message(w, whole->size());
-    if (heard_goaway) leave_when_idle();
+    message w = decode_message(*whole, o.comm.limits, lane_area.zone);
+    if (w.kind == message_kind::notification && w.method == "ordo.piece")
+        throw_error(errc::protocol_error, "ordo: " + remote + " sent a piece inside a piece");
+    if (w.kind == message_kind::response) {
+        on_response(w);
+    } else if (w.kind == message_kind::notification && w.method == "ordo.item") {
+        calls.on_item(w, whole->size());
+    } else {
+        detail::dispatcher& d = part ? part->disp : disp;
+        if (w.kind == message_kind::request && w.meta.type != msgpack::type::NIL)
+            d.on_context_message(w, whole->size());
+        else
+            d.on_message(w, whole->size());
+        if (heard_goaway) leave_when_idle();
+    }
+    if (part && sess->is_open()) grant(*part);
 }
 
 // A message in pieces must be whole within message_timeout of its first piece, as a message

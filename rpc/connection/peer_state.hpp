@@ -41,7 +41,9 @@ struct peer::state final : detail::call_table_host,
           lanes_out(o.piece_bytes,
                     [this](std::string_view head, std::string_view body) { sess->send(head, body); },
                     [this] { return sess->counters().buffered_bytes; }),
-          piece_timer(ex) {
+          piece_timer(ex),
+          lanes_event(ex, std::chrono::steady_clock::time_point::max()),
+          close_timer(ex) {
         if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
         context_always = o.default_timeout.count() > 0;
         rc.max_unacked_bytes = o.max_unacked_bytes;
@@ -51,10 +53,6 @@ struct peer::state final : detail::call_table_host,
                                 std::map<std::string, std::string>{{"token", o.credentials.token}});
             rc.credentials_message.assign(b.data(), b.size());
         }
-        // A completed write makes room for the next pieces (lanes), when some wait.
-        o.comm.on_written = [this] {
-            if (!lanes_out.empty()) lanes_written();
-        };
         sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
                                                  [this](const close_result& r) { on_ended(r); });
     }
@@ -109,8 +107,10 @@ struct peer::state final : detail::call_table_host,
         if (m.kind == message_kind::notification) {
             if (m.method == "ordo.item")  // an item of one of this side's streams
                 return calls.on_item(m, wire_bytes);
-            if (m.method == "ordo.piece") [[unlikely]]
-                return on_piece(m);
+            if (m.method.starts_with("ordo.")) [[unlikely]] {
+                if (m.method == "ordo.piece") return on_piece(m);
+                if (m.method == "ordo.lane_credit") return on_lane_credit(m);
+            }
         } else if (m.kind == message_kind::response) {
             return on_response(m);
         } else if (m.meta.type != msgpack::type::NIL) [[unlikely]] {
@@ -339,12 +339,18 @@ struct peer::state final : detail::call_table_host,
     std::string lanes_close_reason;
     net::steady_timer piece_timer;  // message_timeout for a message in the making
     bool piece_timer_armed = false;
+    // Woken (cancelled) when what waits for its pieces falls to high_water_bytes: async_drain.
+    net::steady_timer lanes_event;
+    std::size_t lanes_waiters = 0;
+    net::steady_timer close_timer;  // a close that waits for pieces waits close_timeout at most
     // A named lane's dispatcher: the lane's messages in order, independent of other lanes.
     struct lane_part final : detail::dispatcher_host {
         lane_part(state& s, std::string_view lane_name);
         state& s;
         std::string name;
         bool paused = false;
+        // Bytes of this lane's pieces read, and given back as credit (ordo.lane_credit).
+        std::uint64_t received = 0, credited = 0;
         detail::dispatcher disp;
         void send_response(const buffer& b) override;
         void pause_reading(bool p) override;
@@ -356,7 +362,10 @@ struct peer::state final : detail::call_table_host,
         void remote_going_away(std::chrono::milliseconds grace, std::string reason) override {
             s.remote_going_away(grace, std::move(reason));
         }
-        void handler_finished() override { s.handler_finished(); }
+        void handler_finished() override {
+            s.handler_finished();
+            s.grant(*this);
+        }
         void dropped(std::string_view method, errc code, std::string reason) override {
             s.dropped(method, code, std::move(reason));
         }
@@ -406,7 +415,12 @@ struct peer::state final : detail::call_table_host,
     void end_lanes(std::error_code code, const std::string& why);
     // Closes the session, or once the pieces waiting have gone.
     void close_session(std::error_code code, std::string reason);
-    detail::dispatcher& dispatcher_of(std::string_view lane);
+    // A named lane's part, made at its first piece (at most limits::max_lanes of them).
+    lane_part& part_of(std::string_view lane);
+    // Gives the other side credit for what `l` read and does not hold queued, in steps of a
+    // quarter of the window (docs/protocol.md "Lanes").
+    void grant(lane_part& l);
+    [[gnu::cold]] void on_lane_credit(message& m);
     std::size_t running_all() const {
         std::size_t n = disp.running();
         for (const auto& l : lane_parts) n += l->disp.running();
@@ -502,6 +516,10 @@ struct peer::state final : detail::call_table_host,
     }
     void handler_started() override { live.note_work(); }
     void acknowledged() override {
+        if (!lanes_out.empty()) lanes_written();
+    }
+    // A completed write makes room for the next pieces, when some wait.
+    void written() override {
         if (!lanes_out.empty()) lanes_written();
     }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }

@@ -98,8 +98,14 @@ void session::start() {
 
 std::unique_ptr<batched_comm> session::make_comm(std::unique_ptr<transport> t,
                                                 const std::shared_ptr<link>& l) {
+    // Through the link, as the messages: a connection may move to another session (a resume
+    // taken over), whose host it then tells.
+    comm_options o = options_;
+    o.on_written = [l] {
+        if (l->s) l->s->host_.written();
+    };
     return std::make_unique<batched_comm>(
-        std::move(t), options_,
+        std::move(t), std::move(o),
         [l](std::string_view bytes) {
             if (l->s) l->s->on_comm_message(bytes);
         },

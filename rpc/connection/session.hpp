@@ -134,6 +134,8 @@ class session_host {
     /// A resumable session: the other side acknowledged messages, so that more may be sent
     /// (max_unacked_bytes).
     virtual void acknowledged() {}
+    /// A write completed (comm_options::on_written): more may be sent.
+    virtual void written() {}
 };
 
 /// How a session resumes, and how its connections are let in.

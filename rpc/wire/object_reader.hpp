@@ -133,19 +133,28 @@ template <bool wide>
 // `borrow` is set, point into the input bytes (which must then outlive the result). Checks every
 // length against the bytes left and the limits before allocating, so it is safe on any input,
 // not only on what the framer cut.
+//
+// `partial`: the bytes start a message that may not be all there yet (decode_prefix). Bytes
+// missing are then no error but a state (truncated()): from the first byte missing on, every
+// read reads nothing and allocates nothing, and the caller declines the message; no exception
+// is thrown for a message a read cut. Else bytes missing are malformed input (throws).
 class object_reader {
   public:
     /// `objects`: how many objects of the message were read before these bytes (the hand
     /// decoder's envelope), so that max_objects counts the whole message.
     object_reader(std::string_view bytes, const limits& l, msgpack::zone& zone, bool borrow,
-                  std::size_t objects = 0)
+                  std::size_t objects = 0, bool partial = false)
         : p_(reinterpret_cast<const unsigned char*>(bytes.data())),
           end_(p_ + bytes.size()),
           begin_(p_),
           l_(l),
           zone_(zone),
           borrow_(borrow),
+          partial_(partial),
           objects_(objects) {}
+
+    /// With `partial`: the message is not all there (what was read is not to be used).
+    bool truncated() const noexcept { return short_; }
 
     msgpack::object read_all() {
         msgpack::object o = read_one(1);
@@ -165,11 +174,17 @@ class object_reader {
     std::size_t consumed() const noexcept { return static_cast<std::size_t>(p_ - begin_); }
 
   private:
-    void need(std::size_t n) const {
-        if (static_cast<std::size_t>(end_ - p_) < n) bad("malformed msgpack: truncated object");
+    // Whether `n` more bytes are there (see the class's comment for when they are not).
+    bool need(std::size_t n) {
+        if (static_cast<std::size_t>(end_ - p_) >= n) [[likely]]
+            return true;
+        if (!partial_) bad("malformed msgpack: truncated object");
+        short_ = true;
+        p_ = end_;
+        return false;
     }
     std::uint64_t be(int n) {
-        need(static_cast<std::size_t>(n));
+        if (!need(static_cast<std::size_t>(n))) return 0;
         std::uint64_t v = 0;
         for (int i = 0; i < n; ++i) v = (v << 8) | *p_++;
         return v;
@@ -177,7 +192,7 @@ class object_reader {
     const char* bytes(std::size_t n, const char* what) {
         if (n > l_.max_string_bytes)
             bad(std::string(what) + " of " + std::to_string(n) + " bytes over max_string_bytes");
-        need(n);
+        if (!need(n)) return nullptr;
         const char* src = reinterpret_cast<const char*>(p_);
         p_ += n;
         if (borrow_ || n == 0) return src;
@@ -188,7 +203,8 @@ class object_reader {
     std::size_t count(std::uint64_t n, std::size_t bytes_each) {
         if (n > l_.max_container_length)
             bad("container of " + std::to_string(n) + " entries over max_container_length");
-        need(n * bytes_each);  // every entry takes at least one byte: no allocation beyond input
+        // Every entry takes at least one byte: no allocation beyond the input.
+        if (!need(n * bytes_each)) return 0;
         return static_cast<std::size_t>(n);
     }
     void str(msgpack::object& o, std::size_t n) {
@@ -267,8 +283,9 @@ class object_reader {
     }
 
     void read(msgpack::object& o, std::size_t depth) {
+        if (short_) return;  // (a partial message's bytes ended: nothing more is read)
         if (++objects_ > l_.max_objects) bad("message has more than max_objects objects");
-        need(1);
+        if (!need(1)) return;
         const unsigned char t = *p_++;
         if (t <= 0x7f) return uint(o, t);
         if (t >= 0xe0) return sint(o, static_cast<std::int8_t>(t));
@@ -338,6 +355,8 @@ class object_reader {
     const limits& l_;
     msgpack::zone& zone_;
     bool borrow_;
+    bool partial_;
+    bool short_ = false;
     std::size_t objects_;
 };
 

@@ -272,7 +272,7 @@ template <bool whole>
     const std::string_view rest(reinterpret_cast<const char*>(p),
                                 static_cast<std::size_t>(end - p));
     try {
-        object_reader r(rest, l, z, true, objects);
+        object_reader r(rest, l, z, true, objects, !whole);
         m.kind = static_cast<message_kind>(kind);
         if (m.kind == message_kind::response) {
             if (!no_error) m.error = r.read_one(2);  // else nil, as message's default
@@ -281,11 +281,13 @@ template <bool whole>
             m.params = r.read_one(2);
             if (with_context) {
                 m.meta = r.read_one(2);
+                if (!whole && r.truncated()) return 0;
                 // What the general way checks (read_fields), said the same way.
                 if (m.params.type != msgpack::type::ARRAY || m.meta.type != msgpack::type::MAP)
                     return 0;
             }
         }
+        if (!whole && r.truncated()) return 0;  // not all there yet: the framer waits for it
         if constexpr (whole) r.expect_end();
         // After the bytes are all read, as the general way does: an input with bytes past the
         // message and a bad map gets the same error either way.
@@ -342,7 +344,7 @@ namespace {
     z.clear();
     try {
         return read_envelope<false>(bytes, l, z, m);
-    } catch (...) {  // not all there, or something to say: the framer's way says it
+    } catch (...) {  // something to say (a broken limit, bad input): the framer's way says it
         return 0;
     }
 }

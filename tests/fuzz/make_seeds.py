@@ -215,17 +215,54 @@ auths = [p([2, "ordo.auth", [token]], [0, 1, "inc", [1]], [0, 2, "ordo.methods",
          p([2, "ordo.auth", [token]], hello(), [0, 1, "whoami", []]),
          p([2, "add", [1]], [0, 1, "inc", [1]])]
 
+# Lanes (docs/protocol.md "Lanes"): messages in pieces on named lanes and on the default lane,
+# credit, and pieces that break the rules (sizes that disagree, over max_message_bytes, too many
+# lanes, a lane name too long, a piece inside a piece, malformed params). The server's inputs
+# start with a request, so that the server they meet does not authenticate.
+def pieces(lane, msg, cuts):
+    out, pos = [], 0
+    for c in cuts + [len(msg)]:
+        out.append([2, "ordo.piece", [lane, len(msg) - c, msg[pos:c]]])
+        pos = c
+    return out
+
+
+ping = [0, 20, "ordo.ping", []]
+lanes = [p(ping, *pieces("bulk", p([0, 21, "inc", [1]]), [2, 5]), [0, 22, "inc", [2]]),
+         p(ping, *pieces("", p([0, 23, "echo", ["x" * 300]]), [100, 200])),
+         p(ping, *pieces("a", p([0, 24, "inc", [1]]), []), *pieces("b", p([2, "add", [1]]), [1])),
+         p(ping, [2, "ordo.piece", ["a", 10, b"\x94"]], [2, "ordo.piece", ["a", 3, b"\x00"]]),
+         p(ping, [2, "ordo.piece", ["a", 2**40, b"\x94"]]),
+         p(ping, *[[2, "ordo.piece", ["l%d" % i, 5, b"\x94"]] for i in range(70)]),
+         p(ping, [2, "ordo.piece", ["x" * 100, 0, p([0, 25, "inc", [1]])]]),
+         p(ping, [2, "ordo.piece", ["a", 0, p([2, "ordo.piece", ["a", 0, p([2, "add", [1]])]])]]),
+         p(ping, [2, "ordo.piece", "bad"], [2, "ordo.piece", ["a", -1, b"\x90"]]),
+         p(ping, [2, "ordo.lane_credit", ["a", 5]], [2, "ordo.lane_credit", ["a"]]),
+         p([0, 26, "ordo.features", [["meta", "lanes"]]],
+           *pieces("bulk", p([0, 27, "sleep_ms", [10]]), [3]), *pieces("bulk", p([2, "add", [2]]), []),
+           *pieces("bulk", p([0, 28, "ordo.cancel", [27]]), []), [0, 29, "total", []])]
+envelopes += [p(*pieces("a", p([0, 1, "inc", [1]]), [1, 3]))]
+takeovers += [
+    # A message in pieces cut by the reset: its pieces after the resume complete it.
+    two(p(hello(), *pieces("bulk", p([0, 0, "echo", ["y" * 200]]), [50, 120])[:2]),
+        p(hello(placeholder, received=0, msgid=101),
+          *pieces("bulk", p([0, 0, "echo", ["y" * 200]]), [50, 120])[2:], ack(1))),
+]
+
 seeds = {
     "decoder": [bytes([s]) + data for s in (0, 1, 7, 63)
                 for data in [p(*requests), p(*notes), p(*responses)] + malformed]
                + [bytes([63]) + e for e in envelopes],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
               + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
-              + sessions + auths + contexts,
+              + sessions + auths + contexts + lanes,
     "client": [p(*responses), p(*reversed(responses)), p(responses[0], responses[0]),
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),
-               p([2, "add", [1]]), p([1, 0, None, [1, {"a": b"b"}]])] + malformed,
+               p([2, "add", [1]]), p([1, 0, None, [1, {"a": b"b"}]]),
+               p(*pieces("bulk", p([1, 0, None, "z" * 100]), [10])),
+               p(*pieces("", p([1, 0, None, 1]), [1]), [2, "ordo.lane_credit", ["a", 1]])]
+              + malformed,
     "resume": takeovers,
 }
 

@@ -12,6 +12,7 @@
 
 #include "ordo/rpc/connect.hpp"
 #include "ordo/rpc/server.hpp"
+#include "rpc/connection/lanes.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 
@@ -144,6 +145,47 @@ TEST(Lanes, ALaneWhoseHandlerWaitsDoesNotHoldAnotherLane) {
     });
 }
 
+// The URL parameter lane= gives a channel its lane; a router sends each call on its lane on
+// the replica's connection, so a router's call that waits on one lane does not hold another.
+TEST(Lanes, TheUrlParameterAndRoutersCarryTheLane) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        bool holding = false, released = false;
+        server srv(ex);
+        srv.on("hold", [&]() -> net::awaitable<int> {
+            holding = true;
+            net::steady_timer t(co_await net::this_coro::executor);
+            const auto until = clock_type::now() + 30s;
+            while (!released && clock_type::now() < until) {
+                t.expires_after(1ms);
+                co_await t.async_wait(use_tuple);
+            }
+            co_return 1;
+        });
+        srv.on("inc", [](int x) { return x + 1; });
+        srv.on("release", [&] { released = true; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto by_url = co_await async_connect(url + "?lane=slow");
+        EXPECT_EQ(by_url.lane_id(), detail::lane_id("slow"));
+        EXPECT_EQ(by_url.lane("").lane_id(), 0);
+        EXPECT_EQ(co_await by_url.async_call<int>("inc", 1), 2);
+
+        auto routed = co_await async_connect("route+" + url);
+        int held = 0;
+        routed.lane("slow").async_call<int>("hold", [&](std::error_code ec, int r) {
+            held = ec ? -1 : r;
+        });
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return holding; }, 20s));
+        EXPECT_EQ(co_await routed.async_call<int>("inc", 5, timeout(10s)), 6);
+        EXPECT_EQ(co_await routed.lane("other").async_call<int>("inc", 6, timeout(10s)), 7);
+        EXPECT_EQ(held, 0);
+        co_await routed.lane("other").async_call<void>("release", timeout(10s));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return held != 0; }, 20s));
+        EXPECT_EQ(held, 1);
+        co_await srv.async_stop();
+    });
+}
+
 // A 16 MiB echo on a lane goes in pieces both ways: small calls on the default lane, made
 // after it, complete while it is on the wire (in one piece they would wait for all of it).
 TEST(Lanes, SmallCallsPassALargeCallInPieces) {
@@ -175,6 +217,55 @@ TEST(Lanes, SmallCallsPassALargeCallInPieces) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
         EXPECT_TRUE(big_ok);
         EXPECT_GE(passed, 5) << "small calls waited behind the large one";
+        co_await srv.async_stop();
+    });
+}
+
+// A lane whose handler has stopped is held by its credit at the sender: 80 MiB sent behind it
+// (more than max_queued_bytes, which would stop the connection's reading) wait on the caller's
+// side, while another lane's large calls and the default lane's go on; released, the lane's
+// messages all arrive, in order.
+TEST(Lanes, AStoppedLaneIsHeldByItsCreditAndTheOthersGoOn) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        bool holding = false, released = false;
+        recorder rec;
+        server srv(ex);
+        srv.on("hold", [&]() -> net::awaitable<void> {
+            holding = true;
+            net::steady_timer t(co_await net::this_coro::executor);
+            const auto until = clock_type::now() + 60s;
+            while (!released && clock_type::now() < until) {
+                t.expires_after(1ms);
+                co_await t.async_wait(use_tuple);
+            }
+        });
+        srv.on("sink", [&](std::uint64_t i, const std::string& blob) {
+            if (blob.size() != (1 << 20)) rec.add("broken", blob.size());
+            rec.add("slow", i);
+        });
+        srv.on("echo", [](const std::string& s) { return s; });
+        srv.on("release", [&] { released = true; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        auto slow = ch.lane("slow");
+        slow.notify("hold");
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return holding; }, 20s));
+        const std::string mib(1 << 20, 's');
+        constexpr std::uint64_t n = 80;
+        for (std::uint64_t i = 0; i < n; ++i) slow.notify("sink", i, mib);
+        const std::string two(2 << 20, 'o');
+        for (int k = 0; k < 3; ++k) {
+            EXPECT_EQ(co_await ch.lane("other").async_call<std::string>("echo", two, timeout(20s)),
+                      two);
+            EXPECT_EQ(co_await ch.async_call<std::string>("echo", std::string("d"), timeout(20s)),
+                      "d");
+        }
+        EXPECT_EQ(rec.count("slow"), 0u);
+        co_await ch.lane("other").async_call<void>("release", timeout(20s));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rec.count("slow") == n; }, 60s));
+        EXPECT_EQ(rec.out_of_order("slow"), -1);
+        EXPECT_EQ(rec.count("broken"), 0u);
         co_await srv.async_stop();
     });
 }
