@@ -25,6 +25,45 @@ lane_names& names() {
     return *n;
 }
 
+// Large buffers (a message waiting for its pieces to go, or one in the making) kept for the next
+// large message on the thread. From malloc each time, a large buffer is a fresh mapping whose
+// page faults cost as much as copying the message into it. At most 4, 64 MiB together, a
+// thread; nothing smaller than 4 MiB (malloc reuses those well, and keeping them here only
+// fragments its heap).
+class spare_buffers {
+  public:
+    std::string take(std::size_t want) {
+        std::size_t best = kept_.size();
+        for (std::size_t i = 0; i < kept_.size(); ++i)
+            if (kept_[i].capacity() >= want &&
+                (best == kept_.size() || kept_[i].capacity() < kept_[best].capacity()))
+                best = i;
+        if (best == kept_.size()) return {};
+        std::string s = std::move(kept_[best]);
+        kept_.erase(kept_.begin() + std::ptrdiff_t(best));
+        bytes_ -= s.capacity();
+        s.clear();
+        return s;
+    }
+    void give(std::string&& s) {
+        const std::size_t cap = s.capacity();
+        if (cap < (4 << 20) || cap > max_bytes) return;
+        while (!kept_.empty() && (kept_.size() >= 4 || bytes_ + cap > max_bytes)) {
+            bytes_ -= kept_.front().capacity();
+            kept_.erase(kept_.begin());
+        }
+        bytes_ += cap;
+        kept_.push_back(std::move(s));
+    }
+
+  private:
+    static constexpr std::size_t max_bytes = std::size_t{64} << 20;
+    std::vector<std::string> kept_;
+    std::size_t bytes_ = 0;
+};
+
+thread_local spare_buffers spare;
+
 }  // namespace
 
 std::uint16_t lane_id(std::string_view name) {
@@ -80,6 +119,7 @@ void lane_writer::push(std::string_view name, std::string_view head, std::string
         it = lanes_.end() - 1;
     }
     waiting w;
+    w.bytes = spare.take(head.size() + body.size());
     w.bytes.reserve(head.size() + body.size());
     w.bytes.append(head).append(body);
     w.notification.assign(notification);
@@ -127,7 +167,10 @@ void lane_writer::pump() {
         w.sent += n;
         bytes_ -= n;
         if (!l.name.empty()) l.in_flight += n;
-        if (remaining == 0) l.messages.pop_front();
+        if (remaining == 0) {
+            spare.give(std::move(w.bytes));
+            l.messages.pop_front();
+        }
     }
 }
 
@@ -148,6 +191,7 @@ std::vector<std::string> lane_writer::clear() {
 // allocated on the strength of a header alone).
 void lane_reader::append(partial& p, std::string_view bytes) {
     const std::size_t need = p.bytes.size() + bytes.size();
+    if (p.bytes.empty() && p.total >= (4 << 20)) p.bytes = spare.take(std::size_t(p.total));
     if (need > p.bytes.capacity())
         p.bytes.reserve(std::size_t(std::min<std::uint64_t>(
             p.total, std::max<std::uint64_t>(need, 4 * std::uint64_t(p.bytes.capacity())))));
@@ -156,6 +200,10 @@ void lane_reader::append(partial& p, std::string_view bytes) {
 
 std::optional<std::string_view> lane_reader::take(std::string_view lane, std::uint64_t remaining,
                                    std::string_view bytes, const limits& l) {
+    if (!done_.empty()) {  // the last whole message has been handled: its buffer is free
+        spare.give(std::move(done_));
+        done_.clear();
+    }
     if (lane.size() > max_lane_name_bytes)
         throw_error(errc::protocol_error, "ordo.piece: a lane name of " +
                                               std::to_string(lane.size()) + " bytes (the most is " +
