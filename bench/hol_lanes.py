@@ -30,8 +30,10 @@ SIZES = [1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 def small_calls(mode, size):
     """Small calls per run: a run takes a few seconds whatever the mode."""
-    if mode != "ordered" or size <= 64 << 10:
+    if mode == "lanes" or size <= 64 << 10:
         return 400
+    if mode == "pooled":
+        return 200 if size <= 1 << 20 else 40 if size <= 16 << 20 else 15
     return 100 if size <= 1 << 20 else 20 if size <= 16 << 20 else 10
 
 

@@ -54,6 +54,22 @@ struct recorder {
     }
 };
 
+// "hold": a serial handler that waits until "release" is called (30 s at most), and answers 1
+// if it was; `holding` turns true when it starts.
+void serve_hold(server& srv, bool& holding, bool& released) {
+    srv.on("hold", [&]() -> net::awaitable<int> {
+        holding = true;
+        net::steady_timer t(co_await net::this_coro::executor);
+        const auto until = clock_type::now() + 30s;
+        while (!released && clock_type::now() < until) {
+            t.expires_after(1ms);
+            co_await t.async_wait(use_tuple);
+        }
+        co_return released ? 1 : 0;
+    });
+    srv.on("release", [&] { released = true; });
+}
+
 // Messages on three lanes, some large enough to go in pieces, all interleaved by the sender:
 // each lane's arrive in the order sent.
 TEST(Lanes, OrderHoldsWithinEachLane) {
@@ -113,18 +129,8 @@ TEST(Lanes, ALaneWhoseHandlerWaitsDoesNotHoldAnotherLane) {
         auto ex = co_await net::this_coro::executor;
         bool holding = false, released = false;
         server srv(ex);
-        srv.on("hold", [&]() -> net::awaitable<int> {
-            holding = true;
-            net::steady_timer t(co_await net::this_coro::executor);
-            const auto until = clock_type::now() + 30s;
-            while (!released && clock_type::now() < until) {
-                t.expires_after(1ms);
-                co_await t.async_wait(use_tuple);
-            }
-            co_return released ? 1 : 0;
-        });
+        serve_hold(srv, holding, released);
         srv.on("inc", [](int x) { return x + 1; });
-        srv.on("release", [&] { released = true; });
         const auto url = srv.listen("tcp://127.0.0.1:0");
         auto ch = co_await async_connect(url);
         bool held_done = false;
@@ -152,18 +158,8 @@ TEST(Lanes, TheUrlParameterAndRoutersCarryTheLane) {
         auto ex = co_await net::this_coro::executor;
         bool holding = false, released = false;
         server srv(ex);
-        srv.on("hold", [&]() -> net::awaitable<int> {
-            holding = true;
-            net::steady_timer t(co_await net::this_coro::executor);
-            const auto until = clock_type::now() + 30s;
-            while (!released && clock_type::now() < until) {
-                t.expires_after(1ms);
-                co_await t.async_wait(use_tuple);
-            }
-            co_return 1;
-        });
+        serve_hold(srv, holding, released);
         srv.on("inc", [](int x) { return x + 1; });
-        srv.on("release", [&] { released = true; });
         const auto url = srv.listen("tcp://127.0.0.1:0");
         auto by_url = co_await async_connect(url + "?lane=slow");
         EXPECT_EQ(by_url.lane_id(), detail::lane_id("slow"));
@@ -231,21 +227,12 @@ TEST(Lanes, AStoppedLaneIsHeldByItsCreditAndTheOthersGoOn) {
         bool holding = false, released = false;
         recorder rec;
         server srv(ex);
-        srv.on("hold", [&]() -> net::awaitable<void> {
-            holding = true;
-            net::steady_timer t(co_await net::this_coro::executor);
-            const auto until = clock_type::now() + 60s;
-            while (!released && clock_type::now() < until) {
-                t.expires_after(1ms);
-                co_await t.async_wait(use_tuple);
-            }
-        });
+        serve_hold(srv, holding, released);
         srv.on("sink", [&](std::uint64_t i, const std::string& blob) {
             if (blob.size() != (1 << 20)) rec.add("broken", blob.size());
             rec.add("slow", i);
         });
         srv.on("echo", [](const std::string& s) { return s; });
-        srv.on("release", [&] { released = true; });
         const auto url = srv.listen("tcp://127.0.0.1:0");
         auto ch = co_await async_connect(url);
         auto slow = ch.lane("slow");
