@@ -182,7 +182,7 @@ TEST(Lanes, TheUrlParameterAndRoutersCarryTheLane) {
     });
 }
 
-// A 16 MiB echo on a lane goes in pieces both ways: small calls on the default lane, made
+// A 64 MiB echo on a lane goes in pieces both ways: small calls on the default lane, made
 // after it, complete while it is on the wire (in one piece they would wait for all of it).
 TEST(Lanes, SmallCallsPassALargeCallInPieces) {
     run_test([]() -> net::awaitable<void> {
@@ -195,7 +195,7 @@ TEST(Lanes, SmallCallsPassALargeCallInPieces) {
         // The first call on a lane asks whether the server reads lanes; asked here, so that
         // the large call goes in pieces from its first byte.
         EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
-        std::string blob(16 << 20, '\0');
+        std::string blob(64 << 20, '\0');
         for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 131 % 251);
         bool big_done = false;
         bool big_ok = false;
