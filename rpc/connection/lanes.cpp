@@ -166,7 +166,7 @@ void lane_writer::pump() {
         }
         w.sent += n;
         bytes_ -= n;
-        if (!l.name.empty()) l.in_flight += n;
+        if (!l.name.empty()) l.in_flight += n + piece_overhead_bytes;
         if (remaining == 0) {
             spare.give(std::move(w.bytes));
             l.messages.pop_front();
@@ -211,11 +211,13 @@ std::optional<std::string_view> lane_reader::take(std::string_view lane, std::ui
     auto it = std::find_if(partials_.begin(), partials_.end(),
                            [&](const partial& p) { return p.lane == lane; });
     if (it == partials_.end()) {
+        // Compared without adding: a `remaining` near 2^64 must not wrap to a small total.
+        if (remaining > l.max_message_bytes || bytes.size() > l.max_message_bytes - remaining)
+            throw_error(errc::protocol_error,
+                        "ordo.piece: a message of more than max_message_bytes (" +
+                            std::to_string(l.max_message_bytes) + ") announced on lane \"" +
+                            std::string(lane) + "\"");
         const std::uint64_t total = std::uint64_t(bytes.size()) + remaining;
-        if (total > l.max_message_bytes)
-            throw_error(errc::protocol_error, "ordo.piece: a message of " + std::to_string(total) +
-                                                  " bytes exceeds max_message_bytes (" +
-                                                  std::to_string(l.max_message_bytes) + ")");
         done_lane_.assign(lane);
         if (remaining == 0) return bytes;  // one piece: the message itself, not copied
         if (partials_.size() >= l.max_lanes)
@@ -235,11 +237,13 @@ std::optional<std::string_view> lane_reader::take(std::string_view lane, std::ui
         partials_.push_back(std::move(p));
         return std::nullopt;
     }
-    if (std::uint64_t(it->bytes.size()) + bytes.size() + remaining != it->total)
+    const std::uint64_t left = it->total - it->bytes.size();  // never negative: checked below
+    if (bytes.size() > left || remaining != left - bytes.size())
         throw_error(errc::protocol_error,
                     "ordo.piece: lane \"" + it->lane + "\" announced a message of " +
-                        std::to_string(it->total) + " bytes, and its pieces say " +
-                        std::to_string(it->bytes.size() + bytes.size() + remaining));
+                        std::to_string(it->total) + " bytes, and a piece of " +
+                        std::to_string(bytes.size()) + " says " + std::to_string(remaining) +
+                        " more after it where " + std::to_string(left) + " were left");
     append(*it, bytes);
     if (remaining > 0) return std::nullopt;
     held_ -= it->total;
@@ -247,6 +251,10 @@ std::optional<std::string_view> lane_reader::take(std::string_view lane, std::ui
     done_lane_ = std::move(it->lane);
     partials_.erase(it);
     return done_;
+}
+
+void lane_reader::restart_clocks(std::chrono::steady_clock::time_point now) noexcept {
+    for (auto& p : partials_) p.since = now;
 }
 
 std::chrono::steady_clock::time_point lane_reader::oldest() const noexcept {

@@ -40,6 +40,9 @@ const std::string& lane_name(std::uint16_t id);
 /// (docs/protocol.md "Lanes"); the receiver gives credit (ordo.lane_credit) in steps of a
 /// quarter of it.
 inline constexpr std::uint64_t lane_window_bytes = std::uint64_t{4} << 20;
+/// What each piece counts against the window beyond its bytes: a lane of tiny messages is held
+/// at about 44,000 of them, below the count at which a queue stops a connection's reading.
+inline constexpr std::uint64_t piece_overhead_bytes = 64;
 
 /// Appends the head of `[2, "ordo.piece", [lane, remaining, bin(size)]]` to `out`: the piece's
 /// `size` bytes follow it.
@@ -120,6 +123,9 @@ class lane_reader {
                           const limits& l);
     /// The lane of the message take() returned last.
     const std::string& lane() const noexcept { return done_lane_; }
+    /// Counts every message in the making as begun `now` (the time this side did not read, or
+    /// had no connection, is not the peer's delay).
+    void restart_clocks(std::chrono::steady_clock::time_point now) noexcept;
     /// When the oldest message in the making got its first piece ({} if none is).
     std::chrono::steady_clock::time_point oldest() const noexcept;
     /// Bytes held for messages in the making.

@@ -23,7 +23,12 @@ void peer::start() {
 
 inline bool peer::state::refuse_call(std::unique_ptr<detail::pending_call>& call) {
     ++c.calls_started;
-    if (left || heard_eof) [[unlikely]] {
+    if (left || heard_eof || close_after_lanes) [[unlikely]] {
+        if (close_after_lanes && !left && !heard_eof) {
+            calls.fail(std::move(call), errc::closed,
+                       "ordo: the connection to " + remote + " is closing");
+            return true;
+        }
         calls.fail(std::move(call), sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
                    heard_eof ? eof_why : goaway_why);
         return true;
@@ -68,6 +73,10 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
 }
 
 void peer::notify_raw_on(std::uint16_t lane, std::string_view method, std::string_view params) {
+    if (s_->close_after_lanes)
+        throw rpc_error(errc::closed, {}, {},
+                        "ordo: notify " + std::string(method) + " to " + s_->remote +
+                            " failed: the connection is closing");
     if (s_->left)
         throw rpc_error(errc::peer_lost, {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
@@ -213,8 +222,8 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
         char small[detail::small_context_head];
         if (const std::size_t n = detail::write_small_context_head(
                 small, id, method, params, opts.metadata.size(), timeout, timeout.count() > 0);
-            n > 0 && lane == 0)
-            return sess->send(std::string_view(small, n), pairs);
+            n > 0)
+            return send_out(lane, std::string_view(small, n), pairs);
         ctx_scratch.clear();
         detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
                                            timeout, timeout.count() > 0);
@@ -406,10 +415,10 @@ void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::st
 }
 
 bool peer::is_open() const noexcept {
-    return s_->sess->can_send();
+    return s_->sess->can_send() && !s_->close_after_lanes;
 }
 bool peer::takes_calls() const noexcept {
-    return s_->sess->can_send() && !s_->left && !s_->heard_eof;
+    return s_->sess->can_send() && !s_->close_after_lanes && !s_->left && !s_->heard_eof;
 }
 bool peer::is_resumable() const noexcept {
     return s_->sess->is_resumable();

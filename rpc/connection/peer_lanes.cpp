@@ -4,6 +4,7 @@
 // bookkeeping itself is rpc/connection/lanes.cpp.
 #include "ordo/rpc/peer.hpp"
 
+#include "ordo/detail/memory_budget.hpp"
 #include "rpc/connection/peer_state.hpp"
 
 namespace ordo {
@@ -59,11 +60,13 @@ void peer::state::send_on_lane(std::string_view name, std::string_view head, std
     lanes_out.push(name, head, body, notification);
     update_divert();
     lanes_written();
+    charge_lanes();
 }
 
 void peer::state::lanes_written() {
     lanes_out.pump();
     update_divert();
+    charge_lanes();
     if (lanes_waiters > 0 && lanes_out.bytes() <= o.comm.high_water_bytes) lanes_event.cancel();
     if (close_after_lanes && lanes_out.empty()) {
         close_after_lanes = false;
@@ -82,9 +85,9 @@ void peer::state::close_session(std::error_code code, std::string reason) {
                 auto keep = w.lock();
                 if (ec || !keep || !close_after_lanes) return;
                 close_after_lanes = false;
-                end_lanes(make_error_code(errc::closed),
-                          "ordo: " + remote + " gave no credit for them within close_timeout (" +
-                              std::to_string(o.comm.close_timeout.count()) + " ms)");
+                drop_lanes_out(make_error_code(errc::closed),
+                               "ordo: " + remote + " gave no credit for them within close_timeout (" +
+                                   std::to_string(o.comm.close_timeout.count()) + " ms)");
                 close_session(lanes_close_code, std::move(lanes_close_reason));
             });
         }
@@ -94,6 +97,7 @@ void peer::state::close_session(std::error_code code, std::string reason) {
         return;
     }
     close_timer.cancel();
+    if (!sess->is_open()) return;
     if (code)
         sess->close(code, std::move(reason));
     else if (!reason.empty())
@@ -102,7 +106,7 @@ void peer::state::close_session(std::error_code code, std::string reason) {
         sess->close();
 }
 
-void peer::state::end_lanes(std::error_code code, const std::string& why) {
+void peer::state::drop_lanes_out(std::error_code code, const std::string& why) {
     for (auto& method : lanes_out.clear()) {
         ++c.notifications_undelivered;
         if (!o.on_undelivered) continue;
@@ -116,14 +120,24 @@ void peer::state::end_lanes(std::error_code code, const std::string& why) {
             // The application's callback must not throw; one that does loses only its report.
         }
     }
+    update_divert();
+    charge_lanes();
+}
+
+void peer::state::end_lanes(std::error_code code, const std::string& why) {
+    // A close that waited for the pieces closes now: they are gone.
+    const bool closing = close_after_lanes;
+    close_after_lanes = false;
+    close_timer.cancel();
+    drop_lanes_out(code, why);
     lanes_in.clear();
     piece_timer.cancel();
     lanes_event.cancel();
     // A new session may meet another server: it says again whether it reads pieces.
     lanes_ok = false;
     update_divert();
-    close_after_lanes = false;
-    close_timer.cancel();
+    charge_lanes();
+    if (closing) close_session(lanes_close_code, std::move(lanes_close_reason));
 }
 
 peer::state::lane_part& peer::state::part_of(std::string_view lane) {
@@ -183,7 +197,15 @@ void peer::state::on_piece(message& m) {
     const std::optional<std::string_view> whole =
         lanes_in.take(lane, remaining, bytes, o.comm.limits);
     arm_piece_timer();
-    if (part) part->received += bytes.size();
+    if (part) {
+        part->received += bytes.size() + detail::piece_overhead_bytes;
+        // A sender keeps within the credit it was given: beyond it (with a message's worth of
+        // slack for the piece that crossed it), it ignores credit.
+        if (part->received - part->credited > detail::lane_window_bytes + o.comm.limits.max_message_bytes)
+            throw_error(errc::protocol_error, "ordo: " + remote + " sent lane \"" + part->name +
+                                                  "\" pieces beyond the credit it was given");
+    }
+    charge_lanes();
     if (!whole) {
         if (part) grant(*part);
         return;
@@ -220,6 +242,11 @@ void peer::state::arm_piece_timer() {
         if (!keep) return;
         piece_timer_armed = false;
         if (ec || !sess->is_open()) return;
+        if (reading_paused || !sess->connected()) {
+            // This side's own pause, or no connection: not the peer's delay.
+            lanes_in.restart_clocks(std::chrono::steady_clock::now());
+            return arm_piece_timer();
+        }
         const auto oldest = lanes_in.oldest();
         if (oldest == std::chrono::steady_clock::time_point{}) return;
         if (std::chrono::steady_clock::now() < oldest + timeout) return arm_piece_timer();

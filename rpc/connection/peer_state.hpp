@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 
+#include "ordo/detail/memory_budget.hpp"
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "rpc/connection/call_table.hpp"
@@ -58,6 +59,7 @@ struct peer::state final : detail::call_table_host,
     }
 
     ~state() override {
+        if (o.comm.budget) o.comm.budget->adjust(lanes_charged, 0);
         if (sess->is_open()) {
             sess->end_locally(errc::closed, "ordo: peer " + remote + " destroyed");
             fail_all_calls(sess->close_code(), sess->close_reason());
@@ -413,6 +415,14 @@ struct peer::state final : detail::call_table_host,
     // Connection or session ended: pieces waiting are dropped (the notifications among them
     // told undelivered), messages in the making too.
     void end_lanes(std::error_code code, const std::string& why);
+    // The pieces waiting are dropped, their notifications told undelivered.
+    void drop_lanes_out(std::error_code code, const std::string& why);
+    // What lanes hold (pieces waiting, messages in the making), charged to the memory budget.
+    std::size_t lanes_charged = 0;
+    void charge_lanes() {
+        if (o.comm.budget)
+            o.comm.budget->adjust(lanes_charged, lanes_out.bytes() + lanes_in.bytes());
+    }
     // Closes the session, or once the pieces waiting have gone.
     void close_session(std::error_code code, std::string reason);
     // A named lane's part, made at its first piece (at most limits::max_lanes of them).
@@ -443,7 +453,10 @@ struct peer::state final : detail::call_table_host,
         sess->report_undelivered(r, o.on_undelivered, c);
         end_lanes(r.code, r.reason);
         disp.restart();
-        for (auto& l : lane_parts) l->disp.restart();
+        for (auto& l : lane_parts) {
+            l->disp.restart();
+            l->received = l->credited = 0;  // the next session's credit counts from nothing
+        }
         if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
     }
     void session_opened(bool resumed) override {
@@ -515,12 +528,11 @@ struct peer::state final : detail::call_table_host,
         if (!any) resumed_reading = std::chrono::steady_clock::now();
     }
     void handler_started() override { live.note_work(); }
-    void acknowledged() override {
-        if (!lanes_out.empty()) lanes_written();
-    }
-    // A completed write makes room for the next pieces, when some wait.
+    // Room to send again: the next pieces, when some wait, and credit that could not be sent.
+    void acknowledged() override { written(); }
     void written() override {
         if (!lanes_out.empty()) lanes_written();
+        for (auto& l : lane_parts) grant(*l);
     }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
     void remote_closing(std::error_code code, std::string reason) override {

@@ -49,15 +49,7 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
     // Closing for the peer's fault (protocol error, message_timeout), the comm tells it why
     // with an ordo.closing notification, which an ordo peer adds to its close reason. Not on a
     // resumable session: an unnumbered message there would break its count.
-    options_.farewell = [this](const std::error_code& code, const std::string& reason) {
-        if (mode_ == mode::resumable || mode_ == mode::offering) return std::string();
-        const int wire = code.category() == error_category()
-                             ? code.value()
-                             : static_cast<int>(errc::protocol_error);
-        buffer b(small_buffer);
-        encode_notification(b, "ordo.closing", wire, reason);
-        return std::string(b.data(), b.size());
-    };
+
     // Of what a connection could not write, only notifications are reported (report_undelivered);
     // the rest is never copied.
     options_.keep_undelivered = [](std::string_view m) { return is_notification_head(m); };
@@ -104,6 +96,9 @@ std::unique_ptr<batched_comm> session::make_comm(std::unique_ptr<transport> t,
     o.on_written = [l] {
         if (l->s) l->s->host_.written();
     };
+    o.farewell = [l](const std::error_code& code, const std::string& reason) {
+        return l->s ? l->s->farewell(code, reason) : std::string();
+    };
     return std::make_unique<batched_comm>(
         std::move(t), std::move(o),
         [l](std::string_view bytes) {
@@ -112,6 +107,18 @@ std::unique_ptr<batched_comm> session::make_comm(std::unique_ptr<transport> t,
         [l](const close_result& r) {
             if (l->s) l->s->on_comm_closed(r);
         });
+}
+
+// Closing for the peer's fault (protocol error, message_timeout), the comm tells it why with an
+// ordo.closing notification, which an ordo peer adds to its close reason. Not on a resumable
+// session: an unnumbered message there would break its count.
+std::string session::farewell(const std::error_code& code, const std::string& reason) const {
+    if (mode_ == mode::resumable || mode_ == mode::offering) return std::string();
+    const int wire = code.category() == error_category() ? code.value()
+                                                          : static_cast<int>(errc::protocol_error);
+    buffer b(small_buffer);
+    encode_notification(b, "ordo.closing", wire, reason);
+    return std::string(b.data(), b.size());
 }
 
 void session::attach(std::unique_ptr<transport> t) {

@@ -221,6 +221,9 @@ class session {
             return comm_ && !comm_->is_closing();
         return true;
     }
+    /// Whether a connection carries the session now (a resumable session between connections,
+    /// or one whose connection is closing, has none).
+    bool connected() const noexcept { return comm_ && attached_ && !comm_->is_closing(); }
     /// Who the other side is (peer::identity()).
     const identity& who() const noexcept { return who_; }
     /// True once the other side has agreed to resume this session after drops.
@@ -269,6 +272,7 @@ class session {
     struct link;
 
     void send_kept(std::string_view head, std::string_view body);
+    std::string farewell(const std::error_code& code, const std::string& reason) const;
     void connection_ended_inline();
     bool resumes_after(const close_result& r) const noexcept;
     const comm_counters& summed_counters() const noexcept;

@@ -151,6 +151,35 @@ TEST(Lanes, ALaneWhoseHandlerWaitsDoesNotHoldAnotherLane) {
     });
 }
 
+// A call with a deadline (its context in a small head) made after a large notification of the
+// default lane waits behind that notification's pieces, as any message of the lane does.
+TEST(Lanes, ACallWithAContextKeepsItsPlaceBehindItsLanesPieces) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        std::vector<std::string> order;
+        server srv(ex);
+        srv.on("upload", [&](const std::string& blob) {
+            order.push_back("upload " + std::to_string(blob.size()));
+        });
+        srv.on("commit", [&] {
+            order.push_back("commit");
+            return 1;
+        });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        EXPECT_EQ(co_await ch.lane("x").async_call<int>("commit"), 1);  // lanes agreed
+        order.clear();
+        for (int i = 0; i < 3; ++i) {
+            ch.notify("upload", std::string(1 << 20, 'u'));
+            EXPECT_EQ(co_await ch.async_call<int>("commit", timeout(20s)), 1);
+        }
+        const std::vector<std::string> want{"upload 1048576", "commit", "upload 1048576", "commit",
+                                            "upload 1048576", "commit"};
+        EXPECT_EQ(order, want);
+        co_await srv.async_stop();
+    });
+}
+
 // The URL parameter lane= gives a channel its lane; a router sends each call on its lane on
 // the replica's connection, so a router's call that waits on one lane does not hold another.
 TEST(Lanes, TheUrlParameterAndRoutersCarryTheLane) {
@@ -457,6 +486,12 @@ TEST(Lanes, PiecesOverTheLimitsCloseTheirConnection) {
             piece_client c(ex);
             co_await c.connect(url);
             co_await c.piece("a", 2 << 20, note.substr(0, 2));
+            EXPECT_TRUE(co_await c.closed_within(10s));
+        }
+        {  // a size that wraps: remaining near 2^64 must not pass for a small message
+            piece_client c(ex);
+            co_await c.connect(url);
+            co_await c.piece("a", ~std::uint64_t{0}, note.substr(0, 1));
             EXPECT_TRUE(co_await c.closed_within(10s));
         }
         {  // five lanes with a message in the making, over max_lanes (4)
