@@ -329,6 +329,10 @@ void batched_comm::set_limits(const limits& l) {
     impl_->framer.set_limits(l);
 }
 
+void batched_comm::want_written(bool on) noexcept {
+    impl_->want_written = on;
+}
+
 void batched_comm::pause_reading(bool paused) {
     impl_->paused = paused;
     if (!paused && impl_->rd == impl::reader::parked) impl_->reader_wake.cancel();

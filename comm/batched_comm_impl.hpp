@@ -120,6 +120,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     reader rd = reader::reading;
     bool started = false, finished = false, detached = false;
     bool paused = false;  // the owner's pause_reading(true): the reader parks at its next step
+    bool want_written = false;  // the owner's want_written(true): on_written is called
     net::steady_timer reader_wake{t->get_executor(), clock::time_point::max()};
     bool has_reason = false;
     // hand_over(): where the connection goes once both loops have stopped, and the bytes read
@@ -199,7 +200,7 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     void flush();
     // A write completed, outside any send(): the owner may send more (comm_options::on_written).
     void notify_written() {
-        if (o.on_written && !detached && st != state::ended) o.on_written();
+        if (want_written && !detached && st != state::ended && o.on_written) o.on_written();
     }
     // The reader's flush, after the messages of a read or of a turn.
     void flush_delivered() {

@@ -61,6 +61,7 @@ void peer::state::send_on_lane(std::string_view name, std::string_view head, std
     update_divert();
     lanes_written();
     charge_lanes();
+    if (!lanes_out.empty()) sess->want_written(true);
 }
 
 void peer::state::lanes_written() {
@@ -161,7 +162,9 @@ void peer::state::grant(lane_part& l) {
         sess->send(std::string_view(b.data(), b.size()));  // ahead of every lane's pieces
         l.credited += n;
     } catch (const std::system_error&) {
-        // Full or ending: given with the next message read or handler finished.
+        // Full or ending: given with the next write (or message read, or handler finished).
+        credit_owed = true;
+        sess->want_written(true);
     }
 }
 

@@ -374,6 +374,7 @@ struct peer::state final : detail::call_table_host,
         void remote_reads_lanes() override { s.remote_reads_lanes(); }
     };
     std::vector<std::unique_ptr<lane_part>> lane_parts;
+    bool credit_owed = false;  // a grant could not be sent: the next write retries
 
     // The way out for a message on `lane`: a default-lane message that needs no pieces goes
     // straight to the session, as without lanes.
@@ -532,7 +533,12 @@ struct peer::state final : detail::call_table_host,
     void acknowledged() override { written(); }
     void written() override {
         if (!lanes_out.empty()) lanes_written();
-        for (auto& l : lane_parts) grant(*l);
+        if (credit_owed) {
+            credit_owed = false;
+            for (auto& l : lane_parts) grant(*l);
+        }
+        // Told of writes while pieces or credit wait, not otherwise.
+        sess->want_written(!lanes_out.empty() || credit_owed);
     }
     std::shared_ptr<void> keep_alive() override { return self.shared_from_this(); }
     void remote_closing(std::error_code code, std::string reason) override {

@@ -135,6 +135,7 @@ void session::attach(std::unique_ptr<transport> t) {
     });
     link_ = std::move(l);
     if (paused_) comm_->pause_reading(true);
+    if (want_written_) comm_->want_written(true);
 }
 
 void session::drop_comm() {

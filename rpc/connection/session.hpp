@@ -187,6 +187,12 @@ class session {
     }
 
     void pause_reading(bool paused);
+    /// Whether the host is told of completed writes (session_host::written), on this
+    /// connection and the next ones.
+    void want_written(bool on) {
+        want_written_ = on;
+        if (comm_) comm_->want_written(on);
+    }
     /// Waits until the outgoing buffer (and the unacknowledged bytes) are below their high
     /// water marks, and, while resuming, until the session has a connection again.
     net::awaitable<void> async_drain();
@@ -339,6 +345,7 @@ class session {
     bool said_goodbye_ = false;   // the other side will not resume
     bool attached_ = false;       // a connection is there and carries the session
     bool paused_ = false;
+    bool want_written_ = false;
     bool dropped_ = false;  // a connection was dropped: counters() sums
     bool lost_ = false;     // the caller's session was lost: the next send opens a new one
     std::error_code close_code_;

@@ -241,6 +241,7 @@ void session::take_over(std::unique_ptr<batched_comm> comm, std::shared_ptr<link
     remote_ = comm_->remote_address();
     who_.address = remote_;
     if (paused_) comm_->pause_reading(true);
+    if (want_written_) comm_->want_written(true);
     if (their_received < sent_.first() || their_received > sent_.end()) {
         answer_error(msgid, errc::session_lost,
                      "the caller's count of messages received (" + std::to_string(their_received) +

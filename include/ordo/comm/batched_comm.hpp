@@ -68,7 +68,8 @@ struct comm_options {
     /// Called at the start of every write (tracing, tests). Runs on the comm's executor.
     std::function<void(const write_event&)> on_write;
     /// Called when a write has completed and the owner may send more (ordo::peer hands the
-    /// next pieces of its lanes then). Never from inside send(); on the comm's executor.
+    /// next pieces of its lanes then), while the owner asks for it (batched_comm::want_written).
+    /// Never from inside send(); on the comm's executor.
     std::function<void()> on_written;
     /// The memory budget this connection charges its read buffer and its unwritten output to
     /// (set by ordo::server from server_options::memory_budget on the connections it accepts;
@@ -218,6 +219,10 @@ class batched_comm {
     /// are still delivered), so that a peer that outruns its handlers meets TCP flow control
     /// instead of unbounded queues. Not paused at start.
     void pause_reading(bool paused);
+
+    /// Whether comm_options::on_written is called after completed writes (off at start: a
+    /// connection with nothing waiting to be sent pays nothing for it).
+    void want_written(bool on) noexcept;
 
     /// Waits until the buffered bytes are at or below high_water_bytes. Throws std::system_error
     /// with the close reason if the connection ends first. Cancellation: per-operation
