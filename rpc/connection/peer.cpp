@@ -204,7 +204,12 @@ void peer::state::send_request(std::uint32_t id, std::string_view method, std::s
     if (!opts.metadata.empty()) pairs = ctx_pairs.pack(method, opts.metadata, timeout.count() > 0);
     if (!has_context || ctx_support == context_support::no) {
         // Plain: held behind what waits for the answer, if anything does.
-        if (!holding) return send_out(lane, detail::request_head(id, method), params);
+        if (!holding) {
+            // Its head in a buffer of its own: request_head() stays start_call's alone, inlined.
+            buffer head(small_buffer);
+            detail::write_request_head(head, id, method);
+            return send_out(lane, std::string_view(head.data(), head.size()), params);
+        }
         buffer b(small_buffer + params.size());
         detail::write_request_head(b, id, method);
         b.write(params.data(), params.size());
