@@ -156,7 +156,7 @@ bool batched_comm::impl::end_batch(std::size_t n, const std::error_code& ec) {
     written = 0;
     // A burst must not pin its peak memory for the life of the connection.
     if (writing.capacity() > std::max<std::size_t>(4 * o.max_batch_bytes, 1 << 20)) {
-        byte_queue().swap(writing);
+        writing.release();
         std::vector<std::size_t>().swap(writing_ends);
     }
     if (drain_waiters > 0) changed.cancel();
@@ -253,9 +253,9 @@ void batched_comm::impl::hand_over_now() {
 void batched_comm::impl::finish() {
     hand_back(queue, queue_ends, 0);
     // Their memory goes now, not when the owner lets go of this object.
-    byte_queue().swap(queue);
+    queue.release();
     std::vector<std::size_t>().swap(queue_ends);
-    byte_queue().swap(writing);
+    writing.release();
     std::vector<std::size_t>().swap(writing_ends);
     c.buffered_bytes = 0;
     if (o.budget) {

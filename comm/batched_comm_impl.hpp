@@ -15,6 +15,7 @@
 
 #include "comm/framing.hpp"
 #include "comm/transports.hpp"
+#include "lib/byte_buffer.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/error.hpp"
 
@@ -30,39 +31,40 @@ class byte_queue {
     byte_queue(const byte_queue&) = delete;
     byte_queue& operator=(const byte_queue&) = delete;
 
-    const char* data() const noexcept { return p_.get(); }
-    std::size_t size() const noexcept { return size_; }
-    std::size_t capacity() const noexcept { return cap_; }
-    bool empty() const noexcept { return size_ == 0; }
-    void clear() noexcept { size_ = 0; }
-    void swap(byte_queue& o) noexcept {
-        p_.swap(o.p_);
-        std::swap(size_, o.size_);
-        std::swap(cap_, o.cap_);
-    }
+    const char* data() const noexcept { return b_.data(); }
+    std::size_t size() const noexcept { return b_.size(); }
+    std::size_t capacity() const noexcept { return b_.capacity(); }
+    bool empty() const noexcept { return b_.empty(); }
+    void clear() noexcept { b_.clear(); }
+    void swap(byte_queue& o) noexcept { std::swap(b_, o.b_); }
     /// Appends `a` then `b`; grows by doubling.
     void append(std::string_view a, std::string_view b) {
         const std::size_t n = a.size() + b.size();
-        if (cap_ - size_ < n) grow(n);
-        copy(p_.get() + size_, a);
-        if (!b.empty()) copy(p_.get() + size_ + a.size(), b);
-        size_ += n;
+        const std::size_t size = b_.size();
+        if (b_.capacity() - size < n) grow(n);
+        copy(b_.data() + size, a);
+        if (!b.empty()) copy(b_.data() + size + a.size(), b);
+        b_.resize_written(size + n);
     }
+    /// Empties it and gives its memory back (a large buffer to the thread's spares).
+    void release() noexcept { detail::keep_spare(std::move(b_)); }
 
   private:
     static void copy(char* to, std::string_view s) noexcept {
         detail::copy_small(to, s.data(), s.size());
     }
     void grow(std::size_t n) {
-        const std::size_t c = std::max(2 * cap_, size_ + n);
-        std::unique_ptr<char[]> q(new char[c]);
-        if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
-        p_ = std::move(q);
-        cap_ = c;
+        const std::size_t c = std::max(2 * b_.capacity(), b_.size() + n);
+        detail::byte_buffer q;
+        if (c >= detail::spare_min_bytes) q = detail::take_spare(c, 2 * c);
+        q.reserve(c);
+        if (!b_.empty()) std::memcpy(q.data(), b_.data(), b_.size());
+        q.resize_written(b_.size());
+        detail::keep_spare(std::move(b_));
+        b_ = std::move(q);
     }
 
-    std::unique_ptr<char[]> p_;
-    std::size_t size_ = 0, cap_ = 0;
+    detail::byte_buffer b_;
 };
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive

@@ -40,8 +40,8 @@ net::awaitable<void> batched_comm::impl::read_messages() {
         read_plan plan{read_size};
         if (o.budget && o.budget->over(framer.capacity_for(read_size) - framer.capacity()))
             plan = co_await budgeted_read();
-        if (st == state::ended) break;
-        auto area = framer.prepare(plan.size, plan.max_capacity);
+        if (st == state::ended || quitting) break;
+        auto area = framer.read_area(plan.size, plan.max_capacity);
         charge_read();
         std::error_code ec;
         const std::size_t n =
@@ -140,7 +140,8 @@ net::awaitable<batched_comm::impl::read_plan> batched_comm::impl::budgeted_read(
             const std::size_t room = used < b.limit() ? b.limit() - used : 0;
             if (framer.capacity_for(read_size, 0) - cap <= room)
                 co_return read_plan{read_size, cap + room};
-            if (framer.space() > 0) co_return read_plan{std::min(read_size, framer.space())};
+            if (framer.space() > 0)
+                co_return read_plan{std::min(read_size, framer.space()), framer.capacity()};
             if (framer.capacity_for(min_read_size) <= budget_floor)
                 co_return read_plan{min_read_size};
         }

@@ -145,30 +145,49 @@ std::size_t whole_message(const unsigned char* p, std::size_t avail, const limit
 
 framer::framer(const limits& l) : limits_(l) {}
 
-std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
+std::size_t framer::grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept {
+    const std::size_t held = end_ - begin_;
+    std::size_t c = std::max(std::min(capacity() * 2, max_capacity), held + n);
+    // A large str, bin or ext: toward the size of its message, four times what arrived at a
+    // step (a few copies of what is held, rather than one per doubling), never past it.
+    if (need_ > held) c = std::max(held + n, std::min({need_, std::max(c, 4 * held), max_capacity}));
+    return c;
+}
+
+void framer::make_room(std::size_t n, std::size_t cap, std::size_t max_capacity) {
     if (begin_ == end_) {
         begin_ = scan_ = end_ = 0;
-    } else if (cap_ - end_ < n && begin_ > 0) {
-        std::memmove(buf_.get(), buf_.get() + begin_, end_ - begin_);
+    } else if (capacity() - end_ < n && begin_ > 0) {
+        std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
         scan_ -= begin_;
         end_ -= begin_;
         begin_ = 0;
     }
-    if (cap_ - end_ < n) {
-        // Not zero-filled: only what the transport writes into it is ever read.
-        const std::size_t c = std::max(std::min(cap_ * 2, max_capacity), end_ + n);
-        std::unique_ptr<char[]> b(new char[c]);
-        if (end_ > 0) std::memcpy(b.get(), buf_.get(), end_);
-        buf_ = std::move(b);
-        cap_ = c;
-    }
-    return {buf_.get() + end_, n};
+    if (capacity() - end_ >= n || cap <= capacity()) return;
+    // Not zero-filled: only what the transport writes into it is ever read.
+    byte_buffer b;
+    if (cap >= spare_min_bytes) b = take_spare(cap, std::max(cap, std::min(2 * cap, max_capacity)));
+    b.reserve(cap);
+    if (end_ > 0) std::memcpy(b.data(), buf_.data(), end_);
+    keep_spare(std::move(buf_));
+    buf_ = std::move(b);
+}
+
+std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
+    make_room(n, grown_capacity(n, max_capacity), max_capacity);
+    return {buf_.data() + end_, n};
+}
+
+std::span<char> framer::read_area(std::size_t n, std::size_t max_capacity) {
+    const std::size_t m = n > 0 ? more() : 0;  // no read: no room
+    make_room(m > 0 ? m : n, grown_capacity(n, max_capacity), max_capacity);
+    return {buf_.data() + end_, m > 0 ? std::min(capacity() - end_, std::max(n, m)) : n};
 }
 
 void framer::trim(std::size_t cap) {
-    if (begin_ != end_ || cap_ <= cap) return;
-    buf_.reset(cap > 0 ? new char[cap] : nullptr);
-    cap_ = cap;
+    if (begin_ != end_ || capacity() <= cap) return;
+    keep_spare(std::move(buf_));
+    if (cap > 0) buf_.reserve(cap);
     begin_ = scan_ = end_ = 0;
 }
 
@@ -209,11 +228,12 @@ void framer::push_container(std::uint64_t entries, std::uint64_t length) {
 }
 
 std::optional<std::string_view> framer::next() {
-    const auto* data = reinterpret_cast<const unsigned char*>(buf_.get());
+    const auto* data = reinterpret_cast<const unsigned char*>(buf_.data());
     if (scan_ == begin_ && scan_ < end_) {  // at the start of a message: try it whole
         if (const std::size_t n = whole_message(data + begin_, end_ - begin_, limits_)) {
-            std::string_view whole(buf_.get() + begin_, n);
+            std::string_view whole(buf_.data() + begin_, n);
             begin_ = scan_ = begin_ + n;
+            need_ = 0;
             return whole;
         }
     }
@@ -235,7 +255,10 @@ std::optional<std::string_view> framer::next() {
         if (size > limits_.max_message_bytes - (scan_ - begin_))
             fail("message longer than max_message_bytes", scan_ - begin_ + size,
                  limits_.max_message_bytes);
-        if (avail < size) break;
+        if (avail < size) {
+            need_ = scan_ - begin_ + std::size_t(size);  // within max_message_bytes: checked
+            break;
+        }
         if (++objects_ > limits_.max_objects)
             fail("more objects in one message than max_objects", objects_, limits_.max_objects);
         scan_ += size;
@@ -255,9 +278,10 @@ std::optional<std::string_view> framer::next() {
                 open_.pop_back();
         }
         if (item_done) {
-            std::string_view whole(buf_.get() + begin_, scan_ - begin_);
+            std::string_view whole(buf_.data() + begin_, scan_ - begin_);
             begin_ = scan_;
             objects_ = 0;
+            need_ = 0;
             return whole;
         }
     }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/byte_buffer.hpp"
 #include "ordo/limits.hpp"
 
 namespace ordo::detail {
@@ -39,6 +40,12 @@ class framer {
     /// returned by next(). When it has to grow, the buffer doubles, but to no more than
     /// `max_capacity` unless `n` needs more.
     std::span<char> prepare(std::size_t n, std::size_t max_capacity = SIZE_MAX);
+    /// prepare() for a read: while the message being cut is known to need more bytes (a
+    /// str, bin or ext header announced them), an area for up to all of them, and the buffer
+    /// grows toward the message's size (by 4x what is held at a step at most: nothing is
+    /// allocated on the strength of a header alone) rather than doubling; the area may then be
+    /// smaller than `n` when it holds the rest of the message.
+    std::span<char> read_area(std::size_t n, std::size_t max_capacity = SIZE_MAX);
     /// Marks `n` bytes written into the area from prepare() as received.
     void commit(std::size_t n);
     /// Copies `bytes` in (prepare + copy + commit).
@@ -53,7 +60,10 @@ class framer {
     bool at_message_start() const noexcept { return scan_ == begin_ && begin_ != end_; }
     /// Drops the first `n` unread bytes, a whole message that someone else cut and checked
     /// (only at_message_start()).
-    void skip(std::size_t n) noexcept { begin_ = scan_ = begin_ + n; }
+    void skip(std::size_t n) noexcept {
+        begin_ = scan_ = begin_ + n;
+        need_ = 0;
+    }
 
     /// Call at end of stream: throws if an incomplete object is buffered ("truncated").
     void finish() const;
@@ -61,28 +71,43 @@ class framer {
     /// Bytes received but not yet returned by next().
     std::size_t buffered() const noexcept { return end_ - begin_; }
     /// Those bytes (valid until the next prepare() or feed()).
-    std::string_view unread() const noexcept { return {buf_.get() + begin_, end_ - begin_}; }
+    std::string_view unread() const noexcept { return {buf_.data() + begin_, end_ - begin_}; }
     /// Bytes the buffer holds (its memory).
-    std::size_t capacity() const noexcept { return cap_; }
-    /// The capacity prepare(n, max_capacity) would leave (more than capacity() when it has to
-    /// grow).
+    std::size_t capacity() const noexcept { return buf_.capacity(); }
+    /// The capacity read_area(n, max_capacity) would leave (more than capacity() when it has
+    /// to grow).
     std::size_t capacity_for(std::size_t n, std::size_t max_capacity = SIZE_MAX) const noexcept {
-        const std::size_t held = end_ - begin_;
-        return cap_ - held >= n ? cap_ : std::max(std::min(cap_ * 2, max_capacity), held + n);
+        return space() >= required(n) ? capacity() : grown_capacity(n, max_capacity);
     }
     /// Bytes prepare() can offer without growing the buffer.
-    std::size_t space() const noexcept { return cap_ - (end_ - begin_); }
+    std::size_t space() const noexcept { return capacity() - (end_ - begin_); }
     /// When nothing is buffered and the buffer is larger than `cap` (it grew for a large
-    /// message or a burst), gives its memory back down to `cap` bytes.
+    /// message or a burst), gives its memory back down to `cap` bytes (a large buffer to the
+    /// thread's spares, lib/byte_buffer.hpp).
     void trim(std::size_t cap);
 
   private:
     [[noreturn]] void fail(const char* what, std::uint64_t value, std::size_t limit) const;
     void push_container(std::uint64_t entries, std::uint64_t length);
+    // Bytes the message being cut is known to need beyond those held (0: none known).
+    std::size_t more() const noexcept {
+        const std::size_t held = end_ - begin_;
+        return need_ > held ? need_ - held : 0;
+    }
+    // The free space a read of `n` needs: all the message still needs, when that is known.
+    std::size_t required(std::size_t n) const noexcept {
+        const std::size_t m = more();
+        return m > 0 ? m : n;
+    }
+    // The capacity to grow to for a read of `n` (see read_area()).
+    std::size_t grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept;
+    // Moves the unread bytes to the front when `n` bytes do not fit after them; then grows to
+    // `cap` when they still do not (a spare buffer of up to `max_capacity` may serve).
+    void make_room(std::size_t n, std::size_t cap, std::size_t max_capacity);
 
     limits limits_;
-    std::unique_ptr<char[]> buf_;
-    std::size_t cap_ = 0;
+    byte_buffer buf_;                  // its capacity is the framer's; its size is unused
+    std::size_t need_ = 0;             // bytes the message being scanned needs, when known
     std::size_t begin_ = 0;            // start of the object being scanned
     std::size_t scan_ = 0;             // next unscanned token
     std::size_t end_ = 0;              // end of received bytes

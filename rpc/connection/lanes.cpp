@@ -25,44 +25,6 @@ lane_names& names() {
     return *n;
 }
 
-// Large buffers (a message waiting for its pieces to go, or one in the making) kept for the next
-// large message on the thread. From malloc each time, a large buffer is a fresh mapping whose
-// page faults cost as much as copying the message into it. At most 4, 64 MiB together, a
-// thread; nothing smaller than 4 MiB (malloc reuses those well, and keeping them here only
-// fragments its heap).
-class spare_buffers {
-  public:
-    std::string take(std::size_t want) {
-        std::size_t best = kept_.size();
-        for (std::size_t i = 0; i < kept_.size(); ++i)
-            if (kept_[i].capacity() >= want &&
-                (best == kept_.size() || kept_[i].capacity() < kept_[best].capacity()))
-                best = i;
-        if (best == kept_.size()) return {};
-        std::string s = std::move(kept_[best]);
-        kept_.erase(kept_.begin() + std::ptrdiff_t(best));
-        bytes_ -= s.capacity();
-        s.clear();
-        return s;
-    }
-    void give(std::string&& s) {
-        const std::size_t cap = s.capacity();
-        if (cap < (4 << 20) || cap > max_bytes) return;
-        while (!kept_.empty() && (kept_.size() >= 4 || bytes_ + cap > max_bytes)) {
-            bytes_ -= kept_.front().capacity();
-            kept_.erase(kept_.begin());
-        }
-        bytes_ += cap;
-        kept_.push_back(std::move(s));
-    }
-
-  private:
-    static constexpr std::size_t max_bytes = std::size_t{64} << 20;
-    std::vector<std::string> kept_;
-    std::size_t bytes_ = 0;
-};
-
-thread_local spare_buffers spare;
 
 }  // namespace
 
@@ -119,9 +81,11 @@ void lane_writer::push(std::string_view name, std::string_view head, std::string
         it = lanes_.end() - 1;
     }
     waiting w;
-    w.bytes = spare.take(head.size() + body.size());
-    w.bytes.reserve(head.size() + body.size());
-    w.bytes.append(head).append(body);
+    const std::size_t size = head.size() + body.size();
+    if (size >= spare_min_bytes) w.bytes = take_spare(size, 2 * size);
+    w.bytes.reserve(size);
+    w.bytes.append(head);
+    w.bytes.append(body);
     w.notification.assign(notification);
     bytes_ += w.bytes.size();
     it->messages.push_back(std::move(w));
@@ -160,7 +124,7 @@ void lane_writer::pump() {
         const std::uint64_t remaining = w.bytes.size() - w.sent - n;
         write_piece_head(head_, l.name, remaining, n);
         try {
-            send_(head_, std::string_view(w.bytes).substr(w.sent, n));
+            send_(head_, w.bytes.view().substr(w.sent, n));
         } catch (const std::system_error&) {
             break;  // full (the next write or acknowledgement pumps again) or ending
         }
@@ -168,7 +132,7 @@ void lane_writer::pump() {
         bytes_ -= n;
         if (!l.name.empty()) l.in_flight += n + piece_overhead_bytes;
         if (remaining == 0) {
-            spare.give(std::move(w.bytes));
+            keep_spare(std::move(w.bytes));
             l.messages.pop_front();
         }
     }
@@ -191,7 +155,8 @@ std::vector<std::string> lane_writer::clear() {
 // allocated on the strength of a header alone).
 void lane_reader::append(partial& p, std::string_view bytes) {
     const std::size_t need = p.bytes.size() + bytes.size();
-    if (p.bytes.empty() && p.total >= (4 << 20)) p.bytes = spare.take(std::size_t(p.total));
+    if (p.bytes.capacity() == 0 && p.total >= spare_min_bytes)
+        p.bytes = take_spare(std::size_t(p.total), std::size_t(2 * p.total));
     if (need > p.bytes.capacity())
         p.bytes.reserve(std::size_t(std::min<std::uint64_t>(
             p.total, std::max<std::uint64_t>(need, 4 * std::uint64_t(p.bytes.capacity())))));
@@ -200,10 +165,7 @@ void lane_reader::append(partial& p, std::string_view bytes) {
 
 std::optional<std::string_view> lane_reader::take(std::string_view lane, std::uint64_t remaining,
                                    std::string_view bytes, const limits& l) {
-    if (!done_.empty()) {  // the last whole message has been handled: its buffer is free
-        spare.give(std::move(done_));
-        done_.clear();
-    }
+    if (done_.capacity() > 0) keep_spare(std::move(done_));  // the last message was handled
     if (lane.size() > max_lane_name_bytes)
         throw_error(errc::protocol_error, "ordo.piece: a lane name of " +
                                               std::to_string(lane.size()) + " bytes (the most is " +
@@ -250,7 +212,7 @@ std::optional<std::string_view> lane_reader::take(std::string_view lane, std::ui
     done_ = std::move(it->bytes);
     done_lane_ = std::move(it->lane);
     partials_.erase(it);
-    return done_;
+    return done_.view();
 }
 
 void lane_reader::restart_clocks(std::chrono::steady_clock::time_point now) noexcept {
@@ -267,8 +229,7 @@ std::chrono::steady_clock::time_point lane_reader::oldest() const noexcept {
 void lane_reader::clear() noexcept {
     partials_.clear();
     held_ = 0;
-    done_.clear();
-    done_.shrink_to_fit();
+    done_.release();
 }
 
 }  // namespace ordo::detail

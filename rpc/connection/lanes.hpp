@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lib/byte_buffer.hpp"
 #include "ordo/limits.hpp"
 #include "rpc/connection/fifo.hpp"
 
@@ -87,7 +88,7 @@ class lane_writer {
 
   private:
     struct waiting {
-        std::string bytes;
+        byte_buffer bytes;
         std::size_t sent = 0;      // its bytes already handed over as pieces
         std::string notification;  // a notification's method
     };
@@ -135,13 +136,14 @@ class lane_reader {
   private:
     struct partial {
         std::string lane;
-        std::string bytes;
+        byte_buffer bytes;
         std::uint64_t total = 0;
         std::chrono::steady_clock::time_point since;
     };
     static void append(partial& p, std::string_view bytes);
     std::vector<partial> partials_;
-    std::string done_, done_lane_;
+    byte_buffer done_;
+    std::string done_lane_;
     std::size_t held_ = 0;
 };
 

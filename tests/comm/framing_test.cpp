@@ -212,6 +212,123 @@ TEST(Framer, LargeMessageInManyChunksIsScannedOnceAndYieldedWhole) {
     EXPECT_EQ(f.buffered(), 0u);
 }
 
+// A large bin read the way the connection reads (read_area, then as many bytes as a read may
+// bring): the buffer grows toward the message's size, at most 4x what it holds at a step, so a
+// 24 MiB message costs a few growths (doubling from 64 KiB would take nine), and the reads
+// take up to all the message still needs rather than 64 KiB at a time.
+TEST(Framer, ReadAreaGrowsTowardALargeMessageInFewStepsAndNeverOnAHeaderAlone) {
+    std::string msg;
+    {
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        p.pack_array(2);
+        p.pack(7);
+        const std::string payload(24 << 20, 'z');
+        p.pack_bin(static_cast<std::uint32_t>(payload.size()));
+        p.pack_bin_body(payload.data(), payload.size());
+        msg.assign(b.data(), b.size());
+    }
+    framer f;
+    std::size_t at = 0, growths = 0, largest_read = 0;
+    std::size_t cap = f.capacity();
+    int yielded = 0;
+    while (at < msg.size()) {
+        const std::size_t held = f.buffered();
+        auto area = f.read_area(65536);
+        if (f.capacity() != cap) {
+            ++growths;
+            // Never more than 4x what was held (or one read's worth on the first bytes).
+            EXPECT_LE(f.capacity(), std::max<std::size_t>(4 * held, 2 * cap + 65536));
+            cap = f.capacity();
+        }
+        // A socket brings at most a few MiB at a time.
+        const std::size_t n = std::min({area.size(), msg.size() - at, std::size_t{3} << 20});
+        largest_read = std::max(largest_read, n);
+        std::copy_n(msg.data() + at, n, area.data());
+        f.commit(n);
+        at += n;
+        while (auto m = f.next()) {
+            EXPECT_EQ(*m, msg);
+            ++yielded;
+        }
+    }
+    EXPECT_EQ(yielded, 1);
+    EXPECT_LE(growths, 6u);
+    EXPECT_GT(largest_read, std::size_t{1} << 20);
+    EXPECT_LE(f.capacity(), msg.size() + 65536);  // sized from the header, not doubled past it
+
+    // A header alone (a bin of 100 MiB announced, nothing of it sent) allocates nothing large.
+    limits l;
+    l.max_message_bytes = l.max_string_bytes = 128 << 20;
+    framer g(l);
+    std::string head = "\x92\x07\xc6";
+    const std::uint32_t n = 100u << 20;
+    head += char(n >> 24);
+    head += char(n >> 16);
+    head += char(n >> 8);
+    head += char(n);
+    g.feed(head);
+    EXPECT_FALSE(g.next());
+    auto area = g.read_area(65536);
+    EXPECT_LE(g.capacity(), std::size_t{1} << 20);
+    EXPECT_GE(area.size(), 65536u);
+}
+
+// The thread's spare buffers: a large buffer given back is taken again (no new mapping to
+// fault in), the smallest that fits first; small ones and too many are not kept.
+TEST(SpareBuffers, ALargeBufferGivenBackIsTakenAgainWithinTheBounds) {
+    while (take_spare(0, SIZE_MAX).capacity() > 0) {
+    }  // what the tests before left on this thread
+    byte_buffer a;
+    a.reserve(spare_min_bytes);
+    const char* pa = a.data();
+    byte_buffer b;
+    b.reserve(2 * spare_min_bytes);
+    const char* pb = b.data();
+    keep_spare(std::move(b));
+    keep_spare(std::move(a));
+    byte_buffer t = take_spare(spare_min_bytes, 4 * spare_min_bytes);
+    EXPECT_EQ(t.data(), pa);  // the smallest that fits
+    EXPECT_EQ(t.size(), 0u);
+    byte_buffer u = take_spare(spare_min_bytes + 1, spare_min_bytes + 2);
+    EXPECT_EQ(u.capacity(), 0u);  // none within [want, most]
+    byte_buffer v = take_spare(spare_min_bytes + 1, 4 * spare_min_bytes);
+    EXPECT_EQ(v.data(), pb);
+    byte_buffer small;
+    small.reserve(spare_min_bytes - 1);
+    keep_spare(std::move(small));
+    EXPECT_EQ(take_spare(1, spare_min_bytes).capacity(), 0u);  // too small to keep
+    // At most 4: a fifth drops the oldest.
+    std::vector<const char*> kept;
+    for (int i = 0; i < 5; ++i) {
+        byte_buffer x;
+        x.reserve(std::size_t{16} << 20);
+        kept.push_back(x.data());
+        keep_spare(std::move(x));
+    }
+    int found = 0;
+    for (int i = 0; i < 5; ++i) {
+        byte_buffer x = take_spare(std::size_t{16} << 20, std::size_t{16} << 20);
+        if (x.capacity() == 0) break;
+        EXPECT_NE(x.data(), kept[0]);
+        ++found;
+    }
+    EXPECT_EQ(found, 4);
+    // At most 65 MiB a buffer, 130 MiB together (the bytes are never touched: no memory used).
+    byte_buffer huge;
+    huge.reserve(std::size_t{66} << 20);
+    keep_spare(std::move(huge));
+    EXPECT_EQ(take_spare(0, SIZE_MAX).capacity(), 0u);
+    for (int i = 0; i < 3; ++i) {
+        byte_buffer x;
+        x.reserve(std::size_t{60} << 20);
+        keep_spare(std::move(x));
+    }
+    EXPECT_GT(take_spare(0, SIZE_MAX).capacity(), 0u);
+    EXPECT_GT(take_spare(0, SIZE_MAX).capacity(), 0u);
+    EXPECT_EQ(take_spare(0, SIZE_MAX).capacity(), 0u);
+}
+
 // A random msgpack object: nested arrays and maps of ints, strings and nils.
 void random_object(std::mt19937& rng, msgpack::packer<msgpack::sbuffer>& p, int depth) {
     switch (depth > 6 ? rng() % 3 : rng() % 5) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "ordo/detail/copy_small.hpp"
+#include "ordo/detail/spare_buffers.hpp"
 #include "ordo/rpc/detail/msgpack_core.hpp"
 
 namespace ordo::detail {
@@ -30,6 +31,7 @@ class params_buffer {
     }
     params_buffer(const params_buffer&) = delete;
     params_buffer& operator=(const params_buffer&) = delete;
+    ~params_buffer() { give_back(); }
 
     /// Inline while there is room: msgpack's packer writes its heads in sizes known where it
     /// calls this, and a one-byte head is then one store.
@@ -46,6 +48,7 @@ class params_buffer {
     std::size_t size() const noexcept { return size_; }
     /// Empties it and frees what it allocated.
     void clear() noexcept {
+        give_back();
         heap_.reset();
         cap_ = sizeof inline_;
         size_ = 0;
@@ -63,11 +66,19 @@ class params_buffer {
         size_ += n;
     }
     void grow(std::size_t n) {
-        const std::size_t c = std::max(cap_ * 2, size_ + n);
-        std::unique_ptr<char[]> h(new char[c]);
+        std::size_t c = std::max(cap_ * 2, size_ + n);
+        std::unique_ptr<char[]> h;
+        if (c >= spare_min_bytes) h = take_spare_block(c, 2 * c, c);
+        if (!h) h.reset(new char[c]);
         std::memcpy(h.get(), data(), size_);
+        give_back();
         heap_ = std::move(h);
         cap_ = c;
+    }
+    // A large buffer goes to the thread's spares, for the next large message.
+    void give_back() noexcept {
+        if (cap_ >= spare_min_bytes) [[unlikely]]
+            keep_spare_block(std::move(heap_), cap_);
     }
     void take(params_buffer& o) noexcept {
         if (o.heap_) {
