@@ -39,6 +39,11 @@ struct pool::state {
             }
             inner_->complete(ec, std::move(out));
         }
+        // The outcome goes straight to the caller's call, which may read it where it lies (a
+        // large result then is not copied first).
+        bool takes_borrowed() const noexcept override {
+            return inner_ && inner_->takes_borrowed();
+        }
 
       private:
         std::weak_ptr<pool> pool_;
