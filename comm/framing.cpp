@@ -179,15 +179,19 @@ std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
 }
 
 std::span<char> framer::read_area(std::size_t n, std::size_t max_capacity) {
-    const std::size_t m = n > 0 ? more() : 0;  // no read: no room
-    make_room(m > 0 ? m : n, grown_capacity(n, max_capacity), max_capacity);
-    return {buf_.data() + end_, m > 0 ? std::min(capacity() - end_, std::max(n, m)) : n};
+    if (n == 0) return {};  // no read: no room
+    make_room(required(n), grown_capacity(n, max_capacity), max_capacity);
+    return {buf_.data() + end_, std::min(capacity() - end_, required(n))};
 }
 
 void framer::trim(std::size_t cap) {
     if (begin_ != end_ || capacity() <= cap) return;
+    // The small one first: the large one freed first would be the top of the heap, which
+    // malloc gives back to the system (and faults in again for the next large message).
+    byte_buffer b;
+    if (cap > 0) b.reserve(cap);
     keep_spare(std::move(buf_));
-    if (cap > 0) buf_.reserve(cap);
+    buf_ = std::move(b);
     begin_ = scan_ = end_ = 0;
 }
 

@@ -94,11 +94,9 @@ class framer {
         const std::size_t held = end_ - begin_;
         return need_ > held ? need_ - held : 0;
     }
-    // The free space a read of `n` needs: all the message still needs, when that is known.
-    std::size_t required(std::size_t n) const noexcept {
-        const std::size_t m = more();
-        return m > 0 ? m : n;
-    }
+    // The free space a read of `n` needs: all the message still needs, when that is known
+    // and more.
+    std::size_t required(std::size_t n) const noexcept { return std::max(more(), n); }
     // The capacity to grow to for a read of `n` (see read_area()).
     std::size_t grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept;
     // Moves the unread bytes to the front when `n` bytes do not fit after them; then grows to

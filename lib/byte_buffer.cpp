@@ -9,7 +9,7 @@ namespace {
 
 // Room for the buffers of a 64 MiB message (its bytes and a little more) twice over: one side of
 // an echo packs one while it reads the other.
-constexpr std::size_t max_kept = 4;
+constexpr std::size_t max_kept = 8;
 constexpr std::size_t max_block_bytes = std::size_t{65} << 20;
 constexpr std::size_t max_kept_bytes = 2 * max_block_bytes;
 

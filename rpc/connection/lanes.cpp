@@ -132,7 +132,7 @@ void lane_writer::pump() {
         bytes_ -= n;
         if (!l.name.empty()) l.in_flight += n + piece_overhead_bytes;
         if (remaining == 0) {
-            keep_spare(std::move(w.bytes));
+            if (w.bytes.capacity() >= spare_min_bytes) keep_spare(std::move(w.bytes));
             l.messages.pop_front();
         }
     }
@@ -165,7 +165,14 @@ void lane_reader::append(partial& p, std::string_view bytes) {
 
 std::optional<std::string_view> lane_reader::take(std::string_view lane, std::uint64_t remaining,
                                    std::string_view bytes, const limits& l) {
-    if (done_.capacity() > 0) keep_spare(std::move(done_));  // the last message was handled
+    // The last whole message has been handled: its buffer is free. One too small to keep
+    // is kept here, for the next: freed now (before the next is allocated) it would be the
+    // top of the heap, which malloc gives back to the system, and the next one's page
+    // faults would cost as much as its copy.
+    if (done_.capacity() >= spare_min_bytes)
+        keep_spare(std::move(done_));
+    else
+        done_.clear();
     if (lane.size() > max_lane_name_bytes)
         throw_error(errc::protocol_error, "ordo.piece: a lane name of " +
                                               std::to_string(lane.size()) + " bytes (the most is " +

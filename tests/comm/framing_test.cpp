@@ -298,22 +298,22 @@ TEST(SpareBuffers, ALargeBufferGivenBackIsTakenAgainWithinTheBounds) {
     small.reserve(spare_min_bytes - 1);
     keep_spare(std::move(small));
     EXPECT_EQ(take_spare(1, spare_min_bytes).capacity(), 0u);  // too small to keep
-    // At most 4: a fifth drops the oldest.
+    // At most 8: a ninth drops the oldest.
     std::vector<const char*> kept;
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 9; ++i) {
         byte_buffer x;
-        x.reserve(std::size_t{16} << 20);
+        x.reserve(std::size_t{8} << 20);
         kept.push_back(x.data());
         keep_spare(std::move(x));
     }
     int found = 0;
-    for (int i = 0; i < 5; ++i) {
-        byte_buffer x = take_spare(std::size_t{16} << 20, std::size_t{16} << 20);
+    for (int i = 0; i < 9; ++i) {
+        byte_buffer x = take_spare(std::size_t{8} << 20, std::size_t{8} << 20);
         if (x.capacity() == 0) break;
         EXPECT_NE(x.data(), kept[0]);
         ++found;
     }
-    EXPECT_EQ(found, 4);
+    EXPECT_EQ(found, 8);
     // At most 65 MiB a buffer, 130 MiB together (the bytes are never touched: no memory used).
     byte_buffer huge;
     huge.reserve(std::size_t{66} << 20);
