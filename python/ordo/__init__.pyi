@@ -73,6 +73,7 @@ class Identity:
 class Peer(Channel):
     @property
     def identity(self) -> Identity: ...
+    def close(self) -> None: ...
 
 class Stream:
     method: str

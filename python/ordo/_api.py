@@ -507,7 +507,7 @@ class Identity:
 
 class Peer(Channel):
     """The caller of a handler, as a channel back to it over the same ordered connection.
-    Dropping it does not close the connection (the server owns it)."""
+    Dropping it does not close the connection (the server owns it); close() does."""
 
     @property
     def identity(self) -> Identity:
@@ -515,8 +515,15 @@ class Peer(Channel):
         return Identity(_ordo.peer_identity(self._id) or {})
 
     def close(self) -> None:
+        """Drops this caller: closes its connection, after what was sent to it (C++'s
+        peer::close). Its calls in progress are cancelled; it may connect again."""
         if not self._closed:
-            self._closed = True  # the connection is the server's: nothing to close here
+            self._closed = True
+            self._lh.flush()  # what this side sent it goes first
+            self._lh.hub.close_peer(self._id)
+
+    def __del__(self):
+        pass  # dropped, not closed: the connection is the server's
 
 
 class Stream:

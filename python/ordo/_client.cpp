@@ -2,6 +2,8 @@
 // streams. Results go to the caller's hub as msgpack bytes (see _core.hpp).
 #include "_core.hpp"
 
+#include <algorithm>
+
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 
@@ -202,14 +204,32 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
     auto handle = msgpack::unpack(batch.data(), batch.size());
     const auto& all = handle.get();
     if (all.type != msgpack::type::ARRAY) return;
+    // A channel that refused a notification of this batch is not offered the rest of its
+    // notifications here (each would be refused the same way, at the cost of an exception):
+    // its one report counts them.
+    struct refusal {
+        std::uint64_t chan;
+        completion c;
+        std::size_t more = 0;
+    };
+    std::vector<refusal> refused;
     for (std::uint32_t i = 0; i < all.via.array.size; ++i) {
         const auto& e = all.via.array.ptr[i];
         if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
         const auto* f = e.via.array.ptr;
         if (f[0].as<int>() == 0 && e.via.array.size == 4) {
             // Notifications carry their params array inline (packed with the batch).
-            send_notify(h, f[1].as<std::uint64_t>(), std::string(str(f[2])),
-                        f[3].type == msgpack::type::ARRAY ? pack(f[3]) : std::string(str(f[3])));
+            const auto chan = f[1].as<std::uint64_t>();
+            auto r = std::find_if(refused.begin(), refused.end(),
+                                  [chan](const refusal& x) { return x.chan == chan; });
+            if (r != refused.end()) {
+                ++r->more;
+                continue;
+            }
+            if (auto c = try_notify(chan, std::string(str(f[2])),
+                                    f[3].type == msgpack::type::ARRAY ? pack(f[3])
+                                                                      : std::string(str(f[3]))))
+                refused.push_back({chan, std::move(*c)});
         } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
         } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
@@ -227,6 +247,12 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
                        std::string(str(f[6])), std::move(meta));
         }
     }
+    for (auto& r : refused) {
+        if (r.more > 0)
+            r.c.text += " (and the " + std::to_string(r.more) +
+                        " notifications after it in the same batch were not sent)";
+        h->push(std::move(r.c));
+    }
 }
 
 void cancel_call(std::uint64_t token) {
@@ -235,19 +261,24 @@ void cancel_call(std::uint64_t token) {
     if (it != rt.calls.end()) it->second->emit(net::cancellation_type::terminal);
 }
 
-void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
-                 const std::string& params) {
-    completion c{kind::notify_failed, chan};
+std::optional<completion> try_notify(std::uint64_t chan, const std::string& method,
+                                     const std::string& params) {
     auto impl = runtime::get().find_channel(chan);
     try {
         if (!impl) throw_error(errc::closed, "ordo: notify " + method + ": the channel is closed");
         impl->notify_raw(method, params);
-        return;
+        return std::nullopt;
     } catch (const std::system_error& e) {
+        completion c{kind::notify_failed, chan};
         c.code = e.code().category() == error_category() ? e.code().value() : 0;
         c.text = e.what();
+        return c;
     }
-    h->push(std::move(c));
+}
+
+void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
+                 const std::string& params) {
+    if (auto c = try_notify(chan, method, params)) h->push(std::move(*c));
 }
 
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
@@ -302,6 +333,13 @@ void open_lane(std::uint64_t chan, std::uint64_t lane, const std::string& name) 
 
 void forget_channel(std::uint64_t chan) {
     runtime::get().channels.erase(chan);
+}
+
+void close_peer(std::uint64_t id) {
+    auto& rt = runtime::get();
+    auto it = rt.peers_by_id.find(id);
+    if (it == rt.peers_by_id.end()) return;
+    if (auto p = it->second.lock()) p->close();
 }
 
 void close_channel(std::uint64_t chan) {

@@ -17,6 +17,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -139,6 +140,10 @@ void start_call(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
 void cancel_call(std::uint64_t token);
 void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& method,
                  const std::string& params);
+/// Sends a notification on channel `chan`; the report of its refusal (notify_failed) if it
+/// was refused.
+std::optional<completion> try_notify(std::uint64_t chan, const std::string& method,
+                                     const std::string& params);
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
                   std::uint32_t window);
@@ -151,6 +156,9 @@ void close_channel(std::uint64_t chan);
 void open_lane(std::uint64_t chan, std::uint64_t lane, const std::string& name);
 /// Forgets channel `chan` without closing what it shares (a lane's channel).
 void forget_channel(std::uint64_t chan);
+/// Closes the connection of the caller behind peer channel `id` (peer::close: what was queued
+/// to it is sent first); nothing when it has gone.
+void close_peer(std::uint64_t id);
 /// Fills `c` (code, text, detail) for a failure `ec` of `method` on `peer`.
 void describe_failure(completion& c, std::error_code ec, const std::string& method,
                       const std::string& peer, const std::string& detail);

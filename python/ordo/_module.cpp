@@ -165,6 +165,12 @@ PYBIND11_MODULE(_ordo, m) {
             },
             release())
         .def(
+            "close_peer",
+            [](const hub&, std::uint64_t id) {
+                runtime::get().submit([id] { op::close_peer(id); });
+            },
+            release())
+        .def(
             "close_channel",
             [](const hub&, std::uint64_t chan) {
                 runtime::get().submit([chan] { op::close_channel(chan); });

@@ -334,3 +334,61 @@ async def test_stopping_a_server_ends_its_calls():
     await asyncio.wait_for(srv.stop(), 20)
     with pytest.raises(ordo.OrdoError):
         await asyncio.wait_for(call, 20)
+
+
+async def test_a_handler_drops_its_caller_with_peer_close_and_dropping_a_peer_closes_nothing():
+    srv = ordo.Server()
+
+    @srv.method(with_peer=True)
+    def kick(peer) -> str:
+        peer.close()
+        return "bye"
+
+    @srv.method(with_peer=True)
+    def keep(peer, x: int) -> int:  # its Peer is dropped when it returns: nothing closes
+        return x + 1
+
+    url = await srv.listen("tcp://127.0.0.1:0")
+    victim = await ordo.connect(url)
+    other = await ordo.connect(url)
+    assert [await victim.keep(i) for i in range(5)] == [1, 2, 3, 4, 5]
+    try:
+        await victim.kick(timeout=20)  # answered or not, its connection ends after it
+    except (ordo.PeerLost, ordo.Closed):
+        pass
+    with pytest.raises((ordo.PeerLost, ordo.Closed)):
+        for _ in range(200):  # until the close has reached this side: 10 s at most
+            await victim.keep(1, timeout=20)
+            await asyncio.sleep(0.05)
+    assert await other.keep(41) == 42  # the other caller is served as before
+    victim.close()
+    other.close()
+    await srv.stop()
+
+
+async def test_notifications_refused_in_one_batch_are_reported_once_with_their_count():
+    srv = ordo.Server()
+    dropped = asyncio.Event()
+
+    @srv.method(with_peer=True)
+    def kick(peer) -> None:
+        peer.close()
+        dropped.set()
+
+    url = await srv.listen("tcp://127.0.0.1:0")
+    ch = await ordo.connect(url)
+    ch.notify("kick")
+    await asyncio.wait_for(dropped.wait(), 20)
+    with pytest.raises((ordo.PeerLost, ordo.Closed)):
+        for _ in range(200):  # until this side has seen its connection end: 10 s at most
+            await ch.kick(timeout=20)
+            await asyncio.sleep(0.05)
+    for i in range(300):  # one batch: nothing yields between them
+        ch.notify("kick")
+    with pytest.raises(ordo.OrdoError) as failed:
+        for _ in range(200):  # until the refusal has come back: 10 s at most
+            await asyncio.sleep(0.05)
+            ch.notify("kick")
+    assert "299 notifications after it in the same batch were not sent" in str(failed.value)
+    ch.close()
+    await srv.stop()
