@@ -257,6 +257,17 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
         std::size_t max_capacity = SIZE_MAX;  // for the read buffer, if it has to grow
     };
 
+    // By how much a read of `n` would grow the read buffer (framer::capacity_for), and what
+    // the budget has left.
+    std::size_t grows_by(std::size_t n, std::size_t max_capacity = SIZE_MAX) const noexcept {
+        const std::size_t c = framer.capacity_for(n, max_capacity);
+        return c > framer.capacity() ? c - framer.capacity() : 0;
+    }
+    std::size_t budget_room() const noexcept {
+        const std::size_t used = o.budget->used();
+        return used < o.budget->limit() ? o.budget->limit() - used : 0;
+    }
+
     // What the next read may take under comm_options::budget (see there); waits while it may
     // take nothing. Returns size 0 only when the connection has ended.
     net::awaitable<read_plan> budgeted_read();

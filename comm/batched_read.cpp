@@ -38,8 +38,12 @@ net::awaitable<void> batched_comm::impl::read_messages() {
         if (st == state::ended || quitting) break;
         // The budget's common case (room for the read) costs one load, not a coroutine.
         read_plan plan{read_size};
-        if (o.budget && o.budget->over(framer.capacity_for(read_size) - framer.capacity()))
-            plan = co_await budgeted_read();
+        if (o.budget) {
+            if (o.budget->over(grows_by(read_size)))
+                plan = co_await budgeted_read();
+            else  // a spare buffer larger than asked for must fit too
+                plan.max_capacity = framer.capacity() + budget_room();
+        }
         if (st == state::ended || quitting) break;
         auto area = framer.read_area(plan.size, plan.max_capacity);
         charge_read();
@@ -131,15 +135,13 @@ net::awaitable<batched_comm::impl::read_plan> batched_comm::impl::budgeted_read(
     detail::memory_budget& b = *o.budget;
     while (st != state::ended && !quitting) {
         const std::size_t cap = framer.capacity();
-        if (!b.over(framer.capacity_for(read_size) - cap)) co_return read_plan{read_size};
+        if (!b.over(grows_by(read_size))) co_return read_plan{read_size, cap + budget_room()};
         const bool exhausted = b.over();
         const bool output_held = c.buffered_bytes > budget_floor;
         if (!(output_held && exhausted)) {
             // Doubling does not fit: grow by what does, if that is enough for one read.
-            const std::size_t used = b.used();
-            const std::size_t room = used < b.limit() ? b.limit() - used : 0;
-            if (framer.capacity_for(read_size, 0) - cap <= room)
-                co_return read_plan{read_size, cap + room};
+            const std::size_t room = budget_room();
+            if (grows_by(read_size, 0) <= room) co_return read_plan{read_size, cap + room};
             if (framer.space() > 0)
                 co_return read_plan{std::min(read_size, framer.space()), framer.capacity()};
             if (framer.capacity_for(min_read_size) <= budget_floor)
@@ -147,8 +149,7 @@ net::awaitable<batched_comm::impl::read_plan> batched_comm::impl::budgeted_read(
         }
         // Wait for room (or for this connection's own output to drain: the writer wakes
         // the reader after every write while it waits).
-        const std::size_t need =
-            output_held && exhausted ? 0 : framer.capacity_for(read_size, 0) - cap;
+        const std::size_t need = output_held && exhausted ? 0 : grows_by(read_size, 0);
         if (!budget_registered) {
             auto wake = [w = weak_from_this(), ex = t->get_executor()] {
                 net::post(ex, [w] {

@@ -178,7 +178,7 @@ std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
     return {buf_.data() + end_, n};
 }
 
-std::span<char> framer::read_area(std::size_t n, std::size_t max_capacity) {
+std::span<char> framer::read_area_growing(std::size_t n, std::size_t max_capacity) {
     if (n == 0) return {};  // no read: no room
     make_room(required(n), grown_capacity(n, max_capacity), max_capacity);
     return {buf_.data() + end_, std::min(capacity() - end_, required(n))};

@@ -45,7 +45,14 @@ class framer {
     /// grows toward the message's size (by 4x what is held at a step at most: nothing is
     /// allocated on the strength of a header alone) rather than doubling; the area may then be
     /// smaller than `n` when it holds the rest of the message.
-    std::span<char> read_area(std::size_t n, std::size_t max_capacity = SIZE_MAX);
+    std::span<char> read_area(std::size_t n, std::size_t max_capacity = SIZE_MAX) {
+        // The common case, inline: no message known to need more, and room for the read.
+        if (need_ == 0) [[likely]] {
+            if (begin_ == end_) begin_ = scan_ = end_ = 0;
+            if (capacity() - end_ >= n) return {buf_.data() + end_, n};
+        }
+        return read_area_growing(n, max_capacity);
+    }
     /// Marks `n` bytes written into the area from prepare() as received.
     void commit(std::size_t n);
     /// Copies `bytes` in (prepare + copy + commit).
@@ -97,6 +104,7 @@ class framer {
     // The free space a read of `n` needs: all the message still needs, when that is known
     // and more.
     std::size_t required(std::size_t n) const noexcept { return std::max(more(), n); }
+    std::span<char> read_area_growing(std::size_t n, std::size_t max_capacity);
     // The capacity to grow to for a read of `n` (see read_area()).
     std::size_t grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept;
     // Moves the unread bytes to the front when `n` bytes do not fit after them; then grows to

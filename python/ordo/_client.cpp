@@ -205,14 +205,28 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
     const auto& all = handle.get();
     if (all.type != msgpack::type::ARRAY) return;
     // A channel that refused a notification of this batch is not offered the rest of its
-    // notifications here (each would be refused the same way, at the cost of an exception):
-    // its one report counts them.
+    // notifications here: most would be refused the same way, at the cost of an exception
+    // each, and one that fitted (after an oversized one) would arrive after a gap. The
+    // channel's one report counts them; its notify() raises from then on (ordo/_api.py).
     struct refusal {
         std::uint64_t chan;
         completion c;
         std::size_t more = 0;
     };
-    std::vector<refusal> refused;
+    // Reported however the loop ends (an entry that does not decode throws).
+    struct reports {
+        const std::shared_ptr<hub>& h;
+        std::vector<refusal> all;
+        ~reports() {
+            for (auto& r : all) {
+                if (r.more > 0)
+                    r.c.text += " (and the " + std::to_string(r.more) +
+                                " notifications after it in the same batch were not sent)";
+                h->push(std::move(r.c));
+            }
+        }
+    } rep{h, {}};
+    auto& refused = rep.all;
     for (std::uint32_t i = 0; i < all.via.array.size; ++i) {
         const auto& e = all.via.array.ptr[i];
         if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
@@ -246,12 +260,6 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
                        std::string(str(f[3])), std::string(str(f[4])), f[5].as<long>(),
                        std::string(str(f[6])), std::move(meta));
         }
-    }
-    for (auto& r : refused) {
-        if (r.more > 0)
-            r.c.text += " (and the " + std::to_string(r.more) +
-                        " notifications after it in the same batch were not sent)";
-        h->push(std::move(r.c));
     }
 }
 

@@ -31,7 +31,10 @@ class params_buffer {
     }
     params_buffer(const params_buffer&) = delete;
     params_buffer& operator=(const params_buffer&) = delete;
-    ~params_buffer() { give_back(); }
+    ~params_buffer() {
+        if (heap_) [[unlikely]]
+            give_back();
+    }
 
     /// Inline while there is room: msgpack's packer writes its heads in sizes known where it
     /// calls this, and a one-byte head is then one store.
@@ -48,7 +51,7 @@ class params_buffer {
     std::size_t size() const noexcept { return size_; }
     /// Empties it and frees what it allocated.
     void clear() noexcept {
-        give_back();
+        if (heap_) give_back();
         heap_.reset();
         cap_ = sizeof inline_;
         size_ = 0;
@@ -71,11 +74,11 @@ class params_buffer {
         if (c >= spare_min_bytes) h = take_spare_block(c, 2 * c, c);
         if (!h) h.reset(new char[c]);
         std::memcpy(h.get(), data(), size_);
-        give_back();
+        if (heap_) give_back();
         heap_ = std::move(h);
         cap_ = c;
     }
-    // A large buffer goes to the thread's spares, for the next large message.
+    // A large buffer (heap_ is set) goes to the thread's spares, for the next large message.
     void give_back() noexcept {
         if (cap_ >= spare_min_bytes) [[unlikely]]
             keep_spare_block(std::move(heap_), cap_);
