@@ -11,6 +11,7 @@ import collections
 import functools
 import itertools
 import math
+import os
 import weakref
 from asyncio import events
 
@@ -108,7 +109,9 @@ _by_code = {c.code: c for c in (PeerLost, TimedOut, Cancelled, ProtocolError, Me
                                 PermissionDenied)}
 
 
-def _error(code: int, text: str | None, detail: str | None) -> OrdoError:
+def _error(code: int, text: str | None, detail: str | None) -> Exception:
+    if code < 0:  # the system's errno, negated (a listen's bind): OSError, as asyncio's
+        return OSError(-code, text or os.strerror(-code))
     return _by_code.get(code, OrdoError)(text or "ordo: failed", code, detail)
 
 

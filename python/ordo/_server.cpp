@@ -240,8 +240,17 @@ void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token
         if (!b->h) b->h = h;
         c.text = b->srv.listen(url);
     } catch (const std::system_error& e) {
-        c.code = e.code().category() == error_category() ? e.code().value()
-                                                          : static_cast<int>(errc::bad_address);
+        // The system's own errors (a port in use, no permission) as their errno, negated:
+        // Python raises OSError with it, which is what asyncio's servers raise and what Dask
+        // catches to try the next port of a range.
+        const auto& cat = e.code().category();
+        if (cat == error_category())
+            c.code = e.code().value();
+        else if (cat == net::error::get_system_category() || cat == std::system_category() ||
+                 cat == std::generic_category())
+            c.code = -e.code().value();
+        else
+            c.code = static_cast<int>(errc::bad_address);
         c.text = e.what();
     }
     h->push(std::move(c));

@@ -109,6 +109,23 @@ async def test_dasks_repr_address_timeout_and_listener_checks_pass(scheme):
 # ---- ordo.dask's own guarantees ---------------------------------------------------------------
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_listener_on_a_port_in_use_raises_oserror_eaddrinuse_as_tcp_does(scheme):
+    # What Dask's Worker and Nanny catch to try the next port of a range.
+    import errno
+
+    async def handler(comm):
+        await comm.close()
+
+    async with listen(f"{scheme}://127.0.0.1", handler) as first:
+        port = first.listen_address.rsplit(":", 1)[1]
+        with pytest.raises(OSError) as failed:
+            async with listen(f"{scheme}://127.0.0.1:{port}", handler):
+                pass
+        assert failed.value.errno == errno.EADDRINUSE
+    await settle()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
         scheme, monkeypatch):
     # Tiny parts, syncs and inboxes: every message is cut into parts, frames are cut across

@@ -392,3 +392,19 @@ async def test_notifications_refused_in_one_batch_are_reported_once_with_their_c
     assert "299 notifications after it in the same batch were not sent" in str(failed.value)
     ch.close()
     await srv.stop()
+
+
+async def test_listening_on_a_port_in_use_raises_oserror_with_its_errno():
+    import errno
+    srv = ordo.Server()
+    url = await srv.listen("tcp://127.0.0.1:0")
+    other = ordo.Server()
+    with pytest.raises(OSError) as failed:
+        await other.listen(url)
+    assert failed.value.errno == errno.EADDRINUSE
+    assert not isinstance(failed.value, ordo.BadAddress)
+    assert url.rsplit(":", 1)[1] in str(failed.value)  # names the address
+    with pytest.raises(ordo.BadAddress):  # not an address at all: still BadAddress
+        await other.listen("tcp://not an address:1")
+    await other.stop()
+    await srv.stop()
