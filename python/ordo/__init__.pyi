@@ -5,6 +5,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar, o
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+__version__: str
+
 class OrdoError(Exception):
     code: int
     message: str

@@ -67,6 +67,7 @@ pyb::list drain(hub& h) {
 
 PYBIND11_MODULE(_ordo, m) {
     m.doc() = "ordo's C++ core; use the ordo package, not this module";
+    m.attr("__version__") = ORDO_PY_VERSION;  // meson.build's project version
     namespace op = ordo::py;
 
     pyb::class_<hub, std::shared_ptr<hub>>(m, "Hub")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package as pip users get it (pyproject.toml, meson-python):
 #  1. `python3 -m venv v && v/bin/pip install .` from this checkout, then `import ordo` and a
-#     call in that bare venv;
+#     call in that bare venv; the same in a `--system-site-packages` venv (where Debian's Dask
+#     is); neither leaves a file in the checkout;
 #  2. `python3 -m build --wheel`, the wheel installed into a second bare venv, the same checks,
 #     and what the wheel must hold: the version, the type stubs, py.typed, Dask's entry points.
 # Needs python3-venv, python3-build, python3-mesonpy and patchelf (README.md's test command).
@@ -24,6 +25,7 @@ assert "msgpack" not in sys.modules, "the package needs no msgpack module"
 pkg = pathlib.Path(ordo.__file__).parent
 assert pathlib.Path(sys.prefix) in pkg.parents, f"ordo from {pkg}, not from the venv"
 assert md.version("ordo") == sys.argv[1], md.version("ordo")
+assert ordo.__version__ == sys.argv[1], ordo.__version__
 for f in ("__init__.pyi", "py.typed", "dask.py"):
     assert (pkg / f).is_file(), f"{f} is not in the package"
 eps = {e.name: e.value for e in md.entry_points(group="distributed.comm.backends")}
@@ -48,10 +50,27 @@ PY
     )
 }
 
+# The build leaves nothing in the checkout (meson-python's native file).
+had_native=$([ -e .mesonpy-native-file.ini ] && echo yes || echo no)
+left_nothing() {
+    if [ "$had_native" = no ] && [ -e .mesonpy-native-file.ini ]; then
+        echo "python wheel: the build left .mesonpy-native-file.ini in the checkout" >&2
+        exit 1
+    fi
+}
+
 echo "python wheel: python3 -m venv v && v/bin/pip install ."
 "$py" -m venv "$work/v"
 "$work/v/bin/pip" install --no-input --disable-pip-version-check -q .
 check "$work/v/bin/python"
+left_nothing
+
+# Where Dask users are: Debian's python3-distributed in a venv that sees the system's packages.
+echo "python wheel: python3 -m venv --system-site-packages s && s/bin/pip install ."
+"$py" -m venv --system-site-packages "$work/s"
+"$work/s/bin/pip" install --no-input --disable-pip-version-check -q .
+check "$work/s/bin/python"
+left_nothing
 
 echo "python wheel: python3 -m build --wheel, installed into a clean venv"
 "$py" -m build --wheel --outdir "$work/dist" . >"$work/build.log" 2>&1 || {

@@ -1,6 +1,7 @@
 """The Python client against ordo's C++ server (examples/ordo-inc-server)."""
 import asyncio
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -190,3 +191,8 @@ async def test_a_key_keeps_a_routers_calls_on_one_replica():
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_package_says_its_version_as_meson_build_does():
+    meson = (pathlib.Path(__file__).resolve().parents[2] / "meson.build").read_text()
+    assert ordo.__version__ == re.search(r"version : '([^']+)'", meson).group(1)
