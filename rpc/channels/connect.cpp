@@ -35,6 +35,8 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
         o.max_unacked_bytes = number_parameter(url, key, value);
     else if (key == "piece_bytes")
         o.piece_bytes = number_parameter(url, key, value);
+    else if (key == "lane_window")
+        o.lane_window = number_parameter(url, key, value);
     else if (key == "token_file")
         o.credentials.token = read_token(value);
     else

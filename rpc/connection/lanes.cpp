@@ -103,19 +103,51 @@ void lane_writer::credit(std::string_view name, std::uint64_t bytes) {
                                           "\", more than were sent");
 }
 
-void lane_writer::pump() {
+std::uint64_t lane_writer::window_of(const lane& l, clock::time_point now) const noexcept {
+    if (now - plain_at_ < shared_lane_hold) return shared_window_;
+    for (const auto& o : lanes_)
+        if (&o != &l && now - o.sent_at < shared_lane_hold) return shared_window_;
+    return lane_window_bytes;
+}
+
+std::uint64_t lane_writer::window(std::string_view name, clock::time_point now) const noexcept {
+    for (const auto& l : lanes_)
+        if (l.name == name) return window_of(l, now);
+    lane none{std::string(name), {}};
+    return window_of(none, now);
+}
+
+std::uint64_t lane_writer::in_flight(std::string_view name) const noexcept {
+    for (const auto& l : lanes_)
+        if (l.name == name) return l.in_flight;
+    return 0;
+}
+
+void lane_writer::pump(clock::time_point now) {
     if (pumping_) return;
     pumping_ = true;
     struct reset {
         bool& b;
         ~reset() { b = false; }
     } r{pumping_};
+    if (plain_) {
+        // Other messages went out since the last look: the lanes share the connection.
+        const std::uint64_t plain = plain_();
+        if (plain > plain_seen_) {
+            plain_seen_ = plain;
+            plain_at_ = now;
+        }
+    }
     while (bytes_ > 0 && backlog_() < piece_bytes_) {
         // Lanes with nothing waiting and nothing in flight are dropped; the next lane in turn
         // that may send goes.
-        std::erase_if(lanes_, [](const lane& l) { return l.messages.empty() && l.in_flight == 0; });
+        // (kept for shared_lane_hold after their last piece, which the others' windows
+        // count).
+        std::erase_if(lanes_, [now](const lane& l) {
+            return l.messages.empty() && l.in_flight == 0 && now - l.sent_at >= shared_lane_hold;
+        });
         std::size_t k = 0;
-        while (k < lanes_.size() && !lanes_[(next_ + k) % lanes_.size()].ready()) ++k;
+        while (k < lanes_.size() && !ready(lanes_[(next_ + k) % lanes_.size()], now)) ++k;
         if (k == lanes_.size()) break;  // every lane with messages waits for credit
         lane& l = lanes_[(next_ + k) % lanes_.size()];
         next_ = (next_ + k + 1) % lanes_.size();
@@ -130,6 +162,8 @@ void lane_writer::pump() {
         }
         w.sent += n;
         bytes_ -= n;
+        ++pieces_;
+        l.sent_at = now;
         if (!l.name.empty()) l.in_flight += n + piece_overhead_bytes;
         if (remaining == 0) {
             if (w.bytes.capacity() >= spare_min_bytes) keep_spare(std::move(w.bytes));

@@ -11,6 +11,7 @@
 //   in the making per lane, within the limits.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,9 +39,12 @@ std::uint16_t lane_id(std::string_view name);
 const std::string& lane_name(std::uint16_t id);
 
 /// Bytes of a named lane's pieces a sender may have sent and not yet been given credit for
-/// (docs/protocol.md "Lanes"); the receiver gives credit (ordo.lane_credit) in steps of a
-/// quarter of it.
+/// (docs/protocol.md "Lanes"), the most a receiver allows.
 inline constexpr std::uint64_t lane_window_bytes = std::uint64_t{4} << 20;
+/// How long after this side sent another message a lane keeps to the shared window.
+inline constexpr std::chrono::milliseconds shared_lane_hold{50};
+/// The receiver gives credit (ordo.lane_credit) in steps of this: below the smallest window.
+inline constexpr std::uint64_t lane_credit_step = std::uint64_t{64} << 10;
 /// What each piece counts against the window beyond its bytes: a lane of tiny messages is held
 /// at about 44,000 of them, below the count at which a queue stops a connection's reading.
 inline constexpr std::uint64_t piece_overhead_bytes = 64;
@@ -58,11 +62,23 @@ class lane_writer {
     using send_fn = std::function<void(std::string_view head, std::string_view body)>;
     /// How many bytes the connection holds unwritten now.
     using backlog_fn = std::function<std::size_t()>;
+    /// A count of the messages this side sent that are not pieces (one that only grows, or
+    /// lags behind: a rise is what counts).
+    using plain_fn = std::function<std::uint64_t()>;
+    using clock = std::chrono::steady_clock;
 
-    lane_writer(std::size_t piece_bytes, send_fn send, backlog_fn backlog)
+    /// `shared_window`: a named lane's window while others share the connection
+    /// (peer_options::lane_window; 0: 256 KiB; kept within lane_credit_step and
+    /// lane_window_bytes).
+    lane_writer(std::size_t piece_bytes, send_fn send, backlog_fn backlog, plain_fn plain = {},
+                std::uint64_t shared_window = 0)
         : piece_bytes_(piece_bytes ? piece_bytes : std::size_t{64} << 10),
+          shared_window_(shared_window == 0
+                             ? std::uint64_t{256} << 10
+                             : std::clamp(shared_window, lane_credit_step, lane_window_bytes)),
           send_(std::move(send)),
-          backlog_(std::move(backlog)) {}
+          backlog_(std::move(backlog)),
+          plain_(std::move(plain)) {}
 
     std::size_t piece_bytes() const noexcept { return piece_bytes_; }
     /// Whether lane `name` has messages waiting for their pieces to go.
@@ -78,11 +94,20 @@ class lane_writer {
     /// Throws rpc_error (protocol_error) for credit beyond what was sent.
     void credit(std::string_view name, std::uint64_t bytes);
     /// Hands pieces to the connection, one per lane in turn (a named lane while it has credit:
-    /// less than lane_window_bytes sent and not credited), while its backlog is below one
-    /// piece. Called when a message is queued and when a write completes; a call made while
-    /// one runs returns at once (that one goes on). Never throws: a piece the connection
-    /// refuses (full, or ending) stays, for the next call or for clear().
-    void pump();
+    /// less than its window sent and not credited), while its backlog is below one piece. A
+    /// named lane's window is lane_window_bytes while it has the connection to itself, and
+    /// the shared window while this side sent other messages (plain ones, or another
+    /// lane's pieces) within shared_lane_hold of `now`. Called when a message is queued, when a
+    /// write completes and when credit comes; a call made while one runs returns at once (that
+    /// one goes on). Never throws: a piece the connection refuses (full, or ending) stays, for
+    /// the next call or for clear().
+    void pump(clock::time_point now = clock::now());
+    /// The window of lane `name` at `now` (see pump()).
+    std::uint64_t window(std::string_view name, clock::time_point now) const noexcept;
+    /// Pieces handed to the connection so far.
+    std::uint64_t pieces_sent() const noexcept { return pieces_; }
+    /// Bytes of lane `name` sent and not yet credited.
+    std::uint64_t in_flight(std::string_view name) const noexcept;
     /// The notifications never sent in whole (their methods), and nothing more is sent.
     std::vector<std::string> clear();
 
@@ -96,16 +121,23 @@ class lane_writer {
         std::string name;
         fifo<waiting> messages;
         std::uint64_t in_flight = 0;  // a named lane's piece bytes sent and not credited
-        bool ready() const noexcept {
-            return !messages.empty() && (name.empty() || in_flight < lane_window_bytes);
-        }
+        clock::time_point sent_at{};  // when it last handed a piece over
     };
+    bool ready(const lane& l, clock::time_point now) const noexcept {
+        return !l.messages.empty() && (l.name.empty() || l.in_flight < window_of(l, now));
+    }
+    std::uint64_t window_of(const lane& l, clock::time_point now) const noexcept;
     std::size_t piece_bytes_;
+    std::uint64_t shared_window_;
     send_fn send_;
     backlog_fn backlog_;
+    plain_fn plain_;
+    std::uint64_t plain_seen_ = 0;     // the most plain_() has said
+    clock::time_point plain_at_{};     // when it last rose
     std::vector<lane> lanes_;
     std::size_t next_ = 0;  // the lane whose turn is next
     std::size_t bytes_ = 0;
+    std::uint64_t pieces_ = 0;
     bool pumping_ = false;
     std::string head_;  // a piece's head, reused
 };

@@ -154,18 +154,28 @@ peer::state::lane_part& peer::state::part_of(std::string_view lane) {
 
 void peer::state::grant(lane_part& l) {
     const std::uint64_t held = l.credited + l.disp.queued_bytes();
-    if (l.received < held + detail::lane_window_bytes / 4 || !sess->is_open()) return;
+    if (l.received < held + detail::lane_credit_step || !sess->is_open()) return;
     const std::uint64_t n = l.received - held;
     try {
         buffer b(small_buffer);
         encode_notification(b, "ordo.lane_credit", l.name, n);
         sess->send(std::string_view(b.data(), b.size()));  // ahead of every lane's pieces
         l.credited += n;
+        ++credits_sent;
     } catch (const std::system_error&) {
         // Full or ending: given with the next write (or message read, or handler finished).
         credit_owed = true;
         sess->want_written(true);
     }
+}
+
+std::uint64_t peer::state::plain_sent() {
+    // Each count lags behind what was handed over by what is not yet written: the difference
+    // rises only when messages that are not pieces, credit or the session's own are written.
+    const std::int64_t n = std::int64_t(sess->counters().messages_sent) -
+                           std::int64_t(lanes_out.pieces_sent()) - std::int64_t(credits_sent) -
+                           std::int64_t(sess->controls_sent());
+    return n > 0 ? std::uint64_t(n) : 0;
 }
 
 void peer::state::on_lane_credit(message& m) {

@@ -41,7 +41,8 @@ struct peer::state final : detail::call_table_host,
           disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c),
           lanes_out(o.piece_bytes,
                     [this](std::string_view head, std::string_view body) { sess->send(head, body); },
-                    [this] { return sess->counters().buffered_bytes; }),
+                    [this] { return sess->counters().buffered_bytes; },
+                    [this] { return plain_sent(); }, o.lane_window),
           piece_timer(ex),
           lanes_event(ex, std::chrono::steady_clock::time_point::max()),
           close_timer(ex) {
@@ -375,6 +376,10 @@ struct peer::state final : detail::call_table_host,
     };
     std::vector<std::unique_ptr<lane_part>> lane_parts;
     bool credit_owed = false;  // a grant could not be sent: the next write retries
+    std::uint64_t credits_sent = 0;
+    // Messages this side wrote that are not pieces, credit or the session's own (acks): while
+    // they flow, named lanes keep to the shared window (lane_writer::pump).
+    std::uint64_t plain_sent();
 
     // The way out for a message on `lane`: a default-lane message that needs no pieces goes
     // straight to the session, as without lanes.

@@ -263,6 +263,9 @@ class session {
         return summed_counters();
     }
 
+    /// Messages of the session's own (hello, acks, goodbye) handed to its connections.
+    std::uint64_t controls_sent() const noexcept { return controls_sent_; }
+
   private:
     friend class session_registry;
     using clock = std::chrono::steady_clock;
@@ -347,6 +350,7 @@ class session {
     bool paused_ = false;
     bool want_written_ = false;
     bool dropped_ = false;  // a connection was dropped: counters() sums
+    std::uint64_t controls_sent_ = 0;
     bool lost_ = false;     // the caller's session was lost: the next send opens a new one
     std::error_code close_code_;
     std::string close_reason_;

@@ -100,6 +100,7 @@ void session::write_control(const buffer& b) {
     if (!comm_ || comm_->is_closing()) return;
     try {
         comm_->send(std::string_view(b.data(), b.size()));
+        ++controls_sent_;
     } catch (const std::system_error&) {
         // Full: an ack is sent again later, a hello answer's absence ends the handshake.
     }

@@ -246,6 +246,100 @@ TEST(Lanes, SmallCallsPassALargeCallInPieces) {
     });
 }
 
+// A named lane's pieces in flight are what a small message of another lane waits behind: a
+// lane alone on the connection may have lane_window_bytes on their way, but while this side
+// sends other messages (plain ones, or another lane's pieces) it keeps to the shared window
+// (peer_options::lane_window), and takes the whole window again once they have stopped for
+// shared_lane_hold.
+TEST(LaneWriter, ALaneKeepsToTheSharedWindowWhileOtherMessagesGo) {
+    using detail::lane_window_bytes;
+    std::uint64_t plain = 0;
+    std::vector<std::string> heads;  // each piece's head, which names its lane
+    detail::lane_writer w(
+        64 << 10,
+        [&](std::string_view head, std::string_view) { heads.emplace_back(head); },
+        [] { return std::size_t{0}; }, [&] { return plain; }, 256 << 10);
+    const auto t0 = clock_type::now();
+    const auto piece = (64 << 10) + detail::piece_overhead_bytes;
+    w.push("bulk", std::string(32 << 20, 'x'), {});
+    w.pump(t0);
+    EXPECT_EQ(w.window("bulk", t0), lane_window_bytes);
+    EXPECT_GE(w.in_flight("bulk"), lane_window_bytes);
+    EXPECT_LT(w.in_flight("bulk"), lane_window_bytes + piece);
+
+    // A plain message went: the next pieces wait until less than the shared window is out.
+    w.credit("bulk", w.in_flight("bulk"));
+    plain = 1;
+    w.pump(t0 + 1ms);
+    EXPECT_EQ(w.window("bulk", t0 + 1ms), std::uint64_t{256} << 10);
+    EXPECT_GE(w.in_flight("bulk"), std::uint64_t{256} << 10);
+    EXPECT_LT(w.in_flight("bulk"), (std::uint64_t{256} << 10) + piece);
+    w.credit("bulk", (64 << 10) + detail::piece_overhead_bytes);
+    const auto before = w.in_flight("bulk");
+    w.pump(t0 + 2ms);
+    EXPECT_EQ(w.in_flight("bulk"), before + piece) << "one piece more, into the room credit made";
+
+    // None since, for longer than the hold: the whole window again.
+    const auto later = t0 + 1ms + detail::shared_lane_hold + 1ms;
+    EXPECT_EQ(w.window("bulk", later), lane_window_bytes);
+    w.pump(later);
+    EXPECT_GE(w.in_flight("bulk"), lane_window_bytes);
+
+    // Another lane's piece counts as another message.
+    w.credit("bulk", w.in_flight("bulk"));
+    w.push("ctl1", "small", {});
+    w.pump(later + 1ms);
+    EXPECT_EQ(w.window("bulk", later + 1ms), std::uint64_t{256} << 10);
+    EXPECT_EQ(w.window("ctl1", later + 1ms), std::uint64_t{256} << 10);
+    EXPECT_TRUE(std::any_of(heads.begin(), heads.end(),
+                            [](const std::string& h) { return h.find("ctl1") != h.npos; }));
+    EXPECT_LT(w.in_flight("bulk"), (std::uint64_t{256} << 10) + piece);
+
+    // The window is kept within the credit step (which the receiver waits for) and the most.
+    detail::lane_writer tiny(16 << 10, [](std::string_view, std::string_view) {},
+                             [] { return std::size_t{0}; }, [] { return std::uint64_t{1}; }, 1);
+    tiny.pump(t0);
+    EXPECT_EQ(tiny.window("bulk", t0), detail::lane_credit_step);
+    detail::lane_writer huge(64 << 10, [](std::string_view, std::string_view) {},
+                             [] { return std::size_t{0}; }, [] { return std::uint64_t{1}; },
+                             std::uint64_t{1} << 30);
+    huge.pump(t0);
+    EXPECT_EQ(huge.window("bulk", t0), lane_window_bytes);
+}
+
+// The smallest window (lane_window=1 is kept at the credit step) with small pieces: the
+// receiver's credit, in steps of lane_credit_step, still comes, and a large call beside small
+// calls completes.
+TEST(Lanes, TheSmallestWindowStillMovesALargeCall) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("echo", [](const std::string& s) { return s; });
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url + "?lane_window=1&piece_bytes=16384");
+        EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
+        std::string blob(8 << 20, '\0');
+        for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 7 % 253);
+        bool big_done = false;
+        bool big_ok = false;
+        ch.lane("bulk").async_call<std::string>("echo", blob,
+                                                [&](std::error_code ec, std::string r) {
+                                                    big_done = true;
+                                                    big_ok = !ec && r == blob;
+                                                });
+        int small = 0;
+        const auto until = clock_type::now() + 60s;
+        while (!big_done && clock_type::now() < until) {
+            EXPECT_EQ(co_await ch.async_call<int>("inc", small), small + 1);
+            ++small;
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
+        EXPECT_TRUE(big_ok);
+        co_await srv.async_stop();
+    });
+}
+
 // A lane whose handler has stopped is held by its credit at the sender: 80 MiB sent behind it
 // (more than max_queued_bytes, which would stop the connection's reading) wait on the caller's
 // side, while another lane's large calls and the default lane's go on; released, the lane's

@@ -130,6 +130,13 @@ struct peer_options {
     /// pieces). Small messages then wait for about one piece, not for a whole large message.
     /// URL parameter piece_bytes. 0: 64 KiB.
     std::size_t piece_bytes = 64 * 1024;
+    /// Lanes: bytes of a named lane's pieces that may be on their way, not yet taken by the
+    /// receiver, while this side also sends other messages (plain ones, another lane's): what
+    /// a small message of another lane waits behind. Larger moves a lane's large messages
+    /// faster beside small ones (a long path needs its bandwidth times its round trip), smaller
+    /// lets the small ones pass sooner. A lane alone on the connection may have 4 MiB on their
+    /// way. URL parameter lane_window. 0: 256 KiB; kept within 64 KiB and 4 MiB.
+    std::size_t lane_window = 256 * 1024;
     /// msgids of cancelled or timed-out calls remembered so that their late responses are
     /// dropped quietly (a response to an id never used is a protocol error).
     std::size_t max_abandoned_ids = 65536;
