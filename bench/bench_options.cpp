@@ -14,6 +14,9 @@ void declare_flags(CLI::App& app, config& c) {
     app.add_option("--mode", c.mode,
                    "ordered, pooled, naive (a connection per call) or lanes (hol: ordered, the "
                    "big calls on lane \"bulk\")");
+    app.add_option("--lane-window", c.lane_window,
+                   "peer_options::lane_window of the client and the server it starts (0: 256 KiB)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--big-inflight", c.big_inflight, "hol: big calls kept in flight (2)")
         ->check(ordo_cli::at_least(1));
     app.add_option("--interval-ms", c.interval_ms, "batching interval of each connection")

@@ -17,6 +17,7 @@ struct config {
     long count = 0;  // 0: the workload's default
     long inflight = 256;
     long big_inflight = 2;  // hol: big calls kept in flight
+    long lane_window = 0;   // peer_options::lane_window of both sides (0: the default)
     long window = 0;  // stream, stream-batch: call_options::window (0: the library's default)
     long size = 0;  // 0: 16 bytes (hol: the big calls, 1 MiB)
     int clients = 4;

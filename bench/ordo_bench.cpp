@@ -280,6 +280,7 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
     ordo::server_options so;
     so.peer.comm.interval = std::chrono::milliseconds(cfg.interval_ms);
     so.threads = static_cast<std::size_t>(cfg.threads);
+    so.peer.lane_window = static_cast<std::size_t>(cfg.lane_window);
     if (!cfg.auth_tokens.empty())
         so.authenticate = ordo::authenticate_tokens(ordo::read_token_file(cfg.auth_tokens));
     if (cfg.concurrency == "adaptive")
@@ -1003,6 +1004,7 @@ std::string client_url(const config& cfg, const std::string& base, long inflight
                   "&max_idle=" + std::to_string(std::max(2L, inflight));
     else if (cfg.resume_ms > 0)
         params += "&resume_ms=" + std::to_string(cfg.resume_ms);
+    if (cfg.lane_window > 0) params += "&lane_window=" + std::to_string(cfg.lane_window);
     return with_params(base, params);
 }
 
@@ -1470,6 +1472,7 @@ server_handle start_server(const config& cfg) {
         const std::string spin = std::to_string(cfg.spin_us);
         const std::string threads = std::to_string(cfg.server_threads);
         const std::string sample = std::to_string(cfg.trace_sample);
+        const std::string lane_window = std::to_string(cfg.lane_window);
         s.pid = ::fork();
         if (s.pid < 0) fail("fork failed");
         if (s.pid == 0) {
@@ -1480,6 +1483,10 @@ server_handle start_server(const config& cfg) {
                 "ordo-bench",          "--serve",       listen.c_str(),   "--transport",
                 cfg.transport.c_str(), "--interval-ms", interval.c_str(), "--spin-us",
                 spin.c_str(),          "--threads",     threads.c_str()};
+            if (cfg.lane_window > 0) {
+                args.push_back("--lane-window");
+                args.push_back(lane_window.c_str());
+            }
             if (cfg.offload) args.push_back("--offload");
             if (cfg.async_echo) args.push_back("--async-echo");
             if (!cfg.concurrency.empty()) {

@@ -114,14 +114,16 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     dispatch(m, std::move(a));
 }
 
-void dispatcher::cancel_handler(std::uint32_t msgid) {
+bool dispatcher::cancel_handler(std::uint32_t msgid) {
+    bool had = false;
     for (auto& r : runs_) {
+        had = had || (r.is_request && r.msgid == msgid);
         if (r.is_request && r.msgid == msgid && !r.cancelled) {
             r.cancelled = true;
             if (r.stream) r.stream->cancel();
             ++c_.handlers_cancelled;
             r.signal.emit(net::cancellation_type::terminal);
-            return;
+            return true;
         }
     }
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
@@ -134,9 +136,10 @@ void dispatcher::cancel_handler(std::uint32_t msgid) {
             pop_queued(it);
             c_.queued_messages = queue_.size();
             refuse(m, a, errc::cancelled, "cancelled by the caller before it started");
-            return;
+            return true;
         }
     }
+    return had;
 }
 
 void dispatcher::respond_error(std::uint32_t msgid, errc code, const std::string& text) {

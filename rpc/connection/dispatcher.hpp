@@ -62,6 +62,9 @@ class dispatcher_host {
     /// A message was dropped with nobody to answer: a notification for a method with no
     /// handler, or whose handler threw.
     virtual void dropped(std::string_view method, errc code, std::string reason) = 0;
+    /// ordo.credit or ordo.cancel `m` names a call this dispatcher does not have: a named
+    /// lane's dispatcher may (docs/protocol.md "Lanes": they may travel on the default lane).
+    virtual void not_mine(const message& m) { (void)m; }
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,
@@ -113,6 +116,10 @@ class dispatcher {
     /// Streaming handlers running for callers that stream (ordo.stream), by msgid.
     std::size_t streams() const noexcept { return streams_.size(); }
 
+    /// ordo.credit or ordo.cancel that another dispatcher of the connection did not have the
+    /// call for (dispatcher_host::not_mine).
+    void offered(const message& m) { on_reserved(m); }
+
   private:
     struct run;
     class stream_run;
@@ -122,7 +129,8 @@ class dispatcher {
     // ordo.health [service?]: the state's word, or method_not_found for a name never set
     // (rpc/connection/refusals.cpp).
     void answer_health(const message& m);
-    void cancel_handler(std::uint32_t msgid);
+    /// Whether it had the call `msgid` (running or queued) to cancel.
+    bool cancel_handler(std::uint32_t msgid);
     void respond_error(std::uint32_t msgid, errc code, const std::string& text);
     void report_dropped(std::string_view method, errc code, std::string_view failure) noexcept;
     // How a message came: the call's context, if it carried one (its handler runs with it,

@@ -375,6 +375,10 @@ struct peer::state final : detail::call_table_host,
         void remote_reads_lanes() override { s.remote_reads_lanes(); }
     };
     std::vector<std::unique_ptr<lane_part>> lane_parts;
+    // A credit or cancel on the default lane for a named lane's call (send_control).
+    void not_mine(const message& m) override {
+        for (auto& l : lane_parts) l->disp.offered(m);
+    }
     bool credit_owed = false;  // a grant could not be sent: the next write retries
     std::uint64_t credits_sent = 0;
     // Messages this side wrote that are not pieces, credit or the session's own (acks): while
@@ -480,12 +484,21 @@ struct peer::state final : detail::call_table_host,
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
     // output is full) ends the connection instead, as a response that cannot be sent does.
+    // `ahead`: the call's request is wholly sent (a stream's credit: items came back).
     template <class Encode>
-    void send_control(Encode encode, std::uint16_t lane) {
+    void send_control(Encode encode, std::uint16_t lane, bool ahead = false) {
         try {
             buffer b(small_buffer);
             encode(b);
-            send_ordered(std::string_view(b.data(), b.size()), lane);
+            const std::string_view bytes(b.data(), b.size());
+            // On a named lane, past its queue and window once the call's request is wholly
+            // sent: the handler they are for may hold, queued and so uncredited, what fills the
+            // lane's window (docs/protocol.md "Lanes").
+            if (lane != 0 && lanes_ok && !holding &&
+                (ahead || !lanes_out.busy(detail::lane_name(lane))))
+                sess->send(bytes);
+            else
+                send_ordered(bytes, lane);
         } catch (const std::system_error& e) {
             if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         }

@@ -58,7 +58,8 @@ void dispatcher::on_reserved(const message& m) {
     } else if (m.method == "ordo.cancel") {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
-            cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64));
+            if (!cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64)))
+                host_.not_mine(m);
     } else if (m.method == "ordo.credit") {
         // [msgid, n] or [msgid, n, bytes]: the caller of a stream read n more items (of that
         // many bytes).
@@ -69,6 +70,8 @@ void dispatcher::on_reserved(const message& m) {
             auto it = streams_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
             if (it != streams_.end())
                 it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
+            else
+                host_.not_mine(m);
         }
     } else if ((m.method == "ordo.methods" || m.method == "ordo.stats" ||
                 m.method == "ordo.traces") &&

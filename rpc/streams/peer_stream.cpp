@@ -37,12 +37,12 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     });
 }
 
-// On the stream's lane, behind its request.
+// Its request is wholly sent (items came back): past its lane's queue (send_control).
 void peer::state::send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                               std::uint16_t lane) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
     send_control([&](buffer& b) { encode_notification(b, "ordo.credit", msgid, n, bytes); },
-                 lane);
+                 lane, true);
 }
 
 }  // namespace ordo

@@ -15,6 +15,7 @@
 #include "rpc/connection/lanes.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -340,6 +341,98 @@ TEST(Lanes, TheSmallestWindowStillMovesALargeCall) {
     });
 }
 
+// A stream's credit goes past its lane's window: the stream's serial handler holds the calls
+// queued behind it on the lane (800 KiB, over the shared window, which is then not credited),
+// and waits for the credit that the caller's reading sends on the same lane, while
+// default-lane calls keep the lane to the shared window.
+TEST(Lanes, AStreamsCreditPassesItsLanesWindow) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("items", [](writer<int>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) co_await out.write(i);
+        });
+        srv.on("store", [](const std::string& s) { return s.size(); });
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        auto ch = co_await async_connect(url);
+        auto bulk = ch.lane("bulk");
+        EXPECT_EQ(co_await bulk.async_call<int>("inc", 0), 1);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 0), 1);
+        call_options o;
+        o.window = 2;  // the handler needs credit after two items
+        auto s = co_await bulk.async_stream<int>("items", 40, o);
+        int stored = 0;
+        for (int k = 0; k < 8; ++k)
+            bulk.async_call<std::size_t>("store", std::string(100 << 10, 'x'),
+                                         [&](std::error_code ec, std::size_t n) {
+                                             if (!ec && n == 100u << 10) ++stored;
+                                         });
+        int got = 0;
+        bool ended = false;
+        net::co_spawn(
+            ex,
+            [&]() -> net::awaitable<void> {
+                while (auto v = co_await s.next()) {
+                    if (*v != got) break;
+                    ++got;
+                }
+                ended = true;
+            },
+            net::detached);
+        int small = 0;
+        const auto until = clock_type::now() + 60s;
+        while (!(ended && stored == 8) && clock_type::now() < until) {
+            EXPECT_EQ(co_await ch.async_call<int>("inc", small), small + 1);
+            ++small;
+            co_await test::sleep_for(1ms);
+        }
+        EXPECT_EQ(got, 40) << "the stream's credit waited behind its lane's window";
+        EXPECT_EQ(stored, 8);
+        co_await srv.async_stop();
+    });
+}
+
+// A call's cancel whose request is wholly sent goes on the default lane, past the lane's
+// queue: the server finds the call on its lane and cancels its handler.
+TEST(Lanes, ACancelReachesItsHandlerOnANamedLane) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        bool started = false, saw_cancel = false;
+        srv.on("slow", [&](int) -> net::awaitable<int> {
+            started = true;
+            try {
+                co_await test::sleep_for(60s);
+            } catch (const std::system_error&) {
+                saw_cancel = true;
+                throw;
+            }
+            co_return 0;
+        });
+        srv.on("inc", [](int x) { return x + 1; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto bulk = ch.lane("bulk");
+        EXPECT_EQ(co_await bulk.async_call<int>("inc", 0), 1);
+        std::error_code got;
+        bool done = false;
+        net::cancellation_signal cancel;
+        bulk.async_call<int>("slow", 0,
+                             net::bind_cancellation_slot(cancel.slot(),
+                                                         [&](std::error_code ec, int) {
+                                                             got = ec;
+                                                             done = true;
+                                                         }));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return started; }, 20s));
+        cancel.emit(net::cancellation_type::terminal);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done; }, 20s));
+        EXPECT_TRUE(co_await wait_until([&] { return saw_cancel; }, 20s))
+            << "the cancel did not reach the handler on lane bulk";
+        EXPECT_EQ(peer_of(ch)->counters().notifications_undelivered, 0u);
+        co_await srv.async_stop();
+    });
+}
+
 // A lane whose handler has stopped is held by its credit at the sender: 80 MiB sent behind it
 // (more than max_queued_bytes, which would stop the connection's reading) wait on the caller's
 // side, while another lane's large calls and the default lane's go on; released, the lane's
@@ -365,7 +458,7 @@ TEST(Lanes, AStoppedLaneIsHeldByItsCreditAndTheOthersGoOn) {
         constexpr std::uint64_t n = 80;
         for (std::uint64_t i = 0; i < n; ++i) slow.notify("sink", i, mib);
         const std::string two(2 << 20, 'o');
-        for (int k = 0; k < 3; ++k) {
+        for (int k = 0; k < 8; ++k) {
             EXPECT_EQ(co_await ch.lane("other").async_call<std::string>("echo", two, timeout(20s)),
                       two);
             EXPECT_EQ(co_await ch.async_call<std::string>("echo", std::string("d"), timeout(20s)),
