@@ -4,8 +4,9 @@
     bench/hol_lanes.py [--repeats 3] [--sizes 1024,65536,...] [--publish]
 
 For each big-call size (1 KiB to 64 MiB) and mode, runs `ordo-bench --workload hol`: two big
-echo calls always in flight on one channel (--mode lanes: on its lane "bulk"; pooled: each on a
-connection of its own) and 16-byte echo calls one at a time beside them, over tcp on loopback.
+echo calls always in flight on one channel (--mode lanes: on its lane "bulk", with the default
+lane_window, and lanes-64k with lane_window 65536; pooled: each on a connection of its own) and
+16-byte echo calls one at a time beside them, over tcp on loopback.
 Runs are interleaved over the repeats; the figures are the medians. Also times a 64 MiB echo
 one at a time on an ordered channel, on lanes, and on bench's raw TCP baseline (a plain socket
 echo of the same bytes).
@@ -24,13 +25,17 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BENCH = os.path.join(ROOT, "build", "bench", "ordo-bench")
-MODES = ["ordered", "pooled", "lanes"]
+MODES = ["ordered", "pooled", "lanes", "lanes-64k"]
+# ordo-bench's flags for each mode: lanes-64k is lanes with lane_window at its smallest.
+MODE_FLAGS = {"ordered": ["--mode", "ordered"], "pooled": ["--mode", "pooled"],
+              "lanes": ["--mode", "lanes"],
+              "lanes-64k": ["--mode", "lanes", "--lane-window", "65536"]}
 SIZES = [1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 
 def small_calls(mode, size):
     """Small calls per run: a run takes a few seconds whatever the mode."""
-    if mode == "lanes" or size <= 64 << 10:
+    if mode.startswith("lanes") or size <= 64 << 10:
         return 400
     if mode == "pooled":
         return 200 if size <= 1 << 20 else 40 if size <= 16 << 20 else 15
@@ -62,8 +67,8 @@ def main():
     for r in range(a.repeats):
         for size in sizes:
             for mode in MODES:
-                res = run(["--workload", "hol", "--transport", "tcp", "--mode", mode,
-                           "--size", str(size), "--count", str(small_calls(mode, size)),
+                res = run(["--workload", "hol", "--transport", "tcp"] + MODE_FLAGS[mode] +
+                          ["--size", str(size), "--count", str(small_calls(mode, size)),
                            "--big-inflight", "2"])
                 runs.setdefault(("hol", mode, size), []).append(res)
                 print("%-8s %9d: p50 %8.1f us  p99 %9.1f us  big %6.0f MB/s" %
@@ -104,7 +109,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for mode, style in zip(MODES, ["o-", "s--", "^-"]):
+    for mode, style in zip(MODES, ["o-", "s--", "^-", "v:"]):
         ax.plot(sizes, [med("hol", mode, s, "p50_us") for s in sizes], style, label=mode + " p50")
         ax.plot(sizes, [med("hol", mode, s, "p99_us") for s in sizes], style, alpha=0.4,
                 label=mode + " p99")
