@@ -178,6 +178,8 @@ void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags
 void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token,
                    std::string url, long resume_window_ms);
 void server_stop(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token);
+/// Server `id` stops accepting (server::stop_listening); its connections go on.
+void server_stop_listening(std::uint64_t id);
 /// A handler's answer: code 0: `data` is the msgpack result; else an ordo::errc and message.
 void respond(std::uint64_t request, int code, std::string data);
 /// One item of a streaming handler (msgpack bytes), written in order.

@@ -1,6 +1,10 @@
 // ordo._ordo: the pybind11 edge. Python objects are converted here, with the GIL held; the
 // work itself is submitted to the io thread with the GIL released (py::gil_scoped_release).
 // ordo/__init__.py builds the public API on it.
+#include <chrono>
+#include <future>
+#include <memory>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -213,6 +217,20 @@ PYBIND11_MODULE(_ordo, m) {
                 runtime::get().submit([h = std::move(h), id, token]() mutable {
                     op::server_stop(std::move(h), id, token);
                 });
+            },
+            release())
+        .def(
+            "server_stop_listening",
+            [](const hub&, std::uint64_t id) {
+                // Done when it returns: the caller may bind the port again at once.
+                auto done = std::make_shared<std::promise<void>>();
+                auto ran = done->get_future();
+                // Dropped (and so the promise broken, at once) once ordo has stopped.
+                runtime::get().submit([id, done = std::move(done)] {
+                    op::server_stop_listening(id);
+                    done->set_value();
+                });
+                (void)ran.wait_for(std::chrono::seconds(10));
             },
             release())
         .def(

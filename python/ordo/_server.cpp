@@ -268,6 +268,10 @@ void server_stop(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token) 
     net::co_spawn(rt.io, stop_then(std::move(b), std::move(h), token), net::detached);
 }
 
+void server_stop_listening(std::uint64_t id) {
+    if (auto* b = find_server(id)) b->srv.stop_listening();
+}
+
 void stop_servers() {
     auto& rt = runtime::get();
     for (auto& [id, b] : rt.servers) net::co_spawn(rt.io, stop_then(b, nullptr, 0), net::detached);

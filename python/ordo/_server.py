@@ -468,6 +468,7 @@ class Server:
         self._registered: dict[str, _Handler] = {}
         self._batchers: list = []
         self._stopped = False
+        self._stop_future: asyncio.Future[None] | None = None
 
     def method(self, fn=None, *, name: str | None = None, concurrent: bool = False,
                with_peer: bool = False, allow=None):
@@ -556,21 +557,39 @@ class Server:
         _, address = await fut
         return address
 
+    def stop_listening(self) -> None:
+        """Stops accepting now: when it returns the listening addresses are free to bind again
+        and new callers are refused; the connections already accepted go on being served until
+        they end or stop() closes them."""
+        if self._lh is not None and not self._stopped:
+            self._lh.hub.server_stop_listening(self._id)
+
     async def stop(self) -> None:
         """Stops accepting, closes every connection (queued answers are sent first; running
         handlers are cancelled) and waits until they have ended."""
-        if self._stopped:
-            return
+        await self.stop_soon()
+
+    def stop_soon(self) -> "asyncio.Future[None]":
+        """stop() begun without a task on this loop: returns a future that is done once every
+        connection has ended (awaiting it is optional)."""
+        if self._stop_future is not None:
+            return self._stop_future
         self._stopped = True
-        if self._lh is not None:
-            lh = self._lh
-            token = next(_tokens)
-            fut = lh.loop.create_future()
-            lh.futures[token] = fut
-            lh.hub.server_stop(self._id, token)
-            await fut
-        for h in self._registered.values():
-            _handlers.pop(h.hid, None)
+        loop = self._lh.loop if self._lh is not None else asyncio.get_running_loop()
+        fut = self._stop_future = loop.create_future()
+
+        def unregister(_f) -> None:
+            for h in self._registered.values():
+                _handlers.pop(h.hid, None)
+
+        fut.add_done_callback(unregister)
+        if self._lh is None:
+            fut.set_result(None)
+            return fut
+        token = next(_tokens)
+        self._lh.futures[token] = fut
+        self._lh.hub.server_stop(self._id, token)
+        return fut
 
     async def __aenter__(self) -> "Server":
         return self

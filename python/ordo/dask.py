@@ -413,7 +413,8 @@ class _ServerLink:
 
 class OrdoListener(Listener):
     """Serves Dask comms on an ordo.Server listening on tcp://host:port. stop() stops taking
-    new comms at once; the ordo server itself stops once the comms it holds have ended."""
+    new comms at once (the port is free when it returns, as tcp://'s); the ordo server itself
+    stops, with no task on the loop, once the comms it holds have ended."""
 
     def __init__(self, scheme: str, address: str, comm_handler, deserialize: bool = True,
                  allow_offload: bool = True, default_host: str | None = None,
@@ -428,9 +429,9 @@ class OrdoListener(Listener):
         self._srv: _OrdoServer | None = None
         self._bound: tuple[str, int] = ("", 0)  # the bound address, once started
         self._links: dict[int, _ServerLink] = {}  # by the connection's peer id
-        self._tasks: set[asyncio.Task] = set()  # comm handlers, and the server's stop
+        self._tasks: set[asyncio.Task] = set()  # comm handlers
         self._stopping = False
-        self._stop_task: asyncio.Task | None = None
+        self._stop_future: asyncio.Future[None] | None = None  # the ordo server's stop
 
     async def start(self) -> None:
         srv = _OrdoServer()
@@ -449,6 +450,8 @@ class OrdoListener(Listener):
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
+            if self._srv is not None:
+                self._srv.stop_listening()
             self._stop_if_idle()
 
     @property
@@ -545,13 +548,13 @@ class OrdoListener(Listener):
             link.forgotten.set_result(None)
 
     def _stop_if_idle(self) -> None:
-        if self._stopping and not self._links and self._stop_task is None and self._srv:
-            self._stop_task = self._spawn(self._srv.stop())
+        if self._stopping and not self._links and self._stop_future is None and self._srv:
+            self._stop_future = self._srv.stop_soon()
 
     async def stopped(self) -> None:
         """Waits for the ordo server's stop, if it has begun."""
-        if self._stop_task is not None and not self._stop_task.done():
-            await asyncio.shield(self._stop_task)
+        if self._stop_future is not None and not self._stop_future.done():
+            await asyncio.shield(self._stop_future)
 
 
 # ---- backends -----------------------------------------------------------------------------

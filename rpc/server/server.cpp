@@ -275,6 +275,10 @@ std::string server::listen(std::string_view url) {
     return bound;
 }
 
+void server::stop_listening() {
+    for (auto& l : s_->listeners) l->close();
+}
+
 net::awaitable<void> server::async_stop() {
     auto s = s_;
     s->stopping = true;

@@ -125,6 +125,52 @@ async def test_a_listener_on_a_port_in_use_raises_oserror_eaddrinuse_as_tcp_does
     await settle()
 
 
+def bind_and_listen(port):
+    """Binds and listens on 127.0.0.1:port as Dask's tcp listener does (SO_REUSEADDR): fails
+    with EADDRINUSE while any socket still listens there."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_stopped_listener_frees_its_port_and_leaves_no_task_as_tcp_does(scheme):
+    # Worker.close() stops its listener and returns; Dask's tests then bind the same port
+    # again, and check that no asyncio task was left behind.
+    async def handler(comm):
+        try:
+            while True:
+                await comm.write(await comm.read())
+        except CommClosedError:
+            pass
+
+    for comms in (0, 1):
+        before = asyncio.all_tasks()
+        lst = await listen(f"{scheme}://127.0.0.1:0", handler)
+        await lst.start()
+        port = int(lst.listen_address.rsplit(":", 1)[1])
+        comm = None
+        if comms:
+            comm = await connect(lst.contact_address)
+            await comm.write({"x": 1})
+            assert await comm.read() == {"x": 1}
+        lst.stop()
+        bind_and_listen(port)  # raised OSError(EADDRINUSE) while the ordo server still listened
+        if comm is not None:
+            # The comm accepted before the stop is still served.
+            await comm.write({"x": 2})
+            assert await comm.read() == {"x": 2}
+            await comm.close()
+            await settle()
+        else:
+            assert asyncio.all_tasks() == before, asyncio.all_tasks() - before
+        await lst.stopped()
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
         scheme, monkeypatch):

@@ -1,5 +1,6 @@
 """ordo.Server: Python handlers served to Python callers and to ordo's C++ client."""
 import asyncio
+import socket
 
 import pytest
 
@@ -415,4 +416,30 @@ async def test_listening_on_a_port_in_use_raises_oserror_with_its_errno():
     with pytest.raises(ordo.BadAddress):  # not an address at all: still BadAddress
         await other.listen("tcp://not an address:1")
     await other.stop()
+    await srv.stop()
+
+
+async def test_stop_listening_frees_the_port_and_keeps_serving_the_connections_it_has():
+    srv = ordo.Server()
+
+    @srv.method
+    def inc(x: int) -> int:
+        return x + 1
+
+    url = await srv.listen("tcp://127.0.0.1:0")
+    port = int(url.rsplit(":", 1)[1])
+    async with await ordo.connect(url) as ch:
+        assert await ch.call("inc", 1) == 2
+        srv.stop_listening()
+        # Free at once: a listening socket with SO_REUSEADDR (as Dask's and asyncio's servers
+        # bind) takes the same port.
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+        finally:
+            s.close()
+        with pytest.raises(ordo.OrdoError):
+            await ordo.connect(url)  # nobody listens there now: refused
+        assert await ch.call("inc", 2) == 3  # the connection it had is still served
     await srv.stop()

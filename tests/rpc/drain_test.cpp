@@ -299,6 +299,40 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
 
 // An ordo peer hears the goaway (both hooks, going_away()), keeps its stream running to the end,
 // then closes the connection itself; a call made after that fails with peer_lost and the reason.
+// stop_listening(): the port is free for another bind when it returns (a listening socket with
+// SO_REUSEADDR takes it), a new caller is refused, and the connection already accepted is
+// still served.
+TEST(StopListening, FreesThePortAndServesTheConnectionsItHas) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("inc", [](int x) { return x + 1; });
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        const auto port = static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+        auto ch = co_await async_connect(url);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        srv.stop_listening();
+        {
+            net::ip::tcp::acceptor again(ex);
+            const net::ip::tcp::endpoint at(net::ip::make_address("127.0.0.1"), port);
+            again.open(at.protocol());
+            again.set_option(net::ip::tcp::acceptor::reuse_address(true));
+            std::error_code ec;
+            again.bind(at, ec);
+            EXPECT_FALSE(ec) << "the port is still bound: " << ec.message();
+        }
+        bool refused = false;
+        try {
+            (void)co_await async_connect(url);
+        } catch (const std::system_error&) {
+            refused = true;
+        }
+        EXPECT_TRUE(refused) << "a new caller was let in";
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 2), 3);
+        co_await srv.async_stop();
+    });
+}
+
 TEST(Drain, AnOrdoPeerFinishesItsStreamThenClosesAndLaterCallsFailWithTheReason) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;

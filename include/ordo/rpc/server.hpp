@@ -202,6 +202,12 @@ class server {
     /// tcp port 0). Throws std::system_error naming the address on failure.
     std::string listen(std::string_view url);
 
+    /// Stops accepting now: every listener closes (its address is free for another bind when
+    /// this returns; a caller that connects is refused), and the connections already accepted
+    /// go on being served until they end or async_stop()/async_drain() closes them. listen()
+    /// may be called again. On the server's executor.
+    void stop_listening();
+
     /// Stops accepting, fails calls waiting in batch handlers with errc::shutting_down, closes
     /// every connection (flushing responses already queued; handlers still running are
     /// cancelled) and completes when all of them have ended.
