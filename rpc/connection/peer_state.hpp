@@ -80,7 +80,7 @@ struct peer::state final : detail::call_table_host,
     bool kept_for_close = false;  // close() keeps the peer until its connection has ended
     std::vector<std::function<void(const std::error_code&, const std::string&)>> closed_fns;
     net::steady_timer closed_event;
-    net::steady_timer eof_probe;  // half-close: the second probe (peer_finished_sending)
+    net::steady_timer eof_probe;  // half-close: the probes after the first (probe_after_eof)
     detail::liveness live;
     std::unique_ptr<detail::call_observer> observer;  // before `calls`: it outlives them
     detail::call_table calls;
@@ -199,10 +199,12 @@ struct peer::state final : detail::call_table_host,
 
     // Nothing more will arrive: this side's calls cannot be answered and fail now, while what
     // the other side sent is served to its end and answered; then this side closes. End of
-    // stream is also how a peer that closed altogether looks: two probes (ordo.ping, now and
-    // 100 ms later) find that out, as the second write fails on the reset the first one drew
-    // (unix: the first fails), and its work is cancelled then. A peer that only half-closed
-    // cannot answer them: liveness_timeout after its last bytes, it is lost like any silent peer.
+    // stream is also how a peer that closed altogether looks: probes (ordo.ping, now and 5, 20
+    // and 100 ms later) find that out, as the first write after the reset the first one drew
+    // fails (unix: the first fails), and its work is cancelled then: within a few ms and a
+    // round trip, as a plain TCP reader that takes end of stream for the end. A peer that only
+    // half-closed cannot answer them: liveness_timeout after its last bytes, it is lost like
+    // any silent peer.
     bool peer_finished_sending() override {
         if (!sess->is_open() || heard_eof) return false;
         heard_eof = true;
@@ -216,13 +218,23 @@ struct peer::state final : detail::call_table_host,
         if (running_all() > 0 || queued_all() > 0) {
             send_ping();
             live.note_work();
-            eof_probe.expires_after(std::chrono::milliseconds(100));
-            eof_probe.async_wait([w = self.weak_from_this(), this](std::error_code ec) {
-                auto keep = w.lock();
-                if (!ec && keep && sess->is_open()) send_ping();
-            });
+            probe_after_eof(0);
         }
         return true;
+    }
+    // The probes after the first, each this long after the one before.
+    static constexpr std::chrono::milliseconds eof_probe_gaps[] = {
+        std::chrono::milliseconds(5), std::chrono::milliseconds(15),
+        std::chrono::milliseconds(80)};
+    void probe_after_eof(std::size_t k) {
+        if (k >= std::size(eof_probe_gaps)) return;
+        eof_probe.expires_after(eof_probe_gaps[k]);
+        eof_probe.async_wait([w = self.weak_from_this(), this, k](std::error_code ec) {
+            auto keep = w.lock();
+            if (ec || !keep || !sess->is_open()) return;
+            send_ping();
+            probe_after_eof(k + 1);
+        });
     }
 
     // close() promises that what was queued is sent: the peer (its session and connection)

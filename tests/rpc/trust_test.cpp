@@ -510,6 +510,49 @@ TEST(HalfClose, TheServerAnswersWhatItReadThenCloses) {
     });
 }
 
+// End of stream with a handler running is also how a caller that closed altogether looks: the
+// server probes (ordo.ping) at once and 5, 20 and 100 ms later, so that the write after the
+// reset fails within a few ms (bench/python/closed_peer.py times it). A caller that only
+// half-closed reads the four probes, and then its answer.
+TEST(HalfClose, TheServerProbesAHalfClosedCallerFourTimesAndStillAnswers) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        srv.on("slow", [](int x) -> net::awaitable<int> {
+            net::steady_timer t(co_await net::this_coro::executor, 1500ms);
+            co_await t.async_wait(net::use_awaitable);
+            co_return x;
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        auto t = co_await async_connect_transport(url);
+        buffer b;
+        encode_request(b, 1, "slow", 10);
+        std::error_code ec;
+        co_await t->async_write(net::buffer(b.data(), b.size()), ec);
+        t->shutdown_send();
+        decoder d;
+        char chunk[4096];
+        int pings = 0;
+        std::optional<int> answer;
+        int pings_before_answer = -1;
+        while (!ec) {
+            const std::size_t n = co_await t->async_read_some(net::buffer(chunk), ec);
+            d.feed(std::string_view(chunk, n));
+            while (auto m = d.next()) {
+                if (m->kind == message_kind::request && m->method == "ordo.ping") ++pings;
+                if (m->kind == message_kind::response && m->msgid == 1) {
+                    answer = m->result.as<int>();
+                    pings_before_answer = pings;
+                }
+            }
+        }
+        EXPECT_EQ(answer, 10);
+        EXPECT_EQ(pings_before_answer, 4) << "probes before the answer";
+        t->close();
+        co_await srv.async_stop();
+    });
+}
+
 // The other way round: a server that ends its side fails this side's pending calls at once
 // (no answer can come), with the reason.
 TEST(HalfClose, ACallerWhosePeerEndedItsSideFailsItsCallsAtOnce) {
