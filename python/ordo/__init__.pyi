@@ -50,6 +50,7 @@ def current_context() -> CallContext | None: ...
 
 class Channel:
     remote_address: str
+    undelivered: int
     # `await ch.inc(1)`: any attribute is a stub calling the method of that name.
     def __getattr__(self, name: str) -> Callable[..., asyncio.Future[Any]]: ...
     def call(self, method: str, *args: Any, timeout: float | None = ...,

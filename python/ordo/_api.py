@@ -10,6 +10,7 @@ import asyncio
 import collections
 import functools
 import itertools
+import logging
 import math
 import os
 import weakref
@@ -17,6 +18,8 @@ from asyncio import events
 
 from . import _ordo
 from ._context import _current, _outgoing
+
+_logger = logging.getLogger("ordo")
 
 _tokens = itertools.count(1)
 _shut = False  # set by ordo.shutdown()
@@ -117,7 +120,8 @@ def _error(code: int, text: str | None, detail: str | None) -> Exception:
 
 # ---- the hub of one asyncio loop ----------------------------------------------------------
 
-_CALL, _CONNECTED, _ITEM, _END, _REQUEST, _GONE, _WRITTEN, _DONE, _NOTIFY_FAILED = range(9)
+(_CALL, _CONNECTED, _ITEM, _END, _REQUEST, _GONE, _WRITTEN, _DONE, _NOTIFY_FAILED,
+ _UNDELIVERED) = range(10)
 
 
 class _LoopHub:
@@ -264,6 +268,15 @@ class _LoopHub:
                 ch = self.channels.get(token)
                 if ch is not None and ch._failed is None:
                     ch._failed = _error(code, text, None)
+            elif kind == _UNDELIVERED:
+                ch = self.channels.get(token)
+                if ch is not None:
+                    ch.undelivered += 1
+                    if ch._failed is None:
+                        ch._failed = _error(code, text, None)
+                    if ch.undelivered == 1:
+                        _logger.warning("%s (later ones are counted in Channel.undelivered)",
+                                        text)
         self.flush()  # answers given during this drain go now, not a turn later
 
     def close(self) -> None:
@@ -371,6 +384,9 @@ class Channel:
         self._failed: OrdoError | None = None
         self._closed = False
         self._base: Channel | None = None  # a lane's channel: the channel it is a lane of
+        # Notifications taken for sending and not written when the connection ended; the first
+        # is logged, and the next notify raises why.
+        self.undelivered = 0
         lh.channels[chan] = self
 
     def __getattr__(self, name: str):

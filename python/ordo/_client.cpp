@@ -127,11 +127,23 @@ net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, s
         }
         // A named lvalue: GCC 12 relocates a temporary passed by value to a coroutine
         // bitwise (docs/calls-and-channels.md, "GCC 12 note"), which breaks its strings.
-        const peer_options po;
+        peer_options po;
+        // Notifications taken and never written (the connection ended first) are told to the
+        // channel: its next notify raises why, and Channel.undelivered counts them. Runs on
+        // this thread, after the id is set below.
+        auto id = std::make_shared<std::uint64_t>(0);
+        po.on_undelivered = [h, id](const undelivered_notification& u) {
+            completion d{kind::undelivered, *id};
+            d.code = u.code.category() == error_category() ? u.code.value()
+                                                           : static_cast<int>(errc::peer_lost);
+            d.text = "ordo: notification " + u.method + " was taken and not delivered: " + u.reason;
+            h->push(std::move(d));
+        };
         channel ch = co_await async_connect(url, po, table.get());
         auto& rt = runtime::get();
         // The table must outlive the connection: kept with the channel.
         if (table) rt.channel_handlers[rt.next_id] = table;
+        *id = rt.next_id;
         c.a = rt.next_id++;
         c.text = ch.remote_address();
         rt.channels.emplace(c.a, std::move(ch));

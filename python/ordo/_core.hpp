@@ -42,6 +42,8 @@ enum class kind : int {
     item_written = 6,  ///< token: request id of a streaming handler; a = items written so far
     done = 7,          ///< token: a listen or stop; code 0: text = bound address; else text
     notify_failed = 8, ///< token: channel id; code, text: why a notification was not taken
+    undelivered = 9,   ///< token: channel id; code, text: a notification taken and not written
+                       ///< when the connection ended (peer_options::on_undelivered)
 };
 
 struct completion {

@@ -137,3 +137,40 @@ def test_calls_after_shutdown_fail_with_closed():
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("closed: ordo: ") == 2, p.stdout
+
+
+async def test_notifications_taken_and_never_written_are_told_to_their_channel(caplog):
+    # A peer that accepts and never reads: notifications fill the sockets' buffers, and the
+    # rest wait in ordo's output. Its connection then ends with a reset: those never written
+    # are counted on the channel, the first is logged, and the next notify raises why.
+    import socket
+    import struct
+
+    accepted = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    ch = await ordo.connect(f"tcp://127.0.0.1:{port}")
+    conn, _ = await asyncio.get_running_loop().sock_accept(listener)
+    accepted.append(conn)
+    blob = b"x" * (256 << 10)
+    for i in range(64):  # 16 MiB: more than the sockets hold, less than ordo's output bound
+        ch.notify("sink", i, blob)
+    await asyncio.sleep(0.5)  # written as far as the sockets take them
+    assert ch.undelivered == 0
+    with caplog.at_level("WARNING", logger="ordo"):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # a reset: what ordo still holds cannot go anywhere
+        listener.close()
+        deadline = asyncio.get_running_loop().time() + 20
+        while ch.undelivered == 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the rest of the reports, in the same drain or the next
+    assert 0 < ch.undelivered < 64, ch.undelivered
+    assert any("sink was taken and not delivered" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ordo.OrdoError) as e:
+        ch.notify("sink", 64, b"")
+    assert "not delivered" in str(e.value)
+    ch.close()
