@@ -266,14 +266,15 @@ class _LoopHub:
                         self.lanes[peer].pop(token, None)
             elif kind == _NOTIFY_FAILED:
                 ch = self.channels.get(token)
-                if ch is not None and ch._failed is None:
-                    ch._failed = _error(code, text, None)
+                if ch is not None and (ch._failed is None or ch._failed_once):
+                    ch._failed, ch._failed_once = _error(code, text, None), False
             elif kind == _UNDELIVERED:
                 ch = self.channels.get(token)
                 if ch is not None:
                     ch.undelivered += 1
-                    if ch._failed is None:
-                        ch._failed = _error(code, text, None)
+                    if ch._failed is None:  # raised by the next notify only: a resumable
+                        ch._failed = _error(code, text, None)  # channel goes on
+                        ch._failed_once = True
                     if ch.undelivered == 1:
                         _logger.warning("%s (later ones are counted in Channel.undelivered)",
                                         text)
@@ -384,9 +385,10 @@ class Channel:
         self._failed: OrdoError | None = None
         self._closed = False
         self._base: Channel | None = None  # a lane's channel: the channel it is a lane of
-        # Notifications taken for sending and not written when the connection ended; the first
-        # is logged, and the next notify raises why.
+        # Notifications taken for sending and not written when the connection ended (those of
+        # its lanes too); the first is logged, and the next notify raises why.
         self.undelivered = 0
+        self._failed_once = False  # _failed is an undelivered report: raised once
         lh.channels[chan] = self
 
     def __getattr__(self, name: str):
@@ -442,7 +444,10 @@ class Channel:
         cannot carry, found when the turn's messages are packed together), if any."""
         if self._failed is not None or self._closed:
             if self._failed is not None:
-                raise self._failed
+                failed = self._failed
+                if self._failed_once:
+                    self._failed, self._failed_once = None, False
+                raise failed
             raise Closed(f"ordo: notify {method} to {self.remote_address}: closed")
         out = self._out  # _LoopHub.queue, inlined: this is the one-way hot path
         out.append((0, self._id, method, args))  # packed with the batch (flush)

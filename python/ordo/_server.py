@@ -566,8 +566,9 @@ class Server:
 
     async def stop(self) -> None:
         """Stops accepting, closes every connection (queued answers are sent first; running
-        handlers are cancelled) and waits until they have ended."""
-        await self.stop_soon()
+        handlers are cancelled) and waits until they have ended. Cancelling the wait leaves the
+        stop going on."""
+        await asyncio.shield(self.stop_soon())
 
     def stop_soon(self) -> "asyncio.Future[None]":
         """stop() begun without a task on this loop: returns a future that is done once every

@@ -37,18 +37,20 @@ server::state::~state() {
 
 net::awaitable<void> server::state::accept_loop(std::shared_ptr<state> s, listener* l) {
     net::steady_timer backoff(s->ex);
-    while (!s->closed_to_new()) {
+    // Until the server stops, drains or stops listening (stop_listening()).
+    const auto taking = [&] { return !s->closed_to_new() && s->listening(l); };
+    while (taking()) {
         std::unique_ptr<transport> t;
         bool no_descriptors = false;
         try {
             t = co_await l->async_accept();
         } catch (const std::system_error& e) {
-            if (!s->closed_to_new()) {
+            if (taking()) {
                 s->event(server_event::kind::accept_failed, {}, e.code(), e.what());
                 no_descriptors = out_of_descriptors(e.code());
             }
         }
-        if (s->closed_to_new()) {
+        if (!taking()) {
             // Accepted as the listener closed: not served (as if it had come a moment later).
             if (t) t->close();
             break;
@@ -255,8 +257,11 @@ std::string server::listen(std::string_view url) {
             auto s = w.lock();
             return s ? s->least_loaded().ex : net::any_io_executor();
         });
+    // Listed first: its accept loop takes connections while it is (stop_listening()).
+    listener* accepting = l.get();
+    s_->listeners.push_back(std::move(l));
     ++s_->accept_loops;
-    net::co_spawn(s_->ex, state::accept_loop(s_, l.get()), detail::rethrow_escaped{});
+    net::co_spawn(s_->ex, state::accept_loop(s_, accepting), detail::rethrow_escaped{});
     if (s_->o.idle_timeout.count() > 0 && !s_->sweeping) {
         s_->sweeping = true;
         for (auto& lp : s_->loops)
@@ -271,12 +276,16 @@ std::string server::listen(std::string_view url) {
         for (auto& lp : s_->loops)
             net::co_spawn(lp->ex, state::watch_budget(s_, *lp), detail::rethrow_escaped{});
     }
-    s_->listeners.push_back(std::move(l));
     return bound;
 }
 
 void server::stop_listening() {
-    for (auto& l : s_->listeners) l->close();
+    // Kept (closed) until the server stops: their accept loops may still be inside them.
+    for (auto& l : s_->listeners) {
+        l->close();
+        s_->closed_listeners.push_back(std::move(l));
+    }
+    s_->listeners.clear();
 }
 
 net::awaitable<void> server::async_stop() {
@@ -302,6 +311,7 @@ net::awaitable<void> server::async_stop() {
         });
     while (s->open_total() > 0 || s->accept_loops > 0) co_await s->changed.async_wait(use_tuple);
     s->listeners.clear();
+    s->closed_listeners.clear();
     s->stopped = true;
     s->changed.cancel();  // a second async_drain() waits for this
 }

@@ -106,6 +106,12 @@ struct server::state : std::enable_shared_from_this<server::state> {
     const ordo::handlers* h;
     std::shared_ptr<detail::session_registry> sessions;
     std::vector<std::unique_ptr<listener>> listeners;
+    std::vector<std::unique_ptr<listener>> closed_listeners;  // by stop_listening()
+    bool listening(const listener* l) const noexcept {
+        for (const auto& x : listeners)
+            if (x.get() == l) return true;
+        return false;
+    }
     std::vector<std::unique_ptr<loop>> loops;  // [0] is the server's executor
     bool sweeping = false, watching_budget = false;
     int accept_loops = 0;

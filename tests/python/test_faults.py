@@ -173,4 +173,11 @@ async def test_notifications_taken_and_never_written_are_told_to_their_channel(c
     with pytest.raises(ordo.OrdoError) as e:
         ch.notify("sink", 64, b"")
     assert "not delivered" in str(e.value)
+    # Raised once: what comes next is this connection's own end (a resumable channel would go
+    # on with a new session).
+    with pytest.raises(ordo.OrdoError) as e:
+        ch.notify("sink", 65, b"")
+        await asyncio.sleep(0.2)
+        ch.notify("sink", 66, b"")
+    assert "not delivered" not in str(e.value)
     ch.close()

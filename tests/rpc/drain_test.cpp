@@ -19,6 +19,7 @@
 #include "support/cutting_proxy.hpp"
 #include "support/processes.hpp"
 #include "support/run_test.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
@@ -297,15 +298,18 @@ TEST_P(DrainOnLoops, RequestsAfterTheGoawayAreServedAndAForeignClientIsClosedAtT
     });
 }
 
-// An ordo peer hears the goaway (both hooks, going_away()), keeps its stream running to the end,
-// then closes the connection itself; a call made after that fails with peer_lost and the reason.
 // stop_listening(): the port is free for another bind when it returns (a listening socket with
-// SO_REUSEADDR takes it), a new caller is refused, and the connection already accepted is
-// still served.
+// SO_REUSEADDR takes it), a new caller is refused, the connection already accepted is still
+// served, and the closed listener's accept loop ends (no accept_failed, again and again).
 TEST(StopListening, FreesThePortAndServesTheConnectionsItHas) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        server srv(ex);
+        server_options o;
+        int accept_failed = 0;
+        o.on_event = [&](const server_event& e) {
+            if (e.what == server_event::kind::accept_failed) ++accept_failed;
+        };
+        server srv(ex, o);
         srv.on("inc", [](int x) { return x + 1; });
         const auto url = srv.listen("tcp://127.0.0.1:0");
         const auto port = static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
@@ -329,10 +333,14 @@ TEST(StopListening, FreesThePortAndServesTheConnectionsItHas) {
         }
         EXPECT_TRUE(refused) << "a new caller was let in";
         EXPECT_EQ(co_await ch.async_call<int>("inc", 2), 3);
+        co_await test::sleep_for(300ms);  // a loop still accepting would fail every 100 ms
+        EXPECT_EQ(accept_failed, 0);
         co_await srv.async_stop();
     });
 }
 
+// An ordo peer hears the goaway (both hooks, going_away()), keeps its stream running to the end,
+// then closes the connection itself; a call made after that fails with peer_lost and the reason.
 TEST(Drain, AnOrdoPeerFinishesItsStreamThenClosesAndLaterCallsFailWithTheReason) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;

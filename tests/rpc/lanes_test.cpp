@@ -71,6 +71,38 @@ void serve_hold(server& srv, bool& holding, bool& released) {
     srv.on("release", [&] { released = true; });
 }
 
+void serve_echo_and_inc(server& srv) {
+    srv.on("echo", [](const std::string& s) { return s; });
+    srv.on("inc", [](int x) { return x + 1; });
+}
+
+// One large echo call of `size` bytes on lane "bulk" of a channel to `url` (served by
+// serve_echo_and_inc), and small calls on the default lane one after another while it runs: it
+// must come back whole. Returns how many small calls completed meanwhile.
+net::awaitable<int> small_calls_beside_a_large_one(const std::string& url, std::size_t size) {
+    auto ch = co_await async_connect(url);
+    // The first call on a lane asks whether the server reads lanes; asked here, so that the
+    // large call goes in pieces from its first byte.
+    EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
+    std::string blob(size, '\0');
+    for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 131 % 251);
+    bool big_done = false;
+    bool big_ok = false;
+    ch.lane("bulk").async_call<std::string>("echo", blob, [&](std::error_code ec, std::string r) {
+        big_done = true;
+        big_ok = !ec && r == blob;
+    });
+    int passed = 0;
+    const auto until = clock_type::now() + 60s;
+    while (!big_done && clock_type::now() < until) {
+        EXPECT_EQ(co_await ch.async_call<int>("inc", passed), passed + 1);
+        if (!big_done) ++passed;
+    }
+    EXPECT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
+    EXPECT_TRUE(big_ok);
+    co_return passed;
+}
+
 // Messages on three lanes, some large enough to go in pieces, all interleaved by the sender:
 // each lane's arrive in the order sent.
 TEST(Lanes, OrderHoldsWithinEachLane) {
@@ -218,30 +250,9 @@ TEST(Lanes, SmallCallsPassALargeCallInPieces) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         server srv(ex);
-        srv.on("echo", [](const std::string& s) { return s; });
-        srv.on("inc", [](int x) { return x + 1; });
-        const auto url = srv.listen("tcp://127.0.0.1:0");
-        auto ch = co_await async_connect(url);
-        // The first call on a lane asks whether the server reads lanes; asked here, so that
-        // the large call goes in pieces from its first byte.
-        EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
-        std::string blob(64 << 20, '\0');
-        for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 131 % 251);
-        bool big_done = false;
-        bool big_ok = false;
-        ch.lane("bulk").async_call<std::string>("echo", blob,
-                                                [&](std::error_code ec, std::string r) {
-                                                    big_done = true;
-                                                    big_ok = !ec && r == blob;
-                                                });
-        int passed = 0;
-        const auto until = clock_type::now() + 60s;
-        while (!big_done && clock_type::now() < until) {
-            EXPECT_EQ(co_await ch.async_call<int>("inc", passed), passed + 1);
-            if (!big_done) ++passed;
-        }
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
-        EXPECT_TRUE(big_ok);
+        serve_echo_and_inc(srv);
+        const int passed =
+            co_await small_calls_beside_a_large_one(srv.listen("tcp://127.0.0.1:0"), 64 << 20);
         EXPECT_GE(passed, 5) << "small calls waited behind the large one";
         co_await srv.async_stop();
     });
@@ -315,28 +326,10 @@ TEST(Lanes, TheSmallestWindowStillMovesALargeCall) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         server srv(ex);
-        srv.on("echo", [](const std::string& s) { return s; });
-        srv.on("inc", [](int x) { return x + 1; });
+        serve_echo_and_inc(srv);
         const auto url = srv.listen("tcp://127.0.0.1:0");
-        auto ch = co_await async_connect(url + "?lane_window=1&piece_bytes=16384");
-        EXPECT_EQ(co_await ch.lane("bulk").async_call<int>("inc", 0), 1);
-        std::string blob(8 << 20, '\0');
-        for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 7 % 253);
-        bool big_done = false;
-        bool big_ok = false;
-        ch.lane("bulk").async_call<std::string>("echo", blob,
-                                                [&](std::error_code ec, std::string r) {
-                                                    big_done = true;
-                                                    big_ok = !ec && r == blob;
-                                                });
-        int small = 0;
-        const auto until = clock_type::now() + 60s;
-        while (!big_done && clock_type::now() < until) {
-            EXPECT_EQ(co_await ch.async_call<int>("inc", small), small + 1);
-            ++small;
-        }
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return big_done; }, 60s));
-        EXPECT_TRUE(big_ok);
+        (void)co_await small_calls_beside_a_large_one(url + "?lane_window=1&piece_bytes=16384",
+                                                      8 << 20);
         co_await srv.async_stop();
     });
 }
