@@ -72,6 +72,33 @@ bool lane_writer::busy(std::string_view name) const noexcept {
     return false;
 }
 
+namespace {
+
+// The msgid of a request ([0, msgid, method, params] or with a fifth element, its context) at
+// the start of `m`, or nothing.
+std::optional<std::uint32_t> request_id(std::string_view m) {
+    if (m.size() < 3 || (m[0] != '\x94' && m[0] != '\x95') || m[1] != '\x00') return std::nullopt;
+    const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(m[i]); };
+    const std::uint8_t t = byte(2);
+    if (t <= 0x7f) return t;
+    const std::size_t n = t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : 0;
+    if (n == 0 || m.size() < 3 + n) return std::nullopt;
+    std::uint32_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v = (v << 8) | byte(3 + i);
+    return v;
+}
+
+}  // namespace
+
+bool lane_writer::holds_request(std::string_view name, std::uint32_t msgid) const noexcept {
+    for (const auto& l : lanes_) {
+        if (l.name != name) continue;
+        for (const auto& w : l.messages)
+            if (request_id(w.bytes.view()) == msgid) return true;
+    }
+    return false;
+}
+
 void lane_writer::push(std::string_view name, std::string_view head, std::string_view body,
                        std::string_view notification) {
     auto it =

@@ -83,6 +83,8 @@ class lane_writer {
     std::size_t piece_bytes() const noexcept { return piece_bytes_; }
     /// Whether lane `name` has messages waiting for their pieces to go.
     bool busy(std::string_view name) const noexcept;
+    /// Whether lane `name` still has the request `msgid` waiting, in whole or in part.
+    bool holds_request(std::string_view name, std::uint32_t msgid) const noexcept;
     bool empty() const noexcept { return bytes_ == 0; }
     /// Bytes of messages waiting (whole, or their pieces not yet sent).
     std::size_t bytes() const noexcept { return bytes_; }

@@ -496,9 +496,10 @@ struct peer::state final : detail::call_table_host,
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
     // output is full) ends the connection instead, as a response that cannot be sent does.
-    // `ahead`: the call's request is wholly sent (a stream's credit: items came back).
+    // `ahead`: the call's request is wholly sent (a stream's credit: items came back; a
+    // cancel whose request its lane no longer holds).
     template <class Encode>
-    void send_control(Encode encode, std::uint16_t lane, bool ahead = false) {
+    void send_control(Encode encode, std::uint16_t lane, bool ahead) {
         try {
             buffer b(small_buffer);
             encode(b);
@@ -506,8 +507,7 @@ struct peer::state final : detail::call_table_host,
             // On a named lane, past its queue and window once the call's request is wholly
             // sent: the handler they are for may hold, queued and so uncredited, what fills the
             // lane's window (docs/protocol.md "Lanes").
-            if (lane != 0 && lanes_ok && !holding &&
-                (ahead || !lanes_out.busy(detail::lane_name(lane))))
+            if (lane != 0 && lanes_ok && !holding && ahead)
                 sess->send(bytes);
             else
                 send_ordered(bytes, lane);
@@ -520,7 +520,8 @@ struct peer::state final : detail::call_table_host,
     // leave_when_idle() must find the cancel already queued.
     void send_cancel(std::uint32_t msgid, std::uint16_t lane) override {
         if (sess->is_open())
-            send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); }, lane);
+            send_control([&](buffer& b) { encode_notification(b, "ordo.cancel", msgid); }, lane,
+                         lane != 0 && !lanes_out.holds_request(detail::lane_name(lane), msgid));
         if (heard_goaway) leave_when_idle();  // a call withdrawn: maybe nothing is pending now
     }
 

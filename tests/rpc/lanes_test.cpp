@@ -387,7 +387,9 @@ TEST(Lanes, AStreamsCreditPassesItsLanesWindow) {
 }
 
 // A call's cancel whose request is wholly sent goes on the default lane, past the lane's
-// queue: the server finds the call on its lane and cancels its handler.
+// queue, even while the lane's window holds what is queued behind the call (800 KiB of calls
+// behind a serial handler, never credited): the server finds the call on its lane and cancels
+// its handler, and the calls behind it then run.
 TEST(Lanes, ACancelReachesItsHandlerOnANamedLane) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
@@ -404,9 +406,11 @@ TEST(Lanes, ACancelReachesItsHandlerOnANamedLane) {
             co_return 0;
         });
         srv.on("inc", [](int x) { return x + 1; });
+        srv.on("store", [](const std::string& s) { return s.size(); });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         auto bulk = ch.lane("bulk");
         EXPECT_EQ(co_await bulk.async_call<int>("inc", 0), 1);
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 0), 1);  // the lane shares the connection
         std::error_code got;
         bool done = false;
         net::cancellation_signal cancel;
@@ -417,10 +421,18 @@ TEST(Lanes, ACancelReachesItsHandlerOnANamedLane) {
                                                              done = true;
                                                          }));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return started; }, 20s));
+        int stored = 0;
+        for (int k = 0; k < 8; ++k)
+            bulk.async_call<std::size_t>("store", std::string(100 << 10, 'x'),
+                                         [&](std::error_code ec, std::size_t n) {
+                                             if (!ec && n == 100u << 10) ++stored;
+                                         });
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
         cancel.emit(net::cancellation_type::terminal);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done; }, 20s));
         EXPECT_TRUE(co_await wait_until([&] { return saw_cancel; }, 20s))
             << "the cancel did not reach the handler on lane bulk";
+        EXPECT_TRUE(co_await wait_until([&] { return stored == 8; }, 20s));
         EXPECT_EQ(peer_of(ch)->counters().notifications_undelivered, 0u);
         co_await srv.async_stop();
     });
