@@ -120,6 +120,43 @@ class features_call final : public detail::pending_call {
 
 }  // namespace
 
+// Nothing more will arrive: this side's calls cannot be answered and fail now, while what
+// the other side sent is served to its end and answered; then this side closes. End of
+// stream is also how a peer that closed altogether looks: probes (ordo.ping, now and 5, 20
+// and 100 ms later) find that out, as the first write after the reset the first one drew
+// fails (unix: the first fails), and its work is cancelled then: within a few ms and a
+// round trip, as a plain TCP reader that takes end of stream for the end. A peer that only
+// half-closed cannot answer them: liveness_timeout after its last bytes, it is lost like
+// any silent peer.
+bool peer::state::peer_finished_sending() {
+    if (!sess->is_open() || heard_eof) return false;
+    heard_eof = true;
+    eof_why = "ordo: peer " + remote + " closed the connection";
+    if (!sess->remote_reason().empty())
+        eof_why += " (the peer said: " + sess->remote_reason() + ")";
+    const std::error_code code =
+        sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
+    fail_all_calls(code, eof_why);
+    leave_when_idle();
+    if (running_all() > 0 || queued_all() > 0) {
+        send_ping();
+        live.note_work();
+        probe_after_eof(0);
+    }
+    return true;
+}
+
+void peer::state::probe_after_eof(std::size_t k) {
+    if (k >= std::size(eof_probe_gaps)) return;
+    eof_probe.expires_after(eof_probe_gaps[k]);
+    eof_probe.async_wait([w = self.weak_from_this(), this, k](std::error_code ec) {
+        auto keep = w.lock();
+        if (ec || !keep || !sess->is_open()) return;
+        send_ping();
+        probe_after_eof(k + 1);
+    });
+}
+
 void peer::state::ask_features() {
     auto call = std::make_unique<features_call>(self.weak_from_this(), *this);
     buffer b(small_buffer);

@@ -197,45 +197,14 @@ struct peer::state final : detail::call_table_host,
     bool heard_eof = false;  // the other side ended its sending side
     std::string eof_why;
 
-    // Nothing more will arrive: this side's calls cannot be answered and fail now, while what
-    // the other side sent is served to its end and answered; then this side closes. End of
-    // stream is also how a peer that closed altogether looks: probes (ordo.ping, now and 5, 20
-    // and 100 ms later) find that out, as the first write after the reset the first one drew
-    // fails (unix: the first fails), and its work is cancelled then: within a few ms and a
-    // round trip, as a plain TCP reader that takes end of stream for the end. A peer that only
-    // half-closed cannot answer them: liveness_timeout after its last bytes, it is lost like
-    // any silent peer.
-    bool peer_finished_sending() override {
-        if (!sess->is_open() || heard_eof) return false;
-        heard_eof = true;
-        eof_why = "ordo: peer " + remote + " closed the connection";
-        if (!sess->remote_reason().empty())
-            eof_why += " (the peer said: " + sess->remote_reason() + ")";
-        const std::error_code code =
-            sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
-        fail_all_calls(code, eof_why);
-        leave_when_idle();
-        if (running_all() > 0 || queued_all() > 0) {
-            send_ping();
-            live.note_work();
-            probe_after_eof(0);
-        }
-        return true;
-    }
+    // End of stream from the other side (rpc/connection/peer.cpp): what it sent is served to
+    // its end; probes find a peer that closed altogether.
+    bool peer_finished_sending() override;
     // The probes after the first, each this long after the one before.
     static constexpr std::chrono::milliseconds eof_probe_gaps[] = {
         std::chrono::milliseconds(5), std::chrono::milliseconds(15),
         std::chrono::milliseconds(80)};
-    void probe_after_eof(std::size_t k) {
-        if (k >= std::size(eof_probe_gaps)) return;
-        eof_probe.expires_after(eof_probe_gaps[k]);
-        eof_probe.async_wait([w = self.weak_from_this(), this, k](std::error_code ec) {
-            auto keep = w.lock();
-            if (ec || !keep || !sess->is_open()) return;
-            send_ping();
-            probe_after_eof(k + 1);
-        });
-    }
+    void probe_after_eof(std::size_t k);
 
     // close() promises that what was queued is sent: the peer (its session and connection)
     // outlives the caller's last handle until the connection has ended. A waiting coroutine
