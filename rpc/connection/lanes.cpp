@@ -8,6 +8,7 @@
 
 #include "ordo/error.hpp"
 #include "ordo/rpc/codec.hpp"
+#include "rpc/wire/msgid.hpp"
 
 namespace ordo::detail {
 
@@ -78,14 +79,11 @@ namespace {
 // the start of `m`, or nothing.
 std::optional<std::uint32_t> request_id(std::string_view m) {
     if (m.size() < 3 || (m[0] != '\x94' && m[0] != '\x95') || m[1] != '\x00') return std::nullopt;
-    const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(m[i]); };
-    const std::uint8_t t = byte(2);
-    if (t <= 0x7f) return t;
-    const std::size_t n = t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : 0;
-    if (n == 0 || m.size() < 3 + n) return std::nullopt;
-    std::uint32_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) v = (v << 8) | byte(3 + i);
-    return v;
+    const auto* p = reinterpret_cast<const unsigned char*>(m.data()) + 2;
+    std::uint32_t id = 0;
+    if (!read_small_msgid(p, reinterpret_cast<const unsigned char*>(m.data()) + m.size(), id))
+        return std::nullopt;
+    return id;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // (rpc/wire/object_reader.hpp): how ordo reads what comes from the network. rpc/wire/codec.cpp
 // builds messages on them.
 #include "rpc/wire/read.hpp"
+#include "rpc/wire/msgid.hpp"
 
 #include <cstring>
 #include <string>
@@ -34,31 +35,6 @@ msgpack::object unpack_checked(std::string_view bytes, const limits& l, msgpack:
 // params); else a message starts at `bytes` and may end before it or not be all there
 // (decode_prefix): the message's size is returned, and the caller declines on a throw.
 namespace {
-
-// A msgid as ordo and the msgpack-rpc libraries write it: a positive fixint or a uint 8, 16 or
-// 32, at `p` (at least one byte before `end`), moved past it. False for anything else (a
-// uint 64 among them: the general way reads it), or one not all there.
-[[gnu::always_inline]] inline bool read_small_msgid(const unsigned char*& p,
-                                                    const unsigned char* end,
-                                                    std::uint32_t& id) noexcept {
-    if (*p <= 0x7f) {
-        id = *p;
-        p += 1;
-    } else if (*p == 0xcc && end - p >= 2) {
-        id = p[1];
-        p += 2;
-    } else if (*p == 0xcd && end - p >= 3) {
-        id = std::uint32_t(p[1]) << 8 | p[2];
-        p += 3;
-    } else if (*p == 0xce && end - p >= 5) {
-        id =
-            std::uint32_t(p[1]) << 24 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 8 | p[4];
-        p += 5;
-    } else {
-        return false;
-    }
-    return true;
-}
 
 // A method name sent as a fixstr or str 8 within max_string_bytes, all of it before `end`, at
 // `p` (moved past it). False for anything else (a method sent as bin among them).
