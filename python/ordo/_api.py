@@ -370,16 +370,20 @@ class Channel:
             self._lh.schedule_flush()
 
     def stream(self, method: str, *args, timeout: float | None = None, key: str = "",
-               window: int = 0) -> Stream:
+               window: int = 0, window_bytes: int = 0, zero_copy: bool = False) -> Stream:
         """A streaming call: `async for x in ch.stream("count_to", 10)`. `window` is the
-        credit in items (0: ordo's default, 8192); a reader that stops holds the server."""
+        credit in items (0: ordo's default, 8192), `window_bytes` in bytes (0: 1 MiB; one
+        item always goes); a reader that stops holds the server. zero_copy: bytes of 64 KiB
+        or more in items arrive as writable memoryviews of the message."""
         _check_running(f"stream {method}")
         lh = self._lh
         token = next(_tokens)
         st = Stream(lh, token, method)
+        st._views = zero_copy
         lh.streams[token] = st
         lh.flush()
-        lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window)
+        lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window,
+                      window_bytes)
         return st
 
     def lane(self, name: str) -> Channel:
@@ -477,6 +481,7 @@ class Stream:
         self._outcome: tuple | None = None
         self._waiter: asyncio.Future | None = None
         self._finished = False
+        self._views = False
 
     def _item(self, data: bytes, size: int) -> None:
         self._items.append((data, size))
@@ -511,7 +516,7 @@ class Stream:
                 self._waiter = None
         data, size = self._items.popleft()
         self._lh.hub.stream_took(self._token, size)
-        return _unpackb(data)
+        return _unpackb(data, False, self._views)
 
     def cancel(self) -> None:
         """Ends the call: the server's handler is cancelled; later reads raise Cancelled

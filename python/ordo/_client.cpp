@@ -11,10 +11,40 @@ namespace ordo::py {
 
 namespace {
 
-std::string pack(const msgpack::object& o) {
-    msgpack::sbuffer b;
-    msgpack::pack(b, o);
-    return std::string(b.data(), b.size());
+// At least the bytes `o` packs into (msgpack's longest heads: 9 bytes).
+std::size_t packed_bound(const msgpack::object& o) {
+    switch (o.type) {
+        case msgpack::type::STR: return 5 + o.via.str.size;
+        case msgpack::type::BIN: return 5 + o.via.bin.size;
+        case msgpack::type::EXT: return 6 + o.via.ext.size;
+        case msgpack::type::ARRAY: {
+            std::size_t n = 5;
+            for (const auto& x : o.via.array) n += packed_bound(x);
+            return n;
+        }
+        case msgpack::type::MAP: {
+            std::size_t n = 5;
+            for (const auto& kv : o.via.map) n += packed_bound(kv.key) + packed_bound(kv.val);
+            return n;
+        }
+        default: return 9;
+    }
+}
+
+struct string_sink {
+    std::string* s;
+    void write(const char* p, std::size_t n) { s->append(p, n); }
+};
+
+// Packs `o` after what `out` holds (reserved first: big bins are copied once).
+void pack_into(std::string& out, const msgpack::object& o) {
+    out.reserve(out.size() + packed_bound(o));
+    string_sink sink{&out};
+    msgpack::pack(sink, o);
+}
+
+bool borrow(msgpack::type::object_type, std::size_t, void*) {
+    return true;  // the batch outlives its unpacked objects: run_batch reads it in place
 }
 
 // One call in flight: completes into its hub, and lets its cancellation signal go afterwards
@@ -27,7 +57,7 @@ class py_call final : public detail::pending_call {
     void complete(std::error_code ec, call_outcome out) override {
         completion c{kind::call_done, token_};
         if (!ec)
-            c.data = pack(out.result);
+            c.data = pack_object(out.result);
         else
             describe_failure(c, ec, method_, remote_, out.detail);  // `method` may be moved
         hub_->push(std::move(c));
@@ -70,9 +100,9 @@ class py_stream final : public detail::stream_core {
     };
 
     py_stream(std::shared_ptr<hub> h, std::uint64_t token, std::string method,
-              const channel_impl& ch, std::uint32_t window)
+              const channel_impl& ch, std::uint32_t window, std::uint64_t window_bytes)
         : stream_core(std::move(method), ch.remote_address(), ch.get_executor(), window,
-                      default_stream_window_bytes),
+                      window_bytes),
           hub_(std::move(h)),
           token_(token) {
         std::lock_guard lk(mu_);
@@ -88,7 +118,7 @@ class py_stream final : public detail::stream_core {
         }
         completion c{kind::stream_item, token_};
         c.a = wire_bytes;
-        c.data = pack(item);
+        c.data = pack_object(item);
         hub_->push(std::move(c));
     }
 
@@ -212,8 +242,14 @@ std::string_view str(const msgpack::object& o) {
 
 }  // namespace
 
-void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
-    auto handle = msgpack::unpack(batch.data(), batch.size());
+std::string pack_object(const msgpack::object& o) {
+    std::string s;
+    pack_into(s, o);
+    return s;
+}
+
+void run_batch(const std::shared_ptr<hub>& h, std::string_view batch) {
+    auto handle = msgpack::unpack(batch.data(), batch.size(), borrow);
     const auto& all = handle.get();
     if (all.type != msgpack::type::ARRAY) return;
     // A channel that refused a notification of this batch is not offered the rest of its
@@ -239,6 +275,7 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
         }
     } rep{h, {}};
     auto& refused = rep.all;
+    std::string params;  // a notification's, packed again (its buffer used for them all)
     for (std::uint32_t i = 0; i < all.via.array.size; ++i) {
         const auto& e = all.via.array.ptr[i];
         if (e.type != msgpack::type::ARRAY || e.via.array.size < 3) continue;
@@ -252,9 +289,12 @@ void run_batch(const std::shared_ptr<hub>& h, const std::string& batch) {
                 ++r->more;
                 continue;
             }
-            if (auto c = try_notify(chan, std::string(str(f[2])),
-                                    f[3].type == msgpack::type::ARRAY ? pack(f[3])
-                                                                      : std::string(str(f[3]))))
+            params.clear();
+            if (f[3].type == msgpack::type::ARRAY)
+                pack_into(params, f[3]);
+            else
+                params = str(f[3]);
+            if (auto c = try_notify(chan, std::string(str(f[2])), params))
                 refused.push_back({chan, std::move(*c)});
         } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
@@ -303,7 +343,7 @@ void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& 
 
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
-                  std::uint32_t window) {
+                  std::uint32_t window, std::uint64_t window_bytes) {
     auto impl = runtime::get().find_channel(chan);
     if (!impl) {
         completion c{kind::stream_end, token};
@@ -312,8 +352,10 @@ void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t toke
         return;
     }
     auto o = options(timeout_ms, std::move(key), window);
+    o.window_bytes = window_bytes ? window_bytes : default_stream_window_bytes;
     auto s = std::make_shared<py_stream>(std::move(h), token, method, *impl,
-                                         o.window ? o.window : default_stream_window);
+                                         o.window ? o.window : default_stream_window,
+                                         o.window_bytes);
     runtime::get().streams[token] = s;
     detail::params_buffer p;
     p.write(params.data(), params.size());

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <msgpack.hpp>
 
@@ -25,9 +26,60 @@ namespace {
 
 constexpr int max_pack_depth = 512;  // msgpack-python's default nest limit
 
+// What packb writes: the small parts in `head`, and bins of big_bin_bytes or more as references
+// to their objects' memory, copied once, into the bytes object that packb returns (finish).
+class packed {
+  public:
+    explicit packed(std::string& head) : head_(head) { head_.clear(); }
+    packed(const packed&) = delete;
+    packed& operator=(const packed&) = delete;
+    ~packed() {
+        for (auto& v : views_) PyBuffer_Release(&v);
+    }
+
+    void push_back(char c) { head_.push_back(c); }
+    void append(const char* p, std::size_t n) {
+        if (n < big_bin_bytes) return void(head_.append(p, n));
+        big_.push_back({head_.size(), p, n});
+        size_ += n;
+    }
+    // Keeps a buffer exported by an object being packed until the copy is made.
+    Py_buffer& hold() { return views_.emplace_back(); }
+    void drop_last_hold() { views_.pop_back(); }
+
+    // The bytes packed, in one new object; nullptr with MemoryError set.
+    PyObject* finish() const {
+        PyObject* b =
+            PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head_.size() + size_));
+        if (!b) return nullptr;
+        char* out = PyBytes_AS_STRING(b);
+        std::size_t from = 0;
+        for (const auto& r : big_) {
+            std::memcpy(out, head_.data() + from, r.at - from);
+            out += r.at - from;
+            std::memcpy(out, r.p, r.n);
+            out += r.n;
+            from = r.at;
+        }
+        std::memcpy(out, head_.data() + from, head_.size() - from);
+        return b;
+    }
+
+  private:
+    struct ref {
+        std::size_t at;  ///< where in head_ it goes
+        const char* p;
+        std::size_t n;
+    };
+    std::string& head_;
+    std::vector<ref> big_;
+    std::size_t size_ = 0;
+    std::vector<Py_buffer> views_;
+};
+
 class packer {
   public:
-    explicit packer(std::string& out) : out_(out) {}
+    explicit packer(packed& out) : out_(out) {}
 
     // False with a Python exception set.
     bool pack(PyObject* o, int depth) {
@@ -56,11 +108,12 @@ class packer {
         if (PyBytes_Check(o)) return bin(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
         if (PyByteArray_Check(o)) return bin(PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o));
         if (PyMemoryView_Check(o)) {
-            Py_buffer v;
-            if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) return false;  // not contiguous
-            const bool ok = bin(static_cast<const char*>(v.buf), v.len);
-            PyBuffer_Release(&v);
-            return ok;
+            Py_buffer& v = out_.hold();
+            if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) {  // not contiguous
+                out_.drop_last_hold();  // never exported: nothing to release
+                return false;
+            }
+            return bin(static_cast<const char*>(v.buf), v.len);
         }
         if (PyList_Check(o) || PyTuple_Check(o)) {
             const bool list = PyList_Check(o);
@@ -139,11 +192,36 @@ class packer {
         put_be(v, n);
     }
 
-    std::string& out_;
+    packed& out_;
+};
+
+// Where unpacked bins of big_bin_bytes or more go when unpackb is asked for views: slices of
+// one memoryview of the data, which they keep alive.
+struct source {
+    PyObject* data;             ///< what unpackb was given
+    const char* base;           ///< its buffer
+    bool views;                 ///< big bins as memoryviews
+    PyObject* whole = nullptr;  ///< memoryview(data), made at the first big bin
+    ~source() { Py_XDECREF(whole); }
+
+    PyObject* bin(const char* p, std::size_t n) {
+        if (!views || n < big_bin_bytes)
+            return PyBytes_FromStringAndSize(p, static_cast<Py_ssize_t>(n));
+        if (!whole && !(whole = PyMemoryView_FromObject(data))) return nullptr;
+        const auto at = static_cast<Py_ssize_t>(p - base);
+        PyObject* lo = PyLong_FromSsize_t(at);
+        PyObject* hi = lo ? PyLong_FromSsize_t(at + static_cast<Py_ssize_t>(n)) : nullptr;
+        PyObject* sl = hi ? PySlice_New(lo, hi, nullptr) : nullptr;
+        PyObject* r = sl ? PyObject_GetItem(whole, sl) : nullptr;
+        Py_XDECREF(sl);
+        Py_XDECREF(hi);
+        Py_XDECREF(lo);
+        return r;
+    }
 };
 
 // A new reference, or nullptr with a Python exception set.
-PyObject* to_python(const msgpack::object& o, const char* errors) {
+PyObject* to_python(const msgpack::object& o, const char* errors, source& src) {
     switch (o.type) {
         case msgpack::type::NIL: Py_RETURN_NONE;
         case msgpack::type::BOOLEAN: return PyBool_FromLong(o.via.boolean);
@@ -152,12 +230,12 @@ PyObject* to_python(const msgpack::object& o, const char* errors) {
         case msgpack::type::FLOAT32:
         case msgpack::type::FLOAT64: return PyFloat_FromDouble(o.via.f64);
         case msgpack::type::STR: return PyUnicode_DecodeUTF8(o.via.str.ptr, o.via.str.size, errors);
-        case msgpack::type::BIN: return PyBytes_FromStringAndSize(o.via.bin.ptr, o.via.bin.size);
+        case msgpack::type::BIN: return src.bin(o.via.bin.ptr, o.via.bin.size);
         case msgpack::type::ARRAY: {
             PyObject* l = PyList_New(o.via.array.size);
             if (!l) return nullptr;
             for (std::uint32_t i = 0; i < o.via.array.size; ++i) {
-                PyObject* x = to_python(o.via.array.ptr[i], errors);
+                PyObject* x = to_python(o.via.array.ptr[i], errors, src);
                 if (!x) {
                     Py_DECREF(l);
                     return nullptr;
@@ -170,8 +248,8 @@ PyObject* to_python(const msgpack::object& o, const char* errors) {
             PyObject* d = PyDict_New();
             if (!d) return nullptr;
             for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
-                PyObject* k = to_python(o.via.map.ptr[i].key, errors);
-                PyObject* v = k ? to_python(o.via.map.ptr[i].val, errors) : nullptr;
+                PyObject* k = to_python(o.via.map.ptr[i].key, errors, src);
+                PyObject* v = k ? to_python(o.via.map.ptr[i].val, errors, src) : nullptr;
                 const int bad = !v || PyDict_SetItem(d, k, v) != 0;  // an unhashable key: TypeError
                 Py_XDECREF(k);
                 Py_XDECREF(v);
@@ -202,13 +280,15 @@ PyObject* packb_fn(PyObject*, PyObject* o) {
 }
 
 PyObject* unpackb_fn(PyObject*, PyObject* const* args, Py_ssize_t n) {
-    if (n < 1 || n > 2) {
-        PyErr_SetString(PyExc_TypeError, "unpackb(data, surrogateescape=False)");
+    if (n < 1 || n > 3) {
+        PyErr_SetString(PyExc_TypeError, "unpackb(data, surrogateescape=False, views=False)");
         return nullptr;
     }
-    const int se = n == 2 ? PyObject_IsTrue(args[1]) : 0;
+    const int se = n >= 2 ? PyObject_IsTrue(args[1]) : 0;
     if (se < 0) return nullptr;
-    return unpackb(args[0], se != 0);
+    const int views = n == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (views < 0) return nullptr;
+    return unpackb(args[0], se != 0, views != 0);
 }
 
 // Plain CPython functions, not pybind11's: they are on every call's path, and pybind11's
@@ -218,8 +298,9 @@ PyMethodDef codec_methods[] = {
      "msgpack bytes of an object (msgpack-python's Packer(use_bin_type=True) rules)."},
     {"unpackb", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpackb_fn)),
      METH_FASTCALL,
-     "unpackb(data, surrogateescape=False): the object msgpack bytes hold "
-     "(msgpack-python's unpackb(raw=False, strict_map_key=False) rules)."},
+     "unpackb(data, surrogateescape=False, views=False): the object msgpack bytes hold "
+     "(msgpack-python's unpackb(raw=False, strict_map_key=False) rules); views: bins of "
+     "64 KiB or more as memoryviews of data."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -229,13 +310,19 @@ bool add_codec(PyObject* module) {
 }
 
 PyObject* packb(PyObject* o) {
-    std::string out;
-    out.reserve(64);
-    if (!packer(out).pack(o, 0)) return nullptr;
-    return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+    // The head's buffer is kept from call to call: the GIL is held, and packing runs no
+    // Python code that could pack again.
+    thread_local std::string head;
+    PyObject* r = nullptr;
+    {
+        packed out(head);
+        if (packer(out).pack(o, 0)) r = out.finish();
+    }
+    if (head.capacity() > (std::size_t{1} << 20)) std::string().swap(head);  // bounded
+    return r;
 }
 
-PyObject* unpackb(PyObject* data, bool surrogateescape) {
+PyObject* unpackb(PyObject* data, bool surrogateescape, bool views) {
     Py_buffer v;
     if (PyObject_GetBuffer(data, &v, PyBUF_SIMPLE) != 0) return nullptr;
     const limits l;
@@ -244,7 +331,8 @@ PyObject* unpackb(PyObject* data, bool surrogateescape) {
         std::size_t off = 0;
         // One zone for every call, its first chunk kept (clear() frees the others): the GIL
         // is held and the conversion below runs no Python code that could unpack again.
-        // Strings stay in `data` (borrowed): they are copied into Python objects below.
+        // Strings stay in `data` (borrowed): they are copied into Python objects below, or
+        // viewed (views).
         thread_local msgpack::zone zone;
         zone.clear();
         const msgpack::object h =
@@ -256,8 +344,10 @@ PyObject* unpackb(PyObject* data, bool surrogateescape) {
         if (off != static_cast<std::size_t>(v.len))
             PyErr_Format(PyExc_ValueError, "ordo: msgpack: %zd bytes after the object",
                          v.len - static_cast<Py_ssize_t>(off));
-        else
-            r = to_python(h, surrogateescape ? "surrogateescape" : "strict");
+        else {
+            source src{data, static_cast<const char*>(v.buf), views};
+            r = to_python(h, surrogateescape ? "surrogateescape" : "strict", src);
+        }
     } catch (const std::exception& e) {  // incomplete, malformed or past a limit
         PyErr_Format(PyExc_ValueError, "ordo: msgpack does not decode: %s", e.what());
     }

@@ -3,19 +3,25 @@
 
 #include <Python.h>
 
+#include <cstddef>
+
 namespace ordo::py {
 
 /// `o` as msgpack bytes (a new reference), or nullptr with TypeError, OverflowError or
 /// ValueError set.
 PyObject* packb(PyObject* o);
 
+/// Bins this long or longer are copied once when packed, and viewed when unpacked with views.
+inline constexpr std::size_t big_bin_bytes = 64 * 1024;
+
 /// The object `data` (a bytes-like object) holds, all of it, or nullptr with ValueError (or
 /// UnicodeDecodeError, TypeError for an unhashable map key) set. `surrogateescape`: str payloads
-/// that are not UTF-8 keep their bytes as surrogates, as the call context's keys may.
-PyObject* unpackb(PyObject* data, bool surrogateescape);
+/// that are not UTF-8 keep their bytes as surrogates, as the call context's keys may. `views`:
+/// bins of big_bin_bytes or more are memoryviews of `data` (which they keep alive), not bytes.
+PyObject* unpackb(PyObject* data, bool surrogateescape, bool views = false);
 
-/// Adds packb(obj) and unpackb(data, surrogateescape=False) to `module`; false with a Python
-/// exception set.
+/// Adds packb(obj) and unpackb(data, surrogateescape=False, views=False) to `module`; false
+/// with a Python exception set.
 bool add_codec(PyObject* module);
 
 }  // namespace ordo::py

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -44,6 +45,8 @@ enum class kind : int {
     notify_failed = 8, ///< token: channel id; code, text: why a notification was not taken
     undelivered = 9,   ///< token: channel id; code, text: a notification taken and not written
                        ///< when the connection ended (peer_options::on_undelivered)
+    release = 10,      ///< a: a batch (PyObject*) the io thread has read in place; drain()
+                       ///< drops it, never Python
 };
 
 struct completion {
@@ -133,7 +136,7 @@ class runtime {
 /// [2, request, code, data] (respond) and [3, request, item]
 /// (stream_write); params, data and item are msgpack bytes, as bin. Made by ordo/_api.py
 /// (_LoopHub.flush).
-void run_batch(const std::shared_ptr<hub>& h, const std::string& batch);
+void run_batch(const std::shared_ptr<hub>& h, std::string_view batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
                    std::uint64_t server);
@@ -148,7 +151,7 @@ std::optional<completion> try_notify(std::uint64_t chan, const std::string& meth
                                      const std::string& params);
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
-                  std::uint32_t window);
+                  std::uint32_t window, std::uint64_t window_bytes);
 /// The reader took an item of `bytes` wire bytes: credit goes back (half a window at a time).
 void stream_took(std::uint64_t token, std::uint64_t bytes);
 void stream_cancel(std::uint64_t token);
@@ -161,6 +164,8 @@ void forget_channel(std::uint64_t chan);
 /// Closes the connection of the caller behind peer channel `id` (peer::close: what was queued
 /// to it is sent first); nothing when it has gone.
 void close_peer(std::uint64_t id);
+/// `o` packed into a string of its own, in one copy (a result, item or request for Python).
+std::string pack_object(const msgpack::object& o);
 /// Fills `c` (code, text, detail) for a failure `ec` of `method` on `peer`.
 void describe_failure(completion& c, std::error_code ec, const std::string& method,
                       const std::string& peer, const std::string& detail);

@@ -30,24 +30,44 @@ pyb::object text(const std::string& s) {
     return pyb::reinterpret_steal<pyb::object>(o);
 }
 
+// Received bytes of big_bin_bytes or more, kept as the io thread made them: Python reads them
+// through the buffer protocol (unpackb, memoryview), and views of them keep them alive.
+struct blob {
+    std::string bytes;
+};
+
+// A completion's data as a Python object: bytes, or a Blob when it is big (no copy).
+PyObject* data_object(std::string& data) {
+    if (data.size() < ordo::py::big_bin_bytes)
+        return PyBytes_FromStringAndSize(data.data(), static_cast<Py_ssize_t>(data.size()));
+    return pyb::cast(blob{std::move(data)}).release().ptr();
+}
+
 // (kind, token, code, a, b, data, text, detail) per completion; a call's result, the common
-// case, as (token, data) alone.
+// case, as (token, data) alone. A release completion is handled here: it drops the batch that
+// the io thread read in place (submit).
 pyb::list drain(hub& h) {
     std::vector<ordo::py::completion> done;
     {
         pyb::gil_scoped_release nogil;
         done = h.drain();
     }
-    pyb::list out(done.size());
+    std::size_t n = done.size();
+    for (auto& c : done)
+        if (c.what == ordo::py::kind::release) {
+            Py_DECREF(reinterpret_cast<PyObject*>(c.a));
+            --n;
+        }
+    pyb::list out(n);
     std::size_t i = 0;
     for (auto& c : done) {
+        if (c.what == ordo::py::kind::release) continue;
         if (c.what == ordo::py::kind::call_done && c.code == 0) {  // (token, result)
             PyObject* t = PyTuple_New(2);
             if (!t) throw pyb::error_already_set();
-            PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(c.token));
-            PyTuple_SET_ITEM(t, 1, PyBytes_FromStringAndSize(c.data.data(),
-                                                             static_cast<Py_ssize_t>(c.data.size())));
             out[i++] = pyb::reinterpret_steal<pyb::object>(t);
+            PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(c.token));
+            PyTuple_SET_ITEM(t, 1, data_object(c.data));
             continue;
         }
         pyb::tuple t(8);
@@ -56,7 +76,7 @@ pyb::list drain(hub& h) {
         t[2] = pyb::int_(c.code);
         t[3] = pyb::int_(c.a);
         t[4] = pyb::int_(c.b);
-        t[5] = pyb::bytes(c.data);
+        t[5] = pyb::reinterpret_steal<pyb::object>(data_object(c.data));
         t[6] = c.text.empty() ? pyb::none() : text(c.text);
         // A request's detail is its call context, as msgpack (_server.cpp, pack_context).
         t[7] = c.detail.empty()                    ? pyb::none()
@@ -67,12 +87,23 @@ pyb::list drain(hub& h) {
     return out;
 }
 
+// Batches this big are read by the io thread in place, from the bytes object itself, which a
+// release completion lets go afterwards; smaller ones are copied (cheaper than a wake-up).
+constexpr std::size_t in_place_batch_bytes = 256 * 1024;
+
 }  // namespace
 
 PYBIND11_MODULE(_ordo, m) {
     m.doc() = "ordo's C++ core; use the ordo package, not this module";
     m.attr("__version__") = ORDO_PY_VERSION;  // meson.build's project version
     namespace op = ordo::py;
+
+    pyb::class_<blob>(m, "Blob", pyb::buffer_protocol())
+        .def_buffer([](blob& b) {
+            return pyb::buffer_info(reinterpret_cast<unsigned char*>(b.bytes.data()),
+                                   static_cast<pyb::ssize_t>(b.bytes.size()));
+        })
+        .def("__len__", [](const blob& b) { return b.bytes.size(); });
 
     pyb::class_<hub, std::shared_ptr<hub>>(m, "Hub")
         .def(pyb::init(&make_hub))
@@ -100,14 +131,29 @@ PYBIND11_MODULE(_ordo, m) {
                 });
             },
             release())
-        .def(
-            "submit",
-            [](std::shared_ptr<hub> h, std::string batch) {
-                runtime::get().submit([h = std::move(h), batch = std::move(batch)] {
-                    op::run_batch(h, batch);
-                });
-            },
-            release())
+        .def("submit",
+             [](std::shared_ptr<hub> h, pyb::bytes batch) {
+                 const char* p = PyBytes_AS_STRING(batch.ptr());
+                 const auto n = static_cast<std::size_t>(PyBytes_GET_SIZE(batch.ptr()));
+                 if (n < in_place_batch_bytes) {
+                     std::string copy(p, n);
+                     pyb::gil_scoped_release nogil;
+                     runtime::get().submit([h = std::move(h), copy = std::move(copy)] {
+                         op::run_batch(h, copy);
+                     });
+                     return;
+                 }
+                 // bytes do not change: the io thread reads them without the GIL, and
+                 // drain() drops the reference.
+                 const auto ref = reinterpret_cast<std::uintptr_t>(batch.release().ptr());
+                 pyb::gil_scoped_release nogil;
+                 runtime::get().submit([h = std::move(h), p, n, ref] {
+                     op::run_batch(h, std::string_view(p, n));
+                     ordo::py::completion c{ordo::py::kind::release, 0};
+                     c.a = ref;
+                     h->push(std::move(c));
+                 });
+             })
         .def(
             "cancel",
             [](const hub&, std::uint64_t token) {
@@ -128,12 +174,13 @@ PYBIND11_MODULE(_ordo, m) {
             "stream",
             [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                std::string method, std::string params, long timeout_ms, std::string key,
-               std::uint32_t window) {
+               std::uint32_t window, std::uint64_t window_bytes) {
                 runtime::get().submit([h = std::move(h), chan, token, method = std::move(method),
                                        params = std::move(params), timeout_ms,
-                                       key = std::move(key), window]() mutable {
+                                       key = std::move(key), window, window_bytes]() mutable {
                     op::start_stream(std::move(h), chan, token, std::move(method),
-                                     std::move(params), timeout_ms, std::move(key), window);
+                                     std::move(params), timeout_ms, std::move(key), window,
+                                     window_bytes);
                 });
             },
             release())

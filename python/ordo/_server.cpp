@@ -37,12 +37,6 @@ std::unordered_map<std::uint64_t, std::shared_ptr<request_state>>& requests() {
     return m;
 }
 
-std::string pack(const msgpack::object& o) {
-    msgpack::sbuffer b;
-    msgpack::pack(b, o);
-    return std::string(b.data(), b.size());
-}
-
 // A handler's call context, for Python (ordo/_api.py, CallContext): [deadline (steady_clock
 // nanoseconds, CLOCK_MONOTONIC as Python's time.monotonic(); -1: none), [[key, value], ...] (a
 // value whose key ends in -bin as bin), trace id, parent id, span id, trace flags] (the ids empty
@@ -86,7 +80,7 @@ std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& 
     c.a = hid;
     c.b = rt.peer_channel(p);
     c.code = stream ? 1 : 0;
-    c.data = pack(params);
+    c.data = pack_object(params);
     c.text = method;
     if (const call_context* ctx = current_context()) c.detail = pack_context(*ctx);
     b.h->push(std::move(c));

@@ -2,8 +2,7 @@
 batch handlers. Requests arrive through the loop's hub (_api._LoopHub) as msgpack bytes; each
 handler's answer goes back the same way. ordo's C++ server keeps a serial handler's connection
 waiting until the answer is back, so handlers run one at a time per connection unless they are
-registered with concurrent=True.
-"""
+registered with concurrent=True."""
 from __future__ import annotations
 
 import asyncio
@@ -34,12 +33,13 @@ END = _End()
 
 
 class _Handler:
-    def __init__(self, name: str, fn, concurrent: bool, with_peer: bool):
+    def __init__(self, name: str, fn, concurrent: bool, with_peer: bool, views: bool = False):
         self.name = name
         self.fn = fn
         self.concurrent = concurrent
         self.with_peer = with_peer
         self.allow: list[str] | None = None  # subjects that may call it (None: everyone)
+        self.views = views  # big bins as memoryviews (zero_copy)
         self.stream = inspect.isasyncgenfunction(fn)
         self.coro = inspect.iscoroutinefunction(fn)
         sig = inspect.signature(fn)
@@ -143,7 +143,7 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
         hub.respond(token, 9, f"ordo: {h.name}: the server's event loop is closing".encode())
         return
     try:
-        args = _unpackb(data)
+        args = _unpackb(data, False, h.views)
         h.check(args)
     except BadArguments as e:
         hub.respond(token, 6, e.detail.encode())
@@ -471,12 +471,13 @@ class Server:
         self._stop_future: asyncio.Future[None] | None = None
 
     def method(self, fn=None, *, name: str | None = None, concurrent: bool = False,
-               with_peer: bool = False, allow=None):
+               with_peer: bool = False, allow=None, zero_copy: bool = False):
         """Registers `fn` under its name (or `name`); usable as @srv.method or
         @srv.method(concurrent=True). allow: the subjects (Peer.identity.subject) that may
-        call it; others get PermissionDenied and nothing runs. None: everyone."""
+        call it; others get PermissionDenied and nothing runs. None: everyone. zero_copy:
+        bytes arguments of 64 KiB or more arrive as writable memoryviews of the message."""
         def register(f):
-            h = _Handler(name or f.__name__, f, concurrent, with_peer)
+            h = _Handler(name or f.__name__, f, concurrent, with_peer, zero_copy)
             h.allow = None if allow is None else [str(s) for s in allow]
             self._register(h)
             return f

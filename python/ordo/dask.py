@@ -14,11 +14,15 @@ One Dask comm is one ordered ordo connection to the listener's ordo.Server (tcp:
     call dask.sync                       ->    answered once fewer than _INBOX_BYTES are unread
     notify dask.close                    ->    the connector closed the comm (after its messages)
 
-A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm). It
-travels as one ordo message (a notification or a stream item) when it holds up to _PART_BYTES,
-and as several parts otherwise, each ``(chunks, tail)``: tail 0 ends the message, 1 says that
-more frames follow, 2 that the last chunk's frame goes on in the next part: no ordo message
-exceeds ordo's max_message_bytes (128 MiB).
+A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm, with
+frames split at the part size). It travels as one ordo message (a notification or a stream
+item) when it holds up to the part size (_PART_BYTES; _RESUME_PART_BYTES on ordo+resume, whose
+unacknowledged bytes are bounded), and as several parts otherwise, each ``(chunks, tail)``:
+tail 0 ends the message, 1 says that more frames follow, 2 that the last chunk's frame goes on
+in the next part (only a frame longer than a part is cut): no ordo message exceeds ordo's
+max_message_bytes (128 MiB). Frames are written from Dask's buffers and read as memoryviews of
+the ordo message that carried them (zero_copy), as Dask's tcp comm reads them: no copies in
+Python but for a frame cut across parts.
 
 Ordering and failure: messages arrive once, in the order written. A comm is closed by its own
 close() or abort(), by the other side's, or when its connection is lost; then read() raises
@@ -43,129 +47,23 @@ from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
-from distributed.utils import ensure_ip, ensure_memoryview, get_ip, get_ipv6
+from distributed.utils import ensure_ip, get_ip, get_ipv6
 
 from . import OrdoError
 from . import Server as _OrdoServer
 from . import connect as _ordo_connect
+from ._dask_parts import _Inbox, _parts, _retrieve
 
 logger = logging.getLogger(__name__)
 
-_PART_BYTES = 8 << 20  # frame bytes in one ordo message at most
-_SYNC_BYTES = 16 << 20  # a connector's writes wait for dask.sync after this many bytes
+_PART_BYTES = 64 << 20  # frame bytes in one ordo message at most (Dask's tcp shard size)
+_RESUME_PART_BYTES = 8 << 20  # the same on ordo+resume
+_SYNC_BYTES = 16 << 20  # a connector's writes wait for the dask.sync before this many bytes
 _INBOX_BYTES = 64 << 20  # unread bytes past which the sender is held (dask.sync, credit)
 RESUME_MS = 30000  # ordo+resume's window when the Dask config does not set one
 
 _END = object()  # in a listener comm's outbox: the stream ends here (close)
 _ABORT = object()  # in a listener comm's outbox: the stream fails here (abort)
-
-
-def _parts(frames: list, limit: int):
-    """Yields ``(chunks, tail, nbytes)``: the frames cut into parts of at most `limit` bytes
-    (tail as in the module's docstring). Frames are not copied: chunks are bytes or views."""
-    part, size = [], 0
-    for f in frames:
-        if not isinstance(f, bytes):
-            f = ensure_memoryview(f)  # also what ordo cannot pack as is (PickleBuffer, ...)
-        n, start = len(f) if isinstance(f, bytes) else f.nbytes, 0
-        while True:
-            room = limit - size
-            if n - start <= room:
-                part.append(f if start == 0 else memoryview(f)[start:])
-                size += n - start
-                break
-            if room > 0:  # this frame fills the part and goes on in the next one
-                part.append(memoryview(f)[start:start + room])
-                start += room
-                yield part, 2, limit
-            else:
-                yield part, 1, size
-            part, size = [], 0
-    yield part, 0, size
-
-
-class _Inbox:
-    """The messages that arrived and are not read yet, in order, then why no more will come.
-    Parts are joined here. `nbytes` counts whole messages only: the reader cannot take a part,
-    so holding the sender back for one would never end."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.messages: collections.deque = collections.deque()  # (frames, nbytes)
-        self.nbytes = 0
-        self.ended: str | None = None  # the reason, once nothing more will come
-        self._partial: list | None = None
-        self._partial_bytes = 0
-        self._joining = False  # the next part's first chunk belongs to the last frame
-        self._reader: asyncio.Future | None = None
-        self._space: list[asyncio.Future] = []
-
-    def put(self, chunks: list, tail: int) -> None:
-        if self.ended is not None:
-            return
-        n = sum(map(len, chunks))
-        if self._partial is None and tail == 0:  # the common case: a whole message
-            self.messages.append((chunks, n))
-            self.nbytes += n
-        else:
-            partial = self._partial if self._partial is not None else []
-            if self._joining:
-                last = partial[-1]
-                if not isinstance(last, bytearray):
-                    partial[-1] = last = bytearray(last)
-                last += chunks[0]
-                chunks = chunks[1:]
-            partial.extend(chunks)
-            self._partial_bytes += n
-            self._joining = tail == 2
-            if tail:
-                self._partial = partial
-                return
-            self.messages.append((partial, self._partial_bytes))
-            self.nbytes += self._partial_bytes
-            self._partial, self._partial_bytes = None, 0
-        self._wake([self._reader])
-
-    def end(self, reason: str) -> None:
-        if self.ended is None:
-            self.ended = reason
-            self._partial, self._partial_bytes = None, 0  # a message cut short is dropped
-            self._wake([self._reader, *self._space])
-            self._space = []
-
-    def drained(self) -> bool:  # ended, and every message read
-        return self.ended is not None and not self.messages
-
-    async def get(self) -> list:
-        """The next message's frames; CommClosedError(reason) once none is left. Cancelling
-        it loses nothing."""
-        while not self.messages:
-            if self.ended is not None:
-                raise CommClosedError(self.ended)
-            self._reader = self.loop.create_future()
-            try:
-                await self._reader
-            finally:
-                self._reader = None
-        frames, n = self.messages.popleft()
-        self.nbytes -= n
-        if self._space and self.nbytes < _INBOX_BYTES:
-            self._wake(self._space)
-            self._space = []
-        return frames
-
-    async def below(self, limit: int) -> None:
-        """Returns once fewer than `limit` bytes are held, or the inbox has ended."""
-        while self.nbytes >= limit and self.ended is None:
-            fut = self.loop.create_future()
-            self._space.append(fut)
-            await fut
-
-    @staticmethod
-    def _wake(futures: list) -> None:
-        for f in futures:
-            if f is not None and not f.done():
-                f.set_result(None)
 
 
 class OrdoComm(Comm):
@@ -221,7 +119,7 @@ class OrdoComm(Comm):
             msg, allow_offload=self.allow_offload, serializers=serializers, on_error=on_error,
             context={"sender": self.local_info, "recipient": self.remote_info,
                      **self.handshake_options},
-            frame_split_size=_PART_BYTES)
+            frame_split_size=self._link.part_bytes)
         self._check_open()  # again: to_frames may have waited (offload)
         try:
             return await self._link.send(frames)
@@ -262,13 +160,15 @@ class _ClientLink:
     items into the inbox (so that closed() sees the other side's close without a read, and a
     cancelled read loses nothing) and that closes the channel."""
 
-    def __init__(self, ch, stream):
+    def __init__(self, ch, stream, part_bytes: int):
         self.loop = asyncio.get_running_loop()
         self.ch = ch
         self.stream = stream
-        self.inbox = _Inbox(self.loop)
+        self.part_bytes = part_bytes
+        self.inbox = _Inbox(self.loop, _INBOX_BYTES)
         self.gone: str | None = None  # why nothing more is sent
         self.unsynced = 0
+        self.sync: asyncio.Future | None = None  # the dask.sync in flight
         self.lock = asyncio.Lock()  # keeps the parts of one message together
         self.pump = self.loop.create_task(self._pump())
 
@@ -277,8 +177,8 @@ class _ClientLink:
         try:
             async for item in self.stream:
                 self.inbox.put(item[0], item[1])
-                if self.inbox.nbytes >= _INBOX_BYTES:  # hold the listener (stream credit)
-                    await self.inbox.below(_INBOX_BYTES)
+                if self.inbox.nbytes >= self.inbox.limit:  # hold the listener (stream credit)
+                    await self.inbox.below()
         except OrdoError as e:  # PeerLost, SessionLost, the listener aborting, ...
             reason = f"the comm ended: {e}"
         except asyncio.CancelledError:  # by abort() (close() too), which sent dask.close
@@ -291,7 +191,7 @@ class _ClientLink:
     async def send(self, frames: list) -> int:
         total = 0
         async with self.lock:
-            for chunks, tail, n in _parts(frames, _PART_BYTES):
+            for chunks, tail, n in _parts(frames, self.part_bytes):
                 if self.gone is not None:
                     raise CommClosedError(self.gone)
                 try:
@@ -300,9 +200,13 @@ class _ClientLink:
                     total += n
                     if self.unsynced >= _SYNC_BYTES:
                         # Bounds what the listener holds unread and, on ordo+resume, what is
-                        # unacknowledged (past max_unacked_bytes, 64 MiB, notify fails).
+                        # unacknowledged (past max_unacked_bytes, 64 MiB, notify fails): one
+                        # dask.sync goes every _SYNC_BYTES, and the one before is awaited.
                         self.unsynced = 0
-                        await self.ch.call("dask.sync")
+                        before, self.sync = self.sync, self.ch.call("dask.sync")
+                        self.sync.add_done_callback(_retrieve)  # the next write fails too
+                        if before is not None:
+                            await before
                 except (OrdoError, TypeError) as e:
                     self.abort(f"write failed: {e}")
                     raise CommClosedError(f"write failed: {e}") from e
@@ -344,9 +248,9 @@ class OrdoConnector(Connector):
             raise CommClosedError(f"{self.scheme}://{address}: {e}") from e
         try:
             ch.notify("dask.open")
-            stream = ch.stream("dask.read")
+            stream = ch.stream("dask.read", window_bytes=_INBOX_BYTES, zero_copy=True)
             seen_as = await anext(stream)  # the listener has made its comm
-            link = _ClientLink(ch, stream)
+            link = _ClientLink(ch, stream, _RESUME_PART_BYTES if self.resume else _PART_BYTES)
         except (OrdoError, StopAsyncIteration) as e:
             ch.close()
             raise CommClosedError(f"{self.scheme}://{address} refused the comm: "
@@ -369,7 +273,8 @@ class _ServerLink:
         self.listener = listener
         self.key = key  # the connection's peer id
         self.seen_as = seen_as  # the connector's address, as this side sees it
-        self.inbox = _Inbox(self.loop)
+        self.part_bytes = listener.part_bytes
+        self.inbox = _Inbox(self.loop, _INBOX_BYTES)
         self.outbox: collections.deque = collections.deque()
         self.out_waiter: asyncio.Future | None = None
         self.streaming = False  # dask.read is running
@@ -377,7 +282,7 @@ class _ServerLink:
         self.forgotten = self.loop.create_future()  # done: the listener has let it go
 
     async def send(self, frames: list) -> int:
-        parts = list(_parts(frames, _PART_BYTES))
+        parts = list(_parts(frames, self.part_bytes))
         self.outbox.extend((chunks, tail) for chunks, tail, _ in parts)
         self.wake()
         return sum(n for _, _, n in parts)
@@ -423,6 +328,7 @@ class OrdoListener(Listener):
             raise RuntimeError(f"encryption required by Dask configuration, refusing to listen "
                                f"on {scheme}://{address}: ordo's Dask comms are not encrypted")
         self.scheme, self.prefix = scheme, scheme + "://"  # Worker.start_unsafe reads prefix
+        self.part_bytes = _RESUME_PART_BYTES if scheme.endswith("+resume") else _PART_BYTES
         self.ip, self.port = parse_host_port(address, default_port)
         self.default_host, self.comm_handler = default_host, comm_handler
         self.deserialize, self.allow_offload = deserialize, allow_offload
@@ -440,7 +346,7 @@ class OrdoListener(Listener):
         for name, fn in (("dask.open", self._open), ("dask.read", self._read),
                          ("dask.frames", self._frames), ("dask.sync", self._sync),
                          ("dask.close", self._close)):
-            srv.method(name=name, concurrent=True, with_peer=True)(fn)
+            srv.method(name=name, concurrent=True, with_peer=True, zero_copy=True)(fn)
         # Set before listen() returns: a caller that knows the port may be served before.
         self._srv, self._loop = srv, asyncio.get_running_loop()
         self._bound = (self.ip or "0.0.0.0", self.port)
@@ -510,7 +416,7 @@ class OrdoListener(Listener):
 
     async def _sync(self, peer) -> None:
         if link := self._links.get(peer._id):
-            await link.inbox.below(_INBOX_BYTES)
+            await link.inbox.below()
 
     def _close(self, peer) -> None:
         if link := self._links.get(peer._id):  # after its messages: they stay readable

@@ -137,3 +137,24 @@ asyncio.run(main())
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_big_bins_pack_once_into_the_same_bytes_and_unpack_as_views_when_asked():
+    # Bins of 64 KiB and more are copied straight into the result (_codec.cpp, packed): the
+    # bytes must be msgpack-python's, however big and small parts interleave.
+    big = os.urandom(70_000)
+    values = [big, [b"a", big, "s", bytearray(big), memoryview(big)[1:], {"k": big}, 3],
+              [memoryview(big)] * 3, (b"x" * 65535, b"y" * 65536), {"deep": [[[big]]]}]
+    for v in values:
+        assert _ordo.packb(v) == _pack(v), repr(v)[:80]
+    msg = _ordo.packb([b"small", big, [big]])
+    copied = _ordo.unpackb(msg)
+    assert [type(x) for x in copied[:2]] == [bytes, bytes] and copied == [b"small", big, [big]]
+    viewed = _ordo.unpackb(bytearray(msg), False, True)
+    assert type(viewed[0]) is bytes  # small bins stay bytes
+    assert type(viewed[1]) is memoryview and type(viewed[2][0]) is memoryview
+    assert viewed[1] == big and viewed[2][0] == big and not viewed[1].readonly
+    del msg, copied
+    assert bytes(viewed[2][0]) == big  # a view keeps what it views alive
+    with pytest.raises(BufferError):
+        _ordo.packb([big, memoryview(b"ab" * 40_000)[::2]])  # not contiguous: refused

@@ -19,6 +19,7 @@ import dask  # noqa: E402
 from distributed import Client, LocalCluster, Scheduler, SchedulerPlugin, Worker  # noqa: E402
 from distributed import WorkerPlugin, wait  # noqa: E402
 from distributed.comm import CommClosedError, connect, listen  # noqa: E402
+from distributed.protocol import to_serialize  # noqa: E402
 
 with warnings.catch_warnings():
     # Dask's test module marks some of its tests gpu and flaky, marks this suite does not
@@ -27,6 +28,7 @@ with warnings.catch_warnings():
     from distributed.comm.tests import test_comms as dask_checks  # noqa: E402
 from distributed.utils_test import has_ipv6  # noqa: E402
 
+import ordo._dask_parts  # noqa: E402
 import ordo.dask  # noqa: E402
 
 SCHEMES = ["ordo", "ordo+resume"]
@@ -178,6 +180,7 @@ async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
     # parts, the connector waits for dask.sync many times, and some messages are larger than
     # what either side holds unread before it holds the sender back.
     monkeypatch.setattr(ordo.dask, "_PART_BYTES", 1000)
+    monkeypatch.setattr(ordo.dask, "_RESUME_PART_BYTES", 1000)
     monkeypatch.setattr(ordo.dask, "_SYNC_BYTES", 5000)
     monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 20_000)
     sizes = [0, 1, 999, 1000, 1001, 2500, 40_000, 3, 123_457]
@@ -205,6 +208,45 @@ async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
     async with listen(f"{scheme}://127.0.0.1", echo) as listener:
         back = await asyncio.wait_for(exchange(listener.contact_address), 60)
     assert got == msgs and back == msgs
+    await settle()
+
+
+def test_parts_are_cut_between_frames_unless_a_frame_is_longer_than_a_part():
+    f = [b"h" * 10, memoryview(b"a" * 600), b"b" * 500, b"c" * 2500, b"d"]
+    parts = [([bytes(c) for c in chunks], tail, n)
+             for chunks, tail, n in ordo._dask_parts._parts(f, 1000)]
+    assert parts == [([b"h" * 10, b"a" * 600], 1, 610),  # b"b" * 500 fits a part of its own
+                     ([b"b" * 500, b"c" * 500], 2, 1000), ([b"c" * 1000], 2, 1000),
+                     ([b"c" * 1000], 1, 1000), ([b"d"], 0, 1)]
+    assert [tail for _, tail, _ in ordo._dask_parts._parts([b"x" * 1000] * 3, 1000)] == [1, 1, 0]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_large_frames_reach_dask_as_views_of_the_message_both_ways(scheme, monkeypatch):
+    # Frames travel as one ordo message each way and reach Dask's from_frames as memoryviews
+    # of it (zero_copy), as Dask's tcp comm hands them over: not bytes copies, not joined.
+    seen = []
+    real = ordo.dask.from_frames
+
+    async def spy(frames, **kw):
+        if big := [type(f) for f in frames if len(f) >= 1 << 20]:
+            seen.append(big)
+        return await real(frames, **kw)
+
+    monkeypatch.setattr(ordo.dask, "from_frames", spy)
+    blob = os.urandom(3 << 20)
+
+    async def echo(comm):
+        await comm.write(await comm.read())
+        await comm.close()
+
+    async with listen(f"{scheme}://127.0.0.1", echo) as listener:
+        comm = await connect(listener.contact_address)
+        await comm.write({"x": to_serialize(blob)})
+        back = await asyncio.wait_for(comm.read(), 30)
+        await comm.close()
+    assert bytes(back["x"]) == blob
+    assert seen == [[memoryview], [memoryview]]
     await settle()
 
 
