@@ -43,7 +43,7 @@ import logging
 import weakref
 
 import dask
-from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.addressing import get_address_host, parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
@@ -463,6 +463,20 @@ class OrdoListener(Listener):
             await asyncio.shield(self._stop_future)
 
 
+def _host_facing_scheduler(handle_comm) -> str | None:
+    """The host a listener bound to all interfaces advertises when it serves a Worker: the
+    local address that faces the worker's scheduler, as Dask's Worker.start_unsafe passes to
+    tcp:// and tls:// listeners only (as default_host). None when it has no scheduler."""
+    address = getattr(getattr(getattr(handle_comm, "__self__", None), "scheduler", None),
+                      "address", None)
+    if not isinstance(address, str) or address.startswith("inproc://"):
+        return None
+    try:
+        return get_ip(get_address_host(address))
+    except (OSError, ValueError):  # no route to it: Dask's default (get_ip()) then
+        return None
+
+
 # ---- backends -----------------------------------------------------------------------------
 
 class OrdoBackend(Backend):
@@ -476,6 +490,8 @@ class OrdoBackend(Backend):
         return OrdoConnector(self.scheme, self.resume)
 
     def get_listener(self, loc, handle_comm, deserialize, **connection_args) -> OrdoListener:
+        if connection_args.get("default_host") is None:
+            connection_args["default_host"] = _host_facing_scheduler(handle_comm)
         return OrdoListener(self.scheme, loc, handle_comm, deserialize, **connection_args)
 
     def get_address_host(self, loc):

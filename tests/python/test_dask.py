@@ -26,6 +26,7 @@ with warnings.catch_warnings():
     # register: its own conftest does. Only its check_* helpers are used here.
     warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
     from distributed.comm.tests import test_comms as dask_checks  # noqa: E402
+from distributed.utils import get_ip  # noqa: E402
 from distributed.utils_test import has_ipv6  # noqa: E402
 
 import ordo._dask_parts  # noqa: E402
@@ -209,6 +210,31 @@ async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
         back = await asyncio.wait_for(exchange(listener.contact_address), 60)
     assert got == msgs and back == msgs
     await settle()
+
+
+def test_a_workers_listener_without_a_host_advertises_the_host_facing_its_scheduler():
+    # Dask's Worker passes default_host (the host facing its scheduler) to tcp:// listeners
+    # only; without it a listener on all interfaces advertises get_ip(), the machine's outbound
+    # address, which the scheduler may not reach.
+    class Rpc:
+        address = "ordo://127.0.0.1:8786"
+
+    class Worker:
+        scheduler = Rpc()
+
+        def handle_comm(self, comm):
+            pass
+
+    def contact(handler, **kw):
+        lst = ordo.dask.OrdoBackend().get_listener("0.0.0.0:0", handler, True, **kw)
+        lst._bound = ("0.0.0.0", 1234)  # as start() would set it; nothing is bound here
+        return lst.contact_address
+
+    assert contact(Worker().handle_comm) == "ordo://127.0.0.1:1234"
+    assert contact(Worker().handle_comm, default_host="127.0.0.2") == "ordo://127.0.0.2:1234"
+    Rpc.address = "inproc://x/1/2"
+    assert contact(Worker().handle_comm) == f"ordo://{get_ip()}:1234"
+    assert contact(lambda comm: None) == f"ordo://{get_ip()}:1234"
 
 
 def test_parts_are_cut_between_frames_unless_a_frame_is_longer_than_a_part():
