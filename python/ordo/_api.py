@@ -380,6 +380,9 @@ class Channel:
         token = next(_tokens)
         st = Stream(lh, token, method)
         st._views = zero_copy
+        # Credit goes back when half the window (in items or bytes) is read, as ordo's reader
+        # grants it: taken items are reported to the io thread only then, in one entry.
+        st._due = (max(1, min(window or 8192, 65536) // 2), (window_bytes or 1 << 20) // 2)
         lh.streams[token] = st
         lh.flush()
         lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window,
@@ -482,6 +485,8 @@ class Stream:
         self._waiter: asyncio.Future | None = None
         self._finished = False
         self._views = False
+        self._due = (1, 1)  # report taken items from this many items or bytes (stream())
+        self._taken = [0, 0]  # items and bytes taken and not yet reported
 
     def _item(self, data: bytes, size: int) -> None:
         self._items.append((data, size))
@@ -515,7 +520,12 @@ class Stream:
             finally:
                 self._waiter = None
         data, size = self._items.popleft()
-        self._lh.hub.stream_took(self._token, size)
+        taken = self._taken
+        taken[0] += 1
+        taken[1] += size
+        if taken[0] >= self._due[0] or taken[1] >= self._due[1]:
+            self._lh.queue((4, self._token, taken[1], taken[0]))  # with the turn's batch
+            taken[0] = taken[1] = 0
         return _unpackb(data, False, self._views)
 
     def cancel(self) -> None:

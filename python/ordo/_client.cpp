@@ -122,11 +122,17 @@ class py_stream final : public detail::stream_core {
         hub_->push(std::move(c));
     }
 
-    void took(std::uint64_t bytes) {
+    // The reader took `items` items of `bytes` wire bytes together (Python reports them
+    // once they make the credit that is due).
+    void took(std::uint64_t bytes, std::uint64_t items) {
         credit c;
         {
             std::lock_guard lk(mu_);
-            c = took_one(bytes);
+            for (std::uint64_t i = 0; i < items; ++i) {
+                const credit one = took_one(i == 0 ? bytes : 0);
+                c.items += one.items;
+                c.bytes += one.bytes;
+            }
         }
         if (c.items) grant(c);
     }
@@ -300,6 +306,10 @@ void run_batch(const std::shared_ptr<hub>& h, std::string_view batch) {
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
         } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
             stream_write(f[1].as<std::uint64_t>(), std::string(str(f[2])));
+        } else if (f[0].as<int>() == 4 && e.via.array.size == 4) {
+            // [4, stream, bytes, items]: the reader took items
+            stream_took(f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),
+                        f[3].as<std::uint64_t>());
         } else if (e.via.array.size == 7 || e.via.array.size == 8) {
             // The eighth: the call's metadata, [[key, value], ...] (ordo/_api.py, call()).
             metadata meta;
@@ -362,10 +372,10 @@ void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t toke
     detail::start_stream(impl, std::move(s), std::move(p), std::move(o));
 }
 
-void stream_took(std::uint64_t token, std::uint64_t bytes) {
+void stream_took(std::uint64_t token, std::uint64_t bytes, std::uint64_t items) {
     auto& rt = runtime::get();
     auto it = rt.streams.find(token);
-    if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).took(bytes);
+    if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).took(bytes, items);
 }
 
 void stream_cancel(std::uint64_t token) {

@@ -133,9 +133,9 @@ class runtime {
 /// Runs a batch of calls and notifications, in order: a msgpack array of
 /// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params,
 /// timeout_ms, key] (call; with an eighth element, its metadata: [[key, str or bin], ...]),
-/// [2, request, code, data] (respond) and [3, request, item]
-/// (stream_write); params, data and item are msgpack bytes, as bin. Made by ordo/_api.py
-/// (_LoopHub.flush).
+/// [2, request, code, data] (respond), [3, request, item] (stream_write) and [4, stream,
+/// bytes, items] (stream_took); params, data and item are msgpack bytes, as bin. Made by
+/// ordo/_api.py (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, std::string_view batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
@@ -152,8 +152,9 @@ std::optional<completion> try_notify(std::uint64_t chan, const std::string& meth
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
                   std::uint32_t window, std::uint64_t window_bytes);
-/// The reader took an item of `bytes` wire bytes: credit goes back (half a window at a time).
-void stream_took(std::uint64_t token, std::uint64_t bytes);
+/// The reader took `items` items of `bytes` wire bytes: credit goes back (half a window at a
+/// time).
+void stream_took(std::uint64_t token, std::uint64_t bytes, std::uint64_t items);
 void stream_cancel(std::uint64_t token);
 void stream_forget(std::uint64_t token);
 void close_channel(std::uint64_t chan);

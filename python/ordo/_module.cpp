@@ -1,5 +1,8 @@
-// ordo._ordo: the pybind11 edge. Python objects are converted here, with the GIL held; the
-// work itself is submitted to the io thread with the GIL released (py::gil_scoped_release).
+// ordo._ordo: the pybind11 edge. Python objects are converted here, with the GIL held, and the
+// work is submitted to the io thread with it held too: a hand-over takes a mutex for a moment
+// (the io thread never takes the GIL), and releasing the GIL for that would let another Python
+// thread (Dask's profiler, an offload thread) take it and keep the loop waiting up to a switch
+// interval. Only what waits (stop_listening, shutdown) releases it.
 // ordo/__init__.py builds the public API on it.
 #include <chrono>
 #include <future>
@@ -47,11 +50,7 @@ PyObject* data_object(std::string& data) {
 // case, as (token, data) alone. A release completion is handled here: it drops the batch that
 // the io thread read in place (submit).
 pyb::list drain(hub& h) {
-    std::vector<ordo::py::completion> done;
-    {
-        pyb::gil_scoped_release nogil;
-        done = h.drain();
-    }
+    std::vector<ordo::py::completion> done = h.drain();
     std::size_t n = done.size();
     for (auto& c : done)
         if (c.what == ordo::py::kind::release) {
@@ -117,8 +116,7 @@ PYBIND11_MODULE(_ordo, m) {
                     [h = std::move(h), token, url = std::move(url), server]() mutable {
                         op::start_connect(std::move(h), token, std::move(url), server);
                     });
-            },
-            release())
+            })
         .def(
             "call",
             [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
@@ -129,15 +127,13 @@ PYBIND11_MODULE(_ordo, m) {
                     op::start_call(std::move(h), chan, token, std::move(method),
                                    std::move(params), timeout_ms, std::move(key));
                 });
-            },
-            release())
+            })
         .def("submit",
              [](std::shared_ptr<hub> h, pyb::bytes batch) {
                  const char* p = PyBytes_AS_STRING(batch.ptr());
                  const auto n = static_cast<std::size_t>(PyBytes_GET_SIZE(batch.ptr()));
                  if (n < in_place_batch_bytes) {
                      std::string copy(p, n);
-                     pyb::gil_scoped_release nogil;
                      runtime::get().submit([h = std::move(h), copy = std::move(copy)] {
                          op::run_batch(h, copy);
                      });
@@ -146,7 +142,6 @@ PYBIND11_MODULE(_ordo, m) {
                  // bytes do not change: the io thread reads them without the GIL, and
                  // drain() drops the reference.
                  const auto ref = reinterpret_cast<std::uintptr_t>(batch.release().ptr());
-                 pyb::gil_scoped_release nogil;
                  runtime::get().submit([h = std::move(h), p, n, ref] {
                      op::run_batch(h, std::string_view(p, n));
                      ordo::py::completion c{ordo::py::kind::release, 0};
@@ -158,8 +153,7 @@ PYBIND11_MODULE(_ordo, m) {
             "cancel",
             [](const hub&, std::uint64_t token) {
                 runtime::get().submit([token] { op::cancel_call(token); });
-            },
-            release())
+            })
         .def(
             "notify",
             [](std::shared_ptr<hub> h, std::uint64_t chan, std::string method,
@@ -168,8 +162,7 @@ PYBIND11_MODULE(_ordo, m) {
                                        params = std::move(params)] {
                     op::send_notify(h, chan, method, params);
                 });
-            },
-            release())
+            })
         .def(
             "stream",
             [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
@@ -182,52 +175,39 @@ PYBIND11_MODULE(_ordo, m) {
                                      std::move(params), timeout_ms, std::move(key), window,
                                      window_bytes);
                 });
-            },
-            release())
-        .def(
-            "stream_took",
-            [](const hub&, std::uint64_t token, std::uint64_t bytes) {
-                runtime::get().submit([token, bytes] { op::stream_took(token, bytes); });
-            },
-            release())
+            })
         .def(
             "stream_cancel",
             [](const hub&, std::uint64_t token) {
                 runtime::get().submit([token] { op::stream_cancel(token); });
-            },
-            release())
+            })
         .def(
             "stream_forget",
             [](const hub&, std::uint64_t token) {
                 runtime::get().submit([token] { op::stream_forget(token); });
-            },
-            release())
+            })
         .def(
             "open_lane",
             [](const hub&, std::uint64_t chan, std::uint64_t lane, std::string name) {
                 runtime::get().submit([chan, lane, name = std::move(name)] {
                     op::open_lane(chan, lane, name);
                 });
-            },
-            release())
+            })
         .def(
             "forget_channel",
             [](const hub&, std::uint64_t chan) {
                 runtime::get().submit([chan] { op::forget_channel(chan); });
-            },
-            release())
+            })
         .def(
             "close_peer",
             [](const hub&, std::uint64_t id) {
                 runtime::get().submit([id] { op::close_peer(id); });
-            },
-            release())
+            })
         .def(
             "close_channel",
             [](const hub&, std::uint64_t chan) {
                 runtime::get().submit([chan] { op::close_channel(chan); });
-            },
-            release())
+            })
         .def(
             "server_create",
             [](const hub&, std::uint64_t id, std::map<std::string, std::string> tokens,
@@ -236,8 +216,7 @@ PYBIND11_MODULE(_ordo, m) {
                                        i = std::move(introspectors)]() mutable {
                     op::server_create(id, std::move(t), std::move(i));
                 });
-            },
-            release())
+            })
         .def(
             "server_add",
             [](const hub&, std::uint64_t id, std::string name, std::uint64_t hid, int flags,
@@ -248,24 +227,21 @@ PYBIND11_MODULE(_ordo, m) {
                     op::server_add(id, std::move(name), hid, flags, std::move(sig),
                                    std::move(allow));
                 });
-            },
-            release())
+            })
         .def(
             "listen",
             [](std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token, std::string url) {
                 runtime::get().submit([h = std::move(h), id, token, url = std::move(url)]() mutable {
                     op::server_listen(std::move(h), id, token, std::move(url), 0);
                 });
-            },
-            release())
+            })
         .def(
             "server_stop",
             [](std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token) {
                 runtime::get().submit([h = std::move(h), id, token]() mutable {
                     op::server_stop(std::move(h), id, token);
                 });
-            },
-            release())
+            })
         .def(
             "server_stop_listening",
             [](const hub&, std::uint64_t id) {
@@ -286,16 +262,14 @@ PYBIND11_MODULE(_ordo, m) {
                 runtime::get().submit([request, code, data = std::move(data)]() mutable {
                     op::respond(request, code, std::move(data));
                 });
-            },
-            release())
+            })
         .def(
             "stream_write",
             [](const hub&, std::uint64_t request, std::string item) {
                 runtime::get().submit([request, item = std::move(item)]() mutable {
                     op::stream_write(request, std::move(item));
                 });
-            },
-            release());
+            });
 
     if (!ordo::py::add_codec(m.ptr())) throw pyb::error_already_set();
     m.def(
