@@ -97,7 +97,11 @@ class _LoopHub:
         self.queue((2, token, code, data))
 
     def stream_write(self, token: int, item: bytes) -> None:
-        self.queue((3, token, item))
+        if len(item) < 1 << 18:
+            self.queue((3, token, item))
+        else:  # read in place by the io thread, after what is queued
+            self.flush()
+            self.hub.stream_write(token, item)
 
     def flush(self) -> None:
         out = self.out  # one list for the hub's life: channels hold it

@@ -305,7 +305,7 @@ void run_batch(const std::shared_ptr<hub>& h, std::string_view batch) {
         } else if (f[0].as<int>() == 2) {  // [2, request, code, data]: a handler's answer
             respond(f[1].as<std::uint64_t>(), f[2].as<int>(), std::string(str(f[3])));
         } else if (f[0].as<int>() == 3) {  // [3, request, item]: a streaming handler's item
-            stream_write(f[1].as<std::uint64_t>(), std::string(str(f[2])));
+            stream_write(f[1].as<std::uint64_t>(), held_bytes(std::string(str(f[2]))));
         } else if (f[0].as<int>() == 4 && e.via.array.size == 4) {
             // [4, stream, bytes, items]: the reader took items
             stream_took(f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),

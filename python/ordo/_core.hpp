@@ -22,6 +22,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <asio/executor_work_guard.hpp>
@@ -77,6 +78,33 @@ class hub {
     int fd_;
     std::mutex mu_;
     std::vector<completion> q_;
+};
+
+/// Bytes for the io thread: its own string, or a Python bytes object's buffer read in place
+/// (bytes do not change), whose reference a release completion to `h` lets go when these are
+/// destroyed (drain() drops it, with the GIL).
+class held_bytes {
+  public:
+    explicit held_bytes(std::string s) : owned_(std::move(s)) {}
+    held_bytes(std::shared_ptr<hub> h, std::uintptr_t ref, std::string_view v)
+        : h_(std::move(h)), ref_(ref), view_(v) {}
+    held_bytes(held_bytes&& o) noexcept
+        : owned_(std::move(o.owned_)), h_(std::move(o.h_)), ref_(std::exchange(o.ref_, 0)),
+          view_(o.view_) {}
+    held_bytes& operator=(held_bytes&&) = delete;
+    ~held_bytes() {
+        if (!ref_) return;
+        completion c{kind::release, 0};
+        c.a = ref_;
+        h_->push(std::move(c));
+    }
+    std::string_view view() const noexcept { return ref_ ? view_ : std::string_view(owned_); }
+
+  private:
+    std::string owned_;
+    std::shared_ptr<hub> h_;
+    std::uintptr_t ref_ = 0;  ///< the PyObject*, or 0
+    std::string_view view_;
 };
 
 class server_binding;
@@ -191,7 +219,7 @@ void server_stop_listening(std::uint64_t id);
 /// A handler's answer: code 0: `data` is the msgpack result; else an ordo::errc and message.
 void respond(std::uint64_t request, int code, std::string data);
 /// One item of a streaming handler (msgpack bytes), written in order.
-void stream_write(std::uint64_t request, std::string item);
+void stream_write(std::uint64_t request, held_bytes item);
 /// At exit: every server stopped.
 void stop_servers();
 

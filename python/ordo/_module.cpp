@@ -86,6 +86,18 @@ pyb::list drain(hub& h) {
     return out;
 }
 
+// A bytes object for the io thread to read in place, and the hub that lets it go.
+struct held {
+    std::shared_ptr<hub> h;
+    ordo::py::held_bytes bytes;
+};
+held hold(std::shared_ptr<hub> h, pyb::bytes b) {
+    const std::string_view v(PyBytes_AS_STRING(b.ptr()),
+                             static_cast<std::size_t>(PyBytes_GET_SIZE(b.ptr())));
+    const auto ref = reinterpret_cast<std::uintptr_t>(b.release().ptr());
+    return {h, ordo::py::held_bytes(h, ref, v)};
+}
+
 // Batches this big are read by the io thread in place, from the bytes object itself, which a
 // release completion lets go afterwards; smaller ones are copied (cheaper than a wake-up).
 constexpr std::size_t in_place_batch_bytes = 256 * 1024;
@@ -139,15 +151,9 @@ PYBIND11_MODULE(_ordo, m) {
                      });
                      return;
                  }
-                 // bytes do not change: the io thread reads them without the GIL, and
-                 // drain() drops the reference.
-                 const auto ref = reinterpret_cast<std::uintptr_t>(batch.release().ptr());
-                 runtime::get().submit([h = std::move(h), p, n, ref] {
-                     op::run_batch(h, std::string_view(p, n));
-                     ordo::py::completion c{ordo::py::kind::release, 0};
-                     c.a = ref;
-                     h->push(std::move(c));
-                 });
+                 // A shared_ptr: the queue holds copyable closures.
+                 auto held = std::make_shared<struct held>(hold(std::move(h), std::move(batch)));
+                 runtime::get().submit([held] { op::run_batch(held->h, held->bytes.view()); });
              })
         .def(
             "cancel",
@@ -265,10 +271,11 @@ PYBIND11_MODULE(_ordo, m) {
             })
         .def(
             "stream_write",
-            [](const hub&, std::uint64_t request, std::string item) {
-                runtime::get().submit([request, item = std::move(item)]() mutable {
-                    op::stream_write(request, std::move(item));
-                });
+            [](std::shared_ptr<hub> h, std::uint64_t request, pyb::bytes item) {
+                // Big items only (ordo/_api.py); the others go with the turn's batch.
+                auto held = std::make_shared<struct held>(hold(std::move(h), std::move(item)));
+                runtime::get().submit(
+                    [request, held] { op::stream_write(request, std::move(held->bytes)); });
             });
 
     if (!ordo::py::add_codec(m.ptr())) throw pyb::error_already_set();

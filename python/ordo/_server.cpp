@@ -29,7 +29,7 @@ struct request_state {
     bool done = false;  ///< Python answered (or the stream ended)
     int code = 0;
     std::string data;               ///< the result, or the error message
-    std::deque<std::string> items;  ///< streaming: items not yet written
+    std::deque<held_bytes> items;  ///< streaming: items not yet written
 };
 
 std::unordered_map<std::uint64_t, std::shared_ptr<request_state>>& requests() {
@@ -148,9 +148,9 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
         while (!st->items.empty()) {
             // As ordo::writer<T>::write: wait for credit, write the item, let it go out.
             if (!out.has_credit()) co_await out.wait_credit();
-            const std::string item = std::move(st->items.front());
+            const held_bytes item = std::move(st->items.front());
             st->items.pop_front();
-            out.begin_item().write(item.data(), item.size());
+            out.begin_item().write(item.view().data(), item.view().size());
             if (!out.end_item()) co_await out.hand_over();
             completion c{kind::item_written, id};
             c.a = ++written;
@@ -282,7 +282,7 @@ void respond(std::uint64_t request, int code, std::string data) {
     st.timer.cancel();
 }
 
-void stream_write(std::uint64_t request, std::string item) {
+void stream_write(std::uint64_t request, held_bytes item) {
     auto it = requests().find(request);
     if (it == requests().end()) return;
     it->second->items.push_back(std::move(item));
