@@ -17,8 +17,9 @@ from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Clos
                    MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, PermissionDenied,
                    ProtocolError, RemoteError, SessionLost, ShuttingDown, Stream, TimedOut,
                    Unauthenticated, connect)
+from ._batching import END
 from ._context import CallContext, current_context
-from ._server import END, Server
+from ._server import Server
 
 __version__: str = _ordo.__version__  # meson.build's project version
 
