@@ -128,8 +128,8 @@ class py_stream final : public detail::stream_core {
         credit c;
         {
             std::lock_guard lk(mu_);
-            for (std::uint64_t i = 0; i < items; ++i) {
-                const credit one = took_one(i == 0 ? bytes : 0);
+            for (std::uint64_t i = 0; i < items; ++i) {  // the bytes spread over the items
+                const credit one = took_one(bytes / items + (i < bytes % items ? 1 : 0));
                 c.items += one.items;
                 c.bytes += one.bytes;
             }

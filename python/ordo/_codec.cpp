@@ -195,6 +195,18 @@ class packer {
     packed& out_;
 };
 
+// memoryview(data), as bytes ('B', one dimension), whatever the items `data` exports.
+PyObject* bytes_view(PyObject* data) {
+    PyObject* mv = PyMemoryView_FromObject(data);
+    if (!mv) return nullptr;
+    const Py_buffer* b = PyMemoryView_GET_BUFFER(mv);
+    if (b->itemsize == 1 && b->ndim == 1 && b->format && b->format[0] == 'B' && !b->format[1])
+        return mv;
+    PyObject* cast = PyObject_CallMethod(mv, "cast", "s", "B");
+    Py_DECREF(mv);
+    return cast;
+}
+
 // Where unpacked bins of big_bin_bytes or more go when unpackb is asked for views: slices of
 // one memoryview of the data, which they keep alive.
 struct source {
@@ -207,7 +219,7 @@ struct source {
     PyObject* bin(const char* p, std::size_t n) {
         if (!views || n < big_bin_bytes)
             return PyBytes_FromStringAndSize(p, static_cast<Py_ssize_t>(n));
-        if (!whole && !(whole = PyMemoryView_FromObject(data))) return nullptr;
+        if (!whole && !(whole = bytes_view(data))) return nullptr;
         const auto at = static_cast<Py_ssize_t>(p - base);
         PyObject* lo = PyLong_FromSsize_t(at);
         PyObject* hi = lo ? PyLong_FromSsize_t(at + static_cast<Py_ssize_t>(n)) : nullptr;

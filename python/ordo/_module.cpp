@@ -65,8 +65,14 @@ pyb::list drain(hub& h) {
             PyObject* t = PyTuple_New(2);
             if (!t) throw pyb::error_already_set();
             out[i++] = pyb::reinterpret_steal<pyb::object>(t);
-            PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(c.token));
-            PyTuple_SET_ITEM(t, 1, data_object(c.data));
+            PyObject* token = PyLong_FromUnsignedLongLong(c.token);
+            PyObject* data = token ? data_object(c.data) : nullptr;
+            if (!data) {
+                Py_XDECREF(token);
+                throw pyb::error_already_set();
+            }
+            PyTuple_SET_ITEM(t, 0, token);
+            PyTuple_SET_ITEM(t, 1, data);
             continue;
         }
         pyb::tuple t(8);
@@ -75,7 +81,9 @@ pyb::list drain(hub& h) {
         t[2] = pyb::int_(c.code);
         t[3] = pyb::int_(c.a);
         t[4] = pyb::int_(c.b);
-        t[5] = pyb::reinterpret_steal<pyb::object>(data_object(c.data));
+        PyObject* data = data_object(c.data);
+        if (!data) throw pyb::error_already_set();
+        t[5] = pyb::reinterpret_steal<pyb::object>(data);
         t[6] = c.text.empty() ? pyb::none() : text(c.text);
         // A request's detail is its call context, as msgpack (_server.cpp, pack_context).
         t[7] = c.detail.empty()                    ? pyb::none()

@@ -6,6 +6,7 @@ registered with concurrent=True."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import inspect
 import types
@@ -50,6 +51,9 @@ class _Handler:
                 pass
             self.types = [(i, _SIMPLE[hints[p.name]], hints[p.name].__name__)
                           for i, p in enumerate(positional) if hints.get(p.name) in _SIMPLE]
+        if views:  # a bytes argument of 64 KiB or more arrives as a memoryview
+            self.types = [(i, (bytes, memoryview) if t == (bytes,) else t, name)
+                          for i, t, name in self.types]
 
     def check(self, params) -> None:
         n = len(params)
@@ -227,20 +231,34 @@ async def _run(lh: _LoopHub, token: int, h: _Handler, rest) -> None:
 
 
 class _Writer:
-    """A streaming handler's items in flight: at most `window` written and not yet sent."""
+    """A streaming handler's items in flight: at most `window` written and not yet sent, and
+    at most `window_bytes` of them (one item always goes)."""
 
     window = 64
+    window_bytes = 64 << 20
 
     def __init__(self, lh: _LoopHub):
         self.lh = lh
         self.sent = 0
         self.acked = 0
+        self.sizes: collections.deque = collections.deque()  # of the items not yet sent
+        self.nbytes = 0
         self.waiter: asyncio.Future | None = None
 
+    def add(self, n: int) -> bool:
+        """An item of `n` bytes was written; whether the writer must now wait."""
+        self.sent += 1
+        self.sizes.append(n)
+        self.nbytes += n
+        return self.sent - self.acked >= self.window or self.nbytes >= self.window_bytes
+
     def _written(self, n: int) -> None:
-        self.acked = n
+        while self.acked < n and self.sizes:
+            self.acked += 1
+            self.nbytes -= self.sizes.popleft()
         w = self.waiter
-        if w is not None and not w.done() and self.sent - n < self.window // 2:
+        if (w is not None and not w.done() and self.sent - n < self.window // 2
+                and self.nbytes < self.window_bytes // 2):
             w.set_result(None)
 
 
@@ -250,9 +268,9 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
     agen = h.fn(*args)
     try:
         async for item in agen:
-            lh.stream_write(token, _packb(item))
-            w.sent += 1
-            if w.sent - w.acked >= w.window:
+            data = _packb(item)
+            lh.stream_write(token, data)
+            if w.add(len(data)):
                 w.waiter = lh.loop.create_future()
                 await w.waiter
                 w.waiter = None

@@ -248,7 +248,10 @@ class OrdoConnector(Connector):
             raise CommClosedError(f"{self.scheme}://{address}: {e}") from e
         try:
             ch.notify("dask.open")
-            stream = ch.stream("dask.read", window_bytes=_INBOX_BYTES, zero_copy=True)
+            # ordo+resume keeps what it sent until acknowledged (max_unacked_bytes, 64 MiB):
+            # the listener may send no more than this ahead.
+            window = _SYNC_BYTES if self.resume else _INBOX_BYTES
+            stream = ch.stream("dask.read", window_bytes=window, zero_copy=True)
             seen_as = await anext(stream)  # the listener has made its comm
             link = _ClientLink(ch, stream, _RESUME_PART_BYTES if self.resume else _PART_BYTES)
         except (OrdoError, StopAsyncIteration) as e:

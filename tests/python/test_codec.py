@@ -1,6 +1,7 @@
 """The package's own msgpack (python/ordo/_codec.cpp): the bytes and objects of msgpack-python's
 Packer(use_bin_type=True) and unpackb(raw=False, strict_map_key=False), its errors, bytes that
 are not msgpack, and a package that works with no msgpack module at all."""
+import array
 import os
 import random
 import subprocess
@@ -156,5 +157,9 @@ def test_big_bins_pack_once_into_the_same_bytes_and_unpack_as_views_when_asked()
     assert viewed[1] == big and viewed[2][0] == big and not viewed[1].readonly
     del msg, copied
     assert bytes(viewed[2][0]) == big  # a view keeps what it views alive
+    ints = array.array("i", range(40_000))  # items of 4 bytes: views are still of bytes
+    packed = _ordo.packb([b"abcd", ints.tobytes()])  # 12 + 160,000 bytes: a whole number of ints
+    v = _ordo.unpackb(memoryview(packed).cast("i"), False, True)[1]
+    assert v.format == "B" and v.nbytes == 160_000 and v == ints.tobytes()
     with pytest.raises(BufferError):
         _ordo.packb([big, memoryview(b"ab" * 40_000)[::2]])  # not contiguous: refused

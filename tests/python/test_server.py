@@ -452,7 +452,7 @@ async def test_zero_copy_arguments_and_items_arrive_as_views_and_window_bytes_le
     seen = []
 
     @srv.method(zero_copy=True)
-    async def take(blob, small):
+    async def take(blob: bytes, small: bytes):  # a memoryview passes for bytes
         seen.append((type(blob), type(small), bytes(blob[:3])))
         return len(blob)
 
@@ -515,5 +515,33 @@ async def test_a_big_batch_is_read_in_place_and_let_go():
         tracemalloc.stop()
     assert got == [(i, 1 << 20, bytes([i % 256])) for i in range(300)]
     assert now < 64 << 20, now
+    ch.close()
+    await srv.stop()
+
+
+async def test_a_streaming_handler_is_held_by_the_bytes_it_has_ahead_not_only_the_items():
+    # 4 MiB items to a reader that stops: the handler may have 64 items or 64 MiB written and
+    # not yet sent (_server._Writer), whichever comes first; 64 items would be 256 MiB.
+    srv = ordo.Server()
+    made = [0]
+
+    @srv.method
+    async def big(n: int):
+        for i in range(n):
+            made[0] += 1
+            yield bytes([i % 256]) * (4 << 20)
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    st = ch.stream("big", 200)
+    assert len(await anext(st)) == 4 << 20
+    last, still = -1, 0
+    for _ in range(400):  # until the count has not moved for 0.5 s
+        await asyncio.sleep(0.05)
+        still = still + 1 if made[0] == last else 0
+        last = made[0]
+        if still >= 10:
+            break
+    assert 8 <= made[0] <= 24, made[0]
+    st.cancel()
     ch.close()
     await srv.stop()

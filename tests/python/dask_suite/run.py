@@ -58,14 +58,18 @@ def run(name: str, scheme: str, junit: pathlib.Path, timeout_s: float,
     cmd = [sys.executable, "-m", "pytest", "-p", "ordo_dask_plugin", "-p", "no:cacheprovider",
            "-q", "--timeout", "300", "-o", "junit_family=xunit1", f"--junitxml={xml_path}",
            "-W", "ignore::DeprecationWarning", *targets]
+    xml_path.unlink(missing_ok=True)  # a report left by an earlier run is not this one's
     t = time.monotonic()
     with tempfile.TemporaryDirectory() as cwd:  # no conftest or ini of ours on the way
         p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
     took = time.monotonic() - t
-    if not xml_path.exists():
+    # pytest's exit status: 0 all passed, 1 some failed; anything else (interrupted, an internal
+    # error, a crash) means the report is not the file's outcome.
+    if p.returncode not in (0, 1) or not xml_path.exists():
         print(p.stdout[-4000:])
-        raise SystemExit(f"{name} over {scheme}: pytest wrote no report (exit {p.returncode})")
+        raise SystemExit(f"{name} over {scheme}: pytest ended with {p.returncode}"
+                         f"{'' if xml_path.exists() else ', no report'}")
     res = outcomes(xml_path)
     counts = {k: sum(1 for v in res.values() if v == k)
               for k in ("passed", "failed", "error", "skipped")}
