@@ -64,8 +64,12 @@ struct threaded_server {
     ~threaded_server() {
         if (srv) stop();
     }
-    void stop() {
+    // With `pool`, as handler_options::run_on asks: the server stops, then the pool's bodies end
+    // (their answers and their coroutines' last steps posted to this loop), then the server and
+    // its loop go. A body's coroutine still posting to a destroyed loop is a use after free.
+    void stop(worker_pool* pool = nullptr) {
         home.run([this]() -> net::awaitable<void> { co_await srv->async_stop(); });
+        if (pool) pool->join();
         net::post(home.io, [this] { srv.reset(); });
         net::post(home.io, net::use_future).get();
     }
@@ -318,6 +322,7 @@ TEST(RunOn, AStrandSerializesAHandlerAcrossLoops) {
         EXPECT_EQ(co_await chans[0].async_call<long>("total"), 400);
     });
     EXPECT_EQ(overlaps.load(), 0);
+    s.stop(&pool);
 }
 
 // A body on a worker pool leaves the loop free: a trivial call on another connection of the
@@ -373,6 +378,7 @@ TEST(RunOn, AnOffloadedHandlerLeavesTheLoopFreeAndKeepsItsConnectionSerial) {
     });
     EXPECT_TRUE(long_saw_answer.load());
     EXPECT_FALSE(long_ran_on.has(s.home.t.get_id()));
+    s.stop(&pool);
 }
 
 // "block" on a worker pool: counts its calls and holds each until `release` is set (20 s at
@@ -420,6 +426,7 @@ TEST(RunOn, APeerThatDiesWhileItsOffloadedHandlerRunsLeavesTheServerHealthy) {
         auto ch = co_await async_connect(s.url);
         EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
     });
+    s.stop(&pool);
 }
 
 // The server goes while offloaded bodies still run: their answers are posted back to loops
@@ -508,6 +515,7 @@ TEST(RunOn, ADeadlineReachesAnOffloadedBodyThatPollsItsStopToken) {
     EXPECT_TRUE(saw_stop.load());
     EXPECT_EQ(answered(s, "spin", 0), 0u);
     EXPECT_FALSE(ran_on.has(s.home.t.get_id()));
+    s.stop(&pool);
 }
 
 // A coroutine body on a worker gets Asio cancellation where it awaits.
@@ -531,6 +539,7 @@ TEST(RunOn, AnOffloadedCoroutineIsCancelledWhereItAwaits) {
     call_past_its_deadline(s, "sleep", ended);
     EXPECT_TRUE(aborted.load());
     EXPECT_EQ(answered(s, "sleep", 0), 0u);
+    s.stop(&pool);
 }
 
 // The connection ending (its peer aborts) reaches a body on a worker too.
@@ -561,6 +570,7 @@ TEST(RunOn, APeerThatDiesStopsItsOffloadedBody) {
         EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
     });
     EXPECT_TRUE(saw_stop.load());
+    s.stop(&pool);
 }
 
 // A streaming handler on a worker: items in order, no further ahead of the reader than its
@@ -627,6 +637,7 @@ TEST(RunOn, AnOffloadedStreamKeepsItsCreditAndOrderAndIsCancelled) {
         EXPECT_EQ(three, (std::vector<int>{0, 1, 2}));
     });
     EXPECT_FALSE(ran_on.has(s.home.t.get_id()));
+    s.stop(&pool);
 }
 
 // A batch on a worker that all its callers left (their deadlines passed) is cancelled: its
@@ -670,6 +681,7 @@ TEST(RunOn, ABatchAllOfWhoseCallersLeftIsCancelled) {
         EXPECT_TRUE(co_await wait_until([&] { return ended.load(); }, 15s));
     });
     EXPECT_TRUE(saw_stop.load());
+    s.stop(&pool);
 }
 
 TEST(RunOn, BatchesRunOnTheWorkerPoolAndGatherCallsFromEveryLoop) {
@@ -721,6 +733,7 @@ TEST(RunOn, BatchesRunOnTheWorkerPoolAndGatherCallsFromEveryLoop) {
     const auto st = s.on_home<server_stats>([&] { return s.srv->stats(); });
     ASSERT_EQ(st.batches.size(), 1u);
     EXPECT_EQ(st.batches[0].stats.calls, 100u);
+    s.stop(&pool);
 }
 
 // Clients used from a multi-threaded program: calls started on plain threads and on coroutines
