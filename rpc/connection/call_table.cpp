@@ -139,6 +139,23 @@ void call_table::on_item(const message& m, std::size_t wire_bytes) {
     e->call->stream->on_item(a.ptr[1], wire_bytes);
 }
 
+void call_table::on_in_credit(const message& m) {
+    const auto& a = m.params.via.array;
+    if (a.size != 3 || a.ptr[0].type != msgpack::type::POSITIVE_INTEGER ||
+        a.ptr[0].via.u64 > 0xffffffffu || a.ptr[1].type != msgpack::type::POSITIVE_INTEGER ||
+        a.ptr[2].type != msgpack::type::POSITIVE_INTEGER)
+        throw_error(errc::protocol_error,
+                    "ordo: protocol error: ordo.in_credit takes [msgid, items, bytes]");
+    // Credit for a call that has ended, or was withdrawn, is late: nothing to do.
+    entry* e = pending_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
+    if (!e || !e->call) return;
+    if (!e->call->stream || !e->call->stream->writes())
+        throw_error(errc::protocol_error, "ordo: protocol error: ordo.in_credit for msgid " +
+                                              std::to_string(a.ptr[0].via.u64) +
+                                              ", whose caller writes no items");
+    e->call->stream->grant_in(a.ptr[1].via.u64, a.ptr[2].via.u64);
+}
+
 void call_table::fail_all(std::error_code ec, const std::string& why) {
     auto calls = pending_.take_all();
     abandoned_.clear();

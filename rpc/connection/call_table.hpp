@@ -65,6 +65,10 @@ class call_table {
     /// An item of a streaming call ([msgid, item]), passed to its stream. An item for a withdrawn
     /// call is dropped; one for an id no stream used throws errc::protocol_error.
     void on_item(const message& m, std::size_t wire_bytes);
+    /// ordo.in_credit [msgid, items, bytes]: the server takes more of a call's items (a two-way
+    /// or client stream). Throws errc::protocol_error when it is malformed or names a call that
+    /// writes none.
+    void on_in_credit(const message& m);
     /// Completes `call` with an error, counting it as completed (a call that never got in).
     void fail(std::unique_ptr<pending_call> call, std::error_code ec, std::string detail);
     /// Fails every pending call with `ec` and `why` and forgets the abandoned ids.

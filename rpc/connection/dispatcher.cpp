@@ -34,6 +34,7 @@ struct dispatcher::run {
     std::chrono::steady_clock::time_point started;  // when handlers::time_calls is on
     net::cancellation_signal signal;
     stream_run* stream = nullptr;  // a streaming handler's output, while its body runs
+    inbox* in = nullptr;           // a reading handler's input, while its body runs
     // For the access log (server_options::access_log) and spans, when it is observed.
     bool logged = false;
     std::size_t bytes_in = 0;
@@ -87,7 +88,7 @@ void dispatcher::on_message_slow(message& m, std::size_t bytes) {
     if (stopped_) return;
     // ordo.health_watch is a streaming handler of the table's (handlers::serve_health).
     if (m.method.starts_with("ordo.") && !is_stream_request(m) && m.method != "ordo.health_watch")
-        return on_reserved(m);
+        return on_reserved(m, bytes);
     // Its deadline counts from its arrival, however long it then waits in the queue; so does
     // its duration in the access log.
     arrival a = arrive(m, bytes);
@@ -121,6 +122,7 @@ bool dispatcher::cancel_handler(std::uint32_t msgid) {
         if (r.is_request && r.msgid == msgid && !r.cancelled) {
             r.cancelled = true;
             if (r.stream) r.stream->cancel();
+            if (r.in) r.in->cancel();
             ++c_.handlers_cancelled;
             r.signal.emit(net::cancellation_type::terminal);
             return true;
@@ -189,12 +191,10 @@ void dispatcher::run_plain(const handler_entry& e, const message& m, arrival& a)
 
 void dispatcher::dispatch(message& m, arrival a) {
     const bool req = m.kind == message_kind::request;
-    std::uint32_t window = 0;  // > 0: the caller streams (ordo.stream)
-    std::uint64_t window_bytes = 0;
-    if (req && m.method.size() == 11 && m.method == "ordo.stream" &&
-        !unwrap_stream(m, window, window_bytes))
+    stream_shape how;
+    if (req && m.method.size() == 11 && m.method == "ordo.stream" && !unwrap_stream(m, how))
         return;
-    dispatch_to(find(m.method), m, window, window_bytes, std::move(a));
+    dispatch_to(find(m.method), m, how, std::move(a));
 }
 
 void dispatcher::refuse(const message& m, const arrival& a, errc code, const std::string& text,
@@ -218,8 +218,7 @@ bool dispatcher::observes(const call_context* ctx) const noexcept {
     return (h_ && h_->access_log()) || (spans_of(ctx) && span_sampled(ctx->trace_id()));
 }
 
-void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes, arrival a) {
+void dispatcher::dispatch_to(const handler_entry* e, message& m, stream_shape how, arrival a) {
     const bool req = m.kind == message_kind::request;
     // From on_message: a plain message is observed by the access log alone.
     if (!a.ctx) a.observed = observes(nullptr);
@@ -237,22 +236,42 @@ void dispatcher::dispatch_to(const handler_entry* e, message& m, std::uint32_t w
         return deny(*e, m, a);
     if (req && expired_already(a)) [[unlikely]]
         return expired(*e, m, a);
+    if (e->reads) {
+        if (req && how.writes) return start_async(*e, m, how, std::move(a));
+        const std::string why = "method \"" + std::string(m.method) +
+                                "\" reads a stream of items from its caller: call it with "
+                                "ordo.stream [method, params, window, window_bytes, true]";
+        if (req) {
+            e->counters->request_done(errc::bad_arguments);
+            return refuse(m, a, errc::bad_arguments, why);
+        }
+        ++c_.notification_errors;
+        e->counters->notification_done(true);
+        return report_dropped(m.method, errc::bad_arguments, why);
+    }
+    if (how.writes) {
+        e->counters->request_done(errc::bad_arguments);
+        return refuse(m, a, errc::bad_arguments,
+                      "method \"" + std::string(m.method) +
+                          "\" reads no items from its caller: call it without ordo.stream's "
+                          "fifth element");
+    }
     if (e->stream) {
-        if (req) return start_async(*e, m, window, window_bytes, std::move(a));
+        if (req) return start_async(*e, m, how, std::move(a));
         ++c_.notification_errors;
         e->counters->notification_done(true);
         report_dropped(m.method, errc::bad_arguments,
                        "it streams its results: call it, do not notify it");
         return;
     }
-    if (window) {
+    if (how.window) {
         e->counters->request_done(errc::bad_arguments);
         refuse(m, a, errc::bad_arguments,
                "method \"" + std::string(m.method) + "\" does not stream: call it as a plain call");
         return;
     }
     if (e->sync) return run_plain(*e, m, a);
-    start_async(*e, m, 0, 0, std::move(a));
+    start_async(*e, m, {}, std::move(a));
 }
 
 template <bool Full>
@@ -317,8 +336,7 @@ void dispatcher::run_sync(const handler_entry& e, const message& m, const arriva
 // The inline path's (dispatcher.hpp, on_message) is called from other files.
 template void dispatcher::run_sync<false>(const handler_entry&, const message&, const arrival*);
 
-void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t window,
-                             std::uint64_t window_bytes, arrival a) {
+void dispatcher::start_async(const handler_entry& e, message& m, stream_shape how, arrival a) {
     const bool limited = (e.limit || h_->limit()) && !m.method.starts_with("ordo.");
     if (limited && !admit(e, m, a)) [[unlikely]]
         return;
@@ -355,8 +373,24 @@ void dispatcher::start_async(const handler_entry& e, message& m, std::uint32_t w
     // Creating the coroutine copies the handler into its frame: re-registering the name while
     // it runs is harmless.
     net::awaitable<void> body;
-    if (e.stream) {
-        auto s = std::make_unique<stream_run>(*this, m.msgid, window, window_bytes, &r.stream);
+    if (e.reads) {
+        // Its caller's items are taken from now on (ordo.in_credit grants the window).
+        auto in = std::make_unique<inbox>(*this, m.msgid, &r.in);
+        r.in = in.get();
+        if (e.writes_items) {
+            auto s = std::make_unique<stream_run>(*this, m.msgid, how.window, how.window_bytes,
+                                                  &r.stream);
+            r.stream = s.get();
+            auto inner = e.reads(self_, m.params, *r.in, r.stream, *out);
+            body = stream_body(std::move(s), inbox_body(std::move(in), std::move(inner)), *out);
+        } else {
+            auto inner = e.reads(self_, m.params, *r.in, nullptr, *out);
+            body = inbox_body(std::move(in), std::move(inner));
+        }
+        r.in->open();
+    } else if (e.stream) {
+        auto s = std::make_unique<stream_run>(*this, m.msgid, how.window, how.window_bytes,
+                                              &r.stream);
         r.stream = s.get();
         auto inner = e.stream(self_, m.params, *r.stream);
         body = stream_body(std::move(s), std::move(inner), *out);
@@ -489,6 +523,7 @@ void dispatcher::drop_all() {
         if (r.cancelled) continue;
         r.cancelled = true;
         if (r.stream) r.stream->cancel();
+        if (r.in) r.in->cancel();
         ++c_.handlers_cancelled;
         r.signal.emit(net::cancellation_type::terminal);
     }

@@ -95,7 +95,7 @@ class dispatcher {
         const handler_entry* e = find(m.method);
         if (e && e->direct) [[likely]]
             return run_sync<false>(*e, m, nullptr);
-        dispatch_to(e, m, 0, 0, arrival{nullptr, bytes, {}});
+        dispatch_to(e, m, {}, arrival{nullptr, bytes, {}});
     }
     /// A request that carries a context (message::meta). Never on_message's inline path: a
     /// synchronous handler open to every caller, with nothing queued ahead and no access log,
@@ -116,16 +116,35 @@ class dispatcher {
     /// Streaming handlers running for callers that stream (ordo.stream), by msgid.
     std::size_t streams() const noexcept { return streams_.size(); }
 
-    /// ordo.credit or ordo.cancel that another dispatcher of the connection did not have the
-    /// call for (dispatcher_host::not_mine).
-    void offered(const message& m) { on_reserved(m); }
+    /// Nothing more will arrive from the remote side (it closed its end, `why`): a reading
+    /// handler whose caller had not closed its stream fails its read with errc::peer_lost.
+    void input_ended(const std::string& why);
+    /// Handlers reading their caller's items (two-way and client streams), by msgid.
+    std::size_t inboxes() const noexcept { return inboxes_.size(); }
+
+    /// ordo.credit, ordo.cancel, ordo.in or ordo.in_end that another dispatcher of the
+    /// connection did not have the call for (dispatcher_host::not_mine).
+    void offered(const message& m) { on_reserved(m, 0); }
 
   private:
     struct run;
     class stream_run;
+    class inbox;
+
+    // How the caller of an ordo.stream streams: `window` > 0, it reads items (window and
+    // window_bytes its credit); `writes`, it writes items too (docs/protocol.md, "Streams
+    // both ways").
+    struct stream_shape {
+        std::uint32_t window = 0;
+        std::uint64_t window_bytes = 0;
+        bool writes = false;
+    };
 
     void on_message_slow(message& m, std::size_t bytes);
-    void on_reserved(const message& m);
+    // `bytes`: its size on the wire (0: not known).
+    void on_reserved(const message& m, std::size_t bytes);
+    // ordo.in [msgid, item] and ordo.in_end [msgid, count] (rpc/streams/dispatcher_stream.cpp).
+    void on_in(const message& m, std::size_t bytes);
     // ordo.health [service?]: the state's word, or method_not_found for a name never set
     // (rpc/connection/refusals.cpp).
     void answer_health(const message& m);
@@ -152,9 +171,8 @@ class dispatcher {
                                                  arrival& a);
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
     void dispatch(message& m, arrival a);
-    // The one dispatch path: `e` is m's handler or null; window > 0: the caller streams.
-    void dispatch_to(const handler_entry* e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes, arrival a);
+    // The one dispatch path: `e` is m's handler or null; `how`: how its caller streams.
+    void dispatch_to(const handler_entry* e, message& m, stream_shape how, arrival a);
     // A plain handler, run now. Full: the way for anything but on_message's inline path, with
     // the call's context and the access log; not Full: neither is looked at.
     template <bool Full>
@@ -165,8 +183,7 @@ class dispatcher {
     // says no. Only asked when one of them is set (rpc/connection/admission.cpp).
     [[gnu::cold]] bool admit(const handler_entry& e, const message& m, const arrival& a);
     void expired(const handler_entry& e, const message& m, const arrival& a);
-    void start_async(const handler_entry& e, message& m, std::uint32_t window,
-                     std::uint64_t window_bytes, arrival a);
+    void start_async(const handler_entry& e, message& m, stream_shape how, arrival a);
     // Answers a request with an error and records it (log_access), if it is observed;
     // `retry_after_ms` > 0: an overloaded answer's hint.
     void refuse(const message& m, const arrival& a, errc code, const std::string& text,
@@ -181,9 +198,11 @@ class dispatcher {
     [[gnu::cold]] void log_access(std::string_view method, const call_context* ctx,
                                   std::error_code status, const span_times& t, std::size_t bytes_in,
                                   std::size_t bytes_out);
-    bool unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes);
+    bool unwrap_stream(message& m, stream_shape& how);
     static net::awaitable<void> stream_body(std::unique_ptr<stream_run> s,
                                             net::awaitable<void> body, buffer& out);
+    // The body of a handler that reads, holding its inbox until it ends.
+    static net::awaitable<void> inbox_body(std::unique_ptr<inbox> in, net::awaitable<void> body);
     static net::awaitable<void> answer_stats(dispatcher* d, std::shared_ptr<void> keep,
                                              std::uint32_t msgid);
     static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
@@ -231,6 +250,7 @@ class dispatcher {
     std::size_t queued_bytes_ = 0;
     std::list<run> runs_;
     std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
+    std::unordered_map<std::uint32_t, inbox*> inboxes_;       // ordo.in goes to these
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
     // The context of the last request served by a plain function, when no one kept it: the next
     // request's context reuses its memory (read_context).

@@ -137,6 +137,9 @@ bool peer::state::peer_finished_sending() {
     const std::error_code code =
         sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
     fail_all_calls(code, eof_why);
+    // Nor will the items its handlers still read.
+    disp.input_ended(eof_why);
+    for (auto& l : lane_parts) l->disp.input_ended(eof_why);
     leave_when_idle();
     if (running_all() > 0 || queued_all() > 0) {
         send_ping();

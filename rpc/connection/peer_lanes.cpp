@@ -230,6 +230,8 @@ void peer::state::on_piece(message& m) {
         on_response(w);
     } else if (w.kind == message_kind::notification && w.method == "ordo.item") {
         calls.on_item(w, whole->size());
+    } else if (w.kind == message_kind::notification && w.method == "ordo.in_credit") {
+        calls.on_in_credit(w);
     } else {
         detail::dispatcher& d = part ? part->disp : disp;
         if (w.kind == message_kind::request && w.meta.type != msgpack::type::NIL)

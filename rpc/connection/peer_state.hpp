@@ -113,6 +113,7 @@ struct peer::state final : detail::call_table_host,
             if (m.method.starts_with("ordo.")) [[unlikely]] {
                 if (m.method == "ordo.piece") return on_piece(m);
                 if (m.method == "ordo.lane_credit") return on_lane_credit(m);
+                if (m.method == "ordo.in_credit") return calls.on_in_credit(m);
             }
         } else if (m.kind == message_kind::response) {
             return on_response(m);
@@ -461,6 +462,8 @@ struct peer::state final : detail::call_table_host,
     void send_stream_request(std::uint32_t id, detail::pending_call& call);
     void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                      std::uint16_t lane);
+    // An item of a call whose caller writes (ordo.in), or their end (ordo.in_end, `last`).
+    void send_in(std::uint32_t msgid, const buffer& body, bool last, std::uint16_t lane);
 
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the

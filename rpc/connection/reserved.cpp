@@ -14,10 +14,11 @@ namespace ordo::detail {
 
 // Reserved methods are answered at once, never queued behind a handler: a ping must prove the
 // connection alive while a long serial handler runs, and a cancel must reach that handler.
-void dispatcher::on_reserved(const message& m) {
+void dispatcher::on_reserved(const message& m, std::size_t bytes) {
     const bool req = m.kind == message_kind::request;
     if (req && (m.method == "ordo.cancel" || m.method == "ordo.credit" ||
-                m.method == "ordo.closing" || m.method == "ordo.goaway")) {
+                m.method == "ordo.closing" || m.method == "ordo.goaway" ||
+                m.method == "ordo.in" || m.method == "ordo.in_end")) {
         // Notifications only: a request is answered (its caller would wait forever) and
         // does nothing.
         return respond_error(m.msgid, errc::method_not_found,
@@ -25,7 +26,9 @@ void dispatcher::on_reserved(const message& m) {
                                  "\" is a reserved notification, not a method: send it as a "
                                  "notification (docs/protocol.md, \"Reserved methods\")");
     }
-    if (m.method == "ordo.ping") {
+    if (m.method == "ordo.in" || m.method == "ordo.in_end") {
+        on_in(m, bytes);
+    } else if (m.method == "ordo.ping") {
         if (req) {
             buffer b(small_buffer);
             encode_response(b, m.msgid, msgpack::type::nil_t());

@@ -1,7 +1,9 @@
 // The server's side of streaming calls (docs/protocol.md, "Streams"): a streaming handler's
 // output (dispatcher::stream_run, rpc/streams/stream_run.hpp) sending items as ordo.item while
 // the caller gives credit, or collecting them into one response for a caller that does not
-// stream; and the ordo.stream request unwrapped into the call inside.
+// stream; a reading handler's input (dispatcher::inbox, "Streams both ways"), ordo.in queued
+// for its reader and ordo.in_credit granted back as it reads; and the ordo.stream request
+// unwrapped into the call inside.
 #include "rpc/streams/stream_run.hpp"
 
 #include <algorithm>
@@ -117,22 +119,25 @@ void dispatcher::stream_run::finish(buffer& out) const {
     }
 }
 
-// [method, params, window] or [method, params, window, window_bytes]: the call inside, which
-// the caller reads as a stream.
-bool dispatcher::unwrap_stream(message& m, std::uint32_t& window, std::uint64_t& window_bytes) {
+// [method, params, window], [method, params, window, window_bytes] or [method, params, window,
+// window_bytes, writes]: the call inside, which the caller reads as a stream (and, `writes`
+// true, writes items to: docs/protocol.md, "Streams both ways").
+bool dispatcher::unwrap_stream(message& m, stream_shape& how) {
     own(m);  // the views set here point into the message's own zone, which moves with it
     const auto& a = m.params.via.array;
-    if ((a.size != 3 && a.size != 4) ||
+    if ((a.size < 3 || a.size > 5) ||
         (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
         a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER ||
-        (a.size == 4 && a.ptr[3].type != msgpack::type::POSITIVE_INTEGER)) {
+        (a.size >= 4 && a.ptr[3].type != msgpack::type::POSITIVE_INTEGER) ||
+        (a.size == 5 && a.ptr[4].type != msgpack::type::BOOLEAN)) {
         respond_error(m.msgid, errc::bad_arguments,
-                      "ordo.stream takes [method, params, window] or [method, params, window, "
-                      "window_bytes]");
+                      "ordo.stream takes [method, params, window], [method, params, window, "
+                      "window_bytes] or [method, params, window, window_bytes, writes]");
         return false;
     }
-    window_bytes = a.size == 4 ? a.ptr[3].via.u64 : 0;
-    if (streams_.count(m.msgid) != 0) {
+    how.window_bytes = a.size >= 4 ? a.ptr[3].via.u64 : 0;
+    how.writes = a.size == 5 && a.ptr[4].via.boolean;
+    if (streams_.count(m.msgid) != 0 || inboxes_.count(m.msgid) != 0) {
         respond_error(m.msgid, errc::bad_arguments,
                       "msgid " + std::to_string(m.msgid) + " already streams");
         return false;
@@ -142,16 +147,144 @@ bool dispatcher::unwrap_stream(message& m, std::uint32_t& window, std::uint64_t&
         std::string_view(name.type == msgpack::type::STR ? name.via.str.ptr : name.via.bin.ptr,
                          name.type == msgpack::type::STR ? name.via.str.size : name.via.bin.size);
     const msgpack::object inner = a.ptr[1];
-    window = static_cast<std::uint32_t>(
+    how.window = static_cast<std::uint32_t>(
         std::clamp<std::uint64_t>(a.ptr[2].via.u64, 1, max_stream_window));
     m.params = inner;
     return true;
+}
+
+net::awaitable<void> dispatcher::inbox_body([[maybe_unused]] std::unique_ptr<inbox> in,
+                                            net::awaitable<void> body) {
+    co_await std::move(body);
 }
 
 net::awaitable<void> dispatcher::stream_body(std::unique_ptr<stream_run> s,
                                              net::awaitable<void> body, buffer& out) {
     co_await std::move(body);
     s->finish(out);
+}
+
+// ---- a reading handler's input ----
+dispatcher::inbox::inbox(dispatcher& d, std::uint32_t msgid, inbox** back)
+    : d_(d), msgid_(msgid), back_(back), wake_(d.ex_) {
+    d_.inboxes_.emplace(msgid, this);
+}
+
+dispatcher::inbox::~inbox() {
+    d_.inboxes_.erase(msgid_);
+    *back_ = nullptr;
+}
+
+void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes) {
+    granted_items_ += items;
+    granted_bytes_ += bytes;
+    buffer b(small_buffer);
+    encode_notification(b, "ordo.in_credit", msgid_, items, bytes);
+    d_.host_.send_response(b);
+}
+
+void dispatcher::inbox::open() {
+    grant(window, window_bytes);
+}
+
+void dispatcher::inbox::wake() {
+    if (waiting_) wake_.cancel();
+}
+
+void dispatcher::inbox::fail(std::string what, errc code) {
+    if (failure_.empty()) {
+        failure_ = std::move(what);
+        failure_code_ = code;
+    }
+    wake();
+}
+
+void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
+    if (cancelled_ || !failure_.empty()) return;  // what follows a failure is dropped
+    if (closed_)
+        return fail("the caller sent item " + std::to_string(received_ + 1) +
+                    " after ordo.in_end");
+    // Within the credit: an item needs one item and some bytes left (it may take more bytes
+    // than were left).
+    if (received_ >= granted_items_ || received_bytes_ >= granted_bytes_)
+        return fail("the caller sent item " + std::to_string(received_ + 1) +
+                    " beyond the credit granted (" + std::to_string(granted_items_) +
+                    " items and " + std::to_string(granted_bytes_) + " bytes in all, of which " +
+                    std::to_string(received_bytes_) + " bytes received)");
+    ++received_;
+    received_bytes_ += bytes;
+    items_.push_back({msgpack::clone(item), bytes});
+    wake();
+}
+
+void dispatcher::inbox::end(std::uint64_t count) {
+    if (cancelled_ || !failure_.empty() || closed_) return;
+    closed_ = true;
+    if (count != received_)
+        return fail("the caller closed its stream after " + std::to_string(received_) +
+                    " items, but counted " + std::to_string(count));
+    wake();
+}
+
+void dispatcher::inbox::cancel() {
+    cancelled_ = true;
+    wake();
+}
+
+net::awaitable<const msgpack::object*> dispatcher::inbox::next() {
+    for (;;) {
+        if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
+        if (!items_.empty()) {
+            current_ = std::move(items_.front().item);
+            unreported_bytes_ += items_.front().bytes;
+            items_.pop_front();
+            ++taken_;
+            // Credit goes back in steps of half the window, in items or bytes.
+            if (++unreported_items_ >= window / 2 || unreported_bytes_ >= window_bytes / 2) {
+                grant(unreported_items_, unreported_bytes_);
+                unreported_items_ = unreported_bytes_ = 0;
+            }
+            co_return &current_.get();
+        }
+        if (!failure_.empty()) throw_error(failure_code_, failure_);
+        if (closed_) co_return nullptr;
+        wake_.expires_at(net::steady_timer::time_point::max());
+        waiting_ = true;
+        // Ends with operation_aborted both when an item comes (wake) and when the handler is
+        // cancelled (the coroutine's cancellation reaches the wait).
+        co_await wake_.async_wait(use_tuple);
+        waiting_ = false;
+        auto cs = co_await net::this_coro::cancellation_state;
+        if (cs.cancelled() != net::cancellation_type::none)
+            throw_error(errc::cancelled, "the stream was cancelled");
+    }
+}
+
+void dispatcher::input_ended(const std::string& why) {
+    for (auto& [msgid, in] : inboxes_)
+        if (!in->closed()) in->fail(why + " before it closed the stream it writes", errc::peer_lost);
+}
+
+// [msgid, item] or [msgid, count]: for a reading handler of this connection's, else maybe for
+// another lane's (docs/protocol.md "Lanes"), else late (the handler has ended) and dropped.
+void dispatcher::on_in(const message& m, std::size_t bytes) {
+    const auto& a = m.params.via.array;
+    if (a.size != 2 || a.ptr[0].type != msgpack::type::POSITIVE_INTEGER ||
+        a.ptr[0].via.u64 > 0xffffffffu)
+        return;  // a reserved notification that does not have this shape is ignored
+    const auto it = inboxes_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
+    if (it == inboxes_.end()) return host_.not_mine(m);
+    if (m.method == "ordo.in") {
+        // The item's own bytes, as the caller counts them: the message less its head,
+        // [2, "ordo.in", [msgid, (11 bytes and the msgid's).
+        const std::uint64_t id = a.ptr[0].via.u64;
+        const std::size_t head = 11 + (id < 128 ? 1 : id < 256 ? 2 : id < 65536 ? 3 : 5);
+        it->second->push(a.ptr[1], bytes > head ? bytes - head : 0);
+    } else if (a.ptr[1].type == msgpack::type::POSITIVE_INTEGER) {
+        it->second->end(a.ptr[1].via.u64);
+    } else {
+        it->second->fail("ordo.in_end takes [msgid, count]");
+    }
 }
 
 }  // namespace ordo::detail

@@ -4,6 +4,8 @@
 // (call_table::on_item).
 #include "ordo/rpc/peer.hpp"
 
+#include "ordo/rpc/detail/async_call.hpp"
+#include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/stream_call.hpp"
 #include "rpc/connection/peer_state.hpp"
 
@@ -17,11 +19,13 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     detail::write_request_head(b, id, "ordo.stream");
     const std::size_t head = b.size();
     msgpack::packer<buffer> p(b);
-    p.pack_array(4);
+    const bool writes = call.stream->writes();
+    p.pack_array(writes ? 5 : 4);
     p.pack(call.method);
     b.write(call.params.data(), call.params.size());
     p.pack(call.stream->window());
     p.pack(call.stream->window_bytes());
+    if (writes) p.pack(true);  // the caller writes items too (docs/protocol.md, "Streams both ways")
     if (call.options.timeout.count() > 0 || !call.options.metadata.empty() ||
         o.default_timeout.count() > 0 || holding)
         // With its context (docs/protocol.md, "Call context"), or held behind what waits.
@@ -35,6 +39,39 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
             if (auto p = w.lock()) p->s_->send_credit(id, n, bytes, lane);
         });
     });
+    if (!writes) return;
+    // Items go out from the writer's coroutine when it runs here (as a handler's do), else in
+    // the order they were posted; always behind the request, whose handler grants the credit.
+    call.stream->attach_writer([w = self.weak_from_this(), ex = ex, id, lane = call.lane](
+                                   buffer item, bool last) {
+        auto go = [w, id, lane, last, item = std::move(item)] {
+            if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+        };
+        if (detail::running_in(ex))
+            go();
+        else
+            net::post(ex, std::move(go));
+    });
+}
+
+// [2, "ordo.in", [msgid, item]] or [2, "ordo.in_end", [msgid, count]] on the call's lane,
+// behind its request. One the output cannot take (errc::overloaded) ends the connection: the
+// call then fails, so no item is lost unseen.
+void peer::state::send_in(std::uint32_t msgid, const buffer& body, bool last,
+                          std::uint16_t lane) {
+    if (!sess->is_open() || !calls.contains(msgid)) return;
+    buffer head(small_buffer);
+    detail::write_notification_head(head, last ? "ordo.in_end" : "ordo.in");
+    msgpack::packer<buffer> p(head);
+    p.pack_array(2);
+    p.pack(msgid);
+    try {
+        send_out(lane, std::string_view(head.data(), head.size()),
+                 std::string_view(body.data(), body.size()));
+    } catch (const std::system_error& e) {
+        if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+        else throw;
+    }
 }
 
 // Its request is wholly sent (items came back): past its lane's queue (send_control).

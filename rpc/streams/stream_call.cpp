@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ordo/rpc/detail/async_call.hpp"
+#include "ordo/rpc/detail/type_traits.hpp"
 #include "ordo/error.hpp"
 
 namespace ordo::detail {
@@ -32,7 +33,7 @@ void stream_core::attach(std::function<void(std::uint32_t, std::uint64_t)> grant
 }
 
 void stream_core::end(std::error_code ec, call_outcome& out) {
-    std::unique_ptr<parked> w;
+    std::unique_ptr<parked> w, ww;
     {
         std::lock_guard lk(mu_);
         if (ended_) return;
@@ -40,17 +41,106 @@ void stream_core::end(std::error_code ec, call_outcome& out) {
         if (ec) {
             ec_ = ec;
             detail_ = std::move(out.detail);
-        } else if (out.result.type == msgpack::type::POSITIVE_INTEGER &&
-                   out.result.via.u64 != received_) {
-            // The final response counts the items sent: a mismatch is a broken peer.
+        } else if (std::string wrong = check_result(out.result); !wrong.empty()) {
             ec_ = make_error_code(errc::protocol_error);
-            detail_ = "the stream ended after " + std::to_string(received_) +
-                      " items, but the server counted " + std::to_string(out.result.via.u64);
+            detail_ = std::move(wrong);
         }
         grant_ = nullptr;
         w = take_waiter();
+        ww = std::move(write_waiter_);
     }
     if (w) w->wake();
+    if (ww) ww->wake();
+}
+
+std::string stream_core::check_result(const msgpack::object& result) {
+    // The final response counts the items sent: a mismatch is a broken peer.
+    if (result.type == msgpack::type::POSITIVE_INTEGER && result.via.u64 != received_)
+        return "the stream ended after " + std::to_string(received_) +
+               " items, but the server counted " + std::to_string(result.via.u64);
+    return {};
+}
+
+void stream_core::fail_and_cancel(std::string what) {
+    // With mu_ held.
+    ended_ = true;
+    ec_ = make_error_code(errc::protocol_error);
+    detail_ = std::move(what);
+    std::unique_ptr<parked> w = take_waiter();
+    if (w) w->wake();
+    if (write_waiter_) std::exchange(write_waiter_, nullptr)->wake();
+    net::post(channel_ex_, [self = shared_from_this()] {
+        self->signal_.emit(net::cancellation_type::terminal);
+    });
+}
+
+void stream_core::attach_writer(std::function<void(buffer, bool)> send) {
+    std::lock_guard lk(mu_);
+    send_ = std::move(send);
+}
+
+void stream_core::grant_in(std::uint64_t items, std::uint64_t bytes) {
+    std::unique_ptr<parked> w;
+    {
+        std::lock_guard lk(mu_);
+        // Capped: a server cannot make the counts wrap.
+        constexpr std::uint64_t cap = std::uint64_t{1} << 62;
+        in_granted_items_ = std::min(cap, in_granted_items_ + std::min(items, cap));
+        in_granted_bytes_ = std::min(cap, in_granted_bytes_ + std::min(bytes, cap));
+        if (writable_locked()) w = std::move(write_waiter_);
+    }
+    if (w) w->wake();
+}
+
+std::uint64_t stream_core::written() const {
+    std::lock_guard lk(mu_);
+    return in_items_;
+}
+
+net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s, buffer item) {
+    for (;;) {
+        std::function<void(buffer, bool)> send;
+        {
+            std::lock_guard lk(s->mu_);
+            if (s->writes_closed_)
+                throw std::logic_error("ordo: write to a stream of " + s->method() +
+                                       " after its side was closed");
+            if (s->ended_) co_return false;
+            if (s->writable_locked()) {
+                ++s->in_items_;
+                s->in_bytes_ += item.size();
+                send = s->send_;
+            }
+        }
+        if (send) {
+            send(std::move(item), false);
+            co_return true;
+        }
+        co_await s->wait_writable();
+        auto cs = co_await net::this_coro::cancellation_state;
+        if (cs.cancelled() != net::cancellation_type::none)
+            throw std::system_error(make_error_code(net::error::operation_aborted),
+                                    "ordo: waiting for credit to write to " + s->method());
+    }
+}
+
+void stream_core::close_writes() {
+    std::function<void(buffer, bool)> send;
+    buffer count;  // the body of ordo.in_end: how many items were written
+    {
+        std::lock_guard lk(mu_);
+        if (writes_closed_) return;
+        writes_closed_ = true;
+        if (!ended_) send = send_;
+        if (send) msgpack::pack(count, in_items_);
+    }
+    if (send) send(std::move(count), true);
+}
+
+void throw_bad_item(std::uint64_t index, const std::type_info& expected, const std::exception& e) {
+    throw_error(errc::bad_arguments, "item " + std::to_string(index) +
+                                         " written to the stream does not convert to " +
+                                         type_name(expected) + ": " + e.what());
 }
 
 void stream_core::bad_item(const std::exception& e, const msgpack::object& item) {
@@ -96,19 +186,12 @@ void stream_core::grant(credit c) {
 
 void stream_core::over_credit() {
     // With mu_ held (on_item).
-    std::unique_ptr<parked> w;
-    ended_ = true;
-    ec_ = make_error_code(errc::protocol_error);
-    detail_ = "the server sent item " + std::to_string(received_ + 1) +
-              " beyond the credit granted (" + std::to_string(granted_items_) + " items and " +
-              std::to_string(granted_bytes_) + " bytes in all, of which " +
-              std::to_string(received_bytes_) + " bytes received; window " +
-              std::to_string(window_) + " items, " + std::to_string(window_bytes_) + " bytes)";
-    w = take_waiter();
-    if (w) w->wake();
-    net::post(channel_ex_, [self = shared_from_this()] {
-        self->signal_.emit(net::cancellation_type::terminal);
-    });
+    fail_and_cancel("the server sent item " + std::to_string(received_ + 1) +
+                    " beyond the credit granted (" + std::to_string(granted_items_) +
+                    " items and " + std::to_string(granted_bytes_) + " bytes in all, of which " +
+                    std::to_string(received_bytes_) + " bytes received; window " +
+                    std::to_string(window_) + " items, " + std::to_string(window_bytes_) +
+                    " bytes)");
 }
 
 void stream_core::wake_reader() {

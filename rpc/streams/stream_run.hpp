@@ -1,10 +1,13 @@
 // A streaming handler's output on the server's side of a connection (docs/protocol.md,
-// "Streams"): what ordo::writer writes to. Declared here for rpc/connection/dispatcher.cpp, which
-// starts and cancels streaming handlers and hands them credit; its workings are
-// rpc/streams/dispatcher_stream.cpp.
+// "Streams"): what ordo::writer writes to; and a reading handler's input ("Streams both ways"):
+// what ordo::reader reads from. Declared here for rpc/connection/dispatcher.cpp, which starts
+// and cancels such handlers and hands them credit and items; their workings are
+// rpc/streams/dispatcher_stream.cpp and rpc/streams/dispatcher_stream.cpp.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <string>
 
 #include "ordo/rpc/stream_call.hpp"
 #include "rpc/connection/dispatcher.hpp"
@@ -59,6 +62,58 @@ class dispatcher::stream_run final : public stream_out {
     buffer item_{small_buffer};
     buffer collected_{small_buffer};
     std::size_t charged_ = 0;
+};
+
+// The items a caller writes to one reading handler (ordo.in), queued in order until its reader
+// takes them, within the credit this side grants (ordo.in_credit): at most the window of items
+// and bytes (one item may take more bytes than were left) are held.
+class dispatcher::inbox final : public stream_in {
+  public:
+    inbox(dispatcher& d, std::uint32_t msgid, inbox** back);
+    ~inbox() override;
+
+    net::awaitable<const msgpack::object*> next() override;
+    std::uint64_t taken() const noexcept override { return taken_; }
+
+    // The handler is about to start: the caller may write the window.
+    void open();
+    // ordo.in: one item, borrowed (copied here); `bytes` its size on the wire (0: not known).
+    void push(const msgpack::object& item, std::size_t bytes);
+    // ordo.in_end: the caller wrote `count` items in all.
+    void end(std::uint64_t count);
+    // The call was cancelled, or its connection ended: next() throws errc::cancelled.
+    void cancel();
+    // The caller broke the protocol (errc::protocol_error), or can send no more (peer_lost):
+    // the items before it are still read, then next() throws.
+    void fail(std::string what, errc code = errc::protocol_error);
+    bool closed() const noexcept { return closed_; }
+
+    static constexpr std::uint32_t window = default_stream_window;
+    static constexpr std::uint64_t window_bytes = default_stream_window_bytes;
+
+  private:
+    struct held {
+        msgpack::object_handle item;
+        std::size_t bytes;
+    };
+    void wake();
+    void grant(std::uint64_t items, std::uint64_t bytes);
+
+    dispatcher& d_;
+    std::uint32_t msgid_;
+    inbox** back_;
+    std::deque<held> items_;
+    msgpack::object_handle current_;  // what next() returned last
+    std::uint64_t received_ = 0, received_bytes_ = 0;
+    std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
+    std::uint64_t taken_ = 0;
+    std::uint64_t unreported_items_ = 0, unreported_bytes_ = 0;
+    bool closed_ = false;     // ordo.in_end came
+    bool cancelled_ = false;
+    std::string failure_;     // set: an error, thrown once the items before it are read
+    errc failure_code_ = errc::protocol_error;
+    net::steady_timer wake_;
+    bool waiting_ = false;
 };
 
 }  // namespace ordo::detail

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -124,6 +125,30 @@ net::awaitable<void> run_stream_handler_on(F f, net::any_io_executor ex, std::st
     });
 }
 
+/// A handler that reads its caller's items: a client stream (its result packed into `result`)
+/// or a two-way stream (`out`: its writer's).
+template <class F>
+net::awaitable<void> run_reading_handler(F f, std::string method, std::string signature, peer& p,
+                                         msgpack::object params, stream_in& in, stream_out* out,
+                                         buffer& result) {
+    using shape = handler_shape<typename fn_traits<F>::args>;
+    auto values = convert_args<F>(params, method, signature);
+    reader<typename shape::in_item> r(in);
+    if constexpr (shape::streams) {
+        writer<typename shape::item> w(*out);
+        co_await invoke_reading_handler(f, p, r, &w, values);
+    } else {
+        using T = typename is_awaitable<typename fn_traits<F>::result>::value_type;
+        if constexpr (std::is_void_v<T>) {
+            co_await invoke_reading_handler(f, p, r, static_cast<void*>(nullptr), values);
+            pack_nil(result);
+        } else {
+            T v = co_await invoke_reading_handler(f, p, r, static_cast<void*>(nullptr), values);
+            pack_result(result, v);
+        }
+    }
+}
+
 template <class F>
 handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     using traits = fn_traits<F>;
@@ -134,7 +159,25 @@ handler_entry make_handler_entry(std::string method, F f, handler_options o) {
     e.concurrent = o.concurrent;
     e.allow = o.allow;
     e.concurrency = o.concurrency;
-    if constexpr (shape::streams) {
+    if constexpr (shape::reads) {
+        static_assert(is_awaitable<typename traits::result>::value && !shape::takes_stop,
+                      "a handler taking ordo::reader<T>& is a coroutine returning "
+                      "net::awaitable<R>, without a std::stop_token");
+        static_assert(!shape::streams ||
+                          std::is_same_v<typename traits::result, net::awaitable<void>>,
+                      "a two-way streaming handler returns net::awaitable<void>");
+        // Its reader and writer live on the connection's loop.
+        if (o.run_on)
+            throw std::invalid_argument("ordo: \"" + method +
+                                        "\" reads a stream: it runs on the connection's loop "
+                                        "(handler_options::run_on is not for it)");
+        e.signature += shape::streams ? " [two-way stream]" : " [client stream]";
+        e.writes_items = shape::streams;
+        e.reads = [f, method, sig = e.signature](peer& p, msgpack::object params, stream_in& in,
+                                                 stream_out* out, buffer& result) {
+            return run_reading_handler(f, method, sig, p, params, in, out, result);
+        };
+    } else if constexpr (shape::streams) {
         static_assert(std::is_same_v<typename traits::result, net::awaitable<void>>,
                       "a streaming handler (one taking ordo::writer<T>&) is a coroutine "
                       "returning net::awaitable<void>");
@@ -216,9 +259,37 @@ class handlers {
         static_assert(std::is_same_v<typename shape::values, std::tuple<std::decay_t<A>...>>,
                       "handler arguments do not match the interface method's");
         using ret = typename traits::result;
-        if constexpr (detail::is_stream<R>::value)
+        if constexpr (detail::is_upload<R>::value) {
+            static_assert(shape::reads && !shape::streams,
+                          "a method returning ordo::upload<In, R> takes a handler whose first "
+                          "argument (after an optional peer&) is ordo::reader<In>&");
+            if constexpr (shape::reads && !shape::streams) {
+                static_assert(
+                    std::is_same_v<typename shape::in_item, typename detail::is_upload<R>::in>,
+                    "the handler's reader takes another item type than the method's upload");
+                using got = typename detail::is_awaitable<ret>::value_type;
+                using want = typename detail::is_upload<R>::result;
+                static_assert(std::is_convertible_v<got, want> || std::is_void_v<want>,
+                              "handler result does not match the interface method's");
+            }
+        } else if constexpr (detail::is_two_way<R>::value) {
+            static_assert(shape::reads && shape::streams,
+                          "a method returning ordo::two_way<In, Out> takes a handler whose first "
+                          "arguments (after an optional peer&) are ordo::reader<In>& and "
+                          "ordo::writer<Out>&");
+            if constexpr (shape::reads && shape::streams)
+                static_assert(
+                    std::is_same_v<typename shape::in_item,
+                                   typename detail::is_two_way<R>::in> &&
+                        std::is_same_v<typename shape::item, typename detail::is_two_way<R>::item>,
+                    "the handler's reader or writer takes other item types than the method's");
+        } else if constexpr (shape::reads) {
+            static_assert(detail::is_upload<R>::value || detail::is_two_way<R>::value,
+                          "a handler taking ordo::reader<T>& serves a method returning "
+                          "ordo::upload<T, R> or ordo::two_way<T, U>");
+        } else if constexpr (detail::is_stream<R>::value)
             static_assert(
-                shape::streams &&
+                shape::streams && !shape::reads &&
                     std::is_same_v<typename detail::is_stream<R>::item, typename shape::item>,
                 "a method returning ordo::stream<T> takes a handler whose first "
                 "argument (after an optional peer&) is ordo::writer<T>&");

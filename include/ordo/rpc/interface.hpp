@@ -114,6 +114,47 @@ class method<stream<T>(Args...)> : public detail::method_base {
     }
 };
 
+/// A client-streaming method: `auto up = co_await c.put(); co_await up.write(x); auto r = co_await
+/// up.finish();`. The call is sent when the upload is returned; items go as credit comes.
+template <class In, class R, class... Args>
+class method<upload<In, R>(Args...)> : public detail::method_base {
+  public:
+    using result_type = upload<In, R>;
+
+    explicit method(std::string name) : method_base(std::move(name)) {}
+
+    /// Starts the call; call_options::timeout bounds the whole call.
+    net::awaitable<upload<In, R>> operator()(const Args&... args) const {
+        return detail::open_upload<In, R>(bound(), name_, detail::pack_params(args...),
+                                          call_options{});
+    }
+    net::awaitable<upload<In, R>> operator()(const Args&... args, call_options o) const {
+        return detail::open_upload<In, R>(bound(), name_, detail::pack_params(args...),
+                                          std::move(o));
+    }
+};
+
+/// A two-way streaming method: `auto s = co_await c.chat(); co_await s.write(x); s.close();
+/// while (auto v = co_await s.next()) ...`. Each direction has its own credit and order.
+template <class In, class Out, class... Args>
+class method<two_way<In, Out>(Args...)> : public detail::method_base {
+  public:
+    using result_type = two_way<In, Out>;
+
+    explicit method(std::string name) : method_base(std::move(name)) {}
+
+    /// Starts the call; call_options::timeout bounds the whole call, window the credit this
+    /// side grants for the handler's items.
+    net::awaitable<two_way<In, Out>> operator()(const Args&... args) const {
+        return detail::open_two_way<In, Out>(bound(), name_, detail::pack_params(args...),
+                                             call_options{});
+    }
+    net::awaitable<two_way<In, Out>> operator()(const Args&... args, call_options o) const {
+        return detail::open_two_way<In, Out>(bound(), name_, detail::pack_params(args...),
+                                             std::move(o));
+    }
+};
+
 /// An instance of interface I whose methods call through `ch`. Cheap to copy (each method holds
 /// a shared handle to the channel).
 template <class I>

@@ -26,6 +26,7 @@ namespace detail {
 
 class method_counters;
 class stream_out;
+class stream_in;
 class admission;
 
 /// One registered handler. `sync` runs to completion; `async` is a coroutine. Either packs the
@@ -46,6 +47,14 @@ struct handler_entry {
     /// A streaming handler: writes its items to `out` (ordo::writer); the final response is
     /// the dispatcher's.
     std::function<net::awaitable<void>(peer&, msgpack::object params, stream_out& out)> stream;
+    /// A handler that reads items its caller writes (ordo::reader): a client stream (`out`
+    /// null: it packs its result into `result`) or a two-way stream (its items go to `out`; the
+    /// final response is the dispatcher's).
+    std::function<net::awaitable<void>(peer&, msgpack::object params, stream_in& in,
+                                       stream_out* out, buffer& result)>
+        reads;
+    /// With `reads`: the handler writes items too (a two-way stream).
+    bool writes_items = false;
     /// Who may call it (handler_options::allow); null: everyone.
     std::function<bool(const identity&)> allow;
     /// Its counters (ordo.stats), set by handlers when registered; kept across re-registration.

@@ -22,6 +22,8 @@ namespace ordo {
 class peer;
 template <class T>
 class writer;
+template <class T>
+class reader;
 
 namespace detail {
 
@@ -79,32 +81,43 @@ struct after_stop<std::stop_token, A...> {
 template <class... A>
 struct after_stop<const std::stop_token&, A...> : after_stop<std::stop_token, A...> {};
 
-// Handler arguments after an optional leading peer&, then (streaming handlers) a writer<T>&,
-// then an optional std::stop_token.
+// Handler arguments after an optional leading peer&, then (handlers that read their caller's
+// items) a reader<I>&, then (streaming handlers) a writer<T>&, then an optional
+// std::stop_token.
+template <class... A>
+struct after_reader : after_stop<A...> {
+    static constexpr bool reads = false;
+    static constexpr bool streams = false;
+};
+template <class T, class... A>
+struct after_reader<writer<T>&, A...> : after_stop<A...> {
+    static constexpr bool reads = false;
+    static constexpr bool streams = true;  // an ordo::writer<T>& takes its items
+    using item = T;
+};
+template <class I, class... A>
+struct after_reader<reader<I>&, A...> : after_stop<A...> {
+    static constexpr bool reads = true;  // a client stream: its caller writes items
+    static constexpr bool streams = false;
+    using in_item = I;
+};
+template <class I, class T, class... A>
+struct after_reader<reader<I>&, writer<T>&, A...> : after_stop<A...> {
+    static constexpr bool reads = true;  // a two-way stream
+    static constexpr bool streams = true;
+    using in_item = I;
+    using item = T;
+};
+
 template <class Tuple>
 struct handler_shape;
 template <class... A>
-struct handler_shape<std::tuple<A...>> : after_stop<A...> {
+struct handler_shape<std::tuple<A...>> : after_reader<A...> {
     static constexpr bool takes_peer = false;
-    static constexpr bool streams = false;
 };
 template <class... A>
-struct handler_shape<std::tuple<peer&, A...>> : after_stop<A...> {
+struct handler_shape<std::tuple<peer&, A...>> : after_reader<A...> {
     static constexpr bool takes_peer = true;
-    static constexpr bool streams = false;
-};
-// Streaming handlers: an ordo::writer<T>& (after the optional peer&) takes their items.
-template <class T, class... A>
-struct handler_shape<std::tuple<writer<T>&, A...>> : after_stop<A...> {
-    static constexpr bool takes_peer = false;
-    static constexpr bool streams = true;
-    using item = T;
-};
-template <class T, class... A>
-struct handler_shape<std::tuple<peer&, writer<T>&, A...>> : after_stop<A...> {
-    static constexpr bool takes_peer = true;
-    static constexpr bool streams = true;
-    using item = T;
 };
 
 template <class Values>
@@ -137,9 +150,11 @@ typename handler_shape<typename fn_traits<F>::args>::values convert_args(
                                     std::make_index_sequence<std::tuple_size_v<values_t>>());
 }
 
-// f's leading arguments (peer&, the writer, the stop token: those it takes), then `values`.
+// f's leading arguments (peer&, the reader, the writer, the stop token: those it takes), then
+// `values`.
 template <class F>
-decltype(auto) invoke_with(F& f, peer& p, auto* w, const std::stop_token& st, auto& values) {
+decltype(auto) invoke_with(F& f, peer& p, auto* r, auto* w, const std::stop_token& st,
+                           auto& values) {
     using shape = handler_shape<typename fn_traits<F>::args>;
     return std::apply(
         [&](auto&... v) -> decltype(auto) {
@@ -149,7 +164,15 @@ decltype(auto) invoke_with(F& f, peer& p, auto* w, const std::stop_token& st, au
                 else
                     return f(std::forward<decltype(l)>(l)..., std::move(v)...);
             };
-            if constexpr (shape::takes_peer && shape::streams)
+            if constexpr (shape::takes_peer && shape::reads && shape::streams)
+                return lead(p, *r, *w);
+            else if constexpr (shape::takes_peer && shape::reads)
+                return lead(p, *r);
+            else if constexpr (shape::reads && shape::streams)
+                return lead(*r, *w);
+            else if constexpr (shape::reads)
+                return lead(*r);
+            else if constexpr (shape::takes_peer && shape::streams)
                 return lead(p, *w);
             else if constexpr (shape::takes_peer)
                 return lead(p);
@@ -164,12 +187,17 @@ decltype(auto) invoke_with(F& f, peer& p, auto* w, const std::stop_token& st, au
 template <class F, class W>
 decltype(auto) invoke_stream_handler(F& f, peer& p, W& w, auto& values,
                                      const std::stop_token& st = {}) {
-    return invoke_with(f, p, &w, st, values);
+    return invoke_with(f, p, static_cast<void*>(nullptr), &w, st, values);
+}
+
+template <class F, class R, class W>
+decltype(auto) invoke_reading_handler(F& f, peer& p, R& r, W* w, auto& values) {
+    return invoke_with(f, p, &r, w, std::stop_token{}, values);
 }
 
 template <class F>
 decltype(auto) invoke_handler(F& f, peer& p, auto& values, const std::stop_token& st = {}) {
-    return invoke_with(f, p, static_cast<void*>(nullptr), st, values);
+    return invoke_with(f, p, static_cast<void*>(nullptr), static_cast<void*>(nullptr), st, values);
 }
 
 }  // namespace detail

@@ -1,6 +1,6 @@
 // The machinery of stream calls (ordo/rpc/stream_call.hpp): the caller's queue of items and
-// credit (stream_core, stream_state<T>), and the server's side a writer<T> writes to
-// (stream_out).
+// credit (stream_core, stream_state<T>, upload_state<R>), the server's side a writer<T> writes to
+// (stream_out), and the server's side a reader<T> reads from (stream_in).
 #pragma once
 
 #include "ordo/config.hpp"
@@ -17,6 +17,7 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include <asio/associated_cancellation_slot.hpp>
@@ -100,6 +101,25 @@ class stream_out {
     virtual std::uint64_t written() const noexcept = 0;
 };
 
+/// The items a caller writes to a handler (two-way and client streams), as the handler's reader
+/// sees them (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
+class stream_in {
+  public:
+    virtual ~stream_in() = default;
+    /// The next item, valid until the next call of next(); null once the caller has closed its
+    /// side and every item has been taken. Throws std::system_error: errc::cancelled once the
+    /// call is cancelled (or its connection ends), errc::protocol_error when the caller broke
+    /// the credit or miscounted its items.
+    virtual net::awaitable<const msgpack::object*> next() = 0;
+    /// Items taken so far.
+    virtual std::uint64_t taken() const noexcept = 0;
+};
+
+/// Throws std::system_error(errc::bad_arguments): item `index` (1-based) of the items written to
+/// `method` does not convert to `expected`.
+[[noreturn]] void throw_bad_item(std::uint64_t index, const std::type_info& expected,
+                                 const std::exception& e);
+
 /// A streaming handler's output as a body on handler_options::run_on sees it: each item is
 /// packed on the body's thread and handed to the connection's loop, where it waits for credit
 /// and goes out in order; the body's write() suspends until then. rpc/connection/offload.cpp.
@@ -154,12 +174,40 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint64_t received() const;
     const std::string& method() const noexcept { return method_; }
     const std::string& remote() const noexcept { return remote_; }
+    // ---- the writing half (two-way and client streams: the caller writes items too) ----
+    /// Whether the caller writes items (docs/protocol.md, "Streams both ways").
+    bool writes() const noexcept { return writes_; }
+    /// Makes this stream one whose caller writes items (before the call starts).
+    void set_writes() noexcept { writes_ = true; }
+    /// The connection that sent the call: how to send an item (its packed bytes: ordo.in) and,
+    /// with `last` true, the end of the caller's items (the count packed: ordo.in_end). Called from the writer's
+    /// thread, never with the stream's mutex held.
+    void attach_writer(std::function<void(buffer item, bool last)> send);
+    /// ordo.in_credit from the server (the channel's executor): it takes `items` more items and
+    /// `bytes` more bytes of them.
+    void grant_in(std::uint64_t items, std::uint64_t bytes);
+    /// Items written so far (sent or handed to the connection).
+    std::uint64_t written() const;
+    /// The writer's side (any executor, one writer at a time): waits for credit and sends one item; false when the call has already ended (its answer
+    /// or its failure came: the reader's next() or finish() says which). Throws
+    /// std::logic_error after close_writes(), and std::system_error(operation_aborted) when the
+    /// awaiting coroutine is cancelled.
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, buffer item);
+    /// No more items from the caller (ordo.in_end, counting them); once only.
+    void close_writes();
+
     /// For readers without an event loop (ordo::sync_client): blocks the calling thread until
     /// the reader has something to take (an item, or the end) and returns true, or until
     /// `deadline` (none: no limit) has passed with nothing to take and returns false.
     bool wait_ready(std::optional<std::chrono::steady_clock::time_point> deadline);
 
   protected:
+    /// With mu_ held, on success: whether the final response `result` is right for this stream
+    /// (empty) or what is wrong with it. A stream's counts the items it sent.
+    virtual std::string check_result(const msgpack::object& result);
+    /// With mu_ held: the stream fails with errc::protocol_error and `what`, and is cancelled.
+    void fail_and_cancel(std::string what);
+
     struct credit {
         std::uint32_t items = 0;
         std::uint64_t bytes = 0;
@@ -223,6 +271,36 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// Wakes a parked reader, if any (its cancellation: emitted on the reader's thread).
     void wake_reader();
 
+    /// With mu_ held: whether a write may go now (credit), or need not wait (the call ended).
+    bool writable_locked() const noexcept {
+        return ended_ || (in_items_ < in_granted_items_ && in_bytes_ < in_granted_bytes_);
+    }
+    /// Completes when write credit has come or the call has ended, or when the awaiting
+    /// coroutine is cancelled.
+    auto wait_writable() {
+        return net::async_initiate<const net::use_awaitable_t<>&, void()>(
+            [this](auto handler) {
+                std::unique_lock lk(mu_);
+                if (writable_locked()) {
+                    lk.unlock();
+                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    return;
+                }
+                auto slot = net::get_associated_cancellation_slot(handler);
+                write_waiter_ = park(std::move(handler));
+                if (slot.is_connected())
+                    slot.assign([this](net::cancellation_type) {
+                        std::unique_ptr<parked> w;
+                        {
+                            std::lock_guard lk2(mu_);
+                            w = std::move(write_waiter_);
+                        }
+                        if (w) w->wake();
+                    });
+            },
+            net::use_awaitable);
+    }
+
   private:
     std::string method_;
     std::string remote_;
@@ -236,6 +314,15 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::function<void(std::uint32_t, std::uint64_t)> grant_;
     net::cancellation_signal signal_;
     bool cancel_sent_ = false;
+    // The writing half: what the server granted (ordo.in_credit) and what was written.
+    bool writes_ = false;
+    bool writes_closed_ = false;
+    std::uint64_t in_granted_items_ = 0;
+    std::uint64_t in_granted_bytes_ = 0;
+    std::uint64_t in_items_ = 0;
+    std::uint64_t in_bytes_ = 0;
+    std::function<void(buffer, bool)> send_;
+    std::unique_ptr<parked> write_waiter_;
 };
 
 template <class T>
@@ -320,6 +407,64 @@ class stream_state final : public stream_core {
     }
 
     std::deque<queued> items_;
+};
+
+/// The caller's side of a client stream (ordo::upload): it writes items, and the final response
+/// is the handler's result.
+template <class R>
+class upload_state final : public stream_core {
+  public:
+    upload_state(std::string method, std::string remote, net::any_io_executor channel_ex)
+        : stream_core(std::move(method), std::move(remote), std::move(channel_ex), 1, 0) {
+        set_writes();
+    }
+
+    void on_item(const msgpack::object&, std::size_t) override {
+        std::lock_guard lk(mu_);
+        if (!ended_) fail_and_cancel("the server sent an item on a client stream");
+    }
+
+    /// Closes the caller's side (if not yet) and waits for the answer: the handler's result.
+    /// Throws ordo::rpc_error when the call failed, errc::bad_result when the result does not
+    /// convert.
+    static net::awaitable<R> finish(std::shared_ptr<upload_state> s) {
+        s->close_writes();
+        for (;;) {
+            {
+                std::lock_guard lk(s->mu_);
+                if (s->ended_) {
+                    s->throw_if_failed();
+                    if constexpr (std::is_void_v<R>)
+                        co_return;
+                    else
+                        co_return s->convert();
+                }
+            }
+            co_await s->wait_more();
+            auto cs = co_await net::this_coro::cancellation_state;
+            if (cs.cancelled() != net::cancellation_type::none)
+                throw std::system_error(make_error_code(net::error::operation_aborted),
+                                        "ordo: waiting for the answer of " + s->method());
+        }
+    }
+
+  private:
+    bool ready_locked() const noexcept override { return ended_; }
+    std::string check_result(const msgpack::object& result) override {
+        result_ = msgpack::clone(result);
+        return {};
+    }
+    auto convert() {
+        if constexpr (!std::is_void_v<R>) {
+            try {
+                return result_.get().template as<R>();
+            } catch (const std::exception&) {
+                throw_bad_result(typeid(R), result_.get());
+            }
+        }
+    }
+
+    msgpack::object_handle result_;
 };
 
 /// The pending call of a stream: its completion ends the stream.

@@ -1,0 +1,419 @@
+// Streams both ways (ordo/rpc/stream_call.hpp, docs/protocol.md "Streams both ways"): client
+// streams and two-way streams. Order in each direction, backpressure from a handler that does not
+// read, cancellation and errors both ways, an early answer, a caller that goes away, and callers
+// that call such a method the wrong way.
+#include "ordo/ordo.hpp"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <msgpack.hpp>
+
+#include "support/run_test.hpp"
+
+namespace ordo {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_test;
+using test::wait_until;
+
+struct store : interface {
+    method<upload<int, std::vector<int>>()> collect{"collect"};
+    method<upload<std::string, std::uint64_t>(int)> put{"put"};
+    method<two_way<int, int>(int)> scale{"scale"};
+};
+
+// What a reading handler saw, for the assertions.
+struct reader_log {
+    std::uint64_t read = 0;
+    bool open = true;       // let the handler read (false: it waits without reading)
+    std::error_code ended;  // how its reading ended with an error
+    std::string what;
+    bool returned = false;
+};
+
+net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(use_tuple);
+}
+
+// collect(): every item, in order. put(limit): the bytes of the items, answering early after
+// `limit` items (0: none), and failing on "boom". scale(k): each item times k, written back.
+void serve_store(server& srv, reader_log& log) {
+    srv.on(store{}.collect, [](reader<int>& in) -> net::awaitable<std::vector<int>> {
+        std::vector<int> got;
+        while (auto v = co_await in.next()) got.push_back(*v);
+        co_return got;
+    });
+    srv.on(store{}.put, [&log](reader<std::string>& in, int limit) -> net::awaitable<std::uint64_t> {
+        std::uint64_t bytes = 0;
+        try {
+            for (;;) {
+                while (!log.open) co_await sleep_for(2ms);
+                auto v = co_await in.next();
+                if (!v) break;
+                ++log.read;
+                if (*v == "boom") throw std::runtime_error("the disk is full");
+                bytes += v->size();
+                if (limit > 0 && log.read == static_cast<std::uint64_t>(limit)) break;
+            }
+        } catch (const std::system_error& e) {
+            log.ended = e.code();
+            log.what = e.what();
+            throw;
+        }
+        log.returned = true;
+        co_return bytes;
+    });
+    srv.on(store{}.scale, [&log](reader<int>& in, writer<int>& out, int k) -> net::awaitable<void> {
+        try {
+            while (auto v = co_await in.next()) {
+                ++log.read;
+                co_await out.write(*v * k);
+            }
+        } catch (const std::system_error& e) {
+            log.ended = e.code();
+            log.what = e.what();
+            throw;
+        }
+        log.returned = true;
+    });
+}
+
+TEST(ClientStream, ItemsArriveInOrderAndTheAnswerComesBack) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto c = stub<store>(ch);
+        // More than the window (8192 items), so that credit must come back on the way.
+        constexpr int n = 20000;
+        auto up = co_await c.collect();
+        for (int i = 0; i < n; ++i) EXPECT_TRUE(co_await up.write(i));
+        EXPECT_EQ(up.written(), std::uint64_t{n});
+        const std::vector<int> got = co_await up.finish();
+        ORDO_CO_ASSERT_EQ(got.size(), std::size_t{n});
+        for (int i = 0; i < n; ++i)
+            if (got[i] != i) {
+                ADD_FAILURE() << "item " << i << " came as " << got[i];
+                break;
+            }
+        // Nothing is left behind on either side.
+        auto p = std::dynamic_pointer_cast<peer>(ch.impl());
+        EXPECT_EQ(p->counters().pending_calls, 0u);
+        co_await srv.async_stop();
+    });
+}
+
+TEST(ClientStream, AnEmptyUploadIsAnswered) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto up = co_await stub<store>(ch).collect();
+        EXPECT_TRUE((co_await up.finish()).empty());
+        co_await srv.async_stop();
+    });
+}
+
+// A handler that does not read holds its caller at the window: 1 MiB of 64 KiB items is 16
+// items, and one more may go (it needs only some bytes left). Reading again lets the rest go.
+TEST(ClientStream, AHandlerThatDoesNotReadHoldsTheWriterAtTheWindow) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        log.open = false;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto up = co_await stub<store>(ch).put(0);
+        const std::string item(64 * 1024, 'x');
+        int wrote = 0;
+        bool blocked = false;
+        auto writes = [&]() -> net::awaitable<void> {
+            for (int i = 0; i < 64; ++i) {
+                co_await up.write(item);
+                ++wrote;
+            }
+        };
+        {
+            using namespace net::experimental::awaitable_operators;
+            // The writes stop at the window; 2 s later they are still stopped.
+            auto r = co_await (writes() || sleep_for(2s));
+            blocked = r.index() == 1;
+        }
+        EXPECT_TRUE(blocked);
+        // (Its item's bytes only, not the message's few bytes of head: 16 items fill 1 MiB.)
+        EXPECT_GE(wrote, 16);
+        EXPECT_LE(wrote, 17);
+        EXPECT_EQ(log.read, 0u);
+        // (The write that was cut off above took no credit: it waited for it.)
+        log.open = true;
+        for (int i = 0; i < 48; ++i) EXPECT_TRUE(co_await up.write(item));
+        EXPECT_EQ(co_await up.finish(), std::uint64_t(wrote + 48) * item.size());
+        EXPECT_EQ(log.read, std::uint64_t(wrote + 48));
+        co_await srv.async_stop();
+    });
+}
+
+TEST(ClientStream, AHandlerErrorEndsTheCallersWrites) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto up = co_await stub<store>(ch).put(0);
+        EXPECT_TRUE(co_await up.write("a"));
+        EXPECT_TRUE(co_await up.write("boom"));
+        // The writes go on until the answer has come back: then write() says the call ended.
+        bool ended = false;
+        for (int i = 0; i < 200000 && !ended; ++i) {
+            ended = !co_await up.write("b");
+            if (i % 64 == 0) co_await sleep_for(1ms);
+        }
+        EXPECT_TRUE(ended);
+        try {
+            co_await up.finish();
+            ADD_FAILURE() << "finish() did not throw";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::remote_error);
+            EXPECT_NE(std::string(e.what()).find("the disk is full"), std::string::npos)
+                << e.what();
+            EXPECT_NE(std::string(e.what()).find("put"), std::string::npos) << e.what();
+        }
+        co_await srv.async_stop();
+    });
+}
+
+TEST(ClientStream, AnEarlyAnswerEndsTheCallersWrites) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto up = co_await stub<store>(ch).put(2);
+        bool ended = false;
+        for (int i = 0; i < 200000 && !ended; ++i) {
+            ended = !co_await up.write("abc");
+            if (i % 64 == 0) co_await sleep_for(1ms);
+        }
+        EXPECT_TRUE(ended);
+        EXPECT_EQ(co_await up.finish(), 6u);
+        EXPECT_TRUE(log.returned);
+        // The items that came after the answer were dropped, and the connection goes on.
+        auto again = co_await stub<store>(ch).put(1);
+        EXPECT_TRUE(co_await again.write("xy"));
+        EXPECT_EQ(co_await again.finish(), 2u);
+        co_await srv.async_stop();
+    });
+}
+
+TEST(ClientStream, CancellingTheCallEndsTheHandlersRead) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        {
+            auto up = co_await stub<store>(ch).put(0);
+            EXPECT_TRUE(co_await up.write("a"));
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.read == 1; }));
+            // Dropped before finish(): cancelled (ordo.cancel).
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return bool(log.ended); }));
+        EXPECT_EQ(log.ended, errc::cancelled);
+        EXPECT_FALSE(log.returned);
+        co_await srv.async_stop();
+    });
+}
+
+TEST(ClientStream, ACallerThatGoesAwayEndsTheHandlersRead) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto up = co_await stub<store>(ch).put(0);
+        EXPECT_TRUE(co_await up.write("a"));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.read == 1; }));
+        // Closed (end of stream, not a reset): no more items can come, and the handler's read
+        // says so at once, not after liveness_timeout (10 s).
+        const auto closed = std::chrono::steady_clock::now();
+        std::dynamic_pointer_cast<peer>(ch.impl())->close();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return bool(log.ended); }));
+        EXPECT_LT(std::chrono::steady_clock::now() - closed, 5s);
+        EXPECT_TRUE(log.ended == errc::peer_lost || log.ended == errc::cancelled) << log.ended;
+        // The caller is told too.
+        try {
+            co_await up.finish();
+            ADD_FAILURE() << "finish() did not throw";
+        } catch (const rpc_error& e) {
+            EXPECT_NE(e.code(), std::error_code{});
+        }
+        co_await srv.async_stop();
+    });
+}
+
+TEST(TwoWay, EachDirectionKeepsItsOrder) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto s = co_await stub<store>(ch).scale(3);
+        // Writer and reader at once, far more items than either window.
+        constexpr int n = 30000;
+        std::vector<int> got;
+        auto write_all = [&]() -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i)
+                if (!co_await s.write(i)) co_return;
+            s.close();
+        };
+        auto read_all = [&]() -> net::awaitable<void> {
+            while (auto v = co_await s.next()) got.push_back(*v);
+        };
+        {
+            using namespace net::experimental::awaitable_operators;
+            co_await (write_all() && read_all());
+        }
+        ORDO_CO_ASSERT_EQ(got.size(), std::size_t{n});
+        for (int i = 0; i < n; ++i)
+            if (got[i] != 3 * i) {
+                ADD_FAILURE() << "item " << i << " came as " << got[i];
+                break;
+            }
+        EXPECT_TRUE(log.returned);
+        EXPECT_EQ(s.written(), std::uint64_t{n});
+        EXPECT_EQ(s.received(), std::uint64_t{n});
+        co_await srv.async_stop();
+    });
+}
+
+// The caller writes but does not read: the handler stops at the caller's window of items, and
+// then stops reading, so that the caller's writes stop at the handler's window. Neither side
+// holds more than its window.
+TEST(TwoWay, AReaderThatStopsHoldsBothSides) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        call_options o;
+        o.window = 16;
+        auto s = co_await stub<store>(ch).scale(1, o);
+        int wrote = 0;
+        auto writes = [&]() -> net::awaitable<void> {
+            for (int i = 0; i < 100000; ++i) {
+                if (!co_await s.write(i)) co_return;
+                ++wrote;
+            }
+        };
+        bool blocked = false;
+        {
+            using namespace net::experimental::awaitable_operators;
+            auto r = co_await (writes() || sleep_for(2s));
+            blocked = r.index() == 1;
+        }
+        EXPECT_TRUE(blocked);
+        // The handler wrote 16 and waits in the 17th write, having read 17 of the 8192 its
+        // window let the caller write (credit comes back after half of them).
+        EXPECT_EQ(log.read, 17u);
+        EXPECT_EQ(wrote, 8192);
+        EXPECT_EQ(s.received(), 16u);
+        s.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return bool(log.ended); }));
+        EXPECT_EQ(log.ended, errc::cancelled);
+        co_await srv.async_stop();
+    });
+}
+
+TEST(TwoWay, AHandlerErrorEndsTheCallersSideAfterItsItems) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        srv.on(store{}.scale, [](reader<int>& in, writer<int>& out, int) -> net::awaitable<void> {
+            auto v = co_await in.next();
+            co_await out.write(*v);
+            throw std::runtime_error("no more scaling today");
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto s = co_await stub<store>(ch).scale(2);
+        EXPECT_TRUE(co_await s.write(7));
+        EXPECT_EQ(co_await s.next(), std::optional<int>(7));
+        try {
+            co_await s.next();
+            ADD_FAILURE() << "next() did not throw";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::remote_error);
+            EXPECT_NE(std::string(e.what()).find("no more scaling today"), std::string::npos)
+                << e.what();
+        }
+        EXPECT_FALSE(co_await s.write(8));
+        co_await srv.async_stop();
+    });
+}
+
+TEST(TwoWay, AnItemThatDoesNotConvertFailsTheCall) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        // The caller's idea of the method: strings in, where the handler reads ints.
+        struct wrong : interface {
+            method<two_way<std::string, int>(int)> scale{"scale"};
+        };
+        auto s = co_await stub<wrong>(ch).scale(2);
+        EXPECT_TRUE(co_await s.write("seven"));
+        try {
+            co_await s.next();
+            ADD_FAILURE() << "next() did not throw";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("item 1"), std::string::npos) << e.what();
+        }
+        co_await srv.async_stop();
+    });
+}
+
+// A plain call of a method that reads, and a writing caller of one that does not, are answered
+// bad_arguments saying how to call it.
+TEST(TwoWay, CallersOfTheWrongShapeAreToldHow) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        srv.on("inc", [](int x) { return x + 1; });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        try {
+            co_await ch.async_call<std::uint64_t>("put", 0);
+            ADD_FAILURE() << "a plain call of put was answered";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("reads a stream"), std::string::npos)
+                << e.what();
+        }
+        struct wrong : interface {
+            method<upload<int, int>(int)> inc{"inc"};
+        };
+        auto up = co_await stub<wrong>(ch).inc(1);
+        try {
+            co_await up.finish();
+            ADD_FAILURE() << "an upload to inc was answered";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_arguments);
+            EXPECT_NE(std::string(e.what()).find("reads no items"), std::string::npos)
+                << e.what();
+        }
+        EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        co_await srv.async_stop();
+    });
+}
+
+}  // namespace
+}  // namespace ordo
