@@ -2,7 +2,7 @@
 // against (bench/README.md).
 //
 //   ordo-bench [--workload oneway|seq|pipelined|hol|fanin|fanin-raw|cpu|beside-slow|stream|
-//                          stream-batch]
+//                          stream-batch|upload|bidi]
 //              [--transport tcp|unix|inproc|zmq|tls|raw-tcp|raw-zmq]
 //              [--mode ordered|pooled|naive|lanes] [--interval-ms N] [--count N] [--inflight K]
 //              [--big-inflight N]
@@ -52,6 +52,11 @@
 // - stream-batch: --clients streaming calls (4) on one ordered connection to a streaming batch
 //   handler, --count items in all (1,000,000): each step of the batch gives every caller one
 //   item; the client reads the streams at once, checking each one's order.
+// - upload: one client stream (docs/protocol.md, "Streams both ways"): the client writes --count
+//   items (1,000,000) of --size bytes (16), stamped; the handler reads them, checking the order,
+//   and answers their number. The counterpart of stream the other way.
+// - bidi: one two-way stream: the client writes --count items as in upload while it reads the
+//   handler's echo of each, checking the order; --window is the credit for the echoes.
 //
 // Unless --connect is given, the client starts its server: `ordo-bench --serve URL` through
 // fork/exec of this program (on a thread of this process for inproc://, which cannot cross
@@ -127,7 +132,7 @@ void complete(config& c) {
     c.clients = std::max(1, c.clients);
     const std::vector<std::string> workloads{"oneway", "seq",         "pipelined", "hol",
                                              "fanin",  "fanin-raw",   "cpu",       "beside-slow",
-                                             "stream", "stream-batch"};
+                                             "stream", "stream-batch", "upload",    "bidi"};
     const std::vector<std::string> transports{"tcp", "unix",    "inproc", "zmq",
                                               "tls", "raw-tcp", "raw-zmq"};
     if (std::find(workloads.begin(), workloads.end(), c.workload) == workloads.end())
@@ -141,7 +146,9 @@ void complete(config& c) {
     if (c.size == 0) c.size = c.workload == "hol" ? 1 << 20 : 16;
     if (c.size < 8) fail("--size must be at least 8 (the sequence number)");
     if (c.count == 0)
-        c.count = c.workload == "oneway" || c.workload.starts_with("stream") ? 1'000'000
+        c.count = c.workload == "oneway" || c.workload.starts_with("stream") ||
+                          c.workload == "upload" || c.workload == "bidi"
+                      ? 1'000'000
                   : c.workload == "hol"                                      ? 50
                   : c.workload == "cpu"                                      ? 20'000
                   : c.workload == "beside-slow"                              ? 1000
@@ -157,8 +164,10 @@ void complete(config& c) {
         fail("fanin runs client processes: inproc:// cannot reach them");
     if ((c.workload == "cpu" || c.workload == "beside-slow") && (is_raw(c) || c.mode != "ordered"))
         fail("cpu and beside-slow run on ordo's ordered channels: not raw, --mode ordered");
-    if (c.workload.starts_with("stream") && (is_raw(c) || c.mode != "ordered"))
-        fail("stream and stream-batch run on ordo's ordered channels: not raw, --mode ordered");
+    if ((c.workload.starts_with("stream") || c.workload == "upload" || c.workload == "bidi") &&
+        (is_raw(c) || c.mode != "ordered"))
+        fail("stream, stream-batch, upload and bidi run on ordo's ordered channels: not raw, "
+             "--mode ordered");
     if (c.cuts > 0 && (c.transport != "tcp" || c.mode != "ordered" || c.resume_ms <= 0 ||
                        c.workload.starts_with("fanin")))
         fail("--cuts needs --transport tcp, --mode ordered, --resume-ms and one client");
@@ -327,6 +336,24 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
                    stamp(p, i);
                    co_await out.write(p);
                }
+           });
+    // upload: the items' number, once read in order.
+    srv.on("upload_items",
+           [](ordo::reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
+               std::uint64_t i = 0;
+               while (auto v = co_await in.next()) {
+                   if (v->size() < 8 || seq_of(v->data()) != i)
+                       throw std::runtime_error("upload: item " + std::to_string(i) +
+                                                " out of order");
+                   ++i;
+               }
+               co_return i;
+           });
+    // bidi: each item back as it came.
+    srv.on("echo_items",
+           [](ordo::reader<std::string_view>& in,
+              ordo::writer<std::string_view>& out) -> net::awaitable<void> {
+               while (auto v = co_await in.next()) co_await out.write(*v);
            });
     // stream-batch: each caller gets n items; step k gives every open caller item k.
     srv.on_batch_stream(
@@ -1262,7 +1289,8 @@ net::awaitable<result> ordo_oneway(const config& cfg, ordo::channel ch) {
 }
 
 // Reads one stream of `n` items, checking that item i carries sequence number i.
-net::awaitable<void> read_items(ordo::stream<std::string>& s, std::uint64_t n, std::string what) {
+template <class Stream>
+net::awaitable<void> read_items(Stream& s, std::uint64_t n, std::string what) {
     std::uint64_t i = 0;
     while (auto v = co_await s.next()) {
         if (v->size() < 8 || seq_of(v->data()) != i)
@@ -1281,6 +1309,58 @@ net::awaitable<result> ordo_stream(const config& cfg, ordo::channel ch) {
     const auto start = clock_type::now();
     auto s = co_await ch.async_stream<std::string>("items", n, size, o);
     co_await read_items(s, n, "stream");
+    res.seconds = seconds_since(start);
+    res.calls = cfg.count;
+    co_return res;
+}
+
+struct both_ways : ordo::interface {
+    ordo::method<ordo::upload<std::string_view, std::uint64_t>()> upload_items{"upload_items"};
+    ordo::method<ordo::two_way<std::string_view, std::string>()> echo_items{"echo_items"};
+};
+
+net::awaitable<result> ordo_upload(const config& cfg, ordo::channel ch) {
+    const auto n = static_cast<std::uint64_t>(cfg.count);
+    std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+    result res;
+    const auto start = clock_type::now();
+    auto up = co_await ordo::stub<both_ways>(ch).upload_items();
+    for (std::uint64_t i = 0; i < n; ++i) {
+        stamp(p, i);
+        if (!co_await up.write(p)) fail("upload: the call ended after " + std::to_string(i));
+    }
+    const std::uint64_t got = co_await up.finish();
+    if (got != n) fail("upload: the server read " + std::to_string(got) + " items");
+    res.seconds = seconds_since(start);
+    res.calls = cfg.count;
+    co_return res;
+}
+
+net::awaitable<result> ordo_bidi(const config& cfg, ordo::channel ch) {
+    ordo::call_options o;
+    o.window = static_cast<std::uint32_t>(cfg.window);
+    const auto n = static_cast<std::uint64_t>(cfg.count);
+    const auto ex = co_await net::this_coro::executor;
+    result res;
+    const auto start = clock_type::now();
+    auto s = co_await ordo::stub<both_ways>(ch).echo_items(o);
+    bool written = false;
+    net::co_spawn(
+        ex,
+        [&]() -> net::awaitable<void> {
+            std::string p = payload(static_cast<std::size_t>(cfg.size), 0);
+            for (std::uint64_t i = 0; i < n; ++i) {
+                stamp(p, i);
+                if (!co_await s.write(p)) fail("bidi: the call ended after " + std::to_string(i));
+            }
+            s.close();
+            written = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    co_await read_items(s, n, "bidi");
+    if (!written) fail("bidi: the echoes ended before the writes");
     res.seconds = seconds_since(start);
     res.calls = cfg.count;
     co_return res;
@@ -1363,6 +1443,10 @@ net::awaitable<result> ordo_run(const config& cfg, std::string url, long count, 
         r = co_await ordo_stream(cfg, ch);
     else if (cfg.workload == "stream-batch")
         r = co_await ordo_stream_batch(cfg, ch);
+    else if (cfg.workload == "upload")
+        r = co_await ordo_upload(cfg, ch);
+    else if (cfg.workload == "bidi")
+        r = co_await ordo_bidi(cfg, ch);
     else if (cfg.workload == "seq")
         r = co_await ordo_seq(ch, static_cast<std::size_t>(cfg.size), count, "seq");
     else if (cfg.workload == "hol")

@@ -213,7 +213,13 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
                     std::to_string(received_bytes_) + " bytes received)");
     ++received_;
     received_bytes_ += bytes;
-    items_.push_back({msgpack::clone(item), bytes});
+    if (zones_.empty() || zones_.back().items >= zone_items || zones_.back().bytes >= zone_bytes)
+        zones_.push_back({std::make_unique<msgpack::zone>(), 0, 0, 0});
+    zone_of_items& z = zones_.back();
+    ++z.items;
+    ++z.left;
+    z.bytes += bytes;
+    items_.push_back({msgpack::object(item, *z.zone), bytes});
     wake();
 }
 
@@ -231,33 +237,44 @@ void dispatcher::inbox::cancel() {
     wake();
 }
 
-net::awaitable<const msgpack::object*> dispatcher::inbox::next() {
-    for (;;) {
-        if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
-        if (!items_.empty()) {
-            current_ = std::move(items_.front().item);
-            unreported_bytes_ += items_.front().bytes;
-            items_.pop_front();
-            ++taken_;
-            // Credit goes back in steps of half the window, in items or bytes.
-            if (++unreported_items_ >= window / 2 || unreported_bytes_ >= window_bytes / 2) {
-                grant(unreported_items_, unreported_bytes_);
-                unreported_items_ = unreported_bytes_ = 0;
-            }
-            co_return &current_.get();
+bool dispatcher::inbox::try_next(const msgpack::object*& item) {
+    if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
+    if (!items_.empty()) {
+        current_ = items_.front().item;
+        unreported_bytes_ += items_.front().bytes;
+        items_.pop_front();
+        // Its zone, once all of its items are taken, lives until the next call.
+        if (--zones_.front().left == 0 &&
+            (zones_.size() > 1 || zones_.front().items >= zone_items ||
+             zones_.front().bytes >= zone_bytes)) {
+            taken_zone_ = std::move(zones_.front().zone);
+            zones_.pop_front();
         }
-        if (!failure_.empty()) throw_error(failure_code_, failure_);
-        if (closed_) co_return nullptr;
-        wake_.expires_at(net::steady_timer::time_point::max());
-        waiting_ = true;
-        // Ends with operation_aborted both when an item comes (wake) and when the handler is
-        // cancelled (the coroutine's cancellation reaches the wait).
-        co_await wake_.async_wait(use_tuple);
-        waiting_ = false;
-        auto cs = co_await net::this_coro::cancellation_state;
-        if (cs.cancelled() != net::cancellation_type::none)
-            throw_error(errc::cancelled, "the stream was cancelled");
+        ++taken_;
+        // Credit goes back in steps of half the window, in items or bytes.
+        if (++unreported_items_ >= window / 2 || unreported_bytes_ >= window_bytes / 2) {
+            grant(unreported_items_, unreported_bytes_);
+            unreported_items_ = unreported_bytes_ = 0;
+        }
+        item = &current_;
+        return true;
     }
+    if (!failure_.empty()) throw_error(failure_code_, failure_);
+    if (!closed_) return false;
+    item = nullptr;
+    return true;
+}
+
+net::awaitable<void> dispatcher::inbox::wait() {
+    wake_.expires_at(net::steady_timer::time_point::max());
+    waiting_ = true;
+    // Ends with operation_aborted both when an item comes (wake) and when the handler is
+    // cancelled (the coroutine's cancellation reaches the wait).
+    co_await wake_.async_wait(use_tuple);
+    waiting_ = false;
+    auto cs = co_await net::this_coro::cancellation_state;
+    if (cs.cancelled() != net::cancellation_type::none)
+        throw_error(errc::cancelled, "the stream was cancelled");
 }
 
 void dispatcher::input_ended(const std::string& why) {

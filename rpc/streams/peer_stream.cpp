@@ -4,6 +4,8 @@
 // (call_table::on_item).
 #include "ordo/rpc/peer.hpp"
 
+#include <cstring>
+
 #include "ordo/rpc/detail/async_call.hpp"
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/stream_call.hpp"
@@ -43,31 +45,37 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     // Items go out from the writer's coroutine when it runs here (as a handler's do), else in
     // the order they were posted; always behind the request, whose handler grants the credit.
     call.stream->attach_writer([w = self.weak_from_this(), ex = ex, id, lane = call.lane](
-                                   buffer item, bool last) {
-        auto go = [w, id, lane, last, item = std::move(item)] {
+                                   std::string_view item, bool last) {
+        if (detail::running_in(ex)) {
             if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
-        };
-        if (detail::running_in(ex))
-            go();
-        else
-            net::post(ex, std::move(go));
+            return;
+        }
+        net::post(ex, [w, id, lane, last, item = std::string(item)] {
+            if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+        });
     });
 }
 
 // [2, "ordo.in", [msgid, item]] or [2, "ordo.in_end", [msgid, count]] on the call's lane,
 // behind its request. One the output cannot take (errc::overloaded) ends the connection: the
 // call then fails, so no item is lost unseen.
-void peer::state::send_in(std::uint32_t msgid, const buffer& body, bool last,
+void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
                           std::uint16_t lane) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
-    buffer head(small_buffer);
+    struct {  // at most 2 + 12 + 1 + 5 bytes
+        char bytes[24];
+        std::size_t size = 0;
+        void write(const char* p, std::size_t n) {
+            std::memcpy(bytes + size, p, n);
+            size += n;
+        }
+    } head;
     detail::write_notification_head(head, last ? "ordo.in_end" : "ordo.in");
-    msgpack::packer<buffer> p(head);
+    msgpack::packer<decltype(head)> p(head);
     p.pack_array(2);
     p.pack(msgid);
     try {
-        send_out(lane, std::string_view(head.data(), head.size()),
-                 std::string_view(body.data(), body.size()));
+        send_out(lane, std::string_view(head.bytes, head.size), body);
     } catch (const std::system_error& e) {
         if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         else throw;

@@ -74,7 +74,7 @@ void stream_core::fail_and_cancel(std::string what) {
     });
 }
 
-void stream_core::attach_writer(std::function<void(buffer, bool)> send) {
+void stream_core::attach_writer(std::function<void(std::string_view, bool)> send) {
     std::lock_guard lk(mu_);
     send_ = std::move(send);
 }
@@ -97,9 +97,10 @@ std::uint64_t stream_core::written() const {
     return in_items_;
 }
 
-net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s, buffer item) {
+net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s) {
+    const std::string_view item(s->item_.data(), s->item_.size());
     for (;;) {
-        std::function<void(buffer, bool)> send;
+        std::function<void(std::string_view, bool)>* send = nullptr;
         {
             std::lock_guard lk(s->mu_);
             if (s->writes_closed_)
@@ -109,11 +110,12 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s, buf
             if (s->writable_locked()) {
                 ++s->in_items_;
                 s->in_bytes_ += item.size();
-                send = s->send_;
+                // Set before the call started, and never changed: used unlocked.
+                send = &s->send_;
             }
         }
         if (send) {
-            send(std::move(item), false);
+            if (*send) (*send)(item, false);
             co_return true;
         }
         co_await s->wait_writable();
@@ -125,7 +127,7 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s, buf
 }
 
 void stream_core::close_writes() {
-    std::function<void(buffer, bool)> send;
+    std::function<void(std::string_view, bool)> send;
     buffer count;  // the body of ordo.in_end: how many items were written
     {
         std::lock_guard lk(mu_);
@@ -134,7 +136,7 @@ void stream_core::close_writes() {
         if (!ended_) send = send_;
         if (send) msgpack::pack(count, in_items_);
     }
-    if (send) send(std::move(count), true);
+    if (send) send(std::string_view(count.data(), count.size()), true);
 }
 
 void throw_bad_item(std::uint64_t index, const std::type_info& expected, const std::exception& e) {

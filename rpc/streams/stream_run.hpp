@@ -72,7 +72,10 @@ class dispatcher::inbox final : public stream_in {
     inbox(dispatcher& d, std::uint32_t msgid, inbox** back);
     ~inbox() override;
 
-    net::awaitable<const msgpack::object*> next() override;
+    bool try_next(const msgpack::object*& item) override;
+    net::awaitable<void> wait() override;
+    // The item taken last: valid until the next call of try_next().
+    msgpack::object current_;
     std::uint64_t taken() const noexcept override { return taken_; }
 
     // The handler is about to start: the caller may write the window.
@@ -89,12 +92,20 @@ class dispatcher::inbox final : public stream_in {
     bool closed() const noexcept { return closed_; }
 
     static constexpr std::uint32_t window = default_stream_window;
+    static constexpr std::size_t zone_items = 256, zone_bytes = 64 << 10;
     static constexpr std::uint64_t window_bytes = default_stream_window_bytes;
 
   private:
+    // Items are copied into zones of up to 256 items or 64 KiB each (not one allocation per
+    // item), and a zone is freed once its items have been taken.
     struct held {
-        msgpack::object_handle item;
+        msgpack::object item;
         std::size_t bytes;
+    };
+    struct zone_of_items {
+        std::unique_ptr<msgpack::zone> zone;
+        std::size_t items = 0, bytes = 0;  // put in
+        std::size_t left = 0;              // not yet taken
     };
     void wake();
     void grant(std::uint64_t items, std::uint64_t bytes);
@@ -103,7 +114,8 @@ class dispatcher::inbox final : public stream_in {
     std::uint32_t msgid_;
     inbox** back_;
     std::deque<held> items_;
-    msgpack::object_handle current_;  // what next() returned last
+    std::deque<zone_of_items> zones_;        // items_'s, oldest first
+    std::unique_ptr<msgpack::zone> taken_zone_;  // holds what next() returned last
     std::uint64_t received_ = 0, received_bytes_ = 0;
     std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
     std::uint64_t taken_ = 0;

@@ -11,6 +11,9 @@
 
 #include <gtest/gtest.h>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
 #include <msgpack.hpp>
 
 #include "support/run_test.hpp"
@@ -411,6 +414,85 @@ TEST(TwoWay, CallersOfTheWrongShapeAreToldHow) {
                 << e.what();
         }
         EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2);
+        co_await srv.async_stop();
+    });
+}
+
+// A caller that ignores the credit (a hand-written msgpack-rpc client on loopback): it writes
+// 20,000 items at once where the window is 8192, while the handler has not read yet (which
+// would grant more). The handler then reads the window's items, its read fails with
+// protocol_error, and what followed was dropped rather than held.
+TEST(ClientStream, ACallerBeyondTheCreditFailsTheReadWithProtocolError) {
+    run_test([]() -> net::awaitable<void> {
+        const auto ex = co_await net::this_coro::executor;
+        server srv(ex);
+        std::uint64_t read = 0;
+        std::string failure;
+        bool go = false;
+        srv.on("count", [&](reader<int>& in) -> net::awaitable<std::uint64_t> {
+            while (!go) co_await sleep_for(2ms);
+            try {
+                while (co_await in.next()) ++read;
+            } catch (const std::system_error& e) {
+                failure = e.what();
+                throw;
+            }
+            co_return read;
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        net::ip::tcp::socket sock(ex);
+        co_await sock.async_connect(
+            {net::ip::address_v4::loopback(),
+             static_cast<unsigned short>(std::stoi(url.substr(url.rfind(':') + 1)))},
+            net::use_awaitable);
+        msgpack::sbuffer b;
+        msgpack::packer<msgpack::sbuffer> p(b);
+        p.pack_array(4);
+        p.pack(0);
+        p.pack(5);
+        p.pack(std::string("ordo.stream"));
+        p.pack_array(5);
+        p.pack(std::string("count"));
+        p.pack_array(0);
+        p.pack(1);
+        p.pack(0);
+        p.pack(true);
+        for (int i = 0; i < 20000; ++i) {
+            p.pack_array(3);
+            p.pack(2);
+            p.pack(std::string("ordo.in"));
+            p.pack_array(2);
+            p.pack(5);
+            p.pack(i);
+        }
+        co_await net::async_write(sock, net::buffer(b.data(), b.size()), net::use_awaitable);
+        ORDO_CO_ASSERT_TRUE(
+            co_await wait_until([&] { return srv.stats().bytes_received >= b.size(); }));
+        go = true;
+        // The answer: an error response to msgid 5 (after ordo.in_credit and any others).
+        msgpack::unpacker un;
+        std::optional<std::string> error;
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (!error && std::chrono::steady_clock::now() < deadline) {
+            un.reserve_buffer(64 * 1024);
+            const std::size_t n = co_await sock.async_read_some(
+                net::buffer(un.buffer(), un.buffer_capacity()), net::use_awaitable);
+            un.buffer_consumed(n);
+            msgpack::object_handle m;
+            while (un.next(m)) {
+                const auto& a = m.get().via.array;
+                if (a.size == 4 && a.ptr[0].as<int>() == 1 && a.ptr[1].as<int>() == 5)
+                    error = a.ptr[2].type == msgpack::type::NIL
+                                ? std::string("no error")
+                                : a.ptr[2].as<std::map<std::string, msgpack::object>>()
+                                      .at("message")
+                                      .as<std::string>();
+            }
+        }
+        ORDO_CO_ASSERT_TRUE(error.has_value());
+        EXPECT_NE(error->find("beyond the credit"), std::string::npos) << *error;
+        EXPECT_EQ(read, 8192u);
+        EXPECT_NE(failure.find("item 8193"), std::string::npos) << failure;
         co_await srv.async_stop();
     });
 }

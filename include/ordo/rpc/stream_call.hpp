@@ -119,7 +119,8 @@ class reader {
     explicit reader(detail::stream_in& in) : in_(&in) {}
 
     net::awaitable<std::optional<T>> next() {
-        const msgpack::object* o = co_await in_->next();
+        const msgpack::object* o = nullptr;
+        while (!in_->try_next(o)) co_await in_->wait();
         if (!o) co_return std::nullopt;
         if constexpr (std::is_same_v<T, msgpack::object_handle>) {
             co_return msgpack::clone(*o);
@@ -139,15 +140,6 @@ class reader {
   private:
     detail::stream_in* in_;
 };
-
-namespace detail {
-template <class T>
-buffer pack_item(const T& v) {
-    buffer b;
-    msgpack::pack(b, v);
-    return b;
-}
-}  // namespace detail
 
 /// The caller's end of a client stream: write items, then finish() for the handler's answer.
 /// Move-only; dropping it before finish() has returned cancels the call (ordo.cancel).
@@ -171,7 +163,8 @@ class upload {
     /// Sends one item, suspending while the server's credit is used up. False when the call
     /// has ended already (the handler answered early, or failed: finish() says which).
     net::awaitable<bool> write(const In& v) {
-        return detail::stream_core::write_item(s_, detail::pack_item(v));
+        msgpack::pack(s_->item_buffer(), v);
+        return detail::stream_core::write_item(s_);
     }
     /// Closes this side and waits for the handler's answer; throws ordo::rpc_error when the
     /// call failed (the handler threw, the peer was lost, the deadline passed, cancelled).
@@ -219,7 +212,8 @@ class two_way {
     /// Sends one item, suspending while the server's credit is used up. False when the call
     /// has ended already (next() then says how).
     net::awaitable<bool> write(const In& v) {
-        return detail::stream_core::write_item(s_, detail::pack_item(v));
+        msgpack::pack(s_->item_buffer(), v);
+        return detail::stream_core::write_item(s_);
     }
     /// No more items from this side: the handler's reader ends after those written.
     void close() {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 #include <typeinfo>
@@ -106,11 +107,15 @@ class stream_out {
 class stream_in {
   public:
     virtual ~stream_in() = default;
-    /// The next item, valid until the next call of next(); null once the caller has closed its
-    /// side and every item has been taken. Throws std::system_error: errc::cancelled once the
+    /// Takes the next item if it can now: true with `item` pointing at it (valid until the next
+    /// call), or null once the caller has closed its side and every item has been taken; false
+    /// when the reader must wait() first. Throws std::system_error: errc::cancelled once the
     /// call is cancelled (or its connection ends), errc::protocol_error when the caller broke
-    /// the credit or miscounted its items.
-    virtual net::awaitable<const msgpack::object*> next() = 0;
+    /// the credit or miscounted its items, errc::peer_lost when its connection's input ended
+    /// first.
+    virtual bool try_next(const msgpack::object*& item) = 0;
+    /// Completes when try_next() may have something (an item, the end, a failure).
+    virtual net::awaitable<void> wait() = 0;
     /// Items taken so far.
     virtual std::uint64_t taken() const noexcept = 0;
 };
@@ -180,19 +185,26 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// Makes this stream one whose caller writes items (before the call starts).
     void set_writes() noexcept { writes_ = true; }
     /// The connection that sent the call: how to send an item (its packed bytes: ordo.in) and,
-    /// with `last` true, the end of the caller's items (the count packed: ordo.in_end). Called from the writer's
-    /// thread, never with the stream's mutex held.
-    void attach_writer(std::function<void(buffer item, bool last)> send);
+    /// with `last` true, the end of the caller's items (the count packed: ordo.in_end). Called
+    /// from the writer's thread, never with the stream's mutex held; the bytes are valid during
+    /// the call only.
+    void attach_writer(std::function<void(std::string_view item, bool last)> send);
     /// ordo.in_credit from the server (the channel's executor): it takes `items` more items and
     /// `bytes` more bytes of them.
     void grant_in(std::uint64_t items, std::uint64_t bytes);
     /// Items written so far (sent or handed to the connection).
     std::uint64_t written() const;
-    /// The writer's side (any executor, one writer at a time): waits for credit and sends one item; false when the call has already ended (its answer
-    /// or its failure came: the reader's next() or finish() says which). Throws
-    /// std::logic_error after close_writes(), and std::system_error(operation_aborted) when the
-    /// awaiting coroutine is cancelled.
-    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, buffer item);
+    /// The writer's side (any executor, one writer at a time): the buffer to pack the next item
+    /// into (cleared), then write_item() to send it.
+    buffer& item_buffer() noexcept {
+        item_.clear();
+        return item_;
+    }
+    /// Waits for credit and sends the item packed into item_buffer(); false when the call has
+    /// already ended (its answer or its failure came: the reader's next() or finish() says
+    /// which). Throws std::logic_error after close_writes(), and
+    /// std::system_error(operation_aborted) when the awaiting coroutine is cancelled.
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s);
     /// No more items from the caller (ordo.in_end, counting them); once only.
     void close_writes();
 
@@ -321,8 +333,9 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint64_t in_granted_bytes_ = 0;
     std::uint64_t in_items_ = 0;
     std::uint64_t in_bytes_ = 0;
-    std::function<void(buffer, bool)> send_;
+    std::function<void(std::string_view, bool)> send_;
     std::unique_ptr<parked> write_waiter_;
+    buffer item_{64};  // the item being written (the writer's alone)
 };
 
 template <class T>
