@@ -4,6 +4,7 @@
 // that call such a method the wrong way.
 #include "ordo/ordo.hpp"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <asio/write.hpp>
 #include <msgpack.hpp>
 
+#include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 
 namespace ordo {
@@ -381,6 +383,87 @@ TEST(TwoWay, AnItemThatDoesNotConvertFailsTheCall) {
             EXPECT_NE(std::string(e.what()).find("item 1"), std::string::npos) << e.what();
         }
         co_await srv.async_stop();
+    });
+}
+
+// Writes `n` items to `s` (0, 1, ...) while reading its echoes, which must be k * i in order;
+// calls `each` after every echo read. Returns the echoes read.
+net::awaitable<int> echo_through(two_way<int, int>& s, int n, int k, std::function<void(int)> each) {
+    int got = 0;
+    bool in_order = true;
+    auto write_all = [&]() -> net::awaitable<void> {
+        for (int i = 0; i < n; ++i)
+            if (!co_await s.write(i)) co_return;
+        s.close();
+    };
+    auto read_all = [&]() -> net::awaitable<void> {
+        while (auto v = co_await s.next()) {
+            in_order = in_order && *v == k * got;
+            each(++got);
+        }
+    };
+    using namespace net::experimental::awaitable_operators;
+    co_await (write_all() && read_all());
+    EXPECT_TRUE(in_order);
+    co_return got;
+}
+
+// Items both ways are messages like any other: a resumable session carries a two-way stream
+// over cut connections, every item once and in order in each direction.
+TEST(TwoWay, SurvivesCutConnectionsOnAResumableSession) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        serve_store(srv, log);
+        const auto url = srv.listen("tcp://127.0.0.1:0");
+        test::cutting_proxy proxy(
+            "127.0.0.1", static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))));
+        auto ch = co_await async_connect(proxy.url() + "?resume_ms=20000");
+        call_options o;
+        o.window = 64;
+        auto s = co_await stub<store>(ch).scale(2, o);
+        const int got = co_await echo_through(s, 20'000, 2, [&](int i) {
+            if (i % 2'000 == 0) proxy.cut_all();
+        });
+        EXPECT_EQ(got, 20'000);
+        EXPECT_EQ(log.read, 20'000u);  // each once: none lost, none twice
+        EXPECT_TRUE(log.returned);
+        EXPECT_GE(std::dynamic_pointer_cast<peer>(ch.impl())->counters().resumes, 1u);
+        co_await srv.async_stop();
+    });
+}
+
+// A pool lends a connection for the whole call; a router keeps a keyed call on its key's
+// replica.
+TEST(TwoWay, WorksOverPoolsAndRouters) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server a(ex), b(ex);
+        reader_log log_a, log_b;
+        serve_store(a, log_a);
+        serve_store(b, log_b);
+        const auto url_a = a.listen("tcp://127.0.0.1:0");
+        const auto url_b = b.listen("tcp://127.0.0.1:0");
+        auto pooled = co_await async_connect(url_a + "?mode=pooled&max_connections=2");
+        {
+            auto s = co_await stub<store>(pooled).scale(5);
+            EXPECT_EQ(co_await echo_through(s, 3000, 5, [](int) {}), 3000);
+            auto up = co_await stub<store>(pooled).put(0);
+            EXPECT_TRUE(co_await up.write("abc"));
+            EXPECT_EQ(co_await up.finish(), 3u);
+        }
+        auto routed =
+            co_await async_connect("route+tcp://" + url_a.substr(6) + "," + url_b.substr(6));
+        const auto before_a = log_a.read, before_b = log_b.read;
+        for (int i = 0; i < 4; ++i) {
+            auto s = co_await stub<store>(routed).scale(1, key("user-42"));
+            EXPECT_EQ(co_await echo_through(s, 500, 1, [](int) {}), 500);
+        }
+        const auto on_a = log_a.read - before_a, on_b = log_b.read - before_b;
+        EXPECT_TRUE((on_a == 2000 && on_b == 0) || (on_a == 0 && on_b == 2000))
+            << on_a << " " << on_b;
+        co_await a.async_stop();
+        co_await b.async_stop();
     });
 }
 
