@@ -168,6 +168,7 @@ stream_core::credit stream_core::took_one(std::size_t bytes) {
     // first): one ordo.credit per half window read.
     ++unreported_.items;
     unreported_.bytes += bytes;
+    ++taken_;
     const bool items_due = unreported_.items >= std::max<std::uint32_t>(1, window_ / 2);
     const bool bytes_due = window_bytes_ != 0 && unreported_.bytes >= window_bytes_ / 2;
     if (ended_ || (!items_due && !bytes_due)) return {};
@@ -177,6 +178,22 @@ stream_core::credit stream_core::took_one(std::size_t bytes) {
     return std::exchange(unreported_, credit{});
 }
 
+namespace {
+
+// The ordo.ping of a window probe (stream_core::grow_toward).
+class probe_call final : public pending_call {
+  public:
+    explicit probe_call(std::shared_ptr<stream_core> s) : pending_call("ordo.ping"), s_(std::move(s)) {
+        params = pack_params();
+    }
+    void complete(std::error_code ec, call_outcome) override { s_->on_pong(ec); }
+
+  private:
+    std::shared_ptr<stream_core> s_;
+};
+
+}  // namespace
+
 void stream_core::grant(credit c) {
     // Under mu_ (grant_ only posts to the connection's executor): once end() has returned, no
     // reader posts credit any more, so whoever ends a stream may then let its executor go
@@ -184,6 +201,71 @@ void stream_core::grant(credit c) {
     std::lock_guard lk(mu_);
     if (ended_ || !grant_) return;
     grant_(c.items, c.bytes);
+    // A probe goes with a grant: the time until its ping is answered is a round trip, and what
+    // arrives meanwhile shows whether the window, not the sender, held the stream back.
+    if (probing_ || sampling_ || max_window_bytes_ <= window_bytes_) return;
+    probing_ = true;
+    probe_start_ = std::chrono::steady_clock::now();
+    net::post(channel_ex_, [w = probe_ch_, self = shared_from_this()] {
+        auto ch = w.lock();
+        if (ch)
+            ch->start_call(std::make_unique<probe_call>(self));
+        else
+            self->on_pong(make_error_code(errc::peer_lost));
+    });
+}
+
+void stream_core::grow_toward(std::uint64_t max_bytes, std::weak_ptr<channel_impl> ch) {
+    std::lock_guard lk(mu_);
+    max_window_bytes_ = max_bytes;
+    probe_ch_ = std::move(ch);
+}
+
+std::uint64_t stream_core::current_window_bytes() const {
+    std::lock_guard lk(mu_);
+    return window_bytes_;
+}
+
+void stream_core::on_pong(std::error_code ec) {
+    std::lock_guard lk(mu_);
+    probing_ = false;
+    if (ec || ended_ || !grant_) return;
+    // The round trip; what arrives over the next one shows what the path carries (the ping
+    // itself may overtake a large item on its way, so the sample starts here).
+    const auto now = std::chrono::steady_clock::now();
+    probe_rtt_ = std::max(now - probe_start_, std::chrono::steady_clock::duration(1));
+    sampling_ = true;
+    probe_start_ = now;
+    probe_items_ = received_;
+    probe_bytes_ = received_bytes_;
+}
+
+void stream_core::sample() {
+    // With mu_ held, as an item arrives.
+    const auto elapsed = std::chrono::steady_clock::now() - probe_start_;
+    if (elapsed < probe_rtt_) return;
+    sampling_ = false;
+    // A reader that falls behind (half a window unread) is what the stream waits for, not the
+    // window.
+    if (2 * (received_ - taken_) > window_) return;
+    // What arrived, per round trip.
+    const double per_rtt = static_cast<double>(probe_rtt_.count()) / elapsed.count();
+    const double items = static_cast<double>(received_ - probe_items_) * per_rtt;
+    const double bytes = static_cast<double>(received_bytes_ - probe_bytes_) * per_rtt;
+    // A third of the window or more in one round trip: the window is near what the path holds
+    // (credit goes back every half window, so a stream that waits for credit gets about half
+    // of it each round trip), and the stream may soon wait for credit: it doubles.
+    if (3 * items < window_ && 3 * bytes < static_cast<double>(window_bytes_)) return;
+    const std::uint64_t grown_bytes = std::min(max_window_bytes_, 2 * window_bytes_);
+    const auto grown_items = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(max_stream_window, 2 * std::uint64_t{window_}));
+    const std::uint64_t more_bytes = grown_bytes - window_bytes_;
+    const std::uint32_t more_items = grown_items - window_;
+    window_bytes_ = grown_bytes;
+    window_ = grown_items;
+    granted_items_ += more_items;
+    granted_bytes_ += more_bytes;
+    if (grant_ && (more_items || more_bytes)) grant_(more_items, more_bytes);
 }
 
 void stream_core::over_credit() {

@@ -467,6 +467,53 @@ TEST(TwoWay, WorksOverPoolsAndRouters) {
     });
 }
 
+// call_options::max_window_bytes: a stream that waits for credit (a fast handler, a reader that
+// keeps up, a window of four items) gets a larger window as it runs, up to the maximum; a reader
+// that then stops still holds the handler at the window it has, plus one item.
+TEST(Stream, AWindowGrowsToThePathAndStillHoldsAReaderThatStops) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        std::uint64_t written = 0;
+        srv.on("chunks", [&](writer<std::string>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) {
+                co_await out.write(std::string(16 * 1024, 'c'));
+                written = out.written();
+            }
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        // A fixed window stays as it was.
+        call_options fixed;
+        fixed.window_bytes = 64 * 1024;
+        auto f = co_await ch.async_stream<std::string>("chunks", 3000, fixed);
+        for (int i = 0; i < 3000; ++i) ORDO_CO_ASSERT_TRUE(co_await f.next());
+        EXPECT_EQ(f.window_bytes(), 64u * 1024);
+        EXPECT_FALSE(co_await f.next());
+
+        call_options o;
+        o.window_bytes = 64 * 1024;
+        o.max_window_bytes = 1024 * 1024;
+        auto s = co_await ch.async_stream<std::string>("chunks", 1'000'000, o);
+        std::uint64_t read = 0;
+        // Read until the window has grown (a bounded number of items).
+        while (s.window_bytes() <= 64u * 1024 && read < 200'000) {
+            ORDO_CO_ASSERT_TRUE(co_await s.next());
+            ++read;
+        }
+        EXPECT_GT(s.window_bytes(), 64u * 1024);
+        EXPECT_LE(s.window_bytes(), 1024u * 1024);
+        // The reader stops: the handler stops at the window (each item is 16 KiB and a few bytes
+        // of head), one more item at most; it grows no more, as the reader is behind.
+        co_await sleep_for(500ms);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return written == s.received(); }));
+        co_await sleep_for(300ms);
+        const std::uint64_t window = s.window_bytes();
+        EXPECT_LE(written - read, window / (16 * 1024) + 1) << window;
+        EXPECT_LE(window, 1024u * 1024);
+        s.cancel();
+        co_await srv.async_stop();
+    });
+}
+
 // A plain call of a method that reads, and a writing caller of one that does not, are answered
 // bad_arguments saying how to call it.
 TEST(TwoWay, CallersOfTheWrongShapeAreToldHow) {

@@ -127,6 +127,11 @@ struct call_options {
     /// peers that announced they read them (ordo.features); a plain msgpack-rpc peer gets the
     /// call without them. Unlike the deadline, they are not passed on to calls a handler makes.
     ordo::metadata metadata{};
+    /// Streams: the window grows toward what the path needs (its bandwidth times its round
+    /// trip, measured while the stream runs with ordo.ping), up to this many bytes (and 65,536
+    /// items), so that a long, fast path is not held to window_bytes a round trip. What a
+    /// reader that stops holds is then the grown window. 0: the window stays as set.
+    std::uint64_t max_window_bytes = 0;
 };
 
 /// call_options with a timeout: `co_await c.inc(41, ordo::timeout(50ms))`.

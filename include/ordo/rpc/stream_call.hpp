@@ -81,6 +81,8 @@ class stream {
     }
     /// Items received so far (read or not).
     std::uint64_t received() const { return s_ ? s_->received() : 0; }
+    /// The window of credit now, in bytes (it grows with call_options::max_window_bytes).
+    std::uint64_t window_bytes() const { return s_ ? s_->current_window_bytes() : 0; }
     explicit operator bool() const noexcept { return s_ != nullptr; }
 
   private:
@@ -252,6 +254,7 @@ net::awaitable<two_way<In, Out>> open_two_way(std::shared_ptr<channel_impl> ch,
     auto s = std::make_shared<stream_state<Out>>(std::move(method), ch->remote_address(),
                                                  ch->get_executor(), window, bytes);
     s->set_writes();
+    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes, ch);
     start_stream(ch, s, std::move(params), std::move(o));
     co_return two_way<In, Out>(std::move(s));
 }
@@ -278,6 +281,7 @@ net::awaitable<stream<T>> open_stream(std::shared_ptr<channel_impl> ch, std::str
     const std::uint64_t bytes = o.window_bytes ? o.window_bytes : default_stream_window_bytes;
     auto s = std::make_shared<stream_state<T>>(std::move(method), ch->remote_address(),
                                                ch->get_executor(), window, bytes);
+    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes, ch);
     start_stream(ch, s, std::move(params), std::move(o));
     co_return stream<T>(std::move(s));
 }

@@ -170,6 +170,14 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     void end(std::error_code ec, call_outcome& out);
     std::uint32_t window() const noexcept { return window_; }
     std::uint64_t window_bytes() const noexcept { return window_bytes_; }
+    /// Lets the window grow toward the path's bandwidth times its round trip, up to `max_bytes`
+    /// (call_options::max_window_bytes), measured with ordo.ping through `ch` (before the call
+    /// starts).
+    void grow_toward(std::uint64_t max_bytes, std::weak_ptr<channel_impl> ch);
+    /// The window now, in bytes (it may have grown).
+    std::uint64_t current_window_bytes() const;
+    /// A probe's ordo.ping was answered (`ec`: or failed).
+    void on_pong(std::error_code ec);
     net::cancellation_slot slot() { return signal_.slot(); }
 
     // ---- the reader's side ----
@@ -238,10 +246,14 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
                (window_bytes_ == 0 || received_bytes_ < granted_bytes_);
     }
     /// With mu_ held: one item of `bytes` has been received (within the credit).
-    void count_item(std::size_t bytes) noexcept {
+    void count_item(std::size_t bytes) {
         ++received_;
         received_bytes_ += bytes;
+        if (sampling_) [[unlikely]]
+            sample();
     }
+    /// With mu_ held: a window probe's sample, as an item arrives (grow_toward).
+    void sample();
     /// An item beyond the credit: the stream fails with errc::protocol_error (and is cancelled).
     void over_credit();
     /// With mu_ held: the stream has ended; throws its error, if any.
@@ -324,6 +336,17 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint64_t granted_items_;
     std::uint64_t granted_bytes_;
     std::function<void(std::uint32_t, std::uint64_t)> grant_;
+    // Growth (grow_toward): one probe at a time. An ordo.ping sent with a grant measures the
+    // round trip; if a third of the window or more arrives in the round trip after its answer,
+    // the window doubles (stream_core::sample).
+    std::uint64_t max_window_bytes_ = 0;
+    std::weak_ptr<channel_impl> probe_ch_;
+    bool probing_ = false;   // the ping is out
+    bool sampling_ = false;  // counting what arrives in one round trip
+    std::chrono::steady_clock::time_point probe_start_;
+    std::chrono::steady_clock::duration probe_rtt_{};
+    std::uint64_t probe_items_ = 0, probe_bytes_ = 0;  // received when the sample started
+    std::uint64_t taken_ = 0;                           // items the reader took
     net::cancellation_signal signal_;
     bool cancel_sent_ = false;
     // The writing half: what the server granted (ordo.in_credit) and what was written.
