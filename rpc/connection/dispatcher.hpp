@@ -62,9 +62,13 @@ class dispatcher_host {
     /// A message was dropped with nobody to answer: a notification for a method with no
     /// handler, or whose handler threw.
     virtual void dropped(std::string_view method, errc code, std::string reason) = 0;
-    /// ordo.credit or ordo.cancel `m` names a call this dispatcher does not have: a named
-    /// lane's dispatcher may (docs/protocol.md "Lanes": they may travel on the default lane).
-    virtual void not_mine(const message& m) { (void)m; }
+    /// ordo.credit, ordo.cancel or ordo.in `m` (`bytes` on the wire) names a call this
+    /// dispatcher does not have: a named lane's dispatcher may (docs/protocol.md "Lanes": they
+    /// may travel on the default lane).
+    virtual void not_mine(const message& m, std::size_t bytes) {
+        (void)m;
+        (void)bytes;
+    }
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (queued_messages,
@@ -119,12 +123,14 @@ class dispatcher {
     /// Nothing more will arrive from the remote side (it closed its end, `why`): a reading
     /// handler whose caller had not closed its stream fails its read with errc::peer_lost.
     void input_ended(const std::string& why);
+    /// Why input_ended() was called (empty: it was not).
+    const std::string& input_end() const noexcept { return input_end_; }
     /// Handlers reading their caller's items (two-way and client streams), by msgid.
     std::size_t inboxes() const noexcept { return inboxes_.size(); }
 
     /// ordo.credit, ordo.cancel, ordo.in or ordo.in_end that another dispatcher of the
     /// connection did not have the call for (dispatcher_host::not_mine).
-    void offered(const message& m) { on_reserved(m, 0); }
+    void offered(const message& m, std::size_t bytes) { on_reserved(m, bytes); }
 
   private:
     struct run;
@@ -251,6 +257,7 @@ class dispatcher {
     std::list<run> runs_;
     std::unordered_map<std::uint32_t, stream_run*> streams_;  // ordo.credit goes to these
     std::unordered_map<std::uint32_t, inbox*> inboxes_;       // ordo.in goes to these
+    std::string input_end_;  // input_ended()'s reason
     buffer scratch_{small_buffer};  // responses of plain-function handlers, reused
     // The context of the last request served by a plain function, when no one kept it: the next
     // request's context reuses its memory (read_context).

@@ -358,8 +358,8 @@ struct peer::state final : detail::call_table_host,
     };
     std::vector<std::unique_ptr<lane_part>> lane_parts;
     // A credit or cancel on the default lane for a named lane's call (send_control).
-    void not_mine(const message& m) override {
-        for (auto& l : lane_parts) l->disp.offered(m);
+    void not_mine(const message& m, std::size_t bytes) override {
+        for (auto& l : lane_parts) l->disp.offered(m, bytes);
     }
     bool credit_owed = false;  // a grant could not be sent: the next write retries
     std::uint64_t credits_sent = 0;

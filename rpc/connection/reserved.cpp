@@ -62,7 +62,7 @@ void dispatcher::on_reserved(const message& m, std::size_t bytes) {
         if (m.params.via.array.size == 1 &&
             m.params.via.array.ptr[0].type == msgpack::type::POSITIVE_INTEGER)
             if (!cancel_handler(static_cast<std::uint32_t>(m.params.via.array.ptr[0].via.u64)))
-                host_.not_mine(m);
+                host_.not_mine(m, bytes);
     } else if (m.method == "ordo.credit") {
         // [msgid, n] or [msgid, n, bytes]: the caller of a stream read n more items (of that
         // many bytes).
@@ -74,7 +74,7 @@ void dispatcher::on_reserved(const message& m, std::size_t bytes) {
             if (it != streams_.end())
                 it->second->grant(a.ptr[1].via.u64, a.size == 3 ? a.ptr[2].via.u64 : 0);
             else
-                host_.not_mine(m);
+                host_.not_mine(m, bytes);
         }
     } else if ((m.method == "ordo.methods" || m.method == "ordo.stats" ||
                 m.method == "ordo.traces") &&

@@ -171,6 +171,7 @@ dispatcher::inbox::inbox(dispatcher& d, std::uint32_t msgid, inbox** back)
 }
 
 dispatcher::inbox::~inbox() {
+    if (d_.budget_ && charged_) d_.budget_->release(charged_);
     d_.inboxes_.erase(msgid_);
     *back_ = nullptr;
 }
@@ -184,6 +185,9 @@ void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes) {
 }
 
 void dispatcher::inbox::open() {
+    // A handler that starts after its connection's input ended (it was queued) gets nothing.
+    if (!d_.input_end_.empty())
+        return fail(d_.input_end_ + " before it closed the stream it writes", errc::peer_lost);
     grant(window, window_bytes);
 }
 
@@ -213,13 +217,18 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
                     std::to_string(received_bytes_) + " bytes received)");
     ++received_;
     received_bytes_ += bytes;
+    // What the copy holds (its objects take far more than their wire bytes), charged to the
+    // server's memory budget while it is held.
+    const std::size_t held_bytes = msgpack::aligned_zone_size(item) + sizeof(held);
+    charged_ += held_bytes;
+    if (d_.budget_) d_.budget_->charge(held_bytes);
     if (zones_.empty() || zones_.back().items >= zone_items || zones_.back().bytes >= zone_bytes)
         zones_.push_back({std::make_unique<msgpack::zone>(), 0, 0, 0});
     zone_of_items& z = zones_.back();
     ++z.items;
     ++z.left;
     z.bytes += bytes;
-    items_.push_back({msgpack::object(item, *z.zone), bytes});
+    items_.push_back({msgpack::object(item, *z.zone), bytes, held_bytes});
     wake();
 }
 
@@ -242,6 +251,8 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
     if (!items_.empty()) {
         current_ = items_.front().item;
         unreported_bytes_ += items_.front().bytes;
+        charged_ -= items_.front().held;
+        if (d_.budget_) d_.budget_->release(items_.front().held);
         items_.pop_front();
         // Its zone, once all of its items are taken, lives until the next call.
         if (--zones_.front().left == 0 &&
@@ -278,6 +289,7 @@ net::awaitable<void> dispatcher::inbox::wait() {
 }
 
 void dispatcher::input_ended(const std::string& why) {
+    input_end_ = why;
     for (auto& [msgid, in] : inboxes_)
         if (!in->closed()) in->fail(why + " before it closed the stream it writes", errc::peer_lost);
 }
@@ -290,7 +302,7 @@ void dispatcher::on_in(const message& m, std::size_t bytes) {
         a.ptr[0].via.u64 > 0xffffffffu)
         return;  // a reserved notification that does not have this shape is ignored
     const auto it = inboxes_.find(static_cast<std::uint32_t>(a.ptr[0].via.u64));
-    if (it == inboxes_.end()) return host_.not_mine(m);
+    if (it == inboxes_.end()) return host_.not_mine(m, bytes);
     if (m.method == "ordo.in") {
         // The item's own bytes, as the caller counts them: the message less its head,
         // [2, "ordo.in", [msgid, (11 bytes and the msgid's).

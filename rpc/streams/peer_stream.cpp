@@ -41,19 +41,29 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
             if (auto p = w.lock()) p->s_->send_credit(id, n, bytes, lane);
         });
     });
+    // Its window's probes ping this connection, not another of a pool's or a router's.
+    if (call.stream->grows()) call.stream->probe_through(self.weak_from_this());
     if (!writes) return;
     // Items go out from the writer's coroutine when it runs here (as a handler's do), else in
     // the order they were posted; always behind the request, whose handler grants the credit.
-    call.stream->attach_writer([w = self.weak_from_this(), ex = ex, id, lane = call.lane](
-                                   std::string_view item, bool last) {
-        if (detail::running_in(ex)) {
-            if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
-            return;
-        }
-        net::post(ex, [w, id, lane, last, item = std::string(item)] {
-            if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+    const auto closed = call.stream->attach_writer(
+        [w = self.weak_from_this(), ex = ex, id, lane = call.lane](std::string_view item,
+                                                                  bool last) {
+            if (detail::running_in(ex)) {
+                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+                return;
+            }
+            net::post(ex, [w, id, lane, last, item = std::string(item)] {
+                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+            });
         });
-    });
+    if (closed)  // posted: the call is in the table once this returns
+        net::post(ex, [w = self.weak_from_this(), id, lane = call.lane, n = *closed] {
+            buffer count;
+            msgpack::pack(count, n);
+            if (auto p = w.lock())
+                p->s_->send_in(id, std::string_view(count.data(), count.size()), true, lane);
+        });
 }
 
 // [2, "ordo.in", [msgid, item]] or [2, "ordo.in_end", [msgid, count]] on the call's lane,
@@ -75,7 +85,16 @@ void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
     p.pack_array(2);
     p.pack(msgid);
     try {
-        send_out(lane, std::string_view(head.bytes, head.size), body);
+        if (last) {
+            // The end may come before the request has gone (a caller that wrote nothing):
+            // behind it, held as it may be.
+            std::string whole(head.bytes, head.size);
+            whole.append(body);
+            send_ordered(whole, lane);
+        } else {
+            // An item follows credit, which follows the request: nothing is held ahead.
+            send_out(lane, std::string_view(head.bytes, head.size), body);
+        }
     } catch (const std::system_error& e) {
         if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
         else throw;

@@ -74,9 +74,13 @@ void stream_core::fail_and_cancel(std::string what) {
     });
 }
 
-void stream_core::attach_writer(std::function<void(std::string_view, bool)> send) {
+std::optional<std::uint64_t> stream_core::attach_writer(
+    std::function<void(std::string_view, bool)> send) {
     std::lock_guard lk(mu_);
     send_ = std::move(send);
+    // Closed before the call went out (a pool dialing, a request held): the end goes now.
+    if (writes_closed_ && !ended_) return in_items_;
+    return std::nullopt;
 }
 
 void stream_core::grant_in(std::uint64_t items, std::uint64_t bytes) {
@@ -146,7 +150,7 @@ void throw_bad_item(std::uint64_t index, const std::type_info& expected, const s
 }
 
 void stream_core::bad_item(const std::exception& e, const msgpack::object& item) {
-    std::unique_ptr<parked> w;
+    std::unique_ptr<parked> w, ww;
     {
         std::lock_guard lk(mu_);
         if (ended_) return;
@@ -155,8 +159,10 @@ void stream_core::bad_item(const std::exception& e, const msgpack::object& item)
         detail_ = "item " + std::to_string(received_ + 1) + " does not convert: " + e.what();
         (void)item;
         w = take_waiter();
+        ww = std::move(write_waiter_);  // a writer waiting for credit: the call has ended
     }
     if (w) w->wake();
+    if (ww) ww->wake();
     // The items that follow have nowhere to go: stop the handler.
     net::post(channel_ex_, [self = shared_from_this()] {
         self->signal_.emit(net::cancellation_type::terminal);
@@ -215,9 +221,13 @@ void stream_core::grant(credit c) {
     });
 }
 
-void stream_core::grow_toward(std::uint64_t max_bytes, std::weak_ptr<channel_impl> ch) {
+void stream_core::grow_toward(std::uint64_t max_bytes) {
     std::lock_guard lk(mu_);
     max_window_bytes_ = max_bytes;
+}
+
+void stream_core::probe_through(std::weak_ptr<channel_impl> ch) {
+    std::lock_guard lk(mu_);
     probe_ch_ = std::move(ch);
 }
 
@@ -229,6 +239,9 @@ std::uint64_t stream_core::current_window_bytes() const {
 void stream_core::on_pong(std::error_code ec) {
     std::lock_guard lk(mu_);
     probing_ = false;
+    // A peer that does not answer ordo.ping (a plain msgpack-rpc server) is not asked again:
+    // the window stays as it is.
+    if (ec) max_window_bytes_ = window_bytes_;
     if (ec || ended_ || !grant_) return;
     // The round trip; what arrives over the next one shows what the path carries (the ping
     // itself may overtake a large item on its way, so the sample starts here).

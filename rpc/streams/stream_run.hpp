@@ -100,7 +100,8 @@ class dispatcher::inbox final : public stream_in {
     // item), and a zone is freed once its items have been taken.
     struct held {
         msgpack::object item;
-        std::size_t bytes;
+        std::size_t bytes;  // on the wire (credit)
+        std::size_t held;   // in memory (the budget)
     };
     struct zone_of_items {
         std::unique_ptr<msgpack::zone> zone;
@@ -120,6 +121,7 @@ class dispatcher::inbox final : public stream_in {
     std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
     std::uint64_t taken_ = 0;
     std::uint64_t unreported_items_ = 0, unreported_bytes_ = 0;
+    std::size_t charged_ = 0;  // to the server's memory budget
     bool closed_ = false;     // ordo.in_end came
     bool cancelled_ = false;
     std::string failure_;     // set: an error, thrown once the items before it are read

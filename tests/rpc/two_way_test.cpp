@@ -5,6 +5,7 @@
 #include "ordo/ordo.hpp"
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/running_loop.hpp"
 
 namespace ordo {
 namespace {
@@ -124,6 +126,14 @@ TEST(ClientStream, AnEmptyUploadIsAnswered) {
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         auto up = co_await stub<store>(ch).collect();
         EXPECT_TRUE((co_await up.finish()).empty());
+        // Closed before the call has gone out: on a fresh connection with a deadline (the
+        // request waits for ordo.features), and through a pool that has yet to dial.
+        auto fresh = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto held = co_await stub<store>(fresh).collect(timeout(30s));
+        EXPECT_TRUE((co_await held.finish()).empty());
+        auto pooled = co_await async_connect(srv.listen("tcp://127.0.0.1:0") + "?mode=pooled");
+        auto dialing = co_await stub<store>(pooled).collect();
+        EXPECT_TRUE((co_await dialing.finish()).empty());
         co_await srv.async_stop();
     });
 }
@@ -406,6 +416,55 @@ net::awaitable<int> echo_through(two_way<int, int>& s, int n, int k, std::functi
     co_await (write_all() && read_all());
     EXPECT_TRUE(in_order);
     co_return got;
+}
+
+// The writer and the reader on threads other than the connection's (each a loop of its own):
+// items are handed to the connection's loop in the order written, credit comes back across, and
+// both directions keep their order.
+TEST(TwoWay, AWriterAndAReaderOnOtherThreads) {
+    test::running_loop conn, writer_loop, reader_loop;
+    server srv(conn.io.get_executor());
+    reader_log log;
+    std::string url;
+    conn.run([&]() -> net::awaitable<void> {
+        serve_store(srv, log);
+        url = srv.listen("tcp://127.0.0.1:0");
+        co_return;
+    });
+    auto ch = conn.run([&]() -> net::awaitable<channel> { co_return co_await async_connect(url); });
+    auto s = conn.run(
+        [&]() -> net::awaitable<two_way<int, int>> { co_return co_await stub<store>(ch).scale(3); });
+    constexpr int n = 20000;
+    auto wrote = net::co_spawn(
+        writer_loop.io,
+        [&]() -> net::awaitable<int> {
+            int i = 0;
+            for (; i < n; ++i)
+                if (!co_await s.write(i)) break;
+            s.close();
+            co_return i;
+        },
+        net::use_future);
+    auto read = net::co_spawn(
+        reader_loop.io,
+        [&]() -> net::awaitable<int> {
+            int got = 0;
+            while (auto v = co_await s.next()) {
+                if (*v != 3 * got) co_return -1;
+                ++got;
+            }
+            co_return got;
+        },
+        net::use_future);
+    ASSERT_EQ(wrote.wait_for(60s), std::future_status::ready);
+    ASSERT_EQ(read.wait_for(60s), std::future_status::ready);
+    EXPECT_EQ(wrote.get(), n);
+    EXPECT_EQ(read.get(), n);
+    conn.run([&]() -> net::awaitable<void> {
+        s = {};
+        ch = {};
+        co_await srv.async_stop();
+    });
 }
 
 // Items both ways are messages like any other: a resumable session carries a two-way stream

@@ -254,7 +254,7 @@ net::awaitable<two_way<In, Out>> open_two_way(std::shared_ptr<channel_impl> ch,
     auto s = std::make_shared<stream_state<Out>>(std::move(method), ch->remote_address(),
                                                  ch->get_executor(), window, bytes);
     s->set_writes();
-    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes, ch);
+    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes);
     start_stream(ch, s, std::move(params), std::move(o));
     co_return two_way<In, Out>(std::move(s));
 }
@@ -281,7 +281,7 @@ net::awaitable<stream<T>> open_stream(std::shared_ptr<channel_impl> ch, std::str
     const std::uint64_t bytes = o.window_bytes ? o.window_bytes : default_stream_window_bytes;
     auto s = std::make_shared<stream_state<T>>(std::move(method), ch->remote_address(),
                                                ch->get_executor(), window, bytes);
-    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes, ch);
+    if (o.max_window_bytes > bytes) s->grow_toward(o.max_window_bytes);
     start_stream(ch, s, std::move(params), std::move(o));
     co_return stream<T>(std::move(s));
 }

@@ -171,9 +171,11 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint32_t window() const noexcept { return window_; }
     std::uint64_t window_bytes() const noexcept { return window_bytes_; }
     /// Lets the window grow toward the path's bandwidth times its round trip, up to `max_bytes`
-    /// (call_options::max_window_bytes), measured with ordo.ping through `ch` (before the call
-    /// starts).
-    void grow_toward(std::uint64_t max_bytes, std::weak_ptr<channel_impl> ch);
+    /// (call_options::max_window_bytes; before the call starts).
+    void grow_toward(std::uint64_t max_bytes);
+    bool grows() const noexcept { return max_window_bytes_ > window_bytes_; }
+    /// The connection that carries the stream, which its window probes ping (ordo.ping).
+    void probe_through(std::weak_ptr<channel_impl> ch);
     /// The window now, in bytes (it may have grown).
     std::uint64_t current_window_bytes() const;
     /// A probe's ordo.ping was answered (`ec`: or failed).
@@ -196,7 +198,10 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// with `last` true, the end of the caller's items (the count packed: ordo.in_end). Called
     /// from the writer's thread, never with the stream's mutex held; the bytes are valid during
     /// the call only.
-    void attach_writer(std::function<void(std::string_view item, bool last)> send);
+    /// Returns the count of items to end the stream with at once when the caller closed its
+    /// side before the call went out (the connection sends it, behind the request).
+    std::optional<std::uint64_t> attach_writer(
+        std::function<void(std::string_view item, bool last)> send);
     /// ordo.in_credit from the server (the channel's executor): it takes `items` more items and
     /// `bytes` more bytes of them.
     void grant_in(std::uint64_t items, std::uint64_t bytes);
