@@ -291,11 +291,11 @@ void stream_core::over_credit() {
                     " bytes)");
 }
 
-void stream_core::wake_reader() {
+void stream_core::wake_parked(std::unique_ptr<parked>& slot) {
     std::unique_ptr<parked> w;
     {
         std::lock_guard lk(mu_);
-        w = take_waiter();
+        w = std::move(slot);
     }
     if (w) w->wake();
 }

@@ -92,12 +92,26 @@ void serve_store(server& srv, reader_log& log) {
     });
 }
 
+// Writes `item` until write() says the call has ended (true), at most 200,000 times.
+net::awaitable<bool> write_until_ended(upload<std::string, std::uint64_t>& up, std::string item) {
+    for (int i = 0; i < 200000; ++i) {
+        if (!co_await up.write(item)) co_return true;
+        if (i % 64 == 0) co_await sleep_for(1ms);
+    }
+    co_return false;
+}
+
+// serve_store(srv, log), listening, and a channel to it.
+net::awaitable<channel> serve_and_connect(server& srv, reader_log& log) {
+    serve_store(srv, log);
+    co_return co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+}
+
 TEST(ClientStream, ItemsArriveInOrderAndTheAnswerComesBack) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto c = stub<store>(ch);
         // More than the window (8192 items), so that credit must come back on the way.
         constexpr int n = 20000;
@@ -122,8 +136,7 @@ TEST(ClientStream, AnEmptyUploadIsAnswered) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto up = co_await stub<store>(ch).collect();
         EXPECT_TRUE((co_await up.finish()).empty());
         // Closed before the call has gone out: on a fresh connection with a deadline (the
@@ -181,18 +194,12 @@ TEST(ClientStream, AHandlerErrorEndsTheCallersWrites) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto up = co_await stub<store>(ch).put(0);
         EXPECT_TRUE(co_await up.write("a"));
         EXPECT_TRUE(co_await up.write("boom"));
         // The writes go on until the answer has come back: then write() says the call ended.
-        bool ended = false;
-        for (int i = 0; i < 200000 && !ended; ++i) {
-            ended = !co_await up.write("b");
-            if (i % 64 == 0) co_await sleep_for(1ms);
-        }
-        EXPECT_TRUE(ended);
+        EXPECT_TRUE(co_await write_until_ended(up, "b"));
         try {
             co_await up.finish();
             ADD_FAILURE() << "finish() did not throw";
@@ -210,15 +217,9 @@ TEST(ClientStream, AnEarlyAnswerEndsTheCallersWrites) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto up = co_await stub<store>(ch).put(2);
-        bool ended = false;
-        for (int i = 0; i < 200000 && !ended; ++i) {
-            ended = !co_await up.write("abc");
-            if (i % 64 == 0) co_await sleep_for(1ms);
-        }
-        EXPECT_TRUE(ended);
+        EXPECT_TRUE(co_await write_until_ended(up, "abc"));
         EXPECT_EQ(co_await up.finish(), 6u);
         EXPECT_TRUE(log.returned);
         // The items that came after the answer were dropped, and the connection goes on.
@@ -233,8 +234,7 @@ TEST(ClientStream, CancellingTheCallEndsTheHandlersRead) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         {
             auto up = co_await stub<store>(ch).put(0);
             EXPECT_TRUE(co_await up.write("a"));
@@ -252,8 +252,7 @@ TEST(ClientStream, ACallerThatGoesAwayEndsTheHandlersRead) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto up = co_await stub<store>(ch).put(0);
         EXPECT_TRUE(co_await up.write("a"));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.read == 1; }));
@@ -279,8 +278,7 @@ TEST(TwoWay, EachDirectionKeepsItsOrder) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         auto s = co_await stub<store>(ch).scale(3);
         // Writer and reader at once, far more items than either window.
         constexpr int n = 30000;
@@ -317,8 +315,7 @@ TEST(TwoWay, AReaderThatStopsHoldsBothSides) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         call_options o;
         o.window = 16;
         auto s = co_await stub<store>(ch).scale(1, o);
@@ -377,8 +374,7 @@ TEST(TwoWay, AnItemThatDoesNotConvertFailsTheCall) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         reader_log log;
-        serve_store(srv, log);
-        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        auto ch = co_await serve_and_connect(srv, log);
         // The caller's idea of the method: strings in, where the handler reads ints.
         struct wrong : interface {
             method<two_way<std::string, int>(int)> scale{"scale"};

@@ -279,26 +279,35 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// With mu_ held: whether the reader has something to take.
     virtual bool ready_locked() const noexcept = 0;
 
-    /// Completes when an item has arrived or the stream has ended (at once if so already), or
-    /// when the awaiting coroutine is cancelled (next() then throws, taking nothing).
-    auto wait_more() {
+    /// Completes when `ready()` holds (with mu_ held; at once if it does already) and `slot`,
+    /// where the coroutine is parked, is woken, or when the awaiting coroutine is cancelled.
+    template <class Ready>
+    auto park_until(std::unique_ptr<parked>& slot, Ready ready) {
         return net::async_initiate<const net::use_awaitable_t<>&, void()>(
-            [this](auto handler) {
+            [this, &slot, ready](auto handler) {
                 std::unique_lock lk(mu_);
-                if (ready_locked()) {
+                if (ready()) {
                     lk.unlock();
                     parked_handler<decltype(handler)>(std::move(handler)).wake();
                     return;
                 }
-                auto slot = net::get_associated_cancellation_slot(handler);
-                waiter_ = park(std::move(handler));
-                if (slot.is_connected())
-                    slot.assign([this](net::cancellation_type) { wake_reader(); });
+                auto cs = net::get_associated_cancellation_slot(handler);
+                slot = park(std::move(handler));
+                if (cs.is_connected())
+                    cs.assign([this, &slot](net::cancellation_type) { wake_parked(slot); });
             },
             net::use_awaitable);
     }
-    /// Wakes a parked reader, if any (its cancellation: emitted on the reader's thread).
-    void wake_reader();
+    /// Wakes what `slot` holds parked, if anything (a cancellation: emitted on its thread).
+    void wake_parked(std::unique_ptr<parked>& slot);
+
+    /// Completes when an item has arrived or the stream has ended (at once if so already), or
+    /// when the awaiting coroutine is cancelled (next() then throws, taking nothing).
+    auto wait_more() {
+        return park_until(waiter_, [this] { return ready_locked(); });
+    }
+    /// Wakes a parked reader, if any.
+    void wake_reader() { wake_parked(waiter_); }
 
     /// With mu_ held: whether a write may go now (credit), or need not wait (the call ended).
     bool writable_locked() const noexcept {
@@ -307,27 +316,7 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// Completes when write credit has come or the call has ended, or when the awaiting
     /// coroutine is cancelled.
     auto wait_writable() {
-        return net::async_initiate<const net::use_awaitable_t<>&, void()>(
-            [this](auto handler) {
-                std::unique_lock lk(mu_);
-                if (writable_locked()) {
-                    lk.unlock();
-                    parked_handler<decltype(handler)>(std::move(handler)).wake();
-                    return;
-                }
-                auto slot = net::get_associated_cancellation_slot(handler);
-                write_waiter_ = park(std::move(handler));
-                if (slot.is_connected())
-                    slot.assign([this](net::cancellation_type) {
-                        std::unique_ptr<parked> w;
-                        {
-                            std::lock_guard lk2(mu_);
-                            w = std::move(write_waiter_);
-                        }
-                        if (w) w->wake();
-                    });
-            },
-            net::use_awaitable);
+        return park_until(write_waiter_, [this] { return writable_locked(); });
     }
 
   private:
