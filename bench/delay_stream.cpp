@@ -58,8 +58,12 @@ class delay_relay {
         : target_(target), delay_(delay), acceptor_(loop_.io, {net::ip::address_v4::loopback(), 0}) {
         net::co_spawn(loop_.io, accept_loop(), net::detached);
     }
+    // Closes the acceptor on its loop and waits for that, before the acceptor goes.
     ~delay_relay() {
-        net::post(loop_.io, [this] { acceptor_.close(); });
+        net::post(loop_.io, net::use_future([this] {
+            std::error_code ignored;
+            acceptor_.close(ignored);
+        })).get();
     }
     std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
 
