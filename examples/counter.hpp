@@ -14,4 +14,7 @@ struct counter : ordo::interface {
     ordo::method<ordo::stream<int>(int)> count_to{"count_to"};  // streams 0 .. n-1
     // The same, from a streaming batch handler: callers are batched, each gets 0 .. n-1.
     ordo::method<ordo::stream<int>(int)> count_batch{"count_batch"};
+    // Streams both ways (docs/protocol.md): the sum of the items written; each item times k.
+    ordo::method<ordo::upload<long, long>()> sum{"sum"};
+    ordo::method<ordo::two_way<long, long>(long)> scale{"scale"};
 };

@@ -88,6 +88,17 @@ inline void serve_counter(ordo::server& srv, long& total, ordo::handler_options 
     srv.on(counter{}.count_to, [](ordo::writer<int>& out, int n) -> net::awaitable<void> {
         for (int i = 0; i < n; ++i) co_await out.write(i);
     });
+    // A client stream: the sum of the items the caller writes. A two-way stream: each item back
+    // times k, as it comes.
+    srv.on(counter{}.sum, [](ordo::reader<long>& in) -> net::awaitable<long> {
+        long total = 0;
+        while (auto v = co_await in.next()) total += *v;
+        co_return total;
+    });
+    srv.on(counter{}.scale,
+           [](ordo::reader<long>& in, ordo::writer<long>& out, long k) -> net::awaitable<void> {
+               while (auto v = co_await in.next()) co_await out.write(*v * k);
+           });
     // Single calls from every peer, squared in batches of up to 64 (or after 1 ms).
     srv.on_batch("square_batch", {.max_batch_size = 64, .max_wait = std::chrono::milliseconds(1)},
                  [](std::vector<int> xs) {

@@ -205,6 +205,27 @@ contexts = [p([0, 1, "inc", [1], {"ordo-deadline-ms": 0}]),
             p([2, "add", [1], {"k": "v"}])]
 envelopes += contexts
 
+# Streams both ways (docs/protocol.md "Streams both ways"): a client stream and a two-way stream
+# used well, and items beyond the credit, after the end, for unknown calls, with a wrong count,
+# malformed, and to a method that does not read.
+both_ways = [p([0, 1, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in", [1, 5]],
+               [2, "ordo.in", [1, 7]], [2, "ordo.in_end", [1, 2]]),
+             p([0, 2, "ordo.stream", ["scale", [3], 4, 1 << 20, True]],
+               *[[2, "ordo.in", [2, i]] for i in range(6)], [2, "ordo.credit", [2, 4, 64]],
+               [2, "ordo.in_end", [2, 6]]),
+             p([0, 3, "ordo.stream", ["sum", [], 1, 0, True]],
+               *[[2, "ordo.in", [3, i]] for i in range(300)]),
+             p([0, 4, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in_end", [4, 0]],
+               [2, "ordo.in", [4, 1]], [2, "ordo.in_end", [4, 9]]),
+             p([0, 5, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in", [5, "x"]],
+               [2, "ordo.in", [5]], [2, "ordo.in", ["5", 1]], [2, "ordo.in_end", [5, "n"]],
+               [2, "ordo.in", [99, 1]], [0, 6, "ordo.in", [5, 1]]),
+             p([0, 7, "ordo.stream", ["inc", [1], 1, 0, True]], [2, "ordo.in", [7, 1]]),
+             p([0, 8, "sum", []], [0, 9, "ordo.stream", ["sum", [], 1, 0, 1]]),
+             p([0, 10, "ordo.stream", ["sum", [], 1, 0, True]], [0, 11, "ordo.cancel", [10]],
+               [2, "ordo.cancel", [10]], [2, "ordo.in", [10, 1]])]
+envelopes += both_ways
+
 # Authentication (docs/protocol.md "Authentication"): an input that starts with a notification
 # (an odd first byte) meets a server with a token table (tests/fuzz/server_fuzz.cpp).
 token = {"token": "fuzz-token-0123456789"}
