@@ -218,6 +218,10 @@ bool dispatcher::observes(const call_context* ctx) const noexcept {
     return (h_ && h_->access_log()) || (spans_of(ctx) && span_sampled(ctx->trace_id()));
 }
 
+void dispatcher::dispatch_plain(const handler_entry* e, message& m, std::size_t bytes) {
+    dispatch_to(e, m, {}, arrival{nullptr, bytes, {}});
+}
+
 void dispatcher::dispatch_to(const handler_entry* e, message& m, stream_shape how, arrival a) {
     const bool req = m.kind == message_kind::request;
     // From on_message: a plain message is observed by the access log alone.

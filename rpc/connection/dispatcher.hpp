@@ -99,7 +99,7 @@ class dispatcher {
         const handler_entry* e = find(m.method);
         if (e && e->direct) [[likely]]
             return run_sync<false>(*e, m, nullptr);
-        dispatch_to(e, m, {}, arrival{nullptr, bytes, {}});
+        dispatch_plain(e, m, bytes);
     }
     /// A request that carries a context (message::meta). Never on_message's inline path: a
     /// synchronous handler open to every caller, with nothing queued ahead and no access log,
@@ -177,6 +177,9 @@ class dispatcher {
                                                  arrival& a);
     // Finds m's handler (ordo.stream: the one it wraps) and dispatches to it.
     void dispatch(message& m, arrival a);
+    // dispatch_to for a message that came plain (no context, no stream), out of line: the
+    // read path's inline code stays small.
+    [[gnu::noinline]] void dispatch_plain(const handler_entry* e, message& m, std::size_t bytes);
     // The one dispatch path: `e` is m's handler or null; `how`: how its caller streams.
     void dispatch_to(const handler_entry* e, message& m, stream_shape how, arrival a);
     // A plain handler, run now. Full: the way for anything but on_message's inline path, with
