@@ -4,6 +4,7 @@
     assert await ch.inc(1) == 2
     ch.notify("add", 5)
     async for x in ch.stream("count_to", 10): ...
+    up = ch.upload("sum"); await up.write(1); total = await up.finish()
 
 Threading: ordo's io_context runs on a thread of its own, which never takes the GIL nor touches
 a Python object; calls are handed to it as msgpack bytes with the GIL released, and their
@@ -20,11 +21,12 @@ from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Clos
 from ._batching import END
 from ._context import CallContext, current_context
 from ._server import Server
+from ._writing import Reader, TwoWay, Upload
 
 __version__: str = _ordo.__version__  # meson.build's project version
 
 __all__ = ["connect", "current_context", "CallContext", "Channel", "Peer", "Identity", "Stream",
-           "Server", "END", "OrdoError", "PeerLost", "TimedOut", "Cancelled", "ProtocolError",
+           "TwoWay", "Upload", "Reader", "Server", "END", "OrdoError", "PeerLost", "TimedOut", "Cancelled", "ProtocolError",
            "MethodNotFound", "BadArguments", "RemoteError", "Overloaded", "ShuttingDown", "Closed",
            "BadAddress", "BadResult", "SessionLost", "Unauthenticated", "PermissionDenied",
            "shutdown"]

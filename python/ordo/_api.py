@@ -36,7 +36,7 @@ _unpackb = _ordo.unpackb
 # ---- the hub of one asyncio loop ----------------------------------------------------------
 
 (_CALL, _CONNECTED, _ITEM, _END, _REQUEST, _GONE, _WRITTEN, _DONE, _NOTIFY_FAILED,
- _UNDELIVERED) = range(10)
+ _UNDELIVERED, _RELEASE, _STREAM_WRITTEN, _IN_ITEM, _IN_END) = range(14)
 
 
 class _LoopHub:
@@ -54,6 +54,7 @@ class _LoopHub:
         self.lanes: dict[int, dict] = {}
         self.waiting: dict[int, int] = {}
         self.written: dict[int, object] = {}  # request id -> its item writer
+        self.readers: dict[int, object] = {}  # request id -> its Reader (reads=True handlers)
         # Calls and notifications made in one turn of the loop go to the io thread together,
         # in order, in one hand-over (flush), as BatchedSend gathers messages. Every other
         # operation flushes first, so that it comes after them.
@@ -162,7 +163,7 @@ class _LoopHub:
                     fut.set_result((a, text))
             elif kind == _REQUEST:
                 from ._server import _arrive
-                _arrive(self, token, a, b, data, text, code == 1, detail)
+                _arrive(self, token, a, b, data, text, bool(code & 1), detail)
             elif kind == _ITEM:
                 st = self.streams.get(token)
                 if st is not None:
@@ -170,12 +171,25 @@ class _LoopHub:
             elif kind == _END:
                 st = self.streams.pop(token, None)
                 if st is not None:
-                    st._ended(code, text, detail)
+                    st._ended(code, text, detail, data)
             elif kind == _WRITTEN:
                 w = self.written.get(token)
                 if w is not None:
                     w._written(a)
+            elif kind == _IN_ITEM:
+                r = self.readers.get(token)
+                if r is not None:
+                    r._item(data)
+            elif kind == _IN_END:
+                r = self.readers.get(token)
+                if r is not None:
+                    r._ended(code, text)
+            elif kind == _STREAM_WRITTEN:
+                st = self.streams.get(token)
+                if st is not None:
+                    st._written(a, b)
             elif kind == _GONE:
+                self.readers.pop(token, None)
                 task = self.requests.pop(token, None)
                 if task is not None:
                     task.cancel()
@@ -379,18 +393,37 @@ class Channel:
         credit in items (0: ordo's default, 8192), `window_bytes` in bytes (0: 1 MiB; one
         item always goes); a reader that stops holds the server. zero_copy: bytes of 64 KiB
         or more in items arrive as writable memoryviews of the message."""
+        return self._open(Stream, 0, method, args, timeout, key, window, window_bytes, zero_copy)
+
+    def two_way(self, method: str, *args, timeout: float | None = None, key: str = "",
+                window: int = 0, window_bytes: int = 0, zero_copy: bool = False):
+        """A two-way stream (docs/protocol.md, "Streams both ways"): `await s.write(x)`, then
+        `s.close()`, while `async for y in s` reads the handler's items; each direction is in
+        order and has its own credit. Options as for stream(). Returns an ordo.TwoWay."""
+        from ._writing import TwoWay
+        return self._open(TwoWay, 1, method, args, timeout, key, window, window_bytes, zero_copy)
+
+    def upload(self, method: str, *args, timeout: float | None = None, key: str = ""):
+        """A client stream: `await up.write(x)` for each item (it waits while the handler is
+        behind), then `await up.finish()` for the handler's answer. Returns an ordo.Upload."""
+        from ._writing import Upload
+        return self._open(Upload, 2, method, args, timeout, key, 1, 0, False)
+
+    def _open(self, cls, shape: int, method: str, args, timeout, key, window, window_bytes,
+              zero_copy):
         _check_running(f"stream {method}")
         lh = self._lh
+        params = _packb(args)  # raises TypeError for what msgpack cannot carry
         token = next(_tokens)
-        st = Stream(lh, token, method)
+        st = cls(lh, token, method)
         st._views = zero_copy
         # Credit goes back when half the window (in items or bytes) is read, as ordo's reader
         # grants it: taken items are reported to the io thread only then, in one entry.
         st._due = (max(1, min(window or 8192, 65536) // 2), (window_bytes or 1 << 20) // 2)
         lh.streams[token] = st
         lh.flush()
-        lh.hub.stream(self._id, token, method, _packb(args), _timeout_ms(timeout), key, window,
-                      window_bytes)
+        lh.hub.stream(self._id, token, method, params, _timeout_ms(timeout), key, window,
+                      window_bytes, shape)
         return st
 
     def lane(self, name: str) -> Channel:
@@ -491,6 +524,7 @@ class Stream:
         self._views = False
         self._due = (1, 1)  # report taken items from this many items or bytes (stream())
         self._taken = [0, 0]  # items and bytes taken and not yet reported
+        self._result = None  # an upload's answer (Upload.finish)
 
     def _item(self, data: bytes, size: int) -> None:
         self._items.append((data, size))
@@ -498,8 +532,9 @@ class Stream:
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _ended(self, code: int, text, detail) -> None:
+    def _ended(self, code: int, text, detail, data=None) -> None:
         self._outcome = (code, text, detail)
+        self._result = data
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

@@ -3,6 +3,7 @@
 #include "_core.hpp"
 
 #include <algorithm>
+#include <deque>
 
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
@@ -100,11 +101,14 @@ class py_stream final : public detail::stream_core {
     };
 
     py_stream(std::shared_ptr<hub> h, std::uint64_t token, std::string method,
-              const channel_impl& ch, std::uint32_t window, std::uint64_t window_bytes)
+              const channel_impl& ch, std::uint32_t window, std::uint64_t window_bytes,
+              shape how)
         : stream_core(std::move(method), ch.remote_address(), ch.get_executor(), window,
                       window_bytes),
           hub_(std::move(h)),
-          token_(token) {
+          token_(token),
+          upload_(how == shape::upload) {
+        if (how != shape::reads) set_writes();
         std::lock_guard lk(mu_);
         waiter_ = std::make_unique<end_waiter>(hub_, token_);
     }
@@ -113,6 +117,7 @@ class py_stream final : public detail::stream_core {
         {
             std::lock_guard lk(mu_);
             if (ended_) return;
+            if (upload_) return fail_and_cancel("the server sent an item on a client stream");
             if (!within_credit()) return over_credit();
             count_item(wire_bytes);
         }
@@ -140,15 +145,75 @@ class py_stream final : public detail::stream_core {
     void finish(hub& h) {
         completion c{kind::stream_end, token_};
         std::lock_guard lk(mu_);
-        if (ec_) describe_failure(c, ec_, method(), remote(), detail_);
+        if (ec_)
+            describe_failure(c, ec_, method(), remote(), detail_);
+        else if (upload_)
+            c.data = std::move(result_);  // the handler's answer (ordo.Upload.finish)
         h.push(std::move(c));
+    }
+
+    // ---- the caller's items (two-way and client streams), on the io thread ----
+    void write(held_bytes item) {
+        if (closing_) return;  // the Python side writes nothing after close(): not reached
+        out_.push_back(std::move(item));
+        if (!pumping_) start_pump();
+    }
+    void close() {
+        closing_ = true;
+        if (!pumping_) close_writes();  // else after the items queued
     }
 
   private:
     bool ready_locked() const noexcept override { return ended_; }
+    std::string check_result(const msgpack::object& result) override {
+        if (!upload_) return stream_core::check_result(result);
+        result_ = pack_object(result);
+        return {};
+    }
+
+    void start_pump() {
+        pumping_ = true;
+        auto self = std::static_pointer_cast<py_stream>(shared_from_this());
+        net::co_spawn(runtime::get().io, pump(std::move(self)), net::detached);
+    }
+
+    // Sends the queued items in order, each once credit allows (stream_core::write_item), and
+    // reports each to Python, which bounds what it has handed over and not yet seen sent.
+    static net::awaitable<void> pump(std::shared_ptr<py_stream> s) {
+        bool ok = true;
+        while (ok && !s->out_.empty()) {
+            {
+                const held_bytes item = std::move(s->out_.front());
+                s->out_.pop_front();
+                s->item_buffer().write(item.view().data(), item.view().size());
+            }
+            try {
+                ok = co_await write_item(s);
+            } catch (const std::exception&) {  // not cancelled, never closed here: not reached
+                ok = false;
+            }
+            if (ok) ++s->sent_;
+            // Every 16 items, and when the queue is empty: Python waits for half its window.
+            if (!ok || s->out_.empty() || s->sent_ % 16 == 0) {
+                completion c{kind::stream_written, s->token_};
+                c.a = s->sent_;
+                c.b = ok ? 0 : 1;
+                s->hub_->push(std::move(c));
+            }
+        }
+        s->out_.clear();  // the call ended: what is left goes nowhere, as Python is told
+        s->pumping_ = false;
+        if (s->closing_) s->close_writes();
+    }
 
     std::shared_ptr<hub> hub_;
     std::uint64_t token_;
+    bool upload_;
+    std::string result_;  // an upload's answer, packed
+    std::deque<held_bytes> out_;
+    bool pumping_ = false;
+    bool closing_ = false;
+    std::uint64_t sent_ = 0;
 };
 
 net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
@@ -310,6 +375,12 @@ void run_batch(const std::shared_ptr<hub>& h, std::string_view batch) {
             // [4, stream, bytes, items]: the reader took items
             stream_took(f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>(),
                         f[3].as<std::uint64_t>());
+        } else if (f[0].as<int>() == 5) {  // [5, stream, item]: the caller writes an item
+            stream_write_in(f[1].as<std::uint64_t>(), held_bytes(std::string(str(f[2]))));
+        } else if (f[0].as<int>() == 6) {  // [6, stream, 0]: the caller's last item was written
+            stream_close_writes(f[1].as<std::uint64_t>());
+        } else if (f[0].as<int>() == 7) {  // [7, request, items]: a reading handler took items
+            reader_took(f[1].as<std::uint64_t>(), f[2].as<std::uint64_t>());
         } else if (e.via.array.size == 7 || e.via.array.size == 8) {
             // The eighth: the call's metadata, [[key, value], ...] (ordo/_api.py, call()).
             metadata meta;
@@ -353,7 +424,7 @@ void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& 
 
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
-                  std::uint32_t window, std::uint64_t window_bytes) {
+                  std::uint32_t window, std::uint64_t window_bytes, shape how) {
     auto impl = runtime::get().find_channel(chan);
     if (!impl) {
         completion c{kind::stream_end, token};
@@ -365,7 +436,7 @@ void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t toke
     o.window_bytes = window_bytes ? window_bytes : default_stream_window_bytes;
     auto s = std::make_shared<py_stream>(std::move(h), token, method, *impl,
                                          o.window ? o.window : default_stream_window,
-                                         o.window_bytes);
+                                         o.window_bytes, how);
     runtime::get().streams[token] = s;
     detail::params_buffer p;
     p.write(params.data(), params.size());
@@ -376,6 +447,18 @@ void stream_took(std::uint64_t token, std::uint64_t bytes, std::uint64_t items) 
     auto& rt = runtime::get();
     auto it = rt.streams.find(token);
     if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).took(bytes, items);
+}
+
+void stream_write_in(std::uint64_t token, held_bytes item) {
+    auto& rt = runtime::get();
+    auto it = rt.streams.find(token);
+    if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).write(std::move(item));
+}
+
+void stream_close_writes(std::uint64_t token) {
+    auto& rt = runtime::get();
+    auto it = rt.streams.find(token);
+    if (it != rt.streams.end()) static_cast<py_stream&>(*it->second).close();
 }
 
 void stream_cancel(std::uint64_t token) {

@@ -48,6 +48,11 @@ enum class kind : int {
                        ///< when the connection ended (peer_options::on_undelivered)
     release = 10,      ///< a: a batch (PyObject*) the io thread has read in place; drain()
                        ///< drops it, never Python
+    stream_written = 11,  ///< token: a stream the caller writes to; a = its items handed to the
+                          ///< connection so far; b = 1 when a write found the call ended
+    request_item = 12,    ///< token: request id of a reading handler; data = one msgpack item
+    request_in_end = 13,  ///< token: request id of a reading handler; code 0: its caller closed
+                          ///< its side; else why its items ended (text)
 };
 
 struct completion {
@@ -161,9 +166,10 @@ class runtime {
 /// Runs a batch of calls and notifications, in order: a msgpack array of
 /// [0, chan, method, params] (notify; params inline, as an array), [1, chan, token, method, params,
 /// timeout_ms, key] (call; with an eighth element, its metadata: [[key, str or bin], ...]),
-/// [2, request, code, data] (respond), [3, request, item] (stream_write) and [4, stream,
-/// bytes, items] (stream_took); params, data and item are msgpack bytes, as bin. Made by
-/// ordo/_api.py (_LoopHub.flush).
+/// [2, request, code, data] (respond), [3, request, item] (stream_write), [4, stream,
+/// bytes, items] (stream_took), [5, stream, item] (stream_write_in), [6, stream]
+/// (stream_close_writes) and [7, request, items] (reader_took); params, data and item are
+/// msgpack bytes, as bin. Made by ordo/_api.py (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, std::string_view batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,
@@ -177,9 +183,16 @@ void send_notify(std::shared_ptr<hub> h, std::uint64_t chan, const std::string& 
 /// was refused.
 std::optional<completion> try_notify(std::uint64_t chan, const std::string& method,
                                      const std::string& params);
+/// How a stream's caller takes part (docs/protocol.md, "Streams both ways").
+enum class shape : int { reads = 0, two_way = 1, upload = 2 };
 void start_stream(std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                   std::string method, std::string params, long timeout_ms, std::string key,
-                  std::uint32_t window, std::uint64_t window_bytes);
+                  std::uint32_t window, std::uint64_t window_bytes, shape how = shape::reads);
+/// One item the caller writes to stream `token` (msgpack bytes), sent in order once credit
+/// allows; a stream_written completion reports each.
+void stream_write_in(std::uint64_t token, held_bytes item);
+/// The caller has written its last item to stream `token` (ordo.in_end goes after them).
+void stream_close_writes(std::uint64_t token);
 /// The reader took `items` items of `bytes` wire bytes: credit goes back (half a window at a
 /// time).
 void stream_took(std::uint64_t token, std::uint64_t bytes, std::uint64_t items);
@@ -207,8 +220,8 @@ void server_create(std::uint64_t id, std::map<std::string, std::string> tokens,
 /// The handler table of server `id` (kept alive by the returned pointer), or null; its
 /// requests go to `h` if no loop listens for it yet.
 std::shared_ptr<const handlers> server_handlers(std::uint64_t id, const std::shared_ptr<hub>& h);
-/// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming, 4 only the callers
-/// whose subject is in `allow`.
+/// Registers handler `hid` as `name`. flags: 1 concurrent, 2 streaming (it writes items), 4
+/// only the callers whose subject is in `allow`, 8 reading (its caller writes items).
 void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags,
                 std::string signature, std::vector<std::string> allow);
 void server_listen(std::shared_ptr<hub> h, std::uint64_t id, std::uint64_t token,
@@ -220,6 +233,8 @@ void server_stop_listening(std::uint64_t id);
 void respond(std::uint64_t request, int code, std::string data);
 /// One item of a streaming handler (msgpack bytes), written in order.
 void stream_write(std::uint64_t request, held_bytes item);
+/// A reading handler's Python side has taken `items` more of the items handed to it.
+void reader_took(std::uint64_t request, std::uint64_t items);
 /// At exit: every server stopped.
 void stop_servers();
 

@@ -181,14 +181,24 @@ PYBIND11_MODULE(_ordo, m) {
             "stream",
             [](std::shared_ptr<hub> h, std::uint64_t chan, std::uint64_t token,
                std::string method, std::string params, long timeout_ms, std::string key,
-               std::uint32_t window, std::uint64_t window_bytes) {
+               std::uint32_t window, std::uint64_t window_bytes, int shape) {
+                if (shape < 0 || shape > 2) throw pyb::value_error("ordo: no such stream shape");
                 runtime::get().submit([h = std::move(h), chan, token, method = std::move(method),
                                        params = std::move(params), timeout_ms,
-                                       key = std::move(key), window, window_bytes]() mutable {
+                                       key = std::move(key), window, window_bytes,
+                                       shape]() mutable {
                     op::start_stream(std::move(h), chan, token, std::move(method),
                                      std::move(params), timeout_ms, std::move(key), window,
-                                     window_bytes);
+                                     window_bytes, static_cast<op::shape>(shape));
                 });
+            })
+        .def(
+            "stream_write_in",
+            [](std::shared_ptr<hub> h, std::uint64_t token, pyb::bytes item) {
+                // Big items only (ordo/_writing.py); the others go with the turn's batch.
+                auto held = std::make_shared<struct held>(hold(std::move(h), std::move(item)));
+                runtime::get().submit(
+                    [token, held] { op::stream_write_in(token, std::move(held->bytes)); });
             })
         .def(
             "stream_cancel",

@@ -9,6 +9,8 @@
 #include <limits>
 
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 
 namespace ordo::py {
@@ -30,7 +32,16 @@ struct request_state {
     int code = 0;
     std::string data;               ///< the result, or the error message
     std::deque<held_bytes> items;  ///< streaming: items not yet written
+    // A reading handler: the sizes of the items handed to Python and not yet taken by it.
+    std::deque<std::size_t> handed;
+    std::size_t handed_bytes = 0;
 };
+
+// What a reading handler's Python side may hold that it has not taken (its Reader's queue),
+// beyond the items the connection holds for it: at most this many items, or one item and more
+// bytes than this.
+constexpr std::size_t reader_room_items = 64;
+constexpr std::size_t reader_room_bytes = 1 << 20;
 
 std::unordered_map<std::uint64_t, std::shared_ptr<request_state>>& requests() {
     static std::unordered_map<std::uint64_t, std::shared_ptr<request_state>> m;  // io thread
@@ -70,7 +81,7 @@ std::string pack_context(const call_context& ctx) {
 
 // Hands the request to Python; returns its id.
 std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& method, peer& p,
-                       const msgpack::object& params, bool stream,
+                       const msgpack::object& params, int shape,
                        std::shared_ptr<request_state>& st) {
     auto& rt = runtime::get();
     st = std::make_shared<request_state>(rt.io.get_executor());
@@ -79,7 +90,7 @@ std::uint64_t announce(server_binding& b, std::uint64_t hid, const std::string& 
     completion c{kind::request, id};
     c.a = hid;
     c.b = rt.peer_channel(p);
-    c.code = stream ? 1 : 0;
+    c.code = shape;  // 1: it writes items (a stream); | 2: it reads items (run_reading)
     c.data = pack_object(params);
     c.text = method;
     if (const call_context* ctx = current_context()) c.detail = pack_context(*ctx);
@@ -114,7 +125,7 @@ void throw_answer(const request_state& st) {
 net::awaitable<void> run_unary(server_binding* b, std::uint64_t hid, std::string method, peer& p,
                                msgpack::object params, buffer& out) {
     std::shared_ptr<request_state> st;
-    const std::uint64_t id = announce(*b, hid, method, p, params, false, st);
+    const std::uint64_t id = announce(*b, hid, method, p, params, 0, st);
     while (!st->done)
         if (!co_await wait_for_python(*st)) cancelled(*b, id);
     requests().erase(id);
@@ -123,12 +134,13 @@ net::awaitable<void> run_unary(server_binding* b, std::uint64_t hid, std::string
 }
 
 net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st,
-                                 detail::stream_out& out, std::uint64_t& written);
+                                 detail::stream_out& out, std::uint64_t& written,
+                                 bool once = false);
 
 net::awaitable<void> run_stream(server_binding* b, std::uint64_t hid, std::string method, peer& p,
                                 msgpack::object params, detail::stream_out& out) {
     std::shared_ptr<request_state> st;
-    const std::uint64_t id = announce(*b, hid, method, p, params, true, st);
+    const std::uint64_t id = announce(*b, hid, method, p, params, 1, st);
     std::uint64_t written = 0;
     try {
         co_await write_items(*b, id, *st, out, written);
@@ -140,9 +152,9 @@ net::awaitable<void> run_stream(server_binding* b, std::uint64_t hid, std::strin
     throw_answer(*st);
 }
 
-// Writes what Python gives, in order, until it ends the stream.
+// Writes what Python gives, in order, until it ends the stream (`once`: until none is left).
 net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_state& st_,
-                                 detail::stream_out& out, std::uint64_t& written) {
+                                 detail::stream_out& out, std::uint64_t& written, bool once) {
     auto* st = &st_;
     for (;;) {
         while (!st->items.empty()) {
@@ -156,9 +168,75 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
             c.a = ++written;
             b.h->push(std::move(c));
         }
-        if (st->done) co_return;
+        if (st->done || once) co_return;
         if (!co_await wait_for_python(*st)) cancelled(b, id);
     }
+}
+
+// Hands Python the items that have come, while its Reader has room; false once the items have
+// ended (Python is told: the caller closed its side, or why they failed).
+bool hand_items(server_binding& b, std::uint64_t id, request_state& st, detail::stream_in& in) {
+    while (st.handed.size() < reader_room_items && st.handed_bytes < reader_room_bytes) {
+        const msgpack::object* item = nullptr;
+        completion c{kind::request_in_end, id};
+        try {
+            if (!in.try_next(item)) return true;
+        } catch (const std::system_error& e) {  // cancelled, protocol_error, peer_lost
+            c.code = e.code().category() == error_category()
+                         ? e.code().value()
+                         : static_cast<int>(errc::remote_error);
+            c.text = e.what();
+            b.h->push(std::move(c));
+            return false;
+        }
+        if (!item) {  // the caller closed its side, and every item has been handed over
+            b.h->push(std::move(c));
+            return false;
+        }
+        c = completion{kind::request_item, id};
+        c.data = pack_object(*item);
+        st.handed.push_back(c.data.size());
+        st.handed_bytes += c.data.size();
+        b.h->push(std::move(c));
+    }
+    return true;
+}
+
+// A handler that reads what its caller writes (a client stream: `out` null, the answer goes
+// to `result`; a two-way stream: Python's items go to `out`). Items go to Python as they come,
+// up to its Reader's room; the coroutine waits for Python and for items together.
+net::awaitable<void> run_reading(server_binding* b, std::uint64_t hid, std::string method, peer& p,
+                                 msgpack::object params, detail::stream_in& in,
+                                 detail::stream_out* out, buffer& result) {
+    using namespace net::experimental::awaitable_operators;
+    std::shared_ptr<request_state> st;
+    const std::uint64_t id = announce(*b, hid, method, p, params, out ? 3 : 2, st);
+    std::uint64_t written = 0;
+    bool reading = true;
+    try {
+        for (;;) {
+            if (reading) reading = hand_items(*b, id, *st, in);
+            if (out) co_await write_items(*b, id, *st, *out, written, true);  // Python's items
+            if (st->done) break;
+            const bool room = st->handed.size() < reader_room_items &&
+                              st->handed_bytes < reader_room_bytes;
+            if (reading && room) {
+                st->timer.expires_at(net::steady_timer::time_point::max());
+                co_await (st->timer.async_wait(net::experimental::as_tuple(net::use_awaitable)) ||
+                          in.wait());
+                auto cs = co_await net::this_coro::cancellation_state;
+                if (cs.cancelled() != net::cancellation_type::none) cancelled(*b, id);
+            } else if (!co_await wait_for_python(*st)) {
+                cancelled(*b, id);
+            }
+        }
+    } catch (...) {  // cancelled while it waited: Python's task goes too
+        if (requests().erase(id)) b->h->push(completion{kind::request_gone, id});
+        throw;
+    }
+    requests().erase(id);
+    throw_answer(*st);
+    if (!out) result.write(st->data.data(), st->data.size());
 }
 
 server_binding* find_server(std::uint64_t id) {
@@ -210,9 +288,16 @@ void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags
     e.concurrent = (flags & 1) != 0;
     // A serial method's messages cross to the loop many at a time: the loop runs a
     // connection's handlers one at a time, in order (ordo/_api.py, _LoopHub._request).
-    if (!e.concurrent && !(flags & 2)) e.pipeline = serial_pipeline;
+    if (!e.concurrent && !(flags & (2 | 8))) e.pipeline = serial_pipeline;
     if (flags & 4) e.allow = allow_subjects(std::move(allow));
-    if (flags & 2) {
+    if (flags & 8) {
+        e.writes_items = (flags & 2) != 0;
+        e.signature += e.writes_items ? " [two-way stream]" : " [client stream]";
+        e.reads = [b, hid, name](peer& p, msgpack::object params, detail::stream_in& in,
+                                 detail::stream_out* out, buffer& result) {
+            return run_reading(b, hid, name, p, params, in, out, result);
+        };
+    } else if (flags & 2) {
         e.signature += " [stream]";
         e.stream = [b, hid, name](peer& p, msgpack::object params, detail::stream_out& out) {
             return run_stream(b, hid, name, p, params, out);
@@ -280,6 +365,17 @@ void respond(std::uint64_t request, int code, std::string data) {
     st.code = code;
     st.data = std::move(data);
     st.timer.cancel();
+}
+
+void reader_took(std::uint64_t request, std::uint64_t items) {
+    auto it = requests().find(request);
+    if (it == requests().end()) return;
+    auto& st = *it->second;
+    for (; items > 0 && !st.handed.empty(); --items) {
+        st.handed_bytes -= st.handed.front();
+        st.handed.pop_front();
+    }
+    st.timer.cancel();  // room again: the handler's coroutine hands over more
 }
 
 void stream_write(std::uint64_t request, held_bytes item) {

@@ -6,7 +6,6 @@ registered with concurrent=True."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextvars
 import inspect
 import types
@@ -16,6 +15,7 @@ from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, 
                    _LoopHub)
 from ._batching import _Batcher, _StreamBatcher
 from ._context import CallContext, _current
+from ._writing import Reader, _Writer
 
 _handlers: dict = {}  # handler id -> _Handler (ids are unique in the process)
 _SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool: (bool,),
@@ -23,7 +23,8 @@ _SIMPLE = {int: (int,), float: (float, int), str: (str,), bytes: (bytes,), bool:
 
 
 class _Handler:
-    def __init__(self, name: str, fn, concurrent: bool, with_peer: bool, views: bool = False):
+    def __init__(self, name: str, fn, concurrent: bool, with_peer: bool, views: bool = False,
+                 reads: bool = False):
         self.name = name
         self.fn = fn
         self.concurrent = concurrent
@@ -32,10 +33,13 @@ class _Handler:
         self.views = views  # big bins as memoryviews (zero_copy)
         self.stream = inspect.isasyncgenfunction(fn)
         self.coro = inspect.iscoroutinefunction(fn)
+        self.reads = reads  # its first argument (after the peer) is a Reader
+        if reads and not (self.stream or self.coro):
+            raise TypeError(f"ordo: {name}: a handler with reads=True is a coroutine function "
+                            f"(a client stream) or an async generator (a two-way stream)")
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
-        if with_peer:
-            params = params[1:]
+        params = params[int(with_peer) + int(reads):]
         self.signature = "(" + ", ".join(str(p) for p in params) + ")"
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.min_args = sum(1 for p in positional if p.default is p.empty)
@@ -86,6 +90,9 @@ def _arrive(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, met
     a time (handler_entry::pipeline, _server.cpp), so the order of a connection is kept here:
     while one of its serial handlers runs, its later requests wait in its lane, and they run
     in order, back to back, once it ends."""
+    h = _handlers.get(hid)
+    if h is not None and h.reads:  # its caller's items may come before it runs
+        lh.readers[token] = Reader(lh, token, h.name, h.views)
     lane = lh.lanes.get(peer_chan)
     if lane is not None:
         lane[token] = (hid, data, method, stream, ctx)
@@ -128,6 +135,20 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
                                        data, method, stream)
         return
     h = _handlers.get(hid)
+    reader = lh.readers.get(token)
+    try:
+        _start(lh, token, h, peer_chan, data, reader)
+    finally:
+        if reader is not None:  # dropped with its task (or now, if it ended at once)
+            task = lh.requests.get(token)
+            if task is None or task.done():
+                lh.readers.pop(token, None)
+            else:
+                task.add_done_callback(lambda _: lh.readers.pop(token, None))
+
+
+def _start(lh: _LoopHub, token: int, h: _Handler | None, peer_chan: int, data: bytes,
+           reader: Reader | None) -> None:
     hub = lh
     if h is None:
         hub.respond(token, 9, b"ordo: the handler's server has stopped")
@@ -144,6 +165,8 @@ def _dispatch(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, m
     except Exception as e:
         hub.respond(token, 6, f"{h.name}: params do not decode: {e}".encode())
         return
+    if reader is not None:
+        args = [reader] + args
     if h.with_peer:
         args = [Peer(lh, peer_chan, "(the caller of " + h.name + ")")] + args
     if h.stream:
@@ -230,40 +253,8 @@ async def _run(lh: _LoopHub, token: int, h: _Handler, rest) -> None:
         _answer(lh, token, h, None, data)
 
 
-class _Writer:
-    """A streaming handler's items in flight: at most `window` written and not yet sent, and
-    at most `window_bytes` of them (one item always goes)."""
-
-    window = 64
-    window_bytes = 64 << 20
-
-    def __init__(self, lh: _LoopHub):
-        self.lh = lh
-        self.sent = 0
-        self.acked = 0
-        self.sizes: collections.deque = collections.deque()  # of the items not yet sent
-        self.nbytes = 0
-        self.waiter: asyncio.Future | None = None
-
-    def add(self, n: int) -> bool:
-        """An item of `n` bytes was written; whether the writer must now wait."""
-        self.sent += 1
-        self.sizes.append(n)
-        self.nbytes += n
-        return self.sent - self.acked >= self.window or self.nbytes >= self.window_bytes
-
-    def _written(self, n: int) -> None:
-        while self.acked < n and self.sizes:
-            self.acked += 1
-            self.nbytes -= self.sizes.popleft()
-        w = self.waiter
-        if (w is not None and not w.done() and self.sent - n < self.window // 2
-                and self.nbytes < self.window_bytes // 2):
-            w.set_result(None)
-
-
 async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
-    w = _Writer(lh)
+    w = _Writer(lh)  # 64 items, 64 MiB
     lh.written[token] = w
     agen = h.fn(*args)
     try:
@@ -271,9 +262,7 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
             data = _packb(item)
             lh.stream_write(token, data)
             if w.add(len(data)):
-                w.waiter = lh.loop.create_future()
-                await w.waiter
-                w.waiter = None
+                await w.wait()
     except asyncio.CancelledError:
         _cancelled(lh, token, h)
         raise
@@ -325,13 +314,17 @@ class Server:
         self._stop_future: asyncio.Future[None] | None = None
 
     def method(self, fn=None, *, name: str | None = None, concurrent: bool = False,
-               with_peer: bool = False, allow=None, zero_copy: bool = False):
+               with_peer: bool = False, allow=None, zero_copy: bool = False,
+               reads: bool = False):
         """Registers `fn` under its name (or `name`); usable as @srv.method or
         @srv.method(concurrent=True). allow: the subjects (Peer.identity.subject) that may
         call it; others get PermissionDenied and nothing runs. None: everyone. zero_copy:
-        bytes arguments of 64 KiB or more arrive as writable memoryviews of the message."""
+        bytes arguments of 64 KiB or more arrive as writable memoryviews of the message.
+        reads: `fn` takes an ordo.Reader of the items its caller writes first (after the peer):
+        a coroutine function answers a client stream (Channel.upload), an async generator a
+        two-way stream (Channel.two_way)."""
         def register(f):
-            h = _Handler(name or f.__name__, f, concurrent, with_peer, zero_copy)
+            h = _Handler(name or f.__name__, f, concurrent, with_peer, zero_copy, reads)
             h.allow = None if allow is None else [str(s) for s in allow]
             self._register(h)
             return f
@@ -383,7 +376,7 @@ class Server:
 
     def _add(self, h: _Handler) -> None:
         flags = ((1 if h.concurrent else 0) | (2 if h.stream else 0) |
-                 (4 if h.allow is not None else 0))
+                 (4 if h.allow is not None else 0) | (8 if h.reads else 0))
         self._lh.hub.server_add(self._id, h.name, h.hid, flags, h.signature, h.allow or [])
 
     def _attach(self, lh: _LoopHub) -> None:
