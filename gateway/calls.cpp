@@ -180,10 +180,13 @@ std::optional<reply> parse_options(const http_request& req, call_request& r) {
             r.stream = flag_value(value);
         else if (name == "key")
             r.key = value;
+        else if (name == "params")
+            r.params = value;
         else
             bad = request_error(400, "bad_parameter",
                                 "ordo gateway: unknown query parameter \"" + name +
-                                    "\" (relative_slo_ms, absolute_slo_ms, notify, stream, key)");
+                                    "\" (relative_slo_ms, absolute_slo_ms, notify, stream, key, "
+                                    "params)");
         if (bad) return bad;
     }
     for (const char* h : {"Ordo-Relative-Slo-Ms", "Ordo-Absolute-Slo-Ms"})
@@ -194,6 +197,7 @@ std::optional<reply> parse_options(const http_request& req, call_request& r) {
     if (const std::string* v = req.header("Ordo-Notify")) r.notify = flag_value(*v);
     if (const std::string* v = req.header("Ordo-Stream")) r.stream = flag_value(*v);
     if (const std::string* v = req.header("Ordo-Key")) r.key = *v;
+    if (const std::string* v = req.header("Ordo-Params")) r.params = *v;
     // W3C Trace Context: passed on as the call's metadata (docs/protocol.md, "Call context")
     // when well formed; a malformed one is dropped, as the recommendation says.
     if (const std::string* tp = req.header("traceparent"); tp && valid_traceparent(*tp)) {
@@ -204,22 +208,21 @@ std::optional<reply> parse_options(const http_request& req, call_request& r) {
     return std::nullopt;
 }
 
-namespace {
-
-// The body as a params array (json_codec::params_from_body), or the reply that refuses it.
-std::optional<reply> params_of(const call_request& r, detail::params_buffer& out) {
+std::optional<detail::params_buffer> params_of(const call_request& r, std::string_view json_text,
+                                               std::optional<reply>& bad) {
+    const char* what = r.params ? "params=" : "the body";
     try {
-        out = json_codec::params_from_body(r.body, limits{});
+        return json_codec::params_from_body(json_text, limits{});
     } catch (const json_codec::over_limit& e) {
         // Within what the server accepts: a body it would refuse would close the connection
         // every caller of this gateway shares.
-        return request_error(
-            413, "too_large",
-            "ordo gateway: call " + r.method + ": the body is over a limit: " + e.what());
+        bad = request_error(413, "too_large",
+                            "ordo gateway: call " + r.method + ": " + what +
+                                " is over a limit: " + e.what());
     } catch (const json_codec::bad_json& e) {
-        return request_error(
-            400, "bad_json",
-            "ordo gateway: call " + r.method + ": the body is not JSON (" + e.what() + ")");
+        bad = request_error(400, "bad_json",
+                            "ordo gateway: call " + r.method + ": " + what + " is not JSON (" +
+                                e.what() + ")");
     }
     return std::nullopt;
 }
@@ -238,6 +241,8 @@ reply timed_out_before(gateway::state& s, const call_request& r) {
     return error_reply(ec, failure_text(s, r.method, ec, why), why);
 }
 
+namespace {
+
 reply notify(gateway::state& s, const call_request& r, detail::params_buffer params) {
     // Taken at once on the channel's executor (here), or refused (overloaded, closed).
     ++s.notifications;
@@ -252,8 +257,10 @@ reply notify(gateway::state& s, const call_request& r, detail::params_buffer par
 }  // namespace
 
 net::awaitable<reply> run_call(gateway::state& s, const call_request& r) {
-    detail::params_buffer params;
-    if (auto bad = params_of(r, params)) co_return *bad;
+    std::optional<reply> bad;
+    auto p = params_of(r, r.body, bad);
+    if (!p) co_return *bad;
+    detail::params_buffer params = std::move(*p);
     if (r.already_due) co_return timed_out_before(s, r);
     if (r.notify) co_return notify(s, r, std::move(params));
     // Arguments named, not temporaries inside the co_await (GCC 12 destroys those twice).
@@ -274,9 +281,6 @@ net::awaitable<reply> run_call(gateway::state& s, const call_request& r) {
     co_return reply{200, "application/json", std::move(body)};
 }
 
-namespace {
-
-// One HTTP chunk in one write: its size, the data, CRLF. False once the client has gone.
 net::awaitable<bool> write_chunk(connection& c, std::string_view data) {
     char head[24];
     const int n = std::snprintf(head, sizeof head, "%zx\r\n", data.size());
@@ -288,12 +292,11 @@ net::awaitable<bool> write_chunk(connection& c, std::string_view data) {
     co_return co_await write_all(c, out);
 }
 
-// The next item of `st`, or its failure as a value: `||` waits for the first operation that
-// succeeds, so one that threw would wait for the other (the connection's next event).
-struct stream_step {
-    std::optional<value> item;
-    std::optional<rpc_error> failed;
-};
+net::awaitable<void> end_with_error(connection& c, const reply& rep) {
+    json line = {{"error", json::parse(rep.body)}};
+    const std::string last = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    if (co_await write_chunk(c, last)) co_await write_chunk(c, "");
+}
 
 net::awaitable<stream_step> next_step(std::shared_ptr<detail::stream_state<value>> st) {
     stream_step r;
@@ -305,17 +308,17 @@ net::awaitable<stream_step> next_step(std::shared_ptr<detail::stream_state<value
     co_return r;
 }
 
-}  // namespace
-
 net::awaitable<int> serve_stream(gateway::state& s, const http_request& req,
                                  const call_request& r) {
     using namespace net::experimental::awaitable_operators;
     connection& c = *r.conn;
-    detail::params_buffer params;
-    if (auto bad = params_of(r, params)) {
+    std::optional<reply> bad;
+    auto p = params_of(r, r.body, bad);
+    if (!p) {
         co_await send_reply(s, c, req, *bad);
         co_return bad->status;
     }
+    detail::params_buffer params = std::move(*p);
     if (r.already_due) {
         auto rep = timed_out_before(s, r);
         co_await send_reply(s, c, req, rep);
@@ -360,10 +363,7 @@ net::awaitable<int> serve_stream(gateway::state& s, const http_request& req,
                 co_return rep.status;
             }
             // Mid-stream: the status is sent; the failure is the last line.
-            json line = {{"error", json::parse(rep.body)}};
-            const std::string last =
-                line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-            if (co_await write_chunk(c, last)) co_await write_chunk(c, "");
+            co_await end_with_error(c, rep);
             co_return 200;
         }
         if (!started) {
@@ -413,13 +413,35 @@ net::awaitable<std::map<std::string, std::string>> read_methods(gateway::state& 
     co_return m;
 }
 
+method_shape shape_in(const std::string& signature) {
+    const auto ends = [&](std::string_view tail) {
+        return signature.size() >= tail.size() &&
+               signature.compare(signature.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends(" [client stream]")) return method_shape::upload;
+    if (ends(" [two-way stream]")) return method_shape::two_way;
+    if (ends(" [stream]")) return method_shape::stream;
+    return method_shape::call;
+}
+
+// Its answer streams: a server stream or a two-way stream.
 bool is_stream(const std::string& signature) {
-    return signature.size() >= 7 && signature.compare(signature.size() - 7, 7, "stream]") == 0;
+    const method_shape m = shape_in(signature);
+    return m == method_shape::stream || m == method_shape::two_way;
+}
+
+const char* shape_name(method_shape m) {
+    switch (m) {
+        case method_shape::stream: return "stream";
+        case method_shape::upload: return "client_stream";
+        case method_shape::two_way: return "two_way_stream";
+        default: return "call";
+    }
 }
 
 }  // namespace
 
-net::awaitable<bool> method_streams(gateway::state& s, const std::string& method) {
+net::awaitable<method_shape> shape_of(gateway::state& s, const std::string& method) {
     const auto now = clock_type::now();
     auto it = s.methods.find(method);
     const bool fresh = s.methods_at && now - *s.methods_at < std::chrono::seconds(10);
@@ -435,7 +457,7 @@ net::awaitable<bool> method_streams(gateway::state& s, const std::string& method
         s.methods = std::move(m);
         it = s.methods.find(method);
     }
-    co_return it != s.methods.end() && is_stream(it->second);
+    co_return it == s.methods.end() ? method_shape::unknown : shape_in(it->second);
 }
 
 net::awaitable<reply> routes(gateway::state& s, const channel& via) {
@@ -450,7 +472,8 @@ net::awaitable<reply> routes(gateway::state& s, const channel& via) {
         list.push_back({{"path", "/" + name},
                         {"method", name},
                         {"params", sig.substr(0, sig.find(')') + 1)},
-                        {"stream", is_stream(sig)}});
+                        {"stream", is_stream(sig)},
+                        {"shape", shape_name(shape_in(sig))}});
     if (via.impl() == s.ch.impl()) {
         s.methods = m;
         s.methods_at = clock_type::now();

@@ -104,7 +104,9 @@ net::awaitable<void> serve(gateway::state& s, connection& c) {
         c.at = phase::waiting;
         c.set_deadline(first ? std::min(s.o.request_timeout, s.o.idle_timeout) : s.o.idle_timeout);
         bool continued = false;
-        while (!c.reader.ready() && !c.reader.failed()) {
+        // An NDJSON body is served as it comes (gateway/uploads.cpp takes it from the reader).
+        while (!c.reader.ready() && !c.reader.failed() &&
+               !(c.at == phase::body && c.reader.body_streams())) {
             if (c.unread() > 0) {
                 const std::string_view pending(c.in.data() + c.in_taken, c.unread());
                 c.in_taken += c.reader.feed(pending);
@@ -161,7 +163,11 @@ net::awaitable<void> serve(gateway::state& s, connection& c) {
         c.at = phase::busy;
         c.deadline = clock_type::time_point::max();
         http_request req = std::move(c.reader.request());
-        c.reader.next();
+        const bool streamed = c.reader.body_streams();  // its body is taken as it is served
+        if (streamed)
+            c.reader.request().body = std::move(req.body);  // what came with the head
+        else
+            c.reader.next();
         ++s.in_flight;
         std::optional<reply> r;
         try {
@@ -171,16 +177,26 @@ net::awaitable<void> serve(gateway::state& s, connection& c) {
             r = closing_reply(500, std::string("ordo gateway: ") + e.what());
         }
         --s.in_flight;
+        // A streamed body not read to its end (the call ended first, the client went) leaves
+        // no place to find the next request at: the connection closes after the response.
+        const bool unread_body = streamed && !c.reader.ready();
+        if (streamed && !unread_body) c.reader.next();
         if (r) {
             if (r->close) ++s.limit_closes;
+            r->close = r->close || unread_body;
             s.count_status(r->status);
             if (!co_await send_reply(s, c, req, *r)) co_return;
-            if (r->close) {
+            if (r->close && !unread_body)
                 s.event(r->body.substr(0, r->body.size() - 1) + " from " + c.remote +
                         ": closing the connection");
+            if (r->close) {
                 co_await linger(c);
                 co_return;
             }
+        }
+        if (unread_body) {
+            co_await linger(c);
+            co_return;
         }
         if (c.eof) co_return;
         if (!req.keep_alive || s.stopping) {

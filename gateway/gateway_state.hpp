@@ -19,6 +19,7 @@
 #include "lib/printable.hpp"
 #include "ordo/comm/transport.hpp"
 #include "ordo/gateway/gateway.hpp"
+#include "ordo/rpc/stream_call.hpp"
 
 namespace ordo {
 
@@ -140,6 +141,7 @@ struct call_request {
     bool already_due = false;              // an absolute deadline already passed
     std::string key;
     metadata meta;  // the call's metadata: a valid W3C traceparent (and its tracestate)
+    std::optional<std::string> params;  // params= (Ordo-Params): a stream's, its body NDJSON
 };
 
 /// A finished response: status, content type, body.
@@ -169,9 +171,36 @@ net::awaitable<reply> run_call(gateway::state& s, const call_request& r);
 /// Serves a streaming call (NDJSON, chunked) on the request's connection; the status sent.
 net::awaitable<int> serve_stream(gateway::state& s, const http_request& req,
                                  const call_request& r);
-/// Whether ordo.methods marks `method` as a stream (read again at most once a second when it
-/// is not listed, else every 10 s).
-net::awaitable<bool> method_streams(gateway::state& s, const std::string& method);
+/// Serves a client stream (`two_way` false: the NDJSON body's lines are the items written, the
+/// answer one JSON reply) or a two-way stream (the handler's items go back as NDJSON, chunked,
+/// while the body is still read: HTTP/1.1 both ways at once) on the request's connection,
+/// whose body is NDJSON (http_reader::body_streams); the status sent. gateway/uploads.cpp.
+net::awaitable<int> serve_body_stream(gateway::state& s, const http_request& req,
+                                      const call_request& r, bool two_way);
+/// What ordo.methods says a method is, from its signature's suffix: " [stream]", " [client
+/// stream]", " [two-way stream]"; `unknown` when it is not listed.
+enum class method_shape { call, stream, upload, two_way, unknown };
+/// ordo.methods' word on `method` (read again at most once a second when it is not listed,
+/// else every 10 s).
+net::awaitable<method_shape> shape_of(gateway::state& s, const std::string& method);
+/// The params of `r`: its body (a JSON value or array), or its params= for a stream whose body
+/// is NDJSON; null and `bad` set when they are refused (413 over a limit, 400 not JSON).
+std::optional<detail::params_buffer> params_of(const call_request& r, std::string_view json_text,
+                                               std::optional<reply>& bad);
+call_options options_of(gateway::state& s, const call_request& r);
+/// 504: an absolute deadline (absolute_slo_ms) had passed when the request arrived.
+reply timed_out_before(gateway::state& s, const call_request& r);
+/// One HTTP chunk in one write: its size, the data, CRLF. False once the client has gone.
+net::awaitable<bool> write_chunk(connection& c, std::string_view data);
+/// A stream's failure as the last NDJSON line, {"error": {...}}, then the last chunk.
+net::awaitable<void> end_with_error(connection& c, const reply& rep);
+/// The next item of `st`, or its failure as a value: `||` waits for the first operation that
+/// succeeds, so one that threw would wait for the other (the connection's next event).
+struct stream_step {
+    std::optional<value> item;
+    std::optional<rpc_error> failed;
+};
+net::awaitable<stream_step> next_step(std::shared_ptr<detail::stream_state<value>> st);
 /// GET /-/routes, asked over `via` (the caller's own upstream: what it may see).
 net::awaitable<reply> routes(gateway::state& s, const channel& via);
 /// GET /-/healthz; `full`: with the backend's name and the reason (callers the gateway knows).

@@ -84,6 +84,7 @@ struct http_reader::impl {
         at = stage::idle;
         head_bytes = 0;
         in_value = false;
+        streams = false;
     }
 
     int fail(int st, std::string why) {
@@ -165,7 +166,15 @@ struct http_reader::impl {
         if ((parser.flags & F_CONTENTLENGTH) && (parser.flags & F_CHUNKED))
             return fail(400, "ordo gateway: Content-Length with Transfer-Encoding (RFC 9112 "
                              "section 6.3)");
-        if ((parser.flags & F_CONTENTLENGTH) && parser.content_length > max_body)
+        // An NDJSON body is a stream of items (a client or two-way stream): read as it is
+        // taken, each line within max_body (body()), whatever its length in all.
+        if (const std::string* type = req.header("Content-Type")) {
+            const std::string_view t(*type);
+            const std::string_view bare = t.substr(0, t.find(';'));
+            streams = bare.size() >= 20 && strncasecmp(bare.data(), "application/x-ndjson", 20) == 0 &&
+                      bare.find_first_not_of(" \t", 20) == std::string_view::npos;
+        }
+        if (!streams && (parser.flags & F_CONTENTLENGTH) && parser.content_length > max_body)
             return fail(413, "ordo gateway: a body of " + std::to_string(parser.content_length) +
                                  " bytes is over max_body_bytes (" + std::to_string(max_body) +
                                  ")");
@@ -174,8 +183,10 @@ struct http_reader::impl {
     }
     int body(const char* p, std::size_t n) {
         if (req.body.size() + n > max_body)
-            return fail(413, "ordo gateway: the body is over max_body_bytes (" +
-                                 std::to_string(max_body) + ")");
+            return fail(413, streams ? "ordo gateway: an NDJSON line is over max_body_bytes (" +
+                                           std::to_string(max_body) + ")"
+                                     : "ordo gateway: the body is over max_body_bytes (" +
+                                           std::to_string(max_body) + ")");
         req.body.append(p, n);
         return 0;
     }
@@ -213,6 +224,7 @@ struct http_reader::impl {
     stage at = stage::idle;
     std::size_t head_bytes = 0;
     bool in_value = false;
+    bool streams = false;  // an NDJSON body, taken as it comes
     int status = 0;
     std::string reason;
 };
@@ -229,6 +241,9 @@ bool http_reader::idle() const noexcept {
 }
 bool http_reader::head_done() const noexcept {
     return p_->at == stage::body || p_->at == stage::done;
+}
+bool http_reader::body_streams() const noexcept {
+    return p_->streams && head_done();
 }
 bool http_reader::ready() const noexcept {
     return p_->at == stage::done;

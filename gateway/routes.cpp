@@ -146,9 +146,10 @@ net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
                                 "ordo gateway: " + r.method +
                                     " is reserved (ordo gateway --expose-admin, "
                                     "gateway_options::expose_admin)");
-    // A body must say it is JSON: a form or text/plain is what a page of another origin can
-    // post without a preflight.
-    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(req))
+    // A body must say it is JSON (or NDJSON, a stream's items): a form or text/plain is what a
+    // page of another origin can post without a preflight.
+    const bool items = c.reader.body_streams();
+    if (!items && req.body.find_first_not_of(" \t\r\n") != std::string::npos && !is_json(req))
         co_return request_error(415, "unsupported_media_type",
                                 "ordo gateway: call " + r.method +
                                     ": a body needs Content-Type: application/json");
@@ -159,7 +160,31 @@ net::awaitable<std::optional<reply>> route(gateway::state& s, connection& c,
         co_return error_reply(e.code(), e.what(), e.what());
     }
     r.body = req.body;
-    if (!r.notify && (r.stream || co_await method_streams(s, r.method))) {
+    const method_shape shape = r.notify ? method_shape::call : co_await shape_of(s, r.method);
+    if (items) {
+        // The items a caller writes (docs/gateway.md, "Client and two-way streams").
+        if (r.notify || shape == method_shape::call || shape == method_shape::stream)
+            co_return request_error(
+                400, "not_a_client_stream",
+                "ordo gateway: " + r.method + (r.notify ? " as a notification" : " is not a client "
+                                                                                 "or two-way stream") +
+                    ": an NDJSON body is the items a client or two-way stream reads");
+        const bool two_way = shape == method_shape::two_way ||
+                             (shape == method_shape::unknown && r.stream);
+        s.count_status(co_await serve_body_stream(s, req, r, two_way));
+        co_return std::nullopt;
+    }
+    if (r.params)
+        co_return request_error(400, "bad_parameter",
+                                "ordo gateway: params= goes with an NDJSON body (the items of a "
+                                "client or two-way stream); a call's params are its body");
+    if (shape == method_shape::upload || shape == method_shape::two_way)
+        co_return request_error(
+            415, "unsupported_media_type",
+            "ordo gateway: " + r.method + " reads items: send them as NDJSON lines "
+                                          "(Content-Type: application/x-ndjson), its params as "
+                                          "params=");
+    if (!r.notify && (r.stream || shape == method_shape::stream)) {
         s.count_status(co_await serve_stream(s, req, r));
         co_return std::nullopt;
     }
@@ -189,7 +214,7 @@ net::awaitable<bool> send_reply(gateway::state& s, connection& c, const http_req
         if (req.method == "OPTIONS")
             out += "\r\nAccess-Control-Allow-Methods: POST, GET"
                    "\r\nAccess-Control-Allow-Headers: Content-Type, Authorization, Ordo-Notify, "
-                   "Ordo-Stream\r\nAccess-Control-Max-Age: 600";
+                   "Ordo-Stream, Ordo-Params\r\nAccess-Control-Max-Age: 600";
     }
     out += r.headers;
     out += "\r\nContent-Length: ";

@@ -44,7 +44,13 @@ out=$(curl -s -o "$dir/body" -w '%{http_code}' --json '[1]' "$http/inc?relative_
 [ "$out" = 400 ] || fail "a negative SLO answered $out"
 out=$(curl -s -N --json 4 "$http/count_to" | tr '\n' ' ')
 [ "$out" = "0 1 2 3 " ] || fail "count_to 4 streamed '$out'"
-curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":"/count_to","stream":true' ||
+# Client and two-way streams: an NDJSON body's lines are the items (docs/gateway.md).
+out=$(seq 1 100 | curl -s -H 'Content-Type: application/x-ndjson' --data-binary @- "$http/sum")
+[ "$out" = 5050 ] || fail "seq 1 100 | curl .../sum printed '$out'"
+out=$(printf '1\n2\n3\n' | curl -s -N -H 'Content-Type: application/x-ndjson' --data-binary @- \
+    "$http/scale?params=%5B2%5D" | tr '\n' ' ')
+[ "$out" = "2 4 6 " ] || fail "printf '1\\n2\\n3\\n' | curl .../scale?params=[2] printed '$out'"
+curl -s "$http/-/routes" | grep -q '"method":"count_to","params":"(int)","path":"/count_to","shape":"stream","stream":true' ||
     fail "/-/routes: $(curl -s "$http/-/routes")"
 # The call's context (docs/protocol.md, "Call context"): a W3C traceparent and the SLO reach the
 # handler (ordo-inc-server's context method) through the gateway and its router; a malformed

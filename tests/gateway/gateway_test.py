@@ -633,15 +633,114 @@ class Streams(unittest.TestCase):
         self.assertEqual(post(gw.main, "/inc", "[1]")[0], 200)
 
 
+NDJSON = {"Content-Type": "application/x-ndjson"}
+
+
+def chunked(lines, per_chunk=100):
+    """An NDJSON body as an iterable of chunks (http.client sends it chunked)."""
+    for i in range(0, len(lines), per_chunk):
+        yield "".join(f"{json.dumps(x)}\n" for x in lines[i:i + per_chunk]).encode()
+
+
+class ClientStreams(unittest.TestCase):
+    """An NDJSON body's lines are the items of a client or two-way stream."""
+
+    def test_an_upload_sums_every_line_in_order(self):
+        c = http.client.HTTPConnection(*gw.main, timeout=30)
+        c.request("POST", "/sum", body=chunked(list(range(10000))), headers=NDJSON,
+                  encode_chunked=True)
+        r = c.getresponse()
+        self.assertEqual((r.status, r.read()), (200, f"{sum(range(10000))}\n".encode()))
+        # With a Content-Length too, a last line without its end, and blank lines; the
+        # connection stays for the next request.
+        c.request("POST", "/sum", body="1\n\n2\r\n 3", headers=NDJSON)
+        self.assertEqual(c.getresponse().read(), b"6\n")
+        c.request("POST", "/inc", body="[1]", headers=JSON)
+        self.assertEqual(c.getresponse().read(), b"2\n")
+        c.close()
+
+    def test_a_two_way_stream_answers_while_its_body_is_still_coming(self):
+        s = socket.create_connection(gw.single, timeout=20)
+        s.sendall(b"POST /scale?params=%5B3%5D HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+        got = b""
+        for i in range(1, 21):  # each echo comes back before the next line is sent
+            line = f"{i}\n".encode()
+            s.sendall(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            while f"\r\n{3 * i}\n".encode() not in got:
+                chunk = s.recv(65536)
+                self.assertTrue(chunk, got)
+                got += chunk
+        s.sendall(b"0\r\n\r\n")
+        while not got.endswith(b"0\r\n\r\n"):
+            chunk = s.recv(65536)
+            self.assertTrue(chunk, got)
+            got += chunk
+        s.close()
+        self.assertTrue(got.startswith(b"HTTP/1.1 200 OK\r\n"), got)
+        body = got.split(b"\r\n\r\n", 1)[1]
+        items = [int(x) for x in re.findall(rb"\r\n(\d+)\n\r\n", body)]
+        self.assertEqual(items, [3 * i for i in range(1, 21)])
+        # A whole body at once: every line once, in order, while the answer streams back.
+        c = http.client.HTTPConnection(*gw.main, timeout=30)
+        c.request("POST", "/scale?params=%5B2%5D", body=chunked(list(range(5000))),
+                  headers=NDJSON, encode_chunked=True)
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertEqual([json.loads(x) for x in r.read().decode().splitlines()],
+                         [2 * i for i in range(5000)])
+        c.close()
+
+    def test_bad_lines_and_bodies_are_refused_by_name(self):
+        status, _, text = post(gw.main, "/sum", "1\n2\n{oops\n4\n", headers=NDJSON)
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_json"), text)
+        self.assertIn("sum: line 3", error_of(text)[1])
+        status, _, text = post(gw.main, "/sum", '1\n"two"\n', headers=NDJSON)
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_arguments"), text)
+        self.assertIn("item 2", error_of(text)[1])
+        # tight: --max-body-bytes 1024 bounds a line, not the body.
+        ok = "".join(f"{i}\n" for i in range(1000))  # 3,890 bytes
+        self.assertEqual(post(gw.tight, "/sum", ok, headers=NDJSON)[:3:2], (200, "499500\n"))
+        status, _, text = post(gw.tight, "/sum", "1" * 2000 + "\n", headers=NDJSON)
+        self.assertEqual((status, error_of(text)[0]), (413, "too_large"), text)
+        # The shapes must match: JSON to a client stream, NDJSON to a call.
+        status, _, text = post(gw.main, "/sum", "[1, 2]")
+        self.assertEqual((status, error_of(text)[0]), (415, "unsupported_media_type"), text)
+        self.assertIn("NDJSON", error_of(text)[1])
+        status, _, text = post(gw.main, "/inc", "1\n", headers=NDJSON)
+        self.assertEqual((status, error_of(text)[0]), (400, "not_a_client_stream"), text)
+        status, _, text = post(gw.main, "/inc?params=%5B1%5D", "[1]")
+        self.assertEqual((status, error_of(text)[0]), (400, "bad_parameter"), text)
+
+    def test_a_client_that_goes_away_cancels_its_upload(self):
+        def abandoned():
+            text = request(gw.main, "GET", "/metrics")[2]
+            return int(re.search(r"ordo_gateway_streams_abandoned_total (\d+)", text).group(1))
+        before = abandoned()
+        s = socket.create_connection(gw.main, timeout=10)
+        s.sendall(b"POST /sum HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n4\r\n1\n2\n\r\n")
+        time.sleep(0.2)
+        s.close()
+        deadline = time.monotonic() + 20
+        while abandoned() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(abandoned(), before + 1)
+
+
 class Introspection(unittest.TestCase):
     def test_routes_lists_methods_and_marks_streams(self):
         status, _, text = request(gw.main, "GET", "/-/routes")
         self.assertEqual(status, 200)
         routes = {r["method"]: r for r in json.loads(text)["routes"]}
         self.assertEqual(routes["inc"], {"method": "inc", "path": "/inc", "params": "(int)",
-                                         "stream": False})
+                                         "stream": False, "shape": "call"})
         self.assertTrue(routes["count_to"]["stream"])
         self.assertFalse(routes["echo"]["stream"])
+        # Streams both ways: "stream" when the answer streams; "shape" says which.
+        self.assertEqual([routes[m]["shape"] for m in ("count_to", "sum", "scale")],
+                         ["stream", "client_stream", "two_way_stream"])
+        self.assertEqual([routes[m]["stream"] for m in ("sum", "scale")], [False, True])
 
     def test_healthz_and_metrics(self):
         status, _, text = request(gw.main, "GET", "/-/healthz")
