@@ -169,7 +169,49 @@ std::shared_ptr<detail::stream_core> sync_client::stream_raw(std::string_view me
     return st;
 }
 
+std::shared_ptr<detail::stream_core> sync_client::writing_raw(std::string_view method,
+                                                              detail::params_buffer params,
+                                                              call_options o, bool upload) {
+    state& s = *s_;
+    std::shared_ptr<detail::stream_core> st;
+    if (upload) {
+        st = std::make_shared<detail::upload_state<value>>(std::string(method), s.remote,
+                                                           s.channel_ex);
+    } else {
+        const std::uint32_t window = o.window ? o.window : default_stream_window;
+        const std::uint64_t bytes = o.window_bytes ? o.window_bytes : default_stream_window_bytes;
+        st = std::make_shared<detail::stream_state<value>>(std::string(method), s.remote,
+                                                           s.channel_ex, window, bytes);
+        st->set_writes();
+        if (o.max_window_bytes > bytes) st->grow_toward(o.max_window_bytes);
+    }
+    net::post(s.io, [&s, st, params = std::move(params), o = std::move(o)]() mutable {
+        s.start_stream(std::move(st), std::move(params), std::move(o));
+    });
+    return st;
+}
+
 // ---- sync_stream_base ----
+
+bool sync_stream_base::write_raw(const detail::params_buffer& item) {
+    if (!s_) throw std::logic_error("ordo: write() on a moved-from stream");
+    auto& b = s_->item_buffer();
+    b.write(item.data(), item.size());
+    return s_->write_item_blocking();
+}
+
+void sync_stream_base::close_writes() {
+    if (s_) s_->close_writes();
+}
+
+std::uint64_t sync_stream_base::written() const {
+    return s_ ? s_->written() : 0;
+}
+
+value sync_stream_base::finish_raw() {
+    if (!s_) throw std::logic_error("ordo: finish() on a moved-from upload");
+    return static_cast<detail::upload_state<value>&>(*s_).finish_blocking();
+}
 
 sync_stream_base::sync_stream_base(std::shared_ptr<detail::stream_core> s) noexcept
     : s_(std::move(s)) {}

@@ -349,6 +349,34 @@ bool stream_core::wait_ready(std::optional<std::chrono::steady_clock::time_point
     return ready_locked();
 }
 
+bool stream_core::write_item_blocking() {
+    const std::string_view item(item_.data(), item_.size());
+    for (;;) {
+        auto r = std::make_shared<blocked_reader>();
+        std::function<void(std::string_view, bool)>* send = nullptr;
+        {
+            std::lock_guard lk(mu_);
+            if (writes_closed_)
+                throw std::logic_error("ordo: write to a stream of " + method() +
+                                       " after its side was closed");
+            if (ended_) return false;
+            if (writable_locked()) {
+                ++in_items_;
+                in_bytes_ += item.size();
+                send = &send_;  // set before the call started, never changed: used unlocked
+            } else {
+                write_waiter_ = std::make_unique<blocked_waiter>(r);
+            }
+        }
+        if (send) {
+            if (*send) (*send)(item, false);  // posted, with a copy: this is not its thread
+            return true;
+        }
+        std::unique_lock lk(r->mu);
+        r->cv.wait(lk, [&] { return r->woken; });  // credit came, or the call ended
+    }
+}
+
 void stream_core::throw_if_failed() const {
     if (ec_) throw rpc_error(ec_, method_, remote_, detail_);
 }

@@ -66,6 +66,30 @@ class server_thread {
                 throw;
             }
         });
+        // Streams both ways: sum (a client stream), scale(k) (two-way), hold (reads nothing until
+        // cancelled), five_is_too_many (throws at the item 5).
+        srv_.on("sum", [](reader<long>& in) -> net::awaitable<long> {
+            long n = 0;
+            while (auto v = co_await in.next()) n += *v;
+            co_return n;
+        });
+        srv_.on("scale", [](reader<long>& in, writer<long>& out, long k) -> net::awaitable<void> {
+            while (auto v = co_await in.next()) co_await out.write(*v * k);
+        });
+        srv_.on("hold", [this](reader<std::string>&) -> net::awaitable<int> {
+            try {
+                co_await test::sleep_for(60s);
+            } catch (const std::system_error&) {
+                ++streams_cancelled;
+                throw;
+            }
+            co_return 0;
+        });
+        srv_.on("five_is_too_many", [](reader<int>& in) -> net::awaitable<int> {
+            while (auto v = co_await in.next())
+                if (*v == 5) throw std::runtime_error("five is too many");
+            co_return 0;
+        });
         srv_.on("add", [](int a, int b) { return a + b; });
         srv_.on("word", [] { return std::string("abc"); });
         srv_.on("sleep_ms", [this](int ms) -> net::awaitable<int> {
@@ -419,6 +443,103 @@ TEST(SyncClient, DestroyingTheClientEndsAReaderWhenTheServerHasStopped) {
     ASSERT_EQ(pending.wait_for(15s), std::future_status::ready);
     EXPECT_EQ(pending.get(), "");
     st.cancel();  // ended: nothing left to do (the client's io_context is gone)
+}
+
+// ---- streams both ways ----
+
+TEST(SyncClient, AnUploadAndATwoWayStreamKeepTheirOrder) {
+    server_thread s;
+    sync_client c(s.url);
+    auto up = c.upload<long, long>("sum");
+    for (long i = 0; i < 20'000; ++i) ASSERT_TRUE(up.write(i));
+    EXPECT_EQ(up.finish(), 20'000L * 19'999 / 2);
+    EXPECT_EQ(up.written(), 20'000u);
+    // Two-way: the writer on a thread of its own, the reader here.
+    auto tw = c.two_way<long, long>("scale", 3L);
+    std::thread writer([&] {
+        for (long i = 0; i < 30'000; ++i)
+            if (!tw.write(i)) return;
+        tw.close();
+    });
+    long expect = 0;
+    for (long v : tw) {
+        ASSERT_EQ(v, 3 * expect);
+        ++expect;
+    }
+    writer.join();
+    EXPECT_EQ(expect, 30'000);
+}
+
+TEST(SyncClient, AHandlerThatDoesNotReadBlocksTheWriterUntilItsCallEnds) {
+    server_thread s;
+    sync_client c(s.url);
+    auto up = c.upload<std::string, int>("hold");
+    const std::string item(64 * 1024, 'x');
+    std::atomic<int> done{0};
+    auto writes = std::async(std::launch::async, [&] {
+        int ok = 0;
+        for (int i = 0; i < 1000; ++i) {
+            if (!up.write(item)) break;
+            ++ok;
+        }
+        done = 1;
+        return ok;
+    });
+    // The first grant is 1 MiB: 16 items of 64 KiB and one more, then the writer blocks.
+    ASSERT_TRUE(wait_for([&] { return up.written() >= 16; }));
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(done.load(), 0);
+    EXPECT_LE(up.written(), 17u);
+    up.cancel();  // the call ends: the blocked write returns false
+    ASSERT_EQ(writes.wait_for(10s), std::future_status::ready);
+    EXPECT_LE(writes.get(), 17);
+    EXPECT_TRUE(wait_for([&] { return s.streams_cancelled == 1; }));
+    try {
+        up.finish();
+        ADD_FAILURE() << "finish() of a cancelled upload returned";
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::cancelled) << e.what();
+    }
+}
+
+TEST(SyncClient, AHandlersErrorEndsTheWritesAndFinishThrowsIt) {
+    server_thread s;
+    sync_client c(s.url);
+    auto up = c.upload<int, int>("five_is_too_many");
+    int i = 0;
+    while (i < 100'000 && up.write(i)) ++i;
+    EXPECT_LT(i, 100'000);  // the handler's error ended the call: write() said so
+    try {
+        up.finish();
+        ADD_FAILURE() << "finish() returned";
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::remote_error);
+        EXPECT_NE(std::string(e.what()).find("five_is_too_many"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("five is too many"), std::string::npos) << e.what();
+    }
+}
+
+TEST(SyncClient, DestroyingTheClientEndsABlockedWriterWithClosed) {
+    server_thread s;
+    auto c = std::make_unique<sync_client>(s.url);
+    auto up = c->upload<std::string, int>("hold");
+    const std::string item(64 * 1024, 'x');
+    auto writes = std::async(std::launch::async, [&] {
+        for (int i = 0; i < 1000; ++i)
+            if (!up.write(item)) return i;
+        return 1000;
+    });
+    ASSERT_TRUE(wait_for([&] { return up.written() >= 16; }));
+    EXPECT_EQ(writes.wait_for(200ms), std::future_status::timeout);
+    c.reset();
+    ASSERT_EQ(writes.wait_for(10s), std::future_status::ready);
+    EXPECT_LT(writes.get(), 1000);
+    try {
+        up.finish();
+        ADD_FAILURE() << "finish() returned";
+    } catch (const rpc_error& e) {
+        EXPECT_EQ(e.code(), errc::closed) << e.what();
+    }
 }
 
 }  // namespace

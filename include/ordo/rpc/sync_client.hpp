@@ -53,6 +53,17 @@ class sync_stream_base {
     /// error, naming the item, is thrown now and by every later next().
     [[noreturn]] void bad_item(const rpc_error& e);
 
+    // ---- the writing half (sync_upload, sync_two_way) ----
+    /// Writes one packed item, blocking until the server's credit lets it go; false when the
+    /// call has already ended. Throws std::logic_error after close_writes().
+    bool write_raw(const detail::params_buffer& item);
+    /// No more items (ordo.in_end); once.
+    void close_writes();
+    /// Items written so far.
+    std::uint64_t written() const;
+    /// A client stream's answer: closes the writing side and blocks until it comes.
+    value finish_raw();
+
   private:
     std::shared_ptr<detail::stream_core> s_;
     std::uint64_t taken_ = 0;
@@ -107,11 +118,12 @@ class sync_stream : public sync_stream_base {
     iterator begin() { return iterator(this, next()); }
     std::default_sentinel_t end() const noexcept { return {}; }
 
-  private:
+  protected:
     friend class sync_client;
     explicit sync_stream(std::shared_ptr<detail::stream_core> s) noexcept
         : sync_stream_base(std::move(s)) {}
 
+  private:
     std::optional<T> convert(std::optional<value> v) {
         if constexpr (std::is_same_v<T, value>) {
             return v;
@@ -128,6 +140,72 @@ class sync_stream : public sync_stream_base {
             }
         }
     }
+};
+
+/// The caller's end of a two-way stream made with sync_client::two_way (docs/protocol.md,
+/// "Streams both ways"): write() items of type In (blocking while the server's credit is used
+/// up), close() after the last, and read the handler's items of type Out with next(), as from a
+/// sync_stream<Out>. The writer and the reader may be two threads (one of each at a time).
+template <class In, class Out = value>
+class sync_two_way : public sync_stream<Out> {
+  public:
+    /// Blocks until the item may go (the handler reads; a handler that stops holds the writer
+    /// at its window) and hands it to the connection; false when the call has already ended
+    /// (next() then gives what came: the items, then the end or the error). Throws
+    /// std::logic_error after close().
+    bool write(const In& item) {
+        detail::params_buffer b;
+        msgpack::pack(b, item);
+        return this->write_raw(b);
+    }
+    /// No more items: the handler's reader sees the end after those written.
+    void close() { this->close_writes(); }
+    using sync_stream_base::written;
+
+  private:
+    friend class sync_client;
+    explicit sync_two_way(std::shared_ptr<detail::stream_core> s) noexcept
+        : sync_stream<Out>(std::move(s)) {}
+};
+
+/// The caller's end of a client stream made with sync_client::upload: write() each item, then
+/// finish() for the handler's answer. Destroying it before finish() cancels the call.
+template <class In, class R = value>
+class sync_upload : public sync_stream_base {
+  public:
+    /// As sync_two_way::write.
+    bool write(const In& item) {
+        detail::params_buffer b;
+        msgpack::pack(b, item);
+        return write_raw(b);
+    }
+    /// Closes the writing side and blocks until the handler's answer, converted to R. Throws
+    /// ordo::rpc_error: the handler's error (remote_error, bad_arguments naming the item that
+    /// did not convert, ...), cancelled, peer_lost, timed_out, closed, bad_result.
+    R finish() {
+        value v = finish_raw();
+        if constexpr (std::is_void_v<R>) {
+            return;
+        } else if constexpr (std::is_same_v<R, value>) {
+            return v;
+        } else {
+            try {
+                try {
+                    return v.get().as<R>();
+                } catch (const std::exception&) {
+                    detail::throw_bad_result(typeid(R), v.get());
+                }
+            } catch (const rpc_error& e) {
+                throw rpc_error(e.code(), method(), remote_address(), e.detail());
+            }
+        }
+    }
+    using sync_stream_base::written;
+
+  private:
+    friend class sync_client;
+    explicit sync_upload(std::shared_ptr<detail::stream_core> s) noexcept
+        : sync_stream_base(std::move(s)) {}
 };
 
 /// A channel (see async_connect) driven by an io_context on one thread of its own, with
@@ -194,10 +272,37 @@ class sync_client {
         }
     }
 
+    /// Starts the client stream `method(args...)` (a handler taking an ordo::reader<In>&) and
+    /// returns its writer at once; a trailing ordo::call_options sets its deadline. What fails
+    /// is thrown by write() (false) and finish().
+    template <class In, class R = value, class... Args>
+    sync_upload<In, R> upload(std::string_view method, const Args&... args) {
+        return sync_upload<In, R>(open_typed(method, true, args...));
+    }
+    /// Starts the two-way stream `method(args...)` (a handler taking an ordo::reader<In>& and an
+    /// ordo::writer<Out>&); a trailing ordo::call_options sets its deadline and credit.
+    template <class In, class Out = value, class... Args>
+    sync_two_way<In, Out> two_way(std::string_view method, const Args&... args) {
+        return sync_two_way<In, Out>(open_typed(method, false, args...));
+    }
+
     /// The remote side's address, as a URL.
     const std::string& remote_address() const noexcept;
 
   private:
+    template <class... Args>
+    std::shared_ptr<detail::stream_core> open_typed(std::string_view method, bool upload,
+                                                    const Args&... args) {
+        if constexpr (ends_with_options<Args...>()) {
+            constexpr std::size_t n = sizeof...(Args);
+            const auto all = std::forward_as_tuple(args...);
+            return writing_raw(method, pack_first(all, std::make_index_sequence<n - 1>()),
+                               std::get<n - 1>(all), upload);
+        } else {
+            return writing_raw(method, detail::pack_params(args...), call_options{}, upload);
+        }
+    }
+
     template <class... Args>
     static constexpr bool ends_with_options() {
         if constexpr (sizeof...(Args) == 0)
@@ -237,6 +342,10 @@ class sync_client {
     void notify_raw(std::string_view method, detail::params_buffer params);
     std::shared_ptr<detail::stream_core> stream_raw(std::string_view method,
                                                     detail::params_buffer params, call_options o);
+    /// A stream whose caller writes: a client stream (`upload`) or a two-way stream.
+    std::shared_ptr<detail::stream_core> writing_raw(std::string_view method,
+                                                     detail::params_buffer params, call_options o,
+                                                     bool upload);
 
     struct state;
     std::unique_ptr<state> s_;

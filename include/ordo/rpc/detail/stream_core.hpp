@@ -218,6 +218,9 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// which). Throws std::logic_error after close_writes(), and
     /// std::system_error(operation_aborted) when the awaiting coroutine is cancelled.
     static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s);
+    /// write_item() for a writer without an event loop (ordo::sync_client): blocks the calling
+    /// thread until credit has come, or the call has ended (false).
+    bool write_item_blocking();
     /// No more items from the caller (ordo.in_end, counting them); once only.
     void close_writes();
 
@@ -476,6 +479,20 @@ class upload_state final : public stream_core {
                 throw std::system_error(make_error_code(net::error::operation_aborted),
                                         "ordo: waiting for the answer of " + s->method());
         }
+    }
+
+    /// finish() for a thread without an event loop (ordo::sync_client): blocks until the answer.
+    R finish_blocking() {
+        close_writes();
+        wait_ready(std::nullopt);  // returns once the call has ended
+        {
+            std::lock_guard lk(mu_);
+            throw_if_failed();
+        }
+        if constexpr (std::is_same_v<R, msgpack::object_handle>)
+            return msgpack::clone(result_.get());  // ordo::value: the answer as it came
+        else
+            return convert();
     }
 
   private:
