@@ -180,7 +180,10 @@ net::awaitable<void> serve(gateway::state& s, connection& c) {
         // A streamed body not read to its end (the call ended first, the client went) leaves
         // no place to find the next request at: the connection closes after the response.
         const bool unread_body = streamed && !c.reader.ready();
-        if (streamed && !unread_body) c.reader.next();
+        if (streamed && !unread_body) {
+            req.keep_alive = c.reader.request().keep_alive;  // known at the body's end
+            c.reader.next();
+        }
         if (r) {
             if (r->close) ++s.limit_closes;
             r->close = r->close || unread_body;

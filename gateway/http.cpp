@@ -85,6 +85,7 @@ struct http_reader::impl {
         head_bytes = 0;
         in_value = false;
         streams = false;
+        partial_line = 0;
     }
 
     int fail(int st, std::string why) {
@@ -182,11 +183,19 @@ struct http_reader::impl {
         return 0;
     }
     int body(const char* p, std::size_t n) {
-        if (req.body.size() + n > max_body)
-            return fail(413, streams ? "ordo gateway: an NDJSON line is over max_body_bytes (" +
-                                           std::to_string(max_body) + ")"
-                                     : "ordo gateway: the body is over max_body_bytes (" +
-                                           std::to_string(max_body) + ")");
+        if (streams) {
+            // Lines are taken as they come: what bounds the bytes held is what the taker feeds;
+            // here, the line not yet ended.
+            const std::string_view in(p, n);
+            const auto nl = in.rfind('\n');
+            partial_line = nl == std::string_view::npos ? partial_line + n : n - nl - 1;
+            if (partial_line > max_body)
+                return fail(413, "ordo gateway: an NDJSON line is over max_body_bytes (" +
+                                     std::to_string(max_body) + ")");
+        } else if (req.body.size() + n > max_body) {
+            return fail(413, "ordo gateway: the body is over max_body_bytes (" +
+                                 std::to_string(max_body) + ")");
+        }
         req.body.append(p, n);
         return 0;
     }
@@ -225,6 +234,7 @@ struct http_reader::impl {
     std::size_t head_bytes = 0;
     bool in_value = false;
     bool streams = false;  // an NDJSON body, taken as it comes
+    std::size_t partial_line = 0;  // its bytes since the last line end
     int status = 0;
     std::string reason;
 };

@@ -55,8 +55,8 @@ class http_reader {
     /// The whole request is in: request() holds it.
     bool ready() const noexcept;
     /// The head is in and the body is NDJSON (Content-Type: application/x-ndjson): its bytes
-    /// are taken from request().body as they come (the taker erases them), and max_body_bytes
-    /// bounds what is fed and not taken, not the whole body. The taker feeds at most the room
+    /// are taken from request().body as they come (the taker erases whole lines), and
+    /// max_body_bytes bounds a line (413 beyond), not the body. The taker feeds at most the room
     /// left, so that an item or two wait here and the rest in the connection (backpressure).
     bool body_streams() const noexcept;
     bool failed() const noexcept;

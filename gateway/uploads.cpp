@@ -213,6 +213,7 @@ net::awaitable<int> serve_upload(gateway::state& s, const http_request& req, con
         rep = error_reply(f->code(), f->what(), f->detail());
     else
         rep = reply{200, "application/json", json_codec::dump(up->answer()) + "\n"};
+    rep.close = !c.reader.ready();  // answered before the body's end: the rest is not read
     co_await send_reply(s, c, req, rep);
     co_return rep.status;
 }
@@ -248,7 +249,11 @@ net::awaitable<int> serve_two_way(gateway::state& s, const call_request& r,
     for (;;) {
         while (writes_open && !packed) {
             const auto g = lines.next(line);
-            if (g == body_lines::got::more) break;
+            if (g == body_lines::got::more) {  // the body must go on within idle_timeout
+                if (c.deadline == std::chrono::steady_clock::time_point::max())
+                    c.set_deadline(s.o.idle_timeout);
+                break;
+            }
             std::optional<reply> refused;
             if (g == body_lines::got::line) {
                 ++n;
@@ -287,6 +292,16 @@ net::awaitable<int> serve_two_way(gateway::state& s, const call_request& r,
         if (!step) {  // an event of the connection (or a write went)
             if (c.eof) co_return gone();
             if (s.stopping) st->cancel();
+            if (c.expired && writes_open) {
+                ++s.limit_closes;
+                st->cancel();
+                co_await end_with_error(
+                    c, request_error(408, "request_timeout",
+                                     "ordo gateway: two-way stream " + r.method +
+                                         ": the body stopped for idle_timeout (" +
+                                         std::to_string(s.o.idle_timeout.count()) + " ms)"));
+                co_return 200;
+            }
             continue;
         }
         if (step->failed) {
@@ -310,12 +325,15 @@ net::awaitable<int> serve_body_stream(gateway::state& s, const http_request& req
     connection& c = *r.conn;
     std::optional<reply> bad;
     auto params = params_of(r, r.params ? std::string_view(*r.params) : std::string_view(), bad);
+    // Refused before the body is read: the connection closes after the reply.
     if (!params) {
+        bad->close = !c.reader.ready();
         co_await send_reply(s, c, req, *bad);
         co_return bad->status;
     }
     if (r.already_due) {
-        const reply rep = timed_out_before(s, r);
+        reply rep = timed_out_before(s, r);
+        rep.close = !c.reader.ready();
         co_await send_reply(s, c, req, rep);
         co_return rep.status;
     }

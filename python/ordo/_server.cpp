@@ -216,7 +216,12 @@ net::awaitable<void> run_reading(server_binding* b, std::uint64_t hid, std::stri
     try {
         for (;;) {
             if (reading) reading = hand_items(*b, id, *st, in);
-            if (out) co_await write_items(*b, id, *st, *out, written, true);  // Python's items
+            if (out && !st->items.empty()) {
+                // Python's items; a wait for credit here may miss wake-ups (items, the end,
+                // Python's reports): look at everything again before waiting.
+                co_await write_items(*b, id, *st, *out, written, true);
+                continue;
+            }
             if (st->done) break;
             const bool room = st->handed.size() < reader_room_items &&
                               st->handed_bytes < reader_room_bytes;

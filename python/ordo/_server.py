@@ -202,6 +202,7 @@ def _dispatch_in_context(ctx: bytes, lh: _LoopHub, token: int, *rest) -> None:
     try:
         c = CallContext(ctx)
     except Exception as e:  # not what _server.cpp packs: answered, the loop goes on
+        lh.readers.pop(token, None)
         lh.respond(token, 6, f"ordo: the call's context does not decode: {e}".encode())
         return
     _current.set(c)

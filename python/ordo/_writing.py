@@ -24,7 +24,7 @@ class _Writer:
         self.acked = 0
         self.sizes: collections.deque = collections.deque()  # of the items not yet sent
         self.nbytes = 0
-        self.waiter: asyncio.Future | None = None
+        self.waiters: list[asyncio.Future] = []  # writers waiting for room (one, usually)
 
     def add(self, n: int) -> bool:
         """An item of `n` bytes was written; whether the writer must now wait."""
@@ -44,16 +44,19 @@ class _Writer:
             self.wake()
 
     def wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def wait(self) -> None:
-        self.waiter = self.lh.loop.create_future()
+        w = self.lh.loop.create_future()
+        self.waiters.append(w)
         try:
-            await self.waiter
+            await w
         finally:
-            self.waiter = None
+            if w in self.waiters:
+                self.waiters.remove(w)
 
 
 class _Writes(Stream):
@@ -92,7 +95,9 @@ class _Writes(Stream):
         if w.add(len(data)):
             while w.full() and not self._refused and self._outcome is None:
                 await w.wait()
-        return not self._refused
+        # The call's end may come before the io thread's last report (which then goes nowhere):
+        # the end itself says that later writes go nowhere.
+        return not self._refused and self._outcome is None
 
     def close(self) -> None:
         """No more items (ordo.in_end goes after those written): the handler's read ends."""

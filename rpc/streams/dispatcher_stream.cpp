@@ -277,6 +277,8 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
 }
 
 net::awaitable<void> dispatcher::inbox::wait() {
+    // Something came while the reader did other things (wake() reaches only a waiting reader).
+    if (!items_.empty() || !failure_.empty() || closed_ || cancelled_) co_return;
     wake_.expires_at(net::steady_timer::time_point::max());
     waiting_ = true;
     // Ends with operation_aborted both when an item comes (wake) and when the handler is

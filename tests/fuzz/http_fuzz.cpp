@@ -25,10 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         piece = 1 + (static_cast<unsigned char>(part.front()) & 15);
         if (r.body_streams()) {
             // An NDJSON body, taken line by line as the gateway takes it (gateway/uploads.cpp):
-            // what is fed and not taken stays within max_body.
+            // the line not yet ended stays within max_body.
             auto& body = r.request().body;
-            if (body.size() > max_body) std::abort();
             if (const auto nl = body.rfind('\n'); nl != std::string_view::npos) body.erase(0, nl + 1);
+            if (body.size() > max_body) std::abort();
         }
         if (r.failed()) {
             const int st = r.error_status();

@@ -712,6 +712,34 @@ class ClientStreams(unittest.TestCase):
         status, _, text = post(gw.main, "/inc?params=%5B1%5D", "[1]")
         self.assertEqual((status, error_of(text)[0]), (400, "bad_parameter"), text)
 
+    def test_a_body_that_comes_with_its_head_is_taken_by_lines_and_close_is_kept(self):
+        # Head and 3,890 bytes of short lines in one write, to a gateway whose --max-body-bytes
+        # is 1024: a line is bounded, not the body; Connection: close closes after the answer.
+        body = "".join(f"{i}\n" for i in range(1000)).encode()
+        out = raw_exchange(gw.tight, b"POST /sum HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                           b"Content-Type: application/x-ndjson\r\nContent-Length: " +
+                           str(len(body)).encode() + b"\r\n\r\n" + body, limit=10)
+        self.assertIsNotNone(out, "the connection was left open")
+        self.assertTrue(out.startswith(b"HTTP/1.1 200 OK"), out)
+        self.assertTrue(out.endswith(b"\r\n\r\n499500\n"), out)
+
+    def test_a_two_way_body_that_stops_ends_with_request_timeout(self):
+        # tight: --idle-timeout-ms 700.
+        s = socket.create_connection(gw.tight, timeout=20)
+        s.sendall(b"POST /scale?params=%5B5%5D HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n1\n\r\n")
+        got = b""
+        deadline = time.monotonic() + 15
+        while not got.endswith(b"0\r\n\r\n") and time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        s.close()
+        self.assertIn(b"\r\n5\n\r\n", got)  # the echo, then the end with why
+        self.assertIn(b'"code":"request_timeout"', got)
+        self.assertTrue(got.endswith(b"0\r\n\r\n"), got)
+
     def test_a_client_that_goes_away_cancels_its_upload(self):
         def abandoned():
             text = request(gw.main, "GET", "/metrics")[2]

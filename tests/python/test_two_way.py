@@ -103,6 +103,25 @@ async def test_an_upload_and_a_two_way_stream_keep_their_order(server, cpp_serve
         await srv.stop()
 
 
+async def test_a_python_two_way_handler_held_by_its_callers_window_goes_on():
+    # The handler's writes wait for credit (window=2) while the caller's items and its close
+    # arrive; once the caller reads, every echo comes.
+    srv, _ = reading_server()
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    s = ch.two_way("echo", 2, window=2)
+    for i in range(10):
+        assert await s.write(i)
+    s.close()
+    await asyncio.sleep(0.5)  # the handler is held at the window meanwhile
+
+    async def read_all():
+        return [x async for x in s]
+
+    assert await asyncio.wait_for(read_all(), 30) == [2 * i for i in range(10)]
+    ch.close()
+    await srv.stop()
+
+
 async def test_a_handler_that_does_not_read_holds_the_writer():
     srv, seen = reading_server()
     ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
