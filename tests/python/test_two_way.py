@@ -141,11 +141,15 @@ async def test_a_handler_that_does_not_read_holds_the_writer():
     await asyncio.sleep(1.0)
     assert up.written == held and held < 64, held
     assert not w.done()
+    more = [asyncio.ensure_future(up.write(item)) for _ in range(3)]  # writers waiting together
+    await asyncio.sleep(0.2)
+    assert not any(m.done() for m in more)
     up.cancel()  # the caller's cancel ends the handler
     await eventually(lambda: seen["ended"] == "cancelled", "the handler's cancellation")
     with pytest.raises(ordo.Cancelled):
         await up.finish()
     await w  # its writes return False from the end on
+    assert await asyncio.wait_for(asyncio.gather(*more), 10) == [False] * 3
     ch.close()
     await srv.stop()
 
