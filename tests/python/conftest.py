@@ -48,6 +48,20 @@ class Child:
                 f.close()
 
 
+def cut_proxy(to):
+    """ordo-cut-proxy to `to`: it resets each connection after 3-30 kB (many cuts in a run)."""
+    return Child([BUILD / "tests" / "ordo-cut-proxy", "--to", to, 3000, 30000])
+
+
+def stop_cut_proxy(proxy) -> int:
+    """Stops a cut_proxy (its stdin closed) and returns how many connections it cut."""
+    proxy.proc.stdin.close()
+    out = proxy.proc.stdout.read()
+    proxy.proc.stdout.close()
+    proxy.proc.wait(timeout=30)
+    return int(out.split()[-1])
+
+
 def inc_server(*extra, listens=None):
     urls = [a for a in extra if "://" in str(a)]
     return Child([BUILD / "examples" / "ordo-inc-server", *extra],

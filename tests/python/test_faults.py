@@ -8,12 +8,12 @@ import textwrap
 import pytest
 
 import ordo
-from conftest import BUILD, Child
+from conftest import cut_proxy, stop_cut_proxy
 
 
 async def test_a_resumed_session_delivers_every_message_exactly_once(cpp_server):
-    # ordo-cut-proxy resets each connection after 3-30 kB: many cuts over the run.
-    proxy = Child([BUILD / "tests" / "ordo-cut-proxy", "--to", cpp_server.url, 3000, 30000])
+    proxy = cut_proxy(cpp_server.url)
+    cuts = 0
     try:
         ch = await ordo.connect(proxy.url + "?resume_ms=10000")
         base = await ch.total(timeout=30)
@@ -30,12 +30,8 @@ async def test_a_resumed_session_delivers_every_message_exactly_once(cpp_server)
             assert await call == want
         ch.close()
     finally:
-        proxy.proc.stdin.close()
-        out = proxy.proc.stdout.read()
-        proxy.proc.stdout.close()
-        proxy.proc.wait(timeout=30)
-    cuts = int(out.split()[-1])
-    assert cuts >= 3, out
+        cuts = stop_cut_proxy(proxy)
+    assert cuts >= 3, cuts
 
 
 async def test_the_same_calls_run_under_uvloop(cpp_server):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 import ordo
-from conftest import BUILD, Child, inc_server
+from conftest import cut_proxy, inc_server, stop_cut_proxy
 
 
 async def eventually(cond, what, timeout=30.0):
@@ -205,7 +205,8 @@ async def test_a_caller_that_goes_ends_the_handlers_read_with_peer_lost():
 
 
 async def test_a_two_way_stream_survives_cuts_exactly_once(cpp_server):
-    proxy = Child([BUILD / "tests" / "ordo-cut-proxy", "--to", cpp_server.url, 3000, 30000])
+    proxy = cut_proxy(cpp_server.url)
+    cuts = 0
     try:
         ch = await ordo.connect(proxy.url + "?resume_ms=10000")
         s = ch.two_way("scale", 2, timeout=60)
@@ -221,11 +222,8 @@ async def test_a_two_way_stream_survives_cuts_exactly_once(cpp_server):
         assert got == [2 * i for i in range(20000)]  # none lost, none twice, in order
         ch.close()
     finally:
-        proxy.proc.stdin.close()
-        out = proxy.proc.stdout.read()
-        proxy.proc.stdout.close()
-        proxy.proc.wait(timeout=30)
-    assert int(out.split()[-1]) >= 3, out
+        cuts = stop_cut_proxy(proxy)
+    assert cuts >= 3, cuts
 
 
 async def test_a_stream_through_a_router_stays_on_one_replica():

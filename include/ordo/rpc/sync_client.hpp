@@ -26,6 +26,29 @@ namespace detail {
 class stream_core;  // include/ordo/rpc/stream_call.hpp
 }  // namespace detail
 
+namespace detail {
+/// A blocking call's answer as R: nothing (void), the raw value, or converted (errc::bad_result
+/// naming `method` and `remote` when it does not convert).
+template <class R>
+R convert_answer(value v, std::string_view method, const std::string& remote) {
+    if constexpr (std::is_void_v<R>) {
+        return;
+    } else if constexpr (std::is_same_v<R, value>) {
+        return v;
+    } else {
+        try {
+            try {
+                return v.get().as<R>();
+            } catch (const std::exception&) {
+                throw_bad_result(typeid(R), v.get());
+            }
+        } catch (const rpc_error& e) {
+            throw rpc_error(e.code(), std::string(method), remote, e.detail(), e.retry_after());
+        }
+    }
+}
+}  // namespace detail
+
 /// The untyped part of sync_stream<T> (rpc/channels/sync_client.cpp).
 class sync_stream_base {
   public:
@@ -182,24 +205,7 @@ class sync_upload : public sync_stream_base {
     /// Closes the writing side and blocks until the handler's answer, converted to R. Throws
     /// ordo::rpc_error: the handler's error (remote_error, bad_arguments naming the item that
     /// did not convert, ...), cancelled, peer_lost, timed_out, closed, bad_result.
-    R finish() {
-        value v = finish_raw();
-        if constexpr (std::is_void_v<R>) {
-            return;
-        } else if constexpr (std::is_same_v<R, value>) {
-            return v;
-        } else {
-            try {
-                try {
-                    return v.get().as<R>();
-                } catch (const std::exception&) {
-                    detail::throw_bad_result(typeid(R), v.get());
-                }
-            } catch (const rpc_error& e) {
-                throw rpc_error(e.code(), method(), remote_address(), e.detail());
-            }
-        }
-    }
+    R finish() { return detail::convert_answer<R>(finish_raw(), method(), remote_address()); }
     using sync_stream_base::written;
 
   private:
@@ -320,22 +326,7 @@ class sync_client {
 
     template <class R>
     R convert(std::string_view method, value v) const {
-        if constexpr (std::is_void_v<R>) {
-            return;
-        } else if constexpr (std::is_same_v<R, value>) {
-            return v;
-        } else {
-            try {
-                try {
-                    return v.get().as<R>();
-                } catch (const std::exception&) {
-                    detail::throw_bad_result(typeid(R), v.get());
-                }
-            } catch (const rpc_error& e) {
-                throw rpc_error(e.code(), std::string(method), remote_address(), e.detail(),
-                                e.retry_after());
-            }
-        }
+        return detail::convert_answer<R>(std::move(v), method, remote_address());
     }
 
     value call_raw(std::string_view method, detail::params_buffer params, call_options o);
