@@ -123,6 +123,17 @@ takeovers = [
         reset_first=False),
     two(p(hello(), [0, 0, "ordo.stream", ["count_to", [100], 4, 1 << 20]]),
         p(hello(placeholder, received=2, msgid=101), [2, "ordo.credit", [0, 4, 64]], ack(6))),
+    # Streams both ways cut midway: a client stream whose items go on (and end) on the second
+    # connection, and a two-way stream taken over from a live connection, items both ways.
+    two(p(hello(), [0, 0, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in", [0, 1]],
+          [2, "ordo.in", [0, 2]]),
+        p(hello(placeholder, received=1, msgid=101), [2, "ordo.in", [0, 3]],
+          [2, "ordo.in_end", [0, 3]], ack(2))),
+    two(p(hello(), [0, 0, "ordo.stream", ["scale", [2], 8, 1 << 20, True]],
+          *[[2, "ordo.in", [0, i]] for i in range(5)]),
+        p(hello(placeholder, received=3, msgid=101), [2, "ordo.credit", [0, 8, 1024]],
+          *[[2, "ordo.in", [0, i]] for i in range(5, 8)], [2, "ordo.in_end", [0, 8]], ack(9)),
+        reset_first=False),
     # The first connection cut inside a message; the claim made twice; a forged id and a fresh
     # session on the second; a second connection that is not a session at all.
     two(p(hello(), *calls3)[:-3], p(hello(placeholder, received=2, msgid=101), inc)),
