@@ -4,7 +4,9 @@
 // - raw TCP: --mib MiB written in 1 MiB writes to a sink that reads them and answers one byte;
 // - ordo, fixed window: a stream of --item-kib items (1 MiB) of the same total, with the default
 //   window of 1 MiB (call_options::window_bytes);
-// - ordo, grown window: the same with call_options::max_window_bytes --max-window-mib (64).
+// - ordo, grown window: the same with call_options::max_window_bytes --max-window-mib (64);
+// - the same two the other way: a client stream (upload), whose credit the server grows when
+//   the caller runs out of it while the handler has read everything.
 // Each prints its MB/s (from the first byte written to the last received), and the ordo rows
 // their ratio to raw TCP.
 //
@@ -27,6 +29,7 @@
 
 #include "cli.hpp"
 #include "ordo/ordo.hpp"
+#include "support/delay_relay.hpp"
 #include "support/running_loop.hpp"
 
 namespace {
@@ -49,99 +52,7 @@ struct config {
     bool json = false;
 };
 
-// A TCP relay on 127.0.0.1 that holds every chunk it reads for `delay` before writing it on,
-// in each direction. It reads as fast as it can up to `max_held` bytes held per direction (what
-// a path of that delay holds at several GB/s), then waits for the writes.
-class delay_relay {
-  public:
-    delay_relay(std::uint16_t target, std::chrono::milliseconds delay)
-        : target_(target), delay_(delay), acceptor_(loop_.io, {net::ip::address_v4::loopback(), 0}) {
-        net::co_spawn(loop_.io, accept_loop(), net::detached);
-    }
-    // Closes the acceptor on its loop and waits for that, before the acceptor goes.
-    ~delay_relay() {
-        net::post(loop_.io, net::use_future([this] {
-            std::error_code ignored;
-            acceptor_.close(ignored);
-        })).get();
-    }
-    std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
-
-  private:
-    struct chunk {
-        std::string bytes;
-        clock_type::time_point due;
-    };
-    struct direction {
-        std::deque<chunk> held;
-        std::size_t held_bytes = 0;
-        bool ended = false;
-        std::unique_ptr<net::steady_timer> ready;  // wakes the writer, and a paused reader
-    };
-    static constexpr std::size_t max_held = std::size_t{256} << 20;
-
-    awaitable<void> accept_loop() {
-        for (;;) {
-            auto [ec, in] = co_await acceptor_.async_accept(ordo::use_tuple);
-            if (ec) co_return;
-            auto out = std::make_shared<tcp::socket>(loop_.io);
-            co_await out->async_connect({net::ip::address_v4::loopback(), target_},
-                                        net::use_awaitable);
-            auto a = std::make_shared<tcp::socket>(std::move(in));
-            a->set_option(tcp::no_delay(true));
-            out->set_option(tcp::no_delay(true));
-            pipe(a, out);
-            pipe(out, a);
-        }
-    }
-    void pipe(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to) {
-        auto d = std::make_shared<direction>();
-        d->ready = std::make_unique<net::steady_timer>(loop_.io);
-        net::co_spawn(loop_.io, read_side(from, d), net::detached);
-        net::co_spawn(loop_.io, write_side(to, d), net::detached);
-    }
-    awaitable<void> read_side(std::shared_ptr<tcp::socket> s, std::shared_ptr<direction> d) {
-        for (;;) {
-            while (d->held_bytes >= max_held) {
-                d->ready->expires_after(std::chrono::milliseconds(1));
-                co_await d->ready->async_wait(ordo::use_tuple);
-            }
-            std::string b(256 * 1024, '\0');
-            auto [ec, n] = co_await s->async_read_some(net::buffer(b), ordo::use_tuple);
-            if (ec) break;
-            b.resize(n);
-            d->held_bytes += n;
-            d->held.push_back({std::move(b), clock_type::now() + delay_});
-            d->ready->cancel();
-        }
-        d->ended = true;
-        d->ready->cancel();
-    }
-    awaitable<void> write_side(std::shared_ptr<tcp::socket> s, std::shared_ptr<direction> d) {
-        for (;;) {
-            if (d->held.empty()) {
-                if (d->ended) break;
-                d->ready->expires_at(clock_type::time_point::max());
-                co_await d->ready->async_wait(ordo::use_tuple);
-                continue;
-            }
-            net::steady_timer wait(loop_.io, d->held.front().due);
-            co_await wait.async_wait(ordo::use_tuple);
-            chunk c = std::move(d->held.front());
-            d->held.pop_front();
-            auto [ec, n] = co_await net::async_write(*s, net::buffer(c.bytes), ordo::use_tuple);
-            d->held_bytes -= c.bytes.size();
-            if (ec) break;
-        }
-        std::error_code ignored;
-        s->shutdown(tcp::socket::shutdown_send, ignored);
-    }
-
-    std::uint16_t target_;
-    std::chrono::milliseconds delay_;
-    ordo::test::running_loop loop_;
-    tcp::acceptor acceptor_;
-};
+using ordo::test::delay_relay;
 
 double mb_per_s(std::uint64_t bytes, clock_type::duration d) {
     return static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(d).count();
@@ -176,10 +87,14 @@ double raw_tcp(const config& cfg, std::uint64_t total) {
     });
 }
 
+struct sink : ordo::interface {
+    ordo::method<ordo::upload<std::string_view, std::uint64_t>(std::uint64_t)> put{"put"};
+};
+
 // ordo through the relay: a stream of `items` items of `size` bytes, with `max_window` (0: the
-// window stays at its default).
+// window stays at its default); `upload`: the client writes them (a client stream).
 double ordo_stream(const config& cfg, std::uint64_t items, std::size_t size,
-                   std::uint64_t max_window, std::uint64_t& window_after) {
+                   std::uint64_t max_window, std::uint64_t& window_after, bool upload = false) {
     ordo::test::running_loop server_loop;
     std::unique_ptr<ordo::server> srv;
     std::string url;
@@ -193,6 +108,18 @@ double ordo_stream(const config& cfg, std::uint64_t items, std::size_t size,
                         std::memcpy(item.data(), &i, sizeof i);
                         co_await out.write(item);
                     }
+                });
+        srv->on(sink{}.put,
+                [](ordo::reader<std::string_view>& in, std::uint64_t size) -> awaitable<std::uint64_t> {
+                    std::uint64_t i = 0;
+                    while (auto v = co_await in.next()) {
+                        std::uint64_t seq = 0;
+                        if (v->size() != size) fail("an item of " + std::to_string(v->size()));
+                        std::memcpy(&seq, v->data(), sizeof seq);
+                        if (seq != i) fail("item " + std::to_string(i) + " out of order");
+                        ++i;
+                    }
+                    co_return i;
                 });
         url = srv->listen("tcp://127.0.0.1:0");
     });
@@ -208,6 +135,19 @@ double ordo_stream(const config& cfg, std::uint64_t items, std::size_t size,
             ordo::call_options o;
             o.max_window_bytes = max_window;
             const auto start = clock_type::now();
+            if (upload) {
+                auto up = co_await ordo::stub<sink>(ch).put(std::uint64_t{size}, o);
+                std::string item(size, 'u');
+                for (std::uint64_t i = 0; i < items; ++i) {
+                    std::memcpy(item.data(), &i, sizeof i);
+                    if (!co_await up.write(std::string_view(item)))
+                        fail("the upload ended after " + std::to_string(i) + " items");
+                }
+                if (const auto n = co_await up.finish(); n != items)
+                    fail("the server read " + std::to_string(n) + " items");
+                window_after = 0;
+                co_return mb_per_s(items * size, clock_type::now() - start);
+            }
             auto s = co_await ch.async_stream<std::string>("blob", items, std::uint64_t{size}, o);
             std::uint64_t i = 0;
             while (auto v = co_await s.next()) {
@@ -248,20 +188,29 @@ int main(int argc, char** argv) {
     const double raw = raw_tcp(cfg, total);
     std::uint64_t fixed_window = 0, grown_window = 0;
     const double fixed = ordo_stream(cfg, items, size, 0, fixed_window);
-    const double grown =
-        ordo_stream(cfg, items, size, std::uint64_t(cfg.max_window_mib) << 20, grown_window);
+    const std::uint64_t max_window = std::uint64_t(cfg.max_window_mib) << 20;
+    const double grown = ordo_stream(cfg, items, size, max_window, grown_window);
+    std::uint64_t none = 0;
+    const double up_fixed = ordo_stream(cfg, items, size, 0, none, true);
+    const double up_grown = ordo_stream(cfg, items, size, max_window, none, true);
     if (cfg.json)
         std::printf("{\"delay_ms\":%ld,\"mib\":%ld,\"item_kib\":%ld,\"raw_mb_s\":%.1f,"
                     "\"fixed_mb_s\":%.1f,\"grown_mb_s\":%.1f,\"fixed_ratio\":%.3f,"
-                    "\"grown_ratio\":%.3f,\"grown_window_bytes\":%llu}\n",
+                    "\"grown_ratio\":%.3f,\"grown_window_bytes\":%llu,"
+                    "\"upload_fixed_mb_s\":%.1f,\"upload_grown_mb_s\":%.1f,"
+                    "\"upload_fixed_ratio\":%.3f,\"upload_grown_ratio\":%.3f}\n",
                     cfg.delay_ms, cfg.mib, cfg.item_kib, raw, fixed, grown, fixed / raw,
-                    grown / raw, static_cast<unsigned long long>(grown_window));
+                    grown / raw, static_cast<unsigned long long>(grown_window), up_fixed,
+                    up_grown, up_fixed / raw, up_grown / raw);
     else
         std::printf("delay %ld ms each way, %ld MiB, items of %ld KiB\n"
-                    "raw TCP              %8.1f MB/s\n"
-                    "ordo, 1 MiB window   %8.1f MB/s  %.2fx\n"
-                    "ordo, grown window   %8.1f MB/s  %.2fx (window %.1f MiB at the end)\n",
+                    "raw TCP                      %8.1f MB/s\n"
+                    "ordo stream, 1 MiB window    %8.1f MB/s  %.2fx\n"
+                    "ordo stream, grown window    %8.1f MB/s  %.2fx (window %.1f MiB at the end)\n"
+                    "ordo upload, 1 MiB credit    %8.1f MB/s  %.2fx\n"
+                    "ordo upload, grown credit    %8.1f MB/s  %.2fx\n",
                     cfg.delay_ms, cfg.mib, cfg.item_kib, raw, fixed, fixed / raw, grown,
-                    grown / raw, static_cast<double>(grown_window) / (1 << 20));
+                    grown / raw, static_cast<double>(grown_window) / (1 << 20), up_fixed,
+                    up_fixed / raw, up_grown, up_grown / raw);
     return 0;
 }

@@ -379,7 +379,7 @@ void dispatcher::start_async(const handler_entry& e, message& m, stream_shape ho
     net::awaitable<void> body;
     if (e.reads) {
         // Its caller's items are taken from now on (ordo.in_credit grants the window).
-        auto in = std::make_unique<inbox>(*this, m.msgid, &r.in);
+        auto in = std::make_unique<inbox>(*this, m.msgid, &r.in, how.grow_to);
         r.in = in.get();
         if (e.writes_items) {
             auto s = std::make_unique<stream_run>(*this, m.msgid, how.window, how.window_bytes,

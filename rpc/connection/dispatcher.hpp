@@ -144,6 +144,7 @@ class dispatcher {
         std::uint32_t window = 0;
         std::uint64_t window_bytes = 0;
         bool writes = false;
+        std::uint64_t grow_to = 0;  // a writing caller's: how far the credit it gets may grow
     };
 
     void on_message_slow(message& m, std::size_t bytes);

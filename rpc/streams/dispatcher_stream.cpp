@@ -119,24 +119,28 @@ void dispatcher::stream_run::finish(buffer& out) const {
     }
 }
 
-// [method, params, window], [method, params, window, window_bytes] or [method, params, window,
-// window_bytes, writes]: the call inside, which the caller reads as a stream (and, `writes`
-// true, writes items to: docs/protocol.md, "Streams both ways").
+// [method, params, window], [method, params, window, window_bytes], [method, params, window,
+// window_bytes, writes] or [..., writes, grow_to]: the call inside, which the caller reads as a
+// stream (and, `writes` true, writes items to, with credit that may grow toward grow_to bytes:
+// docs/protocol.md, "Streams both ways").
 bool dispatcher::unwrap_stream(message& m, stream_shape& how) {
     own(m);  // the views set here point into the message's own zone, which moves with it
     const auto& a = m.params.via.array;
-    if ((a.size < 3 || a.size > 5) ||
+    if ((a.size < 3 || a.size > 6) ||
         (a.ptr[0].type != msgpack::type::STR && a.ptr[0].type != msgpack::type::BIN) ||
         a.ptr[1].type != msgpack::type::ARRAY || a.ptr[2].type != msgpack::type::POSITIVE_INTEGER ||
         (a.size >= 4 && a.ptr[3].type != msgpack::type::POSITIVE_INTEGER) ||
-        (a.size == 5 && a.ptr[4].type != msgpack::type::BOOLEAN)) {
+        (a.size >= 5 && a.ptr[4].type != msgpack::type::BOOLEAN) ||
+        (a.size == 6 && a.ptr[5].type != msgpack::type::POSITIVE_INTEGER)) {
         respond_error(m.msgid, errc::bad_arguments,
                       "ordo.stream takes [method, params, window], [method, params, window, "
-                      "window_bytes] or [method, params, window, window_bytes, writes]");
+                      "window_bytes] or [method, params, window, window_bytes, writes] (and "
+                      "grow_to)");
         return false;
     }
     how.window_bytes = a.size >= 4 ? a.ptr[3].via.u64 : 0;
-    how.writes = a.size == 5 && a.ptr[4].via.boolean;
+    how.writes = a.size >= 5 && a.ptr[4].via.boolean;
+    how.grow_to = a.size == 6 ? a.ptr[5].via.u64 : 0;
     if (streams_.count(m.msgid) != 0 || inboxes_.count(m.msgid) != 0) {
         respond_error(m.msgid, errc::bad_arguments,
                       "msgid " + std::to_string(m.msgid) + " already streams");
@@ -165,8 +169,8 @@ net::awaitable<void> dispatcher::stream_body(std::unique_ptr<stream_run> s,
 }
 
 // ---- a reading handler's input ----
-dispatcher::inbox::inbox(dispatcher& d, std::uint32_t msgid, inbox** back)
-    : d_(d), msgid_(msgid), back_(back), wake_(d.ex_) {
+dispatcher::inbox::inbox(dispatcher& d, std::uint32_t msgid, inbox** back, std::uint64_t grow_to)
+    : d_(d), msgid_(msgid), back_(back), grow_to_(std::min(grow_to, max_grown_bytes)), wake_(d.ex_) {
     d_.inboxes_.emplace(msgid, this);
 }
 
@@ -177,11 +181,34 @@ dispatcher::inbox::~inbox() {
 }
 
 void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes) {
+    if (grow_to_ > window_bytes_ && granted_bytes_ > 0)
+        grants_.emplace_back(granted_bytes_, std::chrono::steady_clock::now());
     granted_items_ += items;
     granted_bytes_ += bytes;
     buffer b(small_buffer);
     encode_notification(b, "ordo.in_credit", msgid_, items, bytes);
     d_.host_.send_response(b);
+}
+
+void dispatcher::inbox::crossed(std::uint64_t before, bool caught_up) {
+    const auto now = std::chrono::steady_clock::now();
+    bool waited = false;
+    while (!grants_.empty() && before >= grants_.front().first) {
+        const auto took = now - grants_.front().second;
+        grants_.pop_front();
+        if (round_trip_.count() == 0 || took < round_trip_) round_trip_ = took;
+        waited = took <= round_trip_ + round_trip_ / 2;
+    }
+    if (waited && caught_up) grow();
+}
+
+void dispatcher::inbox::grow() {
+    const std::uint64_t bytes = std::min(grow_to_, window_bytes_ * 2);
+    const std::uint64_t items = std::min<std::uint64_t>(max_stream_window, window_items_ * 2);
+    grant(items - window_items_, bytes - window_bytes_);
+    window_items_ = items;
+    window_bytes_ = bytes;
+    if (window_bytes_ >= grow_to_) grants_.clear();  // grown: nothing more to time
 }
 
 void dispatcher::inbox::open() {
@@ -215,8 +242,11 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
                     " beyond the credit granted (" + std::to_string(granted_items_) +
                     " items and " + std::to_string(granted_bytes_) + " bytes in all, of which " +
                     std::to_string(received_bytes_) + " bytes received)");
+    const std::uint64_t before = received_bytes_;
     ++received_;
     received_bytes_ += bytes;
+    if (!grants_.empty() && before >= grants_.front().first) [[unlikely]]
+        crossed(before, items_.empty());
     // What the copy holds (its objects take far more than their wire bytes), charged to the
     // server's memory budget while it is held.
     const std::size_t held_bytes = msgpack::aligned_zone_size(item) + sizeof(held);
@@ -263,7 +293,7 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
         }
         ++taken_;
         // Credit goes back in steps of half the window, in items or bytes.
-        if (++unreported_items_ >= window / 2 || unreported_bytes_ >= window_bytes / 2) {
+        if (++unreported_items_ >= window_items_ / 2 || unreported_bytes_ >= window_bytes_ / 2) {
             grant(unreported_items_, unreported_bytes_);
             unreported_items_ = unreported_bytes_ = 0;
         }

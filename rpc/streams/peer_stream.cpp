@@ -22,12 +22,18 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     const std::size_t head = b.size();
     msgpack::packer<buffer> p(b);
     const bool writes = call.stream->writes();
-    p.pack_array(writes ? 5 : 4);
+    // The credit for the caller's items may grow as its own window does (max_window_bytes).
+    const std::uint64_t grow_to =
+        writes && call.options.max_window_bytes > default_stream_window_bytes
+            ? call.options.max_window_bytes
+            : 0;
+    p.pack_array(writes ? (grow_to ? 6 : 5) : 4);
     p.pack(call.method);
     b.write(call.params.data(), call.params.size());
     p.pack(call.stream->window());
     p.pack(call.stream->window_bytes());
     if (writes) p.pack(true);  // the caller writes items too (docs/protocol.md, "Streams both ways")
+    if (grow_to) p.pack(grow_to);
     if (call.options.timeout.count() > 0 || !call.options.metadata.empty() ||
         o.default_timeout.count() > 0 || holding)
         // With its context (docs/protocol.md, "Call context"), or held behind what waits.

@@ -5,9 +5,11 @@
 // rpc/streams/dispatcher_stream.cpp and rpc/streams/dispatcher_stream.cpp.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 
 #include "ordo/rpc/stream_call.hpp"
 #include "rpc/connection/dispatcher.hpp"
@@ -69,7 +71,9 @@ class dispatcher::stream_run final : public stream_out {
 // and bytes (one item may take more bytes than were left) are held.
 class dispatcher::inbox final : public stream_in {
   public:
-    inbox(dispatcher& d, std::uint32_t msgid, inbox** back);
+    // `grow_to`: the credit may grow toward this many bytes (ordo.stream's sixth element; 0:
+    // it stays at the window), at most max_grown_bytes.
+    inbox(dispatcher& d, std::uint32_t msgid, inbox** back, std::uint64_t grow_to = 0);
     ~inbox() override;
 
     bool try_next(const msgpack::object*& item) override;
@@ -94,6 +98,7 @@ class dispatcher::inbox final : public stream_in {
     static constexpr std::uint32_t window = default_stream_window;
     static constexpr std::size_t zone_items = 256, zone_bytes = 64 << 10;
     static constexpr std::uint64_t window_bytes = default_stream_window_bytes;
+    static constexpr std::uint64_t max_grown_bytes = std::uint64_t{64} << 20;
 
   private:
     // Items are copied into zones of up to 256 items or 64 KiB each (not one allocation per
@@ -110,6 +115,12 @@ class dispatcher::inbox final : public stream_in {
     };
     void wake();
     void grant(std::uint64_t items, std::uint64_t bytes);
+    // An item that needed a grant came (`before`: the bytes received before it). The time from
+    // that grant is a round trip when the caller had waited for it, more when it had not; the
+    // shortest seen is taken as the round trip. A caller that waited while the reader had taken
+    // everything is held back by the window: it doubles, up to grow_to_.
+    void crossed(std::uint64_t before, bool caught_up);
+    void grow();
 
     dispatcher& d_;
     std::uint32_t msgid_;
@@ -121,6 +132,12 @@ class dispatcher::inbox final : public stream_in {
     std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
     std::uint64_t taken_ = 0;
     std::uint64_t unreported_items_ = 0, unreported_bytes_ = 0;
+    std::uint64_t window_items_ = window, window_bytes_ = window_bytes;  // as grown
+    std::uint64_t grow_to_ = 0;
+    // While the window may grow: the credit in bytes before each grant not yet needed, and when
+    // the grant went; the shortest time from a grant to the first item that needed it.
+    std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> grants_;
+    std::chrono::steady_clock::duration round_trip_{};
     std::size_t charged_ = 0;  // to the server's memory budget
     bool closed_ = false;     // ordo.in_end came
     bool cancelled_ = false;

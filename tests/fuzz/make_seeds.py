@@ -219,7 +219,11 @@ envelopes += contexts
 # Streams both ways (docs/protocol.md "Streams both ways"): a client stream and a two-way stream
 # used well, and items beyond the credit, after the end, for unknown calls, with a wrong count,
 # malformed, and to a method that does not read.
-both_ways = [p([0, 1, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in", [1, 5]],
+both_ways = [p([0, 11, "ordo.stream", ["sum", [], 1, 0, True, 1 << 40]],
+               *[[2, "ordo.in", [11, i]] for i in range(20)], [2, "ordo.in_end", [11, 20]],
+               [0, 12, "ordo.stream", ["sum", [], 1, 0, True, "big"]],
+               [0, 13, "ordo.stream", ["scale", [2], 8, 1024, True, 2**64 - 1, 1]]),
+             p([0, 1, "ordo.stream", ["sum", [], 1, 0, True]], [2, "ordo.in", [1, 5]],
                [2, "ordo.in", [1, 7]], [2, "ordo.in_end", [1, 2]]),
              p([0, 2, "ordo.stream", ["scale", [3], 4, 1 << 20, True]],
                *[[2, "ordo.in", [2, i]] for i in range(6)], [2, "ordo.credit", [2, 4, 64]],
@@ -287,7 +291,7 @@ seeds = {
                + [bytes([63]) + e for e in envelopes],
     "server": [p(r) for r in requests] + [p(*requests, *notes)] + [p(n) for n in notes]
               + malformed + [p([0, 0, "sleep_ms", [100000]], [0, 1, "ordo.cancel", [0]])]
-              + sessions + auths + contexts + lanes,
+              + sessions + auths + contexts + lanes + both_ways,
     "client": [p(*responses), p(*reversed(responses)), p(responses[0], responses[0]),
                p([1, 99, None, 1]), p([1, 0, {"code": 7, "message": "x"}, None]),
                p([1, 1, ["neovim", "style"], None]), p([0, 0, "inc", [1]]),

@@ -19,6 +19,7 @@
 #include <msgpack.hpp>
 
 #include "support/cutting_proxy.hpp"
+#include "support/delay_relay.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
 
@@ -565,6 +566,62 @@ TEST(Stream, AWindowGrowsToThePathAndStillHoldsAReaderThatStops) {
         EXPECT_LE(written - read, window / (16 * 1024) + 1) << window;
         EXPECT_LE(window, 1024u * 1024);
         s.cancel();
+        co_await srv.async_stop();
+    });
+}
+
+// Over a path of 5 ms each way, a client stream's credit grows when the caller asks for it
+// (call_options::max_window_bytes): the caller waited for each grant while the handler had read
+// everything. A handler that then stops still holds the writer at the grown window and one item;
+// without the option the credit stays at 1 MiB.
+struct held_upload : interface {
+    method<upload<std::string_view, std::uint64_t>()> hold_after{"hold_after"};
+};
+
+TEST(ClientStream, ItsCreditGrowsOverALongPathAndStillHoldsAReaderThatStops) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        std::uint64_t read = 0;
+        constexpr std::uint64_t stop_at = 400;  // 25 MiB of 64 KiB items, then no more reads
+        srv.on("hold_after", [&](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
+            while (read < stop_at && co_await in.next()) ++read;
+            co_await sleep_for(60s);  // until cancelled
+            co_return read;
+        });
+        const std::string url = srv.listen("tcp://127.0.0.1:0");
+        test::delay_relay relay(static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))),
+                                5ms);
+        auto ch = co_await async_connect("tcp://127.0.0.1:" + std::to_string(relay.port()));
+        const std::string item(64 * 1024, 'g');
+        for (const std::uint64_t grow_to : {std::uint64_t{0}, std::uint64_t{8} << 20}) {
+            read = 0;
+            call_options o;
+            o.max_window_bytes = grow_to;
+            auto up = co_await stub<held_upload>(ch).hold_after(o);
+            std::uint64_t written = 0;
+            auto ex = co_await net::this_coro::executor;
+            net::co_spawn(ex, [&]() -> net::awaitable<void> {
+                for (int i = 0; i < 100'000; ++i) {
+                    if (!co_await up.write(std::string_view(item))) co_return;
+                    ++written;
+                }
+            }, net::detached);
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return read == stop_at; }, 60s));
+            // The writer stops: give it time to use what was granted.
+            std::uint64_t seen = ~std::uint64_t{0};
+            while (seen != written) {
+                seen = written;
+                co_await sleep_for(300ms);
+            }
+            if (grow_to == 0) {
+                EXPECT_LE(written - read, 17u) << "a credit that was not to grow grew";
+            } else {
+                EXPECT_GT(written - read, 17u) << "the credit did not grow";
+                EXPECT_LE(written - read, grow_to / item.size() + 1);
+            }
+            up.cancel();
+            co_await sleep_for(50ms);
+        }
         co_await srv.async_stop();
     });
 }

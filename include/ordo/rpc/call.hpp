@@ -130,7 +130,9 @@ struct call_options {
     /// Streams: the window grows toward what the path needs (its bandwidth times its round
     /// trip, measured while the stream runs with ordo.ping), up to this many bytes (and 65,536
     /// items), so that a long, fast path is not held to window_bytes a round trip. What a
-    /// reader that stops holds is then the grown window. 0: the window stays as set.
+    /// reader that stops holds is then the grown window. 0: the window stays as set. For a
+    /// caller that writes (upload, two_way), the server's credit for its items grows the same
+    /// way, up to this and 64 MiB.
     std::uint64_t max_window_bytes = 0;
 };
 
