@@ -140,6 +140,8 @@ class dispatcher {
     // How the caller of an ordo.stream streams: `window` > 0, it reads items (window and
     // window_bytes its credit); `writes`, it writes items too (docs/protocol.md, "Streams
     // both ways").
+    // What reading handlers' windows have grown by, together (inbox::grow).
+    std::uint64_t grown_bytes_ = 0;
     struct stream_shape {
         std::uint32_t window = 0;
         std::uint64_t window_bytes = 0;

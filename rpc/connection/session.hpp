@@ -234,6 +234,8 @@ class session {
     const identity& who() const noexcept { return who_; }
     /// True once the other side has agreed to resume this session after drops.
     bool is_resumable() const noexcept { return mode_ == mode::resumable; }
+    /// What it may hold sent and not acknowledged (resume_config::max_unacked_bytes).
+    std::size_t max_unacked_bytes() const noexcept { return rc_.max_unacked_bytes; }
     /// How it ended; empty while open.
     const std::error_code& close_code() const noexcept { return close_code_; }
     const std::string& close_reason() const noexcept { return close_reason_; }

@@ -176,12 +176,13 @@ dispatcher::inbox::inbox(dispatcher& d, std::uint32_t msgid, inbox** back, std::
 
 dispatcher::inbox::~inbox() {
     if (d_.budget_ && charged_) d_.budget_->release(charged_);
+    d_.grown_bytes_ -= window_bytes_ - window_bytes;
     d_.inboxes_.erase(msgid_);
     *back_ = nullptr;
 }
 
-void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes) {
-    if (grow_to_ > window_bytes_ && granted_bytes_ > 0)
+void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes, bool timed) {
+    if (timed && grow_to_ > window_bytes_ && granted_bytes_ > 0)
         grants_.emplace_back(granted_bytes_, std::chrono::steady_clock::now());
     granted_items_ += items;
     granted_bytes_ += bytes;
@@ -190,22 +191,30 @@ void dispatcher::inbox::grant(std::uint64_t items, std::uint64_t bytes) {
     d_.host_.send_response(b);
 }
 
-void dispatcher::inbox::crossed(std::uint64_t before, bool caught_up) {
-    const auto now = std::chrono::steady_clock::now();
+void dispatcher::inbox::crossed(std::uint64_t before, bool caught_up,
+                                std::chrono::steady_clock::time_point now) {
     bool waited = false;
     while (!grants_.empty() && before >= grants_.front().first) {
         const auto took = now - grants_.front().second;
         grants_.pop_front();
-        if (round_trip_.count() == 0 || took < round_trip_) round_trip_ = took;
-        waited = took <= round_trip_ + round_trip_ / 2;
+        if (samples_++ == 0 || took < round_trip_) round_trip_ = took;
+        waited = samples_ > 1 && took <= round_trip_ + round_trip_ / 2 &&
+                 now - last_item_ >= took / 2;
     }
     if (waited && caught_up) grow();
 }
 
 void dispatcher::inbox::grow() {
-    const std::uint64_t bytes = std::min(grow_to_, window_bytes_ * 2);
+    std::uint64_t bytes = std::min(grow_to_, window_bytes_ * 2);
+    // Within what the connection's windows may grow by together, and the memory budget.
+    bytes = std::min(bytes, window_bytes_ + (max_grown_bytes - d_.grown_bytes_));
+    if (bytes <= window_bytes_ || (d_.budget_ && d_.budget_->over(bytes - window_bytes_))) {
+        grants_.clear();  // no more now; a later grant is timed again while it may grow
+        return;
+    }
     const std::uint64_t items = std::min<std::uint64_t>(max_stream_window, window_items_ * 2);
-    grant(items - window_items_, bytes - window_bytes_);
+    grant(items - window_items_, bytes - window_bytes_, false);
+    d_.grown_bytes_ += bytes - window_bytes_;
     window_items_ = items;
     window_bytes_ = bytes;
     if (window_bytes_ >= grow_to_) grants_.clear();  // grown: nothing more to time
@@ -245,8 +254,12 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
     const std::uint64_t before = received_bytes_;
     ++received_;
     received_bytes_ += bytes;
-    if (!grants_.empty() && before >= grants_.front().first) [[unlikely]]
-        crossed(before, items_.empty());
+    if (grow_to_ > window_bytes_) [[unlikely]] {  // the window may grow: items are timed
+        const auto now = std::chrono::steady_clock::now();
+        if (!grants_.empty() && before >= grants_.front().first)
+            crossed(before, items_.empty(), now);
+        last_item_ = now;
+    }
     // What the copy holds (its objects take far more than their wire bytes), charged to the
     // server's memory budget while it is held.
     const std::size_t held_bytes = msgpack::aligned_zone_size(item) + sizeof(held);

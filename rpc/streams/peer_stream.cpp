@@ -22,11 +22,12 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     const std::size_t head = b.size();
     msgpack::packer<buffer> p(b);
     const bool writes = call.stream->writes();
-    // The credit for the caller's items may grow as its own window does (max_window_bytes).
-    const std::uint64_t grow_to =
-        writes && call.options.max_window_bytes > default_stream_window_bytes
-            ? call.options.max_window_bytes
-            : 0;
+    // The credit for the caller's items may grow (max_window_bytes); on a resumable session,
+    // within half of what it may hold unacknowledged, so that a grown window never fills it.
+    std::uint64_t grow_to = writes ? call.options.max_window_bytes : 0;
+    if (sess->is_resumable())
+        grow_to = std::min<std::uint64_t>(grow_to, sess->max_unacked_bytes() / 2);
+    if (grow_to <= default_stream_window_bytes) grow_to = 0;
     p.pack_array(writes ? (grow_to ? 6 : 5) : 4);
     p.pack(call.method);
     b.write(call.params.data(), call.params.size());

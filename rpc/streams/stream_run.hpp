@@ -98,6 +98,7 @@ class dispatcher::inbox final : public stream_in {
     static constexpr std::uint32_t window = default_stream_window;
     static constexpr std::size_t zone_items = 256, zone_bytes = 64 << 10;
     static constexpr std::uint64_t window_bytes = default_stream_window_bytes;
+    // What growth may add to the windows of one connection's reading handlers, together.
     static constexpr std::uint64_t max_grown_bytes = std::uint64_t{64} << 20;
 
   private:
@@ -114,12 +115,16 @@ class dispatcher::inbox final : public stream_in {
         std::size_t left = 0;              // not yet taken
     };
     void wake();
-    void grant(std::uint64_t items, std::uint64_t bytes);
-    // An item that needed a grant came (`before`: the bytes received before it). The time from
-    // that grant is a round trip when the caller had waited for it, more when it had not; the
-    // shortest seen is taken as the round trip. A caller that waited while the reader had taken
-    // everything is held back by the window: it doubles, up to grow_to_.
-    void crossed(std::uint64_t before, bool caught_up);
+    // `timed`: the grant is timed while the window may grow (growth's own grants are not).
+    void grant(std::uint64_t items, std::uint64_t bytes, bool timed = true);
+    // An item that needed a grant came (`before`: the bytes received before it) at `now`. The
+    // time from that grant is a round trip when the caller had waited for it, more when it had
+    // not; the shortest seen (after the first) is taken as the round trip. The caller waited
+    // when the item came within 1.5 round trips of the grant and after a gap of half a round
+    // trip since the item before it (a steady writer leaves no such gap). A caller that waited
+    // while the reader had taken everything is held back by the window: it doubles, up to
+    // grow_to_, within the connection's max_grown_bytes and while the memory budget has room.
+    void crossed(std::uint64_t before, bool caught_up, std::chrono::steady_clock::time_point now);
     void grow();
 
     dispatcher& d_;
@@ -138,6 +143,8 @@ class dispatcher::inbox final : public stream_in {
     // the grant went; the shortest time from a grant to the first item that needed it.
     std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> grants_;
     std::chrono::steady_clock::duration round_trip_{};
+    std::uint32_t samples_ = 0;
+    std::chrono::steady_clock::time_point last_item_{};  // while grants_ are timed
     std::size_t charged_ = 0;  // to the server's memory budget
     bool closed_ = false;     // ordo.in_end came
     bool cancelled_ = false;

@@ -616,12 +616,50 @@ TEST(ClientStream, ItsCreditGrowsOverALongPathAndStillHoldsAReaderThatStops) {
             if (grow_to == 0) {
                 EXPECT_LE(written - read, 17u) << "a credit that was not to grow grew";
             } else {
-                EXPECT_GT(written - read, 17u) << "the credit did not grow";
+                EXPECT_GT(written - read, 64u) << "the credit did not grow to 8 MiB";
                 EXPECT_LE(written - read, grow_to / item.size() + 1);
             }
             up.cancel();
             co_await sleep_for(50ms);
         }
+        co_await srv.async_stop();
+    });
+}
+
+// A writer that never waits for credit (64 KiB every 2 ms, on loopback) does not make it grow,
+// though it asks for growth: a handler that then stops holds it at the window of 1 MiB.
+TEST(ClientStream, ASteadyWriterThatNeverWaitsDoesNotGrowItsCredit) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        std::uint64_t read = 0;
+        constexpr std::uint64_t stop_at = 150;
+        srv.on("hold_after", [&](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
+            while (read < stop_at && co_await in.next()) ++read;
+            co_await sleep_for(60s);  // until cancelled
+            co_return read;
+        });
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        call_options o;
+        o.max_window_bytes = std::uint64_t{8} << 20;
+        auto up = co_await stub<held_upload>(ch).hold_after(o);
+        const std::string item(64 * 1024, 's');
+        std::uint64_t written = 0;
+        net::co_spawn(co_await net::this_coro::executor, [&]() -> net::awaitable<void> {
+            for (int i = 0; i < 1000; ++i) {
+                if (!co_await up.write(std::string_view(item))) co_return;
+                ++written;
+                if (written < stop_at) co_await sleep_for(2ms);
+            }
+        }, net::detached);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return read == stop_at; }, 60s));
+        std::uint64_t seen = ~std::uint64_t{0};
+        while (seen != written) {
+            seen = written;
+            co_await sleep_for(300ms);
+        }
+        EXPECT_LE(written - read, 17u) << "a writer that never waited made the credit grow";
+        up.cancel();
+        co_await sleep_for(50ms);
         co_await srv.async_stop();
     });
 }

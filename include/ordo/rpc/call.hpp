@@ -131,8 +131,10 @@ struct call_options {
     /// trip, measured while the stream runs with ordo.ping), up to this many bytes (and 65,536
     /// items), so that a long, fast path is not held to window_bytes a round trip. What a
     /// reader that stops holds is then the grown window. 0: the window stays as set. For a
-    /// caller that writes (upload, two_way), the server's credit for its items grows the same
-    /// way, up to this and 64 MiB.
+    /// caller that writes (upload, two_way), an ordo server also grows the credit it grants
+    /// (doubling it while the caller waits for credit and the handler keeps up), up to this,
+    /// 64 MiB, and half of max_unacked_bytes on a resumable session (docs/protocol.md,
+    /// "Streams both ways"). A server older than that answers bad_arguments to such a call.
     std::uint64_t max_window_bytes = 0;
 };
 
