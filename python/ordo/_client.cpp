@@ -160,7 +160,9 @@ class py_stream final : public detail::stream_core {
     }
     void close() {
         closing_ = true;
-        if (!pumping_) close_writes();  // else after the items queued
+        if (pumping_) return;  // after the items queued
+        report_written(true);
+        close_writes();
     }
 
   private:
@@ -178,32 +180,47 @@ class py_stream final : public detail::stream_core {
     }
 
     // Sends the queued items in order, each once credit allows (stream_core::write_item), and
-    // reports each to Python, which bounds what it has handed over and not yet seen sent.
+    // reports them to Python, which bounds what it has handed over and not yet seen sent
+    // (ordo/_writing.py, _Writes: 64 items or 1 MiB; it waits until fewer than half are
+    // unreported). Reported every 16 items, and when the queue is empty with 256 KiB or more
+    // unreported: a writer that is waiting hears of its items in time, and one that writes a
+    // message at a time and waits for the answer (a Dask comm) is not woken once more for each.
     static net::awaitable<void> pump(std::shared_ptr<py_stream> s) {
         bool ok = true;
         while (ok && !s->out_.empty()) {
+            std::size_t size = 0;
             {
                 const held_bytes item = std::move(s->out_.front());
                 s->out_.pop_front();
-                s->item_buffer().write(item.view().data(), item.view().size());
+                size = item.view().size();
+                s->item_buffer().write(item.view().data(), size);
             }
             try {
                 ok = co_await write_item(s);
             } catch (const std::exception&) {  // not cancelled, never closed here: not reached
                 ok = false;
             }
-            if (ok) ++s->sent_;
-            // Every 16 items, and when the queue is empty: Python waits for half its window.
-            if (!ok || s->out_.empty() || s->sent_ % 16 == 0) {
-                completion c{kind::stream_written, s->token_};
-                c.a = s->sent_;
-                c.b = ok ? 0 : 1;
-                s->hub_->push(std::move(c));
+            if (ok) {
+                ++s->sent_;
+                s->unreported_bytes_ += size;
             }
+            if (!ok || s->sent_ - s->reported_ >= 16 ||
+                (s->out_.empty() && (s->unreported_bytes_ >= (256u << 10) || s->closing_)))
+                s->report_written(ok);
         }
         s->out_.clear();  // the call ended: what is left goes nowhere, as Python is told
         s->pumping_ = false;
         if (s->closing_) s->close_writes();
+    }
+
+    void report_written(bool ok) {
+        if (ok && sent_ == reported_) return;
+        completion c{kind::stream_written, token_};
+        c.a = sent_;
+        c.b = ok ? 0 : 1;
+        hub_->push(std::move(c));
+        reported_ = sent_;
+        unreported_bytes_ = 0;
     }
 
     std::shared_ptr<hub> hub_;
@@ -214,6 +231,8 @@ class py_stream final : public detail::stream_core {
     bool pumping_ = false;
     bool closing_ = false;
     std::uint64_t sent_ = 0;
+    std::uint64_t reported_ = 0;  // sent_ as Python last heard it
+    std::size_t unreported_bytes_ = 0;
 };
 
 net::awaitable<void> connect_into(std::shared_ptr<hub> h, std::uint64_t token, std::string url,

@@ -9,12 +9,6 @@ from distributed.comm.core import CommClosedError
 from distributed.utils import ensure_memoryview
 
 
-def _retrieve(fut: asyncio.Future) -> None:
-    """Done callback of a future whose failure shows elsewhere: not logged as never retrieved."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 def _parts(frames: list, limit: int):
     """Yields ``(chunks, tail, nbytes)``: the frames cut into parts of at most `limit` bytes
     (tail as in the module's docstring), between frames unless a frame alone is longer. Frames

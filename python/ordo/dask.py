@@ -2,27 +2,30 @@
 Dask finds it through the entry points group ``distributed.comm.backends`` (``ordo =
 ordo.dask:OrdoBackend``, ``ordo+resume = ordo.dask:OrdoResumeBackend``).
 
-One Dask comm is one ordered ordo connection to the listener's ordo.Server (tcp://host:port):
+One Dask comm is one ordered ordo connection to the listener's ordo.Server (tcp://host:port),
+carrying one two-way stream (docs/protocol.md, "Streams both ways"):
 
     connector                                  listener (one ordo.Server)
-    notify dask.open                     ->    makes this connection's comm and runs Dask's
+    two-way stream dask.comm             ->    makes this connection's comm and runs Dask's
                                                handshake (Listener.on_connection), then the handler
-    stream dask.read                     ->    first item: the connector's address as the listener
-                                         <-    sees it; then each message the listener's comm
+                                         <-    first item: the connector's address as the listener
+                                               sees it; then each message the listener's comm
                                                writes, in order; the stream's end is its close
-    notify dask.frames (chunks, tail)    ->    each message the connector's comm writes, in order
-    call dask.sync                       ->    answered once fewer than _INBOX_BYTES are unread
-    notify dask.close                    ->    the connector closed the comm (after its messages)
+    its items (chunks, tail)             ->    each message the connector's comm writes, in order;
+                                               the end of these items is the connector's close
+
+Each direction has its own credit, so a side that does not read holds the other's writes (the
+listener's items: _INBOX_BYTES of credit, _RESUME_WINDOW_BYTES on ordo+resume; the connector's:
+the listener's ordo window and what its inbox holds, _INBOX_BYTES).
 
 A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm, with
-frames split at the part size). It travels as one ordo message (a notification or a stream
-item) when it holds up to the part size (_PART_BYTES; _RESUME_PART_BYTES on ordo+resume, whose
-unacknowledged bytes are bounded), and as several parts otherwise, each ``(chunks, tail)``:
-tail 0 ends the message, 1 says that more frames follow, 2 that the last chunk's frame goes on
-in the next part (only a frame longer than a part is cut): no ordo message exceeds ordo's
-max_message_bytes (128 MiB). Frames are written from Dask's buffers and read as memoryviews of
-the ordo message that carried them (zero_copy), as Dask's tcp comm reads them: no copies in
-Python but for a frame cut across parts.
+frames split at the part size). It travels as one stream item when it holds up to the part size
+(_PART_BYTES; _RESUME_PART_BYTES on ordo+resume, whose unacknowledged bytes are bounded), and as
+several parts otherwise, each ``(chunks, tail)``: tail 0 ends the message, 1 says that more
+frames follow, 2 that the last chunk's frame goes on in the next part (only a frame longer than
+a part is cut): no ordo message exceeds ordo's max_message_bytes (128 MiB). Frames are written
+from Dask's buffers and read as memoryviews of the ordo message that carried them (zero_copy),
+as Dask's tcp comm reads them: no copies in Python but for a frame cut across parts.
 
 Ordering and failure: messages arrive once, in the order written. A comm is closed by its own
 close() or abort(), by the other side's, or when its connection is lost; then read() raises
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import inspect
 import logging
 import weakref
@@ -52,14 +54,16 @@ from distributed.utils import ensure_ip, get_ip, get_ipv6
 from . import OrdoError
 from . import Server as _OrdoServer
 from . import connect as _ordo_connect
-from ._dask_parts import _Inbox, _parts, _retrieve
+from ._dask_parts import _Inbox, _parts
 
 logger = logging.getLogger(__name__)
 
 _PART_BYTES = 64 << 20  # frame bytes in one ordo message at most (Dask's tcp shard size)
 _RESUME_PART_BYTES = 8 << 20  # the same on ordo+resume
-_SYNC_BYTES = 16 << 20  # a connector's writes wait for the dask.sync before this many bytes
-_INBOX_BYTES = 64 << 20  # unread bytes past which the sender is held (dask.sync, credit)
+_INBOX_BYTES = 64 << 20  # unread bytes past which the sender is held (credit)
+# The listener's credit on ordo+resume, which keeps what it sent until acknowledged
+# (max_unacked_bytes, 64 MiB): it may send no more than this ahead.
+_RESUME_WINDOW_BYTES = 16 << 20
 RESUME_MS = 30000  # ordo+resume's window when the Dask config does not set one
 
 _END = object()  # in a listener comm's outbox: the stream ends here (close)
@@ -156,9 +160,9 @@ def _abandon(link, name: str) -> None:
 # ---- the connector's side -----------------------------------------------------------------
 
 class _ClientLink:
-    """A connector's transport: the ordo channel, and the pump, a task that moves dask.read's
-    items into the inbox (so that closed() sees the other side's close without a read, and a
-    cancelled read loses nothing) and that closes the channel."""
+    """A connector's transport: the ordo channel and its dask.comm stream, and the pump, a task
+    that moves the stream's items into the inbox (so that closed() sees the other side's close
+    without a read, and a cancelled read loses nothing) and that closes the channel."""
 
     def __init__(self, ch, stream, part_bytes: int):
         self.loop = asyncio.get_running_loop()
@@ -167,8 +171,6 @@ class _ClientLink:
         self.part_bytes = part_bytes
         self.inbox = _Inbox(self.loop, _INBOX_BYTES)
         self.gone: str | None = None  # why nothing more is sent
-        self.unsynced = 0
-        self.sync: asyncio.Future | None = None  # the dask.sync in flight
         self.lock = asyncio.Lock()  # keeps the parts of one message together
         self.pump = self.loop.create_task(self._pump())
 
@@ -181,12 +183,12 @@ class _ClientLink:
                     await self.inbox.below()
         except OrdoError as e:  # PeerLost, SessionLost, the listener aborting, ...
             reason = f"the comm ended: {e}"
-        except asyncio.CancelledError:  # by abort() (close() too), which sent dask.close
-            pass  # close() below still sends it, and a resumable session's ordo.bye
+        except asyncio.CancelledError:  # by abort(), which cancelled the stream
+            pass
         finally:
             self.gone = self.gone or reason
             self.inbox.end(self.gone)
-            self.ch.close()
+            self.ch.close()  # after what was sent (a resumable session's ordo.bye too)
 
     async def send(self, frames: list) -> int:
         total = 0
@@ -195,35 +197,37 @@ class _ClientLink:
                 if self.gone is not None:
                     raise CommClosedError(self.gone)
                 try:
-                    self.ch.notify("dask.frames", chunks, tail)
-                    self.unsynced += n
-                    total += n
-                    if self.unsynced >= _SYNC_BYTES:
-                        # Bounds what the listener holds unread and, on ordo+resume, what is
-                        # unacknowledged (past max_unacked_bytes, 64 MiB, notify fails): one
-                        # dask.sync goes every _SYNC_BYTES, and the one before is awaited.
-                        self.unsynced = 0
-                        before, self.sync = self.sync, self.ch.call("dask.sync")
-                        self.sync.add_done_callback(_retrieve)  # the next write fails too
-                        if before is not None:
-                            await before
+                    # Waits while the listener's credit is used up (it is not reading).
+                    sent = await self.stream.write((chunks, tail))
                 except (OrdoError, TypeError) as e:
                     self.abort(f"write failed: {e}")
                     raise CommClosedError(f"write failed: {e}") from e
+                except asyncio.CancelledError:
+                    if total:  # the listener holds part of a message: what follows is torn
+                        self.abort("a write was cancelled in the middle of a message")
+                    raise
+                if not sent:  # the stream has ended: the pump says why
+                    await asyncio.wait([self.pump])
+                    raise CommClosedError(self.gone)
+                total += n
         return total
 
     async def close(self) -> None:
-        self.abort("closed")
+        """Ends the connector's items after those written; returns once the listener has ended
+        its side too (it read them: Dask's tcp comm waits for its writes to flush)."""
+        if self.gone is None:
+            self.gone = "closed"
+            self.inbox.end("closed")
+            self.stream.close()
         await asyncio.wait([self.pump])
 
     def abort(self, reason: str) -> None:
-        """Nothing more is sent or received; the listener is told (dask.close, after what was
-        written), and the pump closes the channel, which sends them all first."""
+        """Nothing more is sent or received: the stream is cancelled (the listener's comm
+        ends), and the pump closes the channel."""
         if self.gone is None:
             self.gone = reason
             self.inbox.end(reason)
-            with contextlib.suppress(OrdoError):  # failed: the listener sees that instead
-                self.ch.notify("dask.close")
+        self.stream.cancel()
         if not self.pump.done():
             self.pump.cancel()
 
@@ -247,11 +251,8 @@ class OrdoConnector(Connector):
                 raise
             raise CommClosedError(f"{self.scheme}://{address}: {e}") from e
         try:
-            ch.notify("dask.open")
-            # ordo+resume keeps what it sent until acknowledged (max_unacked_bytes, 64 MiB):
-            # the listener may send no more than this ahead.
-            window = _SYNC_BYTES if self.resume else _INBOX_BYTES
-            stream = ch.stream("dask.read", window_bytes=window, zero_copy=True)
+            window = _RESUME_WINDOW_BYTES if self.resume else _INBOX_BYTES
+            stream = ch.two_way("dask.comm", window_bytes=window, zero_copy=True)
             seen_as = await anext(stream)  # the listener has made its comm
             link = _ClientLink(ch, stream, _RESUME_PART_BYTES if self.resume else _PART_BYTES)
         except (OrdoError, StopAsyncIteration) as e:
@@ -268,8 +269,8 @@ class OrdoConnector(Connector):
 # ---- the listener's side ------------------------------------------------------------------
 
 class _ServerLink:
-    """A listener comm's transport: what its dask.read stream is to send, and its inbox, which
-    dask.frames fills."""
+    """A listener comm's transport: what its dask.comm stream is to send (the outbox), and its
+    inbox, which the connector's items fill."""
 
     def __init__(self, listener: OrdoListener, key: int, seen_as: str):
         self.loop = asyncio.get_running_loop()
@@ -280,7 +281,7 @@ class _ServerLink:
         self.inbox = _Inbox(self.loop, _INBOX_BYTES)
         self.outbox: collections.deque = collections.deque()
         self.out_waiter: asyncio.Future | None = None
-        self.streaming = False  # dask.read is running
+        self.streaming = False  # dask.comm is running
         self.gone: str | None = None  # why nothing more is sent
         self.forgotten = self.loop.create_future()  # done: the listener has let it go
 
@@ -291,7 +292,7 @@ class _ServerLink:
         return sum(n for _, _, n in parts)
 
     async def close(self) -> None:
-        """Returns once what was written is with ordo (dask.read has ended), as Dask's tcp
+        """Returns once what was written is with ordo (dask.comm has ended), as Dask's tcp
         comm waits for its writes to flush, and, for the last comm of a stopped listener, once
         its ordo server has stopped."""
         self.end(_END, "closed", drop=False)
@@ -344,12 +345,9 @@ class OrdoListener(Listener):
 
     async def start(self) -> None:
         srv = _OrdoServer()
-        # concurrent=True: each runs as its message is read, in order, without waiting for
-        # the one before; the plain functions run at once, inside the drain of the connection.
-        for name, fn in (("dask.open", self._open), ("dask.read", self._read),
-                         ("dask.frames", self._frames), ("dask.sync", self._sync),
-                         ("dask.close", self._close)):
-            srv.method(name=name, concurrent=True, with_peer=True, zero_copy=True)(fn)
+        # concurrent=True: each connection's stream runs as its request is read.
+        srv.method(name="dask.comm", concurrent=True, with_peer=True, zero_copy=True,
+                   reads=True)(self._comm)
         # Set before listen() returns: a caller that knows the port may be served before.
         self._srv, self._loop = srv, asyncio.get_running_loop()
         self._bound = (self.ip or "0.0.0.0", self.port)
@@ -372,32 +370,26 @@ class OrdoListener(Listener):
         host = ensure_concrete_host(self._bound[0], default_host=self.default_host)
         return f"{self.prefix}{unparse_host_port(host, self._bound[1])}"
 
-    # -- the ordo methods, each keyed by its connection: peer._id is the same for all of its
-    # messages, across resumes too --
+    # -- the ordo method: one dask.comm per connection, keyed by it (peer._id is the same
+    # across resumes too) --
 
-    def _open(self, peer) -> None:
+    async def _comm(self, peer, items):
         key = peer._id
         if key in self._links:
-            logger.warning("%s: refused a second dask.open from %s", self.listen_address,
-                           peer.identity.address)
-            return
+            raise CommClosedError("a second Dask comm on one connection")
         if self._stopping:
-            return  # its dask.read fails, and so does its connector
+            raise CommClosedError(f"{self.listen_address} has stopped listening")
         seen_as = peer.identity.address
         link = _ServerLink(self, key, seen_as)
         self._links[key] = link
+        link.streaming = True
         comm = OrdoComm(link, self.contact_address,
                         f"{self.prefix}{seen_as.removeprefix('tcp://')}", self.deserialize)
         comm.allow_offload = self.allow_offload
+        taking = self._spawn(self._take(link, items))
         self._spawn(self._serve(comm))
-
-    async def _read(self, peer):
-        link = self._links.get(peer._id)
-        if link is None or link.streaming:
-            raise CommClosedError("no Dask comm to read on this connection")
-        link.streaming = True
         try:
-            yield link.seen_as
+            yield seen_as
             out = link.outbox
             while True:
                 while not out:
@@ -410,20 +402,24 @@ class OrdoListener(Listener):
                     raise CommClosedError(f"{self.listen_address} aborted the comm")
                 yield item
         finally:  # ended, or cancelled by ordo: the connection is gone (a resume aside)
+            taking.cancel()
             link.streaming = False
             link.end(_END, "connection lost", drop=True)
 
-    def _frames(self, peer, chunks, tail) -> None:
-        if link := self._links.get(peer._id):
-            link.inbox.put(chunks, tail)
-
-    async def _sync(self, peer) -> None:
-        if link := self._links.get(peer._id):
-            await link.inbox.below()
-
-    def _close(self, peer) -> None:
-        if link := self._links.get(peer._id):  # after its messages: they stay readable
-            link.end(_END, "the connector closed the comm", drop=True)
+    @staticmethod
+    async def _take(link: _ServerLink, items) -> None:
+        """Moves the connector's messages into the comm's inbox; holds the connector (its
+        credit) while the inbox is full."""
+        reason = "the connector closed the comm"
+        try:
+            async for chunks, tail in items:
+                link.inbox.put(chunks, tail)
+                if link.inbox.nbytes >= link.inbox.limit:
+                    await link.inbox.below()
+        except OrdoError as e:  # PeerLost; ProtocolError for a connector that broke its credit
+            reason = f"connection lost: {e}"
+        # After its messages: they stay readable.
+        link.end(_END, reason, drop=True)
 
     # -- comm handlers and the server's end --
 

@@ -177,12 +177,12 @@ async def test_a_stopped_listener_frees_its_port_and_leaves_no_task_as_tcp_does(
 @pytest.mark.parametrize("scheme", SCHEMES)
 async def test_messages_larger_than_a_part_arrive_whole_and_in_order_both_ways(
         scheme, monkeypatch):
-    # Tiny parts, syncs and inboxes: every message is cut into parts, frames are cut across
-    # parts, the connector waits for dask.sync many times, and some messages are larger than
-    # what either side holds unread before it holds the sender back.
+    # Tiny parts, windows and inboxes: every message is cut into parts, frames are cut across
+    # parts, and some messages are larger than what either side holds unread before it holds
+    # the sender back.
     monkeypatch.setattr(ordo.dask, "_PART_BYTES", 1000)
     monkeypatch.setattr(ordo.dask, "_RESUME_PART_BYTES", 1000)
-    monkeypatch.setattr(ordo.dask, "_SYNC_BYTES", 5000)
+    monkeypatch.setattr(ordo.dask, "_RESUME_WINDOW_BYTES", 5000)
     monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 20_000)
     sizes = [0, 1, 999, 1000, 1001, 2500, 40_000, 3, 123_457]
     msgs = [{"i": i, "blob": os.urandom(n), "many": tuple(os.urandom(n % 700) for _ in range(5))}
@@ -298,8 +298,42 @@ async def test_a_message_written_just_before_close_arrives_and_the_close_follows
     await settle()
 
 
+async def test_a_comm_is_one_two_way_stream_that_a_plain_ordo_channel_can_speak():
+    # The wire contract of ordo/dask.py's docstring: dask.comm's first item is the connector's
+    # address as the listener sees it; then each message is one item [frames, tail] each way,
+    # and the end of the connector's items closes the listener's comm.
+    from distributed.comm.utils import from_frames, to_frames
+    closed = asyncio.Event()
+
+    async def handler(comm):
+        msg = await comm.read()
+        await comm.write({"echo": msg})
+        with pytest.raises(CommClosedError):
+            await comm.read()
+        closed.set()
+
+    async with listen("ordo://127.0.0.1", handler) as listener:
+        ch = await ordo.connect("tcp://" + listener.contact_address.removeprefix("ordo://"))
+        s = ch.two_way("dask.comm", zero_copy=True)
+        seen_as = await asyncio.wait_for(anext(s), 30)
+        assert seen_as.startswith("tcp://127.0.0.1:"), seen_as
+        handshake = await asyncio.wait_for(anext(s), 30)  # the listener's half of Dask's
+        assert handshake[1] == 0
+        hello = await from_frames(handshake[0])
+        assert "compression" in hello, hello
+        for m in (hello, {"op": "hi", "x": 7}):
+            assert await s.write((await to_frames(m), 0))
+        frames, tail = await asyncio.wait_for(anext(s), 30)
+        assert tail == 0 and await from_frames(frames) == {"echo": {"op": "hi", "x": 7}}
+        s.close()
+        await asyncio.wait_for(closed.wait(), 30)
+        with pytest.raises(StopAsyncIteration):  # the listener ends its side in turn
+            await asyncio.wait_for(anext(s), 30)
+        ch.close()
+    await settle()
+
+
 async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeypatch):
-    monkeypatch.setattr(ordo.dask, "_SYNC_BYTES", 10_000)
     monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
     reading = asyncio.Event()
     comms = asyncio.Queue()
@@ -311,13 +345,15 @@ async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeyp
     async with listen("ordo://127.0.0.1", handler) as listener:
         comm = await connect(listener.contact_address)
         server_comm = await comms.get()
-        blob = b"x" * 5000
+        blob = b"x" * 50_000
         written = 0
         with pytest.raises(asyncio.TimeoutError):
-            for _ in range(100):  # 500 kB, ten times what the listener holds unread
+            for _ in range(1000):  # 50 MB, far more than the listener holds unread
                 await asyncio.wait_for(comm.write(blob), 2)
                 written += 1
-        assert 8 <= written < 20, written  # held near _INBOX_BYTES
+        # Held once the inbox (50 kB) and the windows on the way are full: the listener's
+        # ordo window (1 MiB), its Reader's room (1 MiB) and the connector's writer (1 MiB).
+        assert 1 <= written * len(blob) <= 50_000 + (3 << 20) + 4 * len(blob), written
         reading.set()
         assert [await server_comm.read() for _ in range(written)] == [blob] * written
         await server_comm.close()
