@@ -72,7 +72,9 @@ class _Writes(Stream):
 
     @property
     def written(self) -> int:
-        """Items handed to the connection so far (they went within the server's credit)."""
+        """Items handed to the connection so far (they went within the server's credit), as
+        the io thread last reported them: every 16 items or 256 KiB while the stream is open
+        (so it may lag by fewer), and exactly once the writing side is closed or has ended."""
         return self._writer.acked
 
     async def write(self, item) -> bool:
@@ -178,6 +180,14 @@ class Reader:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _take_all(self) -> list:
+        """The items already handed over, taken at once: what a handler that is cancelled
+        (its caller's connection is gone) may still keep."""
+        items = [_unpackb(d, False, self._views) for d in self._items]
+        self.taken += len(items)
+        self._items.clear()
+        return items
 
     def __aiter__(self) -> Reader:
         return self

@@ -15,8 +15,9 @@ carrying one two-way stream (docs/protocol.md, "Streams both ways"):
                                                the end of these items is the connector's close
 
 Each direction has its own credit, so a side that does not read holds the other's writes (the
-listener's items: _INBOX_BYTES of credit, _RESUME_WINDOW_BYTES on ordo+resume; the connector's:
-the listener's ordo window and what its inbox holds, _INBOX_BYTES).
+listener's items: _INBOX_BYTES of credit, _RESUME_WINDOW_BYTES on ordo+resume, and its writes
+wait while _INBOX_BYTES more wait for that credit; the connector's: the listener's ordo window
+and what its inbox holds, _INBOX_BYTES).
 
 A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm, with
 frames split at the part size). It travels as one stream item when it holds up to the part size
@@ -116,8 +117,8 @@ class OrdoComm(Comm):
 
     async def write(self, msg, serializers=None, on_error="message") -> int:
         """Sends `msg`, serialised as Dask's tcp comm does; returns its bytes. Raises
-        CommClosedError if the comm is closed or its connection gone. A connector's write
-        waits, every _SYNC_BYTES, until the listener holds fewer than _INBOX_BYTES unread."""
+        CommClosedError if the comm is closed or its connection gone. Waits while the other
+        side holds too much unread (see the module's docstring)."""
         self._check_open()
         frames = await to_frames(
             msg, allow_offload=self.allow_offload, serializers=serializers, on_error=on_error,
@@ -185,6 +186,9 @@ class _ClientLink:
             reason = f"the comm ended: {e}"
         except asyncio.CancelledError:  # by abort(), which cancelled the stream
             pass
+        except Exception as e:  # an item that is not (chunks, tail): nothing after it is trusted
+            reason = f"the listener sent what is not a message: {e!r}"
+            self.stream.cancel()
         finally:
             self.gone = self.gone or reason
             self.inbox.end(self.gone)
@@ -203,12 +207,13 @@ class _ClientLink:
                     self.abort(f"write failed: {e}")
                     raise CommClosedError(f"write failed: {e}") from e
                 except asyncio.CancelledError:
-                    if total:  # the listener holds part of a message: what follows is torn
+                    # The part went (write() hands it over before it waits): one that does not
+                    # end its message leaves the listener a torn one, and nothing may follow.
+                    if tail:
                         self.abort("a write was cancelled in the middle of a message")
                     raise
-                if not sent:  # the stream has ended: the pump says why
-                    await asyncio.wait([self.pump])
-                    raise CommClosedError(self.gone)
+                if not sent:  # the stream has ended (the pump will say why)
+                    raise CommClosedError(self.gone or "the listener ended the comm")
                 total += n
         return total
 
@@ -279,17 +284,40 @@ class _ServerLink:
         self.seen_as = seen_as  # the connector's address, as this side sees it
         self.part_bytes = listener.part_bytes
         self.inbox = _Inbox(self.loop, _INBOX_BYTES)
-        self.outbox: collections.deque = collections.deque()
-        self.out_waiter: asyncio.Future | None = None
+        self.outbox: collections.deque = collections.deque()  # ((chunks, tail), nbytes)
+        self.outbox_bytes = 0
+        self.out_waiter: asyncio.Future | None = None  # the stream, waiting for the outbox
+        self.space: list[asyncio.Future] = []  # send(), waiting for the outbox to drain
         self.streaming = False  # dask.comm is running
         self.gone: str | None = None  # why nothing more is sent
         self.forgotten = self.loop.create_future()  # done: the listener has let it go
 
     async def send(self, frames: list) -> int:
-        parts = list(_parts(frames, self.part_bytes))
-        self.outbox.extend((chunks, tail) for chunks, tail, _ in parts)
+        total = 0
+        for chunks, tail, n in _parts(frames, self.part_bytes):
+            self.outbox.append(((chunks, tail), n))
+            total += n
+        self.outbox_bytes += total
         self.wake()
-        return sum(n for _, _, n in parts)
+        # Held while the connector does not read (its credit holds the stream), as tcp's
+        # write waits for room: what waits here stays under _INBOX_BYTES and one message.
+        while self.outbox_bytes > _INBOX_BYTES and self.gone is None:
+            fut = self.loop.create_future()
+            self.space.append(fut)
+            await fut
+        return total
+
+    def took(self, n: int) -> None:
+        """The stream took a part of `n` bytes from the outbox."""
+        self.outbox_bytes -= n
+        if self.space and self.outbox_bytes <= _INBOX_BYTES:
+            self.wake_senders()
+
+    def wake_senders(self) -> None:
+        space, self.space = self.space, []
+        for f in space:
+            if not f.done():
+                f.set_result(None)
 
     async def close(self) -> None:
         """Returns once what was written is with ordo (dask.comm has ended), as Dask's tcp
@@ -310,8 +338,10 @@ class _ServerLink:
             self.gone = reason
             if drop:
                 self.outbox.clear()
-            self.outbox.append(last)
+                self.outbox_bytes = 0
+            self.outbox.append((last, 0))
             self.wake()
+            self.wake_senders()
         if not self.streaming:  # no stream to end: the listener lets it go now
             self.listener.forget(self)
 
@@ -381,30 +411,40 @@ class OrdoListener(Listener):
             raise CommClosedError(f"{self.listen_address} has stopped listening")
         seen_as = peer.identity.address
         link = _ServerLink(self, key, seen_as)
-        self._links[key] = link
-        link.streaming = True
         comm = OrdoComm(link, self.contact_address,
                         f"{self.prefix}{seen_as.removeprefix('tcp://')}", self.deserialize)
         comm.allow_offload = self.allow_offload
+        self._links[key] = link
+        link.streaming = True
         taking = self._spawn(self._take(link, items))
-        self._spawn(self._serve(comm))
+        cancelled = False
         try:
+            self._spawn(self._serve(comm))
             yield seen_as
             out = link.outbox
             while True:
                 while not out:
                     link.out_waiter = link.loop.create_future()
                     await link.out_waiter
-                item = out.popleft()
+                item, n = out.popleft()
                 if item is _END:
                     return
                 if item is _ABORT:
                     raise CommClosedError(f"{self.listen_address} aborted the comm")
+                link.took(n)
                 yield item
-        finally:  # ended, or cancelled by ordo: the connection is gone (a resume aside)
-            taking.cancel()
+        except (asyncio.CancelledError, GeneratorExit):  # by ordo: the connection is gone
+            cancelled = True  # (a resume aside), or the connector cancelled the stream
+            raise
+        finally:
             link.streaming = False
-            link.end(_END, "connection lost", drop=True)
+            taking.cancel()
+            if cancelled and link.gone is None:
+                # The connector's messages that had come are still read, before the close.
+                for chunks, tail in items._take_all():
+                    link.inbox.put(chunks, tail)
+            link.end(_END, "connection lost" if cancelled else "the comm's stream ended",
+                     drop=True)
 
     @staticmethod
     async def _take(link: _ServerLink, items) -> None:
@@ -416,10 +456,13 @@ class OrdoListener(Listener):
                 link.inbox.put(chunks, tail)
                 if link.inbox.nbytes >= link.inbox.limit:
                     await link.inbox.below()
-        except OrdoError as e:  # PeerLost; ProtocolError for a connector that broke its credit
+        except OrdoError as e:  # PeerLost, Cancelled; ProtocolError: it broke its credit
             reason = f"connection lost: {e}"
+        except (TypeError, ValueError) as e:  # an item that is not (chunks, tail)
+            reason = f"the connector sent what is not a message: {e!r}"
         # After its messages: they stay readable.
-        link.end(_END, reason, drop=True)
+        link.end(_END if reason.startswith("the connector closed") else _ABORT, reason,
+                 drop=True)
 
     # -- comm handlers and the server's end --
 

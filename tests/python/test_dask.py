@@ -361,6 +361,89 @@ async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeyp
     await settle()
 
 
+async def test_a_listeners_writes_wait_while_the_connector_does_not_read(monkeypatch):
+    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
+    comms = asyncio.Queue()
+    blob = b"y" * 50_000
+    written = 0
+    stop = asyncio.Event()
+
+    async def handler(comm):
+        nonlocal written
+        await comms.put(comm)
+        while not stop.is_set() and written < 1000:  # 50 MB at most
+            await comm.write(blob)
+            written += 1
+        await comm.close()
+
+    async with listen("ordo://127.0.0.1", handler) as listener:
+        comm = await connect(listener.contact_address)
+        server_comm = await comms.get()
+        held, deadline = -1, time.monotonic() + 60
+        while written != held:  # until the listener's writer has stood still for a second
+            assert time.monotonic() < deadline, "the listener's writer never stopped"
+            held = written
+            await asyncio.sleep(1.0)
+        # The connector's inbox and credit (50 kB each), what the listener's stream may have
+        # written ahead of its credit (64 items), and the outbox (50 kB): not 1000 messages.
+        assert 1 <= held <= 3 + 64 + 3, held
+        stop.set()
+        got = 0
+        with pytest.raises(CommClosedError):  # every message, then the listener's close
+            while True:
+                assert await asyncio.wait_for(comm.read(), 30) == blob
+                got += 1
+        assert got == written
+        await comm.close()
+        assert server_comm.closed()
+    await settle()
+
+
+async def test_a_write_cancelled_in_the_middle_of_a_message_aborts_the_comm(monkeypatch):
+    # A part that does not end its message has gone when its wait for credit is cancelled:
+    # the comm is aborted, not left to join the next message onto the torn one. A cancelled
+    # wait on a message's last part leaves a whole message, and the comm goes on.
+    monkeypatch.setattr(ordo.dask, "_PART_BYTES", 100_000)
+    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
+    comms = asyncio.Queue()
+    reading = asyncio.Event()
+
+    async def handler(comm):
+        await comms.put(comm)
+        await reading.wait()
+
+    async with listen("ordo://127.0.0.1", handler) as listener:
+        comm = await connect(listener.contact_address)
+        server_comm = await comms.get()
+        whole = 0  # messages written whole
+        for _ in range(500):  # 25 MB of one-part messages, until one waits for credit
+            try:
+                await asyncio.wait_for(comm.write({"i": whole, "b": b"w" * 50_000}), 2)
+            except asyncio.TimeoutError:
+                break
+            whole += 1
+        else:
+            raise AssertionError("the connector's writes were never held")
+        assert not comm.closed()  # its last part had gone: a whole message
+        whole += 1
+        with pytest.raises(asyncio.TimeoutError):  # its first part waits for credit
+            await asyncio.wait_for(comm.write({"big": b"t" * 250_000}), 2)
+        with pytest.raises(CommClosedError):
+            await comm.write({"after": 1})
+        reading.set()
+        got = []
+        with pytest.raises(CommClosedError):
+            while True:
+                got.append(await asyncio.wait_for(server_comm.read(), 30))
+        # The whole messages, in order, but for those still waiting for credit at the abort
+        # (the abort drops them, as it may); never a piece of the torn one.
+        assert got and [m["i"] for m in got] == list(range(len(got))), got[-1:]
+        assert len(got) <= whole
+        await server_comm.close()
+        await comm.close()
+    await settle()
+
+
 async def test_a_lost_connection_closes_both_comms():
     # The listener's process stands in for a dead peer: its ordo server stops.
     comms = asyncio.Queue()
