@@ -2,6 +2,7 @@
 compared with tcp://, and a scheduler whose workers' connections are reset again and again."""
 import asyncio
 import collections
+import contextlib
 import importlib.metadata
 import os
 import socket
@@ -333,8 +334,10 @@ async def test_a_comm_is_one_two_way_stream_that_a_plain_ordo_channel_can_speak(
     await settle()
 
 
-async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeypatch):
-    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
+@contextlib.asynccontextmanager
+async def comms_of_a_listener_that_waits():
+    """A connector's comm, its listener's comm, and the event that lets the listener's
+    handler go on (until then it reads nothing)."""
     reading = asyncio.Event()
     comms = asyncio.Queue()
 
@@ -344,7 +347,12 @@ async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeyp
 
     async with listen("ordo://127.0.0.1", handler) as listener:
         comm = await connect(listener.contact_address)
-        server_comm = await comms.get()
+        yield comm, await comms.get(), reading
+
+
+async def test_a_connectors_writes_wait_while_the_listener_does_not_read(monkeypatch):
+    monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
+    async with comms_of_a_listener_that_waits() as (comm, server_comm, reading):
         blob = b"x" * 50_000
         written = 0
         with pytest.raises(asyncio.TimeoutError):
@@ -405,16 +413,7 @@ async def test_a_write_cancelled_in_the_middle_of_a_message_aborts_the_comm(monk
     # wait on a message's last part leaves a whole message, and the comm goes on.
     monkeypatch.setattr(ordo.dask, "_PART_BYTES", 100_000)
     monkeypatch.setattr(ordo.dask, "_INBOX_BYTES", 50_000)
-    comms = asyncio.Queue()
-    reading = asyncio.Event()
-
-    async def handler(comm):
-        await comms.put(comm)
-        await reading.wait()
-
-    async with listen("ordo://127.0.0.1", handler) as listener:
-        comm = await connect(listener.contact_address)
-        server_comm = await comms.get()
+    async with comms_of_a_listener_that_waits() as (comm, server_comm, reading):
         whole = 0  # messages written whole
         for _ in range(500):  # 25 MB of one-part messages, until one waits for credit
             try:
