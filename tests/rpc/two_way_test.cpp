@@ -578,16 +578,31 @@ struct held_upload : interface {
     method<upload<std::string_view, std::uint64_t>()> hold_after{"hold_after"};
 };
 
+// hold_after: reads `stop_at` items (counting them in `read`), then no more until cancelled.
+void serve_hold_after(server& srv, std::uint64_t& read, std::uint64_t stop_at) {
+    srv.on("hold_after",
+           [&read, stop_at](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
+               while (read < stop_at && co_await in.next()) ++read;
+               co_await sleep_for(60s);  // until cancelled
+               co_return read;
+           });
+}
+
+// Returns once a writer's count `n` has stood still for 300 ms: it has used what was granted.
+net::awaitable<void> until_still(const std::uint64_t& n) {
+    std::uint64_t seen = ~std::uint64_t{0};
+    while (seen != n) {
+        seen = n;
+        co_await sleep_for(300ms);
+    }
+}
+
 TEST(ClientStream, ItsCreditGrowsOverALongPathAndStillHoldsAReaderThatStops) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         std::uint64_t read = 0;
         constexpr std::uint64_t stop_at = 400;  // 25 MiB of 64 KiB items, then no more reads
-        srv.on("hold_after", [&](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
-            while (read < stop_at && co_await in.next()) ++read;
-            co_await sleep_for(60s);  // until cancelled
-            co_return read;
-        });
+        serve_hold_after(srv, read, stop_at);
         const std::string url = srv.listen("tcp://127.0.0.1:0");
         test::delay_relay relay(static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))),
                                 5ms);
@@ -607,12 +622,7 @@ TEST(ClientStream, ItsCreditGrowsOverALongPathAndStillHoldsAReaderThatStops) {
                 }
             }, net::detached);
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return read == stop_at; }, 60s));
-            // The writer stops: give it time to use what was granted.
-            std::uint64_t seen = ~std::uint64_t{0};
-            while (seen != written) {
-                seen = written;
-                co_await sleep_for(300ms);
-            }
+            co_await until_still(written);  // the writer stops
             if (grow_to == 0) {
                 EXPECT_LE(written - read, 17u) << "a credit that was not to grow grew";
             } else {
@@ -636,11 +646,7 @@ TEST(ClientStream, ASteadyWriterThatNeverWaitsDoesNotGrowItsCredit) {
         server srv(co_await net::this_coro::executor);
         std::uint64_t read = 0;
         constexpr std::uint64_t stop_at = 150;
-        srv.on("hold_after", [&](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
-            while (read < stop_at && co_await in.next()) ++read;
-            co_await sleep_for(60s);  // until cancelled
-            co_return read;
-        });
+        serve_hold_after(srv, read, stop_at);
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         call_options o;
         o.max_window_bytes = std::uint64_t{8} << 20;
@@ -655,11 +661,7 @@ TEST(ClientStream, ASteadyWriterThatNeverWaitsDoesNotGrowItsCredit) {
             }
         }, net::detached);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return read == stop_at; }, 60s));
-        std::uint64_t seen = ~std::uint64_t{0};
-        while (seen != written) {
-            seen = written;
-            co_await sleep_for(300ms);
-        }
+        co_await until_still(written);
         EXPECT_LE(written - read, 17u) << "a writer that never waited made the credit grow";
         up.cancel();
         co_await sleep_for(50ms);
