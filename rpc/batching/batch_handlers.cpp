@@ -139,19 +139,76 @@ void stream_batch::close(errc code, const std::string& text) {
     room_->bump();  // a step waiting for room ends
 }
 
+namespace {
+// A caller of a streaming batch whose backlog is full (max_buffered items unsent) and that takes
+// none of them for this long has stopped reading: it fails, and the batch goes on for the others
+// (docs/streams-and-batches.md, "Streaming batches").
+constexpr auto stalled_caller_timeout = std::chrono::seconds(1);
+
+void fail_stalled(stream_element& e, const std::string& batch, std::size_t held) {
+    std::lock_guard lk(e.mu);
+    if (e.ended || e.gone) return;
+    e.error = errc::overloaded;
+    e.error_text = "the caller stopped reading: batch handler " + batch + " held " +
+                   std::to_string(held) + " items for it beyond its credit for " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      stalled_caller_timeout)
+                                      .count()) +
+                   " ms, and went on without it";
+    e.ended = true;
+}
+}  // namespace
+
+// Waits while an open caller holds max_buffered items or more; one that holds them and takes
+// none for stalled_caller_timeout has stopped reading: it fails and leaves the batch.
 net::awaitable<void> stream_batch::wait_room() {
+    struct full_caller {
+        std::size_t i;     // in callers_
+        std::size_t held;  // items it holds unsent
+        clock::time_point since;  // when it was first seen holding them
+    };
+    std::vector<full_caller> watched;
+    net::steady_timer timer(co_await net::this_coro::executor);
     while (!closed_) {
         const std::uint64_t seen = room_->seen();
-        bool full = false;
+        const auto now = clock::now();
+        std::vector<full_caller> full;
         for (std::size_t i : open_) {
             auto& e = *callers_[i];
             std::lock_guard lk(e.mu);
-            if (!e.gone && e.items.size() + e.taken >= max_buffered) full = true;
+            const std::size_t held = e.items.size() + e.taken;
+            if (e.gone || held < max_buffered) continue;
+            // Still holding what it held: it has taken nothing since.
+            auto w = std::find_if(watched.begin(), watched.end(), [&](const full_caller& f) {
+                return f.i == i && f.held == held;
+            });
+            full.push_back({i, held, w == watched.end() ? now : w->since});
         }
-        if (!full) co_return;
+        watched = std::move(full);
+        if (watched.empty()) co_return;
+        bool failed = false;
+        auto first = clock::time_point::max();
+        for (const auto& f : watched) {
+            if (now - f.since >= stalled_caller_timeout) {
+                fail_stalled(*callers_[f.i], name_, f.held);
+                failed = true;
+            }
+            first = std::min(first, f.since);
+        }
+        if (failed) {
+            commit();  // they leave the batch
+            continue;
+        }
+        // Woken by a caller that takes items or leaves, or when the first one's time is up.
+        timer.expires_at(first + stalled_caller_timeout);
+        timer.async_wait([room = room_](std::error_code ec) {
+            if (!ec) room->bump();
+        });
         co_await room_->wait(seen);
+        timer.cancel();
     }
 }
+
 
 void stream_batch::fail_open(errc code, const std::string& text) {
     for (std::size_t k = 0; k < open_.size(); ++k) fail(k, code, text);
@@ -178,10 +235,18 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
                 room = e->room;
             }
             if (!got.empty()) {
-                for (auto& b : got) {
-                    if (!out.has_credit()) co_await out.wait_credit();
+                for (std::size_t k = 0; k < got.size(); ++k) {
+                    if (!out.has_credit()) {
+                        // What it still holds: the batch sees that it reads (wait_room).
+                        {
+                            std::lock_guard lk(e->mu);
+                            e->taken = got.size() - k;
+                        }
+                        if (room) room->bump();
+                        co_await out.wait_credit();
+                    }
                     buffer& o = out.begin_item();
-                    o.write(b.data(), b.size());
+                    o.write(got[k].data(), got[k].size());
                     out.end_item();
                 }
                 got.clear();
