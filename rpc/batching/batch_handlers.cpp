@@ -1,6 +1,7 @@
 #include "ordo/rpc/detail/batcher.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include <asio/bind_cancellation_slot.hpp>
 
@@ -12,6 +13,16 @@
 namespace ordo::detail {
 
 using clock = std::chrono::steady_clock;
+
+namespace {
+// A caller of a streaming batch that holds max_buffered items and sends none of them for this
+// long is left behind: the batch goes on without waiting for it (it may be reading slowly, and
+// tells only as each half window is read), and it fails once it holds a window's worth
+// (docs/streams-and-batches.md, "Streaming batches").
+constexpr auto left_behind_after = std::chrono::seconds(1);
+constexpr std::size_t left_behind_items = default_stream_window;
+constexpr std::size_t left_behind_bytes = default_stream_window_bytes;
+}  // namespace
 
 net::any_io_executor batcher_core::home(const net::any_io_executor& caller) {
     std::lock_guard lock(mutex_);
@@ -90,7 +101,20 @@ void stream_batch::check_size(std::size_t n) const {
 void stream_batch::item(std::size_t k, buffer packed) {
     auto& e = at(k);
     std::lock_guard lk(e.mu);
-    if (!e.gone && !e.ended) e.items.push_back(std::move(packed));
+    if (e.gone || e.ended) return;
+    if (e.left_behind && (e.items.size() >= left_behind_items ||
+                          e.queued_bytes + packed.size() > left_behind_bytes)) {
+        // What it holds stays, to be read before the failure.
+        e.error = errc::overloaded;
+        e.error_text = "the caller reads too slowly: batch handler " + name_ + " holds " +
+                       std::to_string(e.items.size()) + " items (" +
+                       std::to_string(e.queued_bytes) +
+                       " bytes) for it beyond its credit, and went on without it";
+        e.ended = true;
+        return;
+    }
+    e.queued_bytes += packed.size();
+    e.items.push_back(std::move(packed));
 }
 
 void stream_batch::end(std::size_t k) {
@@ -139,73 +163,48 @@ void stream_batch::close(errc code, const std::string& text) {
     room_->bump();  // a step waiting for room ends
 }
 
-namespace {
-// A caller of a streaming batch whose backlog is full (max_buffered items unsent) and that takes
-// none of them for this long has stopped reading: it fails, and the batch goes on for the others
-// (docs/streams-and-batches.md, "Streaming batches").
-constexpr auto stalled_caller_timeout = std::chrono::seconds(1);
-
-void fail_stalled(stream_element& e, const std::string& batch, std::size_t held) {
-    std::lock_guard lk(e.mu);
-    if (e.ended || e.gone) return;
-    e.error = errc::overloaded;
-    e.error_text = "the caller stopped reading: batch handler " + batch + " held " +
-                   std::to_string(held) + " items for it beyond its credit for " +
-                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      stalled_caller_timeout)
-                                      .count()) +
-                   " ms, and went on without it";
-    e.ended = true;
-}
-}  // namespace
-
-// Waits while an open caller holds max_buffered items or more; one that holds them and takes
-// none for stalled_caller_timeout has stopped reading: it fails and leaves the batch.
+// Waits while an open caller holds max_buffered items or more; one that holds them and sends
+// none for left_behind_after is left behind: the batch no longer waits for it.
 net::awaitable<void> stream_batch::wait_room() {
     struct full_caller {
-        std::size_t i;     // in callers_
-        std::size_t held;  // items it holds unsent
+        std::size_t i;            // in callers_
+        std::size_t held;         // items it holds unsent
         clock::time_point since;  // when it was first seen holding them
     };
     std::vector<full_caller> watched;
-    net::steady_timer timer(co_await net::this_coro::executor);
+    std::optional<net::steady_timer> timer;
     while (!closed_) {
         const std::uint64_t seen = room_->seen();
         const auto now = clock::now();
         std::vector<full_caller> full;
+        auto first = clock::time_point::max();
         for (std::size_t i : open_) {
             auto& e = *callers_[i];
             std::lock_guard lk(e.mu);
             const std::size_t held = e.items.size() + e.taken;
-            if (e.gone || held < max_buffered) continue;
-            // Still holding what it held: it has taken nothing since.
+            if (e.gone || e.left_behind || held < max_buffered) continue;
+            // Still holding what it held: it has sent nothing since.
             auto w = std::find_if(watched.begin(), watched.end(), [&](const full_caller& f) {
                 return f.i == i && f.held == held;
             });
-            full.push_back({i, held, w == watched.end() ? now : w->since});
+            const auto since = w == watched.end() ? now : w->since;
+            if (now - since >= left_behind_after) {
+                e.left_behind = true;
+                continue;
+            }
+            full.push_back({i, held, since});
+            first = std::min(first, since);
         }
         watched = std::move(full);
         if (watched.empty()) co_return;
-        bool failed = false;
-        auto first = clock::time_point::max();
-        for (const auto& f : watched) {
-            if (now - f.since >= stalled_caller_timeout) {
-                fail_stalled(*callers_[f.i], name_, f.held);
-                failed = true;
-            }
-            first = std::min(first, f.since);
-        }
-        if (failed) {
-            commit();  // they leave the batch
-            continue;
-        }
-        // Woken by a caller that takes items or leaves, or when the first one's time is up.
-        timer.expires_at(first + stalled_caller_timeout);
-        timer.async_wait([room = room_](std::error_code ec) {
+        // Woken by a caller that sends items or leaves, or when the first one's time is up.
+        if (!timer) timer.emplace(co_await net::this_coro::executor);
+        timer->expires_at(first + left_behind_after);
+        timer->async_wait([room = room_](std::error_code ec) {
             if (!ec) room->bump();
         });
         co_await room_->wait(seen);
-        timer.cancel();
+        timer->cancel();
     }
 }
 
@@ -231,6 +230,7 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
                 std::lock_guard lk(e->mu);
                 got.swap(e->items);
                 e->taken = got.size();
+                e->queued_bytes = 0;
                 ended = e->ended;
                 room = e->room;
             }
@@ -275,6 +275,7 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
             e->gone = true;
             e->items.clear();
             e->taken = 0;
+            e->queued_bytes = 0;
             room = e->room;
         }
         if (room) room->bump();

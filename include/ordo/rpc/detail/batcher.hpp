@@ -70,6 +70,10 @@ struct stream_element : batch_element {
     bool ended = false;     ///< the batch gave it stream_end or an error
     bool gone = false;      ///< the caller left (cancelled, or its peer died)
     std::size_t taken = 0;  ///< items the caller took and has not sent yet (out of credit)
+    std::size_t queued_bytes = 0;  ///< of `items`
+    /// It sent nothing for a second while it held max_buffered items: the batch no longer waits
+    /// for it, and it fails once it holds a window's worth (stream_batch::item).
+    bool left_behind = false;
     std::shared_ptr<stream_room> room;  ///< its batch's, once the batch has started
 };
 
@@ -141,7 +145,8 @@ class stream_batch {
     void fail(std::size_t k, errc code, std::string text);
     /// Wakes the callers of this step and leaves out, from now on, those that ended or left.
     void commit();
-    /// Completes when no open caller holds max_buffered items or more.
+    /// Completes when no open caller holds max_buffered items or more, but for those left
+    /// behind: one that holds them and sends none for a second (stream_element::left_behind).
     net::awaitable<void> wait_room();
     /// The handler failed: every caller still open fails with `text`.
     void fail_open(errc code, const std::string& text);
