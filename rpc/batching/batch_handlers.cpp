@@ -72,8 +72,9 @@ void wake_caller(const std::shared_ptr<stream_element>& e) {
 }
 }  // namespace
 
-stream_batch::stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers)
-    : name_(std::move(name)), callers_(std::move(callers)) {
+stream_batch::stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers,
+                           const std::atomic<std::size_t>* queued)
+    : name_(std::move(name)), callers_(std::move(callers)), queued_(queued) {
     open_.reserve(callers_.size());
     for (std::size_t i = 0; i < callers_.size(); ++i) {
         std::lock_guard lk(callers_[i]->mu);
@@ -102,8 +103,10 @@ void stream_batch::item(std::size_t k, buffer packed) {
     auto& e = at(k);
     std::lock_guard lk(e.mu);
     if (e.gone || e.ended) return;
-    if (e.left_behind && (e.items.size() >= left_behind_items ||
-                          e.queued_bytes + packed.size() > left_behind_bytes)) {
+    // One item, however large, is always taken: the window counts what waits beside it.
+    if (e.left_behind && !e.items.empty() &&
+        (e.items.size() >= left_behind_items ||
+         e.queued_bytes + packed.size() > left_behind_bytes)) {
         // What it holds stays, to be read before the failure.
         e.error = errc::overloaded;
         e.error_text = "the caller reads too slowly: batch handler " + name_ + " holds " +
@@ -163,8 +166,10 @@ void stream_batch::close(errc code, const std::string& text) {
     room_->bump();  // a step waiting for room ends
 }
 
-// Waits while an open caller holds max_buffered items or more; one that holds them and sends
-// none for left_behind_after is left behind: the batch no longer waits for it.
+// Waits while an open caller holds max_buffered items or more. One that holds them and sends
+// none for left_behind_after is left behind, so that the batch no longer waits for it, but only
+// if another caller would gain: one of the batch that has room, or a call queued for the next
+// batch. A lone slow reader is waited for, as long as it takes.
 net::awaitable<void> stream_batch::wait_room() {
     struct full_caller {
         std::size_t i;            // in callers_
@@ -173,33 +178,47 @@ net::awaitable<void> stream_batch::wait_room() {
     };
     std::vector<full_caller> watched;
     std::optional<net::steady_timer> timer;
-    while (!closed_) {
-        const std::uint64_t seen = room_->seen();
+    for (;;) {
+        const std::uint64_t seen = room_->seen();  // before anything is looked at
+        if (closed_) co_return;
         const auto now = clock::now();
         std::vector<full_caller> full;
-        auto first = clock::time_point::max();
+        std::vector<stream_element*> due;  // stalled long enough to be left behind
+        bool others_gain = queued_ && queued_->load(std::memory_order_relaxed) > 0;
         for (std::size_t i : open_) {
             auto& e = *callers_[i];
             std::lock_guard lk(e.mu);
+            if (e.gone || e.left_behind) continue;
             const std::size_t held = e.items.size() + e.taken;
-            if (e.gone || e.left_behind || held < max_buffered) continue;
+            if (held < max_buffered) {
+                others_gain = true;
+                continue;
+            }
             // Still holding what it held: it has sent nothing since.
             auto w = std::find_if(watched.begin(), watched.end(), [&](const full_caller& f) {
                 return f.i == i && f.held == held;
             });
             const auto since = w == watched.end() ? now : w->since;
-            if (now - since >= left_behind_after) {
-                e.left_behind = true;
-                continue;
-            }
+            if (now - since >= left_behind_after) due.push_back(&e);
             full.push_back({i, held, since});
-            first = std::min(first, since);
+        }
+        if (full.empty()) co_return;
+        if (!due.empty() && others_gain) {
+            for (auto* e : due) {
+                std::lock_guard lk(e->mu);
+                e->left_behind = true;
+            }
+            watched.clear();
+            continue;  // look again: those left behind no longer count
         }
         watched = std::move(full);
-        if (watched.empty()) co_return;
-        // Woken by a caller that sends items or leaves, or when the first one's time is up.
+        // Woken by a caller that sends items or leaves, when the first one's time is up, or,
+        // once it is up with nobody to gain, each left_behind_after to see whether a call queued.
+        auto first = clock::time_point::max();
+        for (const auto& f : watched) first = std::min(first, f.since + left_behind_after);
+        if (first <= now) first = now + left_behind_after;
         if (!timer) timer.emplace(co_await net::this_coro::executor);
-        timer->expires_at(first + left_behind_after);
+        timer->expires_at(first);
         timer->async_wait([room = room_](std::error_code ec) {
             if (!ec) room->bump();
         });
@@ -207,7 +226,6 @@ net::awaitable<void> stream_batch::wait_room() {
         timer->cancel();
     }
 }
-
 
 void stream_batch::fail_open(errc code, const std::string& text) {
     for (std::size_t k = 0; k < open_.size(); ++k) fail(k, code, text);
@@ -253,6 +271,8 @@ net::awaitable<void> batcher_core::submit_stream(std::shared_ptr<stream_element>
                 {
                     std::lock_guard lk(e->mu);
                     e->taken = 0;
+                    // Caught up with what the batch gave it: the batch waits for it again.
+                    if (e->items.empty()) e->left_behind = false;
                 }
                 if (room) room->bump();  // the batch may wait for this caller's room
                 continue;
@@ -328,7 +348,7 @@ void batcher_core::enqueue(const std::shared_ptr<batch_element>& e) {
     }
     e->arrived = clock::now();
     queue_.push_back(e);
-    stats_.queued = queue_.size();
+    set_queued(queue_.size());
     maybe_run();
 }
 
@@ -345,7 +365,7 @@ void batcher_core::withdraw(const std::shared_ptr<batch_element>& e) {
     auto it = std::find(queue_.begin(), queue_.end(), e);
     if (it == queue_.end()) return;
     queue_.erase(it);
-    stats_.queued = queue_.size();
+    set_queued(queue_.size());
     maybe_run();
 }
 
@@ -383,7 +403,7 @@ void batcher_core::maybe_run() {
                           detail::rethrow_escaped{}(e);
                       }));
     }
-    stats_.queued = queue_.size();
+    set_queued(queue_.size());
     publish();
     arm_wait();
 }
@@ -485,7 +505,7 @@ void batcher_core::stop() {
             }
         auto queued = std::move(queue_);
         queue_.clear();
-        stats_.queued = 0;
+        set_queued(0);
         for (auto& e : queued) {
             e->error = errc::shutting_down;
             e->error_text = "server stopping: batch handler " + name_ + " did not run this call";

@@ -758,25 +758,55 @@ TEST(BatchStream, AStalledCallerDoesNotLockOutTheOthers) {
     });
 }
 
-// A caller that reads slowly (its credit comes back each half window: here 32 items, 1.6 s)
-// is left behind, and gets every item.
-TEST(BatchStream, ASlowReaderGetsEveryItem) {
+// A caller that reads slowly (its credit comes back each half window: here 16 items, 1.1 s)
+// is left behind while another caller reads: the other is not held at its pace, and the slow
+// one gets every item (it holds far less than a window).
+TEST(BatchStream, ASlowReaderIsLeftBehindAndGetsEveryItem) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         batch_log log;
         serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 50ms});
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
         call_options o;
-        o.window = 64;
-        auto slow = co_await ch.async_stream<int>("count", 60, o);
-        auto other = co_await ch.async_stream<int>("count", 60, o);
-        EXPECT_EQ(co_await read_all(other), iota(60));  // not held by the slow one for long
+        o.window = 32;
+        auto slow = co_await ch.async_stream<int>("count", 100, o);
+        auto other = co_await ch.async_stream<int>("count", 100, o);
         std::vector<int> got;
-        while (auto v = co_await slow.next()) {
-            got.push_back(*v);
-            co_await sleep_for(50ms);
-        }
-        EXPECT_EQ(got, iota(60));
+        bool slow_done = false;
+        net::co_spawn(
+            co_await net::this_coro::executor,
+            [&]() -> net::awaitable<void> {
+                while (auto v = co_await slow.next()) {
+                    got.push_back(*v);
+                    co_await sleep_for(70ms);
+                }
+                slow_done = true;
+            },
+            net::detached);
+        EXPECT_EQ(co_await read_all(other), iota(100));
+        // Held at the slow one's pace, `other` would end only after it read 64 items.
+        EXPECT_LT(got.size(), 40u);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return slow_done; }, 30s));
+        EXPECT_EQ(got, iota(100));
+        co_await srv.async_stop();
+    });
+}
+
+// A caller alone in its batch that stops reading is waited for, however long: nobody would
+// gain from going on without it, so it is not left behind and does not fail.
+TEST(BatchStream, ALoneStalledReaderIsWaitedFor) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        batch_log log;
+        serve_batch_count(srv, log, {.max_batch_size = 16, .max_wait = 20ms}, 0ms);
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
+        call_options o;
+        o.window = 4;
+        auto s = co_await ch.async_stream<int>("count", 20000, o);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.running; }));
+        co_await sleep_for(1500ms);  // longer than a caller is waited for when others gain
+        EXPECT_LE(log.batches[0].size(), 4u + detail::stream_batch::max_buffered + 2);
+        EXPECT_EQ(co_await read_all(s), iota(20000));
         co_await srv.async_stop();
     });
 }

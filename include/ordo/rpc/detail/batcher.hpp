@@ -71,8 +71,9 @@ struct stream_element : batch_element {
     bool gone = false;      ///< the caller left (cancelled, or its peer died)
     std::size_t taken = 0;  ///< items the caller took and has not sent yet (out of credit)
     std::size_t queued_bytes = 0;  ///< of `items`
-    /// It sent nothing for a second while it held max_buffered items: the batch no longer waits
-    /// for it, and it fails once it holds a window's worth (stream_batch::item).
+    /// It sent nothing for a second while it held max_buffered items and another caller would
+    /// gain (stream_batch::wait_room): the batch no longer waits for it, and it fails once it
+    /// holds a window's worth (stream_batch::item); cleared when it has caught up.
     bool left_behind = false;
     std::shared_ptr<stream_room> room;  ///< its batch's, once the batch has started
 };
@@ -123,7 +124,9 @@ class stream_batch {
     /// connection, before the batch waits.
     static constexpr std::size_t max_buffered = 16;
 
-    stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers);
+    /// `queued`, if given: how many calls wait for a next batch (batcher_core::queued_now).
+    stream_batch(std::string name, std::vector<std::shared_ptr<stream_element>> callers,
+                 const std::atomic<std::size_t>* queued = nullptr);
     ~stream_batch();
     stream_batch(const stream_batch&) = delete;
     stream_batch& operator=(const stream_batch&) = delete;
@@ -146,7 +149,8 @@ class stream_batch {
     /// Wakes the callers of this step and leaves out, from now on, those that ended or left.
     void commit();
     /// Completes when no open caller holds max_buffered items or more, but for those left
-    /// behind: one that holds them and sends none for a second (stream_element::left_behind).
+    /// behind: one that holds them and sends none for a second while another caller would gain
+    /// (stream_element::left_behind).
     net::awaitable<void> wait_room();
     /// The handler failed: every caller still open fails with `text`.
     void fail_open(errc code, const std::string& text);
@@ -158,6 +162,7 @@ class stream_batch {
     std::vector<std::shared_ptr<stream_element>> callers_;
     std::vector<std::size_t> open_;
     std::shared_ptr<stream_room> room_ = std::make_shared<stream_room>();
+    const std::atomic<std::size_t>* queued_;
     std::atomic<bool> closed_{false};
 };
 
@@ -206,6 +211,8 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     /// A running streaming batch, while its handler runs (any thread): closed at stop().
     void track(stream_batch* sb);
     void untrack(stream_batch* sb);
+    /// Calls queued for a next batch (any thread; a streaming batch reads it).
+    const std::atomic<std::size_t>* queued_now() const noexcept { return &queued_now_; }
 
   private:
     net::any_io_executor home(const net::any_io_executor& caller);
@@ -219,6 +226,10 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     net::awaitable<void> run(batch b, std::shared_ptr<running_batch> rb);
     net::awaitable<void> run_here(batch& b, std::stop_token stop);
     void publish();
+    void set_queued(std::size_t n) {
+        stats_.queued = n;
+        queued_now_.store(n, std::memory_order_relaxed);
+    }
 
     std::string name_;
     batch_options o_;
@@ -232,6 +243,7 @@ class batcher_core : public std::enable_shared_from_this<batcher_core> {
     net::any_io_executor ex_;
     std::size_t running_ = 0;
     std::atomic<std::size_t> waiters_{0};
+    std::atomic<std::size_t> queued_now_{0};  // queue_.size(), for any thread
     std::atomic<bool> stopped_{false};
     batch_stats stats_;      // on home
     batch_stats published_;  // a copy for stats(), under mutex_
@@ -321,7 +333,7 @@ class stream_batcher final : public batcher_core {
             args.push_back(std::move(c->arg));
             callers.push_back(std::move(c));
         }
-        stream_batch sb(name(), std::move(callers));
+        stream_batch sb(name(), std::move(callers), queued_now());
         track(&sb);
         struct untrack_at_end {
             stream_batcher* self;
