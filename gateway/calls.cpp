@@ -270,7 +270,10 @@ net::awaitable<reply> run_call(gateway::state& s, const call_request& r) {
         auto rep =
             error_reply(w->ec, failure_text(s, r.method, w->ec, w->out.detail), w->out.detail);
         // An overloaded backend (or router) says when to come back: RFC 9110's Retry-After, in
-        // whole seconds, rounded up from the server's hint (at least 1 without one).
+        // whole seconds, rounded up from the server's hint (at least 1 without one). A caller
+        // the backend refused for being over its share (server_options::shares) is told 429
+        // (RFC 6585): it, not the backend, should slow down.
+        if (w->ec == errc::overloaded && w->out.over_share) rep.status = 429;
         if (w->ec == errc::overloaded)
             rep.headers += "\r\nRetry-After: " + std::to_string(std::max<std::uint32_t>(
                                                      1, (w->out.retry_after_ms + 999) / 1000));

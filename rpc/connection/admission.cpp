@@ -58,8 +58,11 @@ void admission::close_window(clock::time_point now) noexcept {
     const std::uint64_t held = held_ns_.exchange(0, std::memory_order_relaxed);
     const std::uint64_t peak = peak_.exchange(0, std::memory_order_relaxed);
     const std::uint64_t refused = refused_.load(std::memory_order_relaxed);
-    const bool refusing = refused != refused_before_;
+    const std::uint64_t waited = waited_.load(std::memory_order_relaxed);
+    // Calls refused, or made to wait (caller_shares): the limit was reached.
+    const bool refusing = refused != refused_before_ || waited != waited_before_;
     refused_before_ = refused;
+    waited_before_ = waited;
     const double latency = static_cast<double>(held) / static_cast<double>(ended);
     latency_ns_.store(static_cast<std::uint64_t>(latency), std::memory_order_relaxed);
     const double lo = static_cast<double>(std::max<std::size_t>(a.min, 1));
@@ -116,7 +119,7 @@ std::uint64_t admission::retry_after_ms() const noexcept {
     return ended ? std::max<std::uint64_t>(held / ended / 1'000'000, 1) : 1;
 }
 
-concurrency_stats admission::stats() const noexcept {
+concurrency_stats admission::plain_stats() const noexcept {
     concurrency_stats s;
     s.what = what_.what();
     s.limit = what_.limited() ? limit() : 0;

@@ -109,7 +109,7 @@ void call_table::on_response(message& m) {
     if (m.error.is_nil())
         out.result = m.result;
     else
-        ec = error_from_wire(m.error, out.detail, &out.retry_after_ms);
+        ec = error_from_wire(m.error, out.detail, &out.retry_after_ms, &out.over_share);
     out.borrowed = m.borrowed;
     out.message = std::move(m.handle);
     count();

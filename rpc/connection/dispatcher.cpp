@@ -45,7 +45,11 @@ struct dispatcher::run {
     // (They outlive the table: admission::make.)
     admission* method_limit = nullptr;
     admission* server_limit = nullptr;
+    admission::caller* caller = nullptr;  // of a server limit shared among callers
     std::chrono::steady_clock::time_point admitted;  // set for one call in four: timed
+    // Refused while it waited for a slot (server_options::shares): the answer's hint.
+    std::uint64_t retry_after_ms = 0;
+    bool over_share = false;
 };
 
 dispatcher::dispatcher(peer& self, net::any_io_executor ex, const handlers* h,
@@ -198,10 +202,10 @@ void dispatcher::dispatch(message& m, arrival a) {
 }
 
 void dispatcher::refuse(const message& m, const arrival& a, errc code, const std::string& text,
-                        std::uint64_t retry_after_ms) {
+                        std::uint64_t retry_after_ms, bool over_share) {
     buffer b(small_buffer);
     if (retry_after_ms) [[unlikely]]
-        encode_overloaded_response(b, m.msgid, text, retry_after_ms);
+        encode_overloaded_response(b, m.msgid, text, retry_after_ms, over_share);
     else
         encode_error_response(b, m.msgid, code, text);
     host_.send_response(b);
@@ -342,14 +346,17 @@ template void dispatcher::run_sync<false>(const handler_entry&, const message&, 
 
 void dispatcher::start_async(const handler_entry& e, message& m, stream_shape how, arrival a) {
     const bool limited = (e.limit || h_->limit()) && !m.method.starts_with("ordo.");
-    if (limited && !admit(e, m, a)) [[unlikely]]
+    std::shared_ptr<admission::ticket> wait;
+    if (limited && !admit(e, m, a, wait)) [[unlikely]]
         return;
     own(m);  // the handler's params live as long as its coroutine
     auto& r = runs_.emplace_back();
     if (limited) [[unlikely]] {
         r.method_limit = e.limit.get();
         r.server_limit = h_->limit().get();
-        if ((limit_ticks_++ & 3) == 0) r.admitted = std::chrono::steady_clock::now();
+        if (r.server_limit && r.server_limit->shared()) r.caller = caller_.get();
+        // A call that waits is timed from when it is granted (run_handler).
+        if ((limit_ticks_++ & 3) == 0 && !wait) r.admitted = std::chrono::steady_clock::now();
     }
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
@@ -404,7 +411,7 @@ void dispatcher::start_async(const handler_entry& e, message& m, stream_shape ho
     // run_handler catches what the body throws, and finish_handler throws nothing (a response
     // that cannot be sent ends the connection instead): no exception reaches the completion.
     auto handler = run_handler(this, host_.keep_alive(), std::prev(runs_.end()), std::move(m),
-                               std::move(out), std::move(body));
+                               std::move(out), std::move(body), std::move(wait));
     auto done = net::bind_cancellation_slot(r.signal.slot(), [](std::exception_ptr) {});
     if (ctx) [[unlikely]] {
         // Spawned on an executor that sets the context each time the handler resumes.
@@ -418,9 +425,24 @@ void dispatcher::start_async(const handler_entry& e, message& m, stream_shape ho
 net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void> keep,
                                              std::list<run>::iterator it, message m,
                                              std::unique_ptr<buffer> out,
-                                             net::awaitable<void> body) {
+                                             net::awaitable<void> body,
+                                             std::shared_ptr<admission::ticket> wait) {
     bool failed = false;
     std::pair<errc, std::string> why;
+    if (wait) [[unlikely]] {
+        // Its caller's turn for a slot of the server's limit (server_options::shares).
+        const auto now = co_await admission::wait(wait);
+        if (now == admission::ticket::state::granted) {
+            if ((d->limit_ticks_++ & 3) == 0) it->admitted = std::chrono::steady_clock::now();
+        } else {
+            // (Out of the coroutine: GCC 12 destroys some temporaries of a coroutine twice.)
+            d->not_granted(it, m, *out, *wait);
+            wait.reset();
+            keep.reset();
+            co_return;
+        }
+        wait.reset();
+    }
     try {
         co_await std::move(body);
     } catch (...) {
@@ -430,6 +452,23 @@ net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void
     // `keep` holds the connection, and so `d`, until here.
     d->finish_handler(it, m, *out, failed, why);
     keep.reset();
+}
+
+void dispatcher::not_granted(std::list<run>::iterator it, const message& m, buffer& out,
+                             admission::ticket& t) {
+    it->server_limit = nullptr;  // it holds no slot
+    std::pair<errc, std::string> why;
+    if (t.now == admission::ticket::state::refused) {
+        it->retry_after_ms = t.owner->retry_after_ms();
+        it->over_share = t.over_share;
+        why.first = errc::overloaded;
+        why.second = std::move(t.why);
+    } else {
+        why.first = errc::cancelled;
+        why.second = "call to \"" + std::string(m.method) +
+                     "\" cancelled while it waited for a slot of the server's concurrency limit";
+    }
+    finish_handler(it, m, out, true, why);
 }
 
 void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, buffer& out,
@@ -451,8 +490,14 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     const auto ctx = std::move(it->ctx);
     if (it->method_limit) [[unlikely]]
         it->method_limit->leave(it->admitted);
-    if (it->server_limit) [[unlikely]]
-        it->server_limit->leave(it->admitted);
+    if (it->server_limit) [[unlikely]] {
+        if (it->caller)
+            it->server_limit->leave_shared(*it->caller, it->admitted);
+        else
+            it->server_limit->leave(it->admitted);
+    }
+    const std::uint64_t retry_after_ms = it->retry_after_ms;
+    const bool over_share = it->over_share;
     runs_.erase(it);
     c_.running_handlers = runs_.size();
     if (req && orphan) {
@@ -461,7 +506,10 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     } else if (req) {
         if (failed) {
             out.clear();
-            encode_error_response(out, m.msgid, why.first, why.second);
+            if (retry_after_ms) [[unlikely]]
+                encode_overloaded_response(out, m.msgid, why.second, retry_after_ms, over_share);
+            else
+                encode_error_response(out, m.msgid, why.first, why.second);
             counters->request_done(why.first);
         } else {
             counters->request_done();

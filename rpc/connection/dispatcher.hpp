@@ -20,6 +20,7 @@
 #include "ordo/rpc/context.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/net.hpp"
+#include "rpc/connection/admission.hpp"
 
 namespace ordo {
 
@@ -192,14 +193,17 @@ class dispatcher {
     void deny(const handler_entry& e, const message& m, const arrival& a);
     // Takes a slot of e's limit and of the server's (handler_options::concurrency,
     // server_options::concurrency), or refuses m (errc::overloaded, a notification dropped) and
-    // says no. Only asked when one of them is set (rpc/connection/admission.cpp).
-    [[gnu::cold]] bool admit(const handler_entry& e, const message& m, const arrival& a);
+    // says no. Only asked when one of them is set (rpc/connection/refusals.cpp). A server's
+    // limit shared among callers (server_options::shares) may make the call wait: `wait` is
+    // set, and the handler starts once it is granted (run_handler).
+    [[gnu::cold]] bool admit(const handler_entry& e, const message& m, const arrival& a,
+                             std::shared_ptr<admission::ticket>& wait);
     void expired(const handler_entry& e, const message& m, const arrival& a);
     void start_async(const handler_entry& e, message& m, stream_shape how, arrival a);
     // Answers a request with an error and records it (log_access), if it is observed;
     // `retry_after_ms` > 0: an overloaded answer's hint.
     void refuse(const message& m, const arrival& a, errc code, const std::string& text,
-                std::uint64_t retry_after_ms = 0);
+                std::uint64_t retry_after_ms = 0, bool over_share = false);
     // Whether a request with `ctx` is recorded as it is answered: in the access log
     // (server_options::access_log), or as a span (a traced call while spans are recorded).
     bool observes(const call_context* ctx) const noexcept;
@@ -219,9 +223,13 @@ class dispatcher {
                                              std::uint32_t msgid);
     static net::awaitable<void> run_handler(dispatcher* d, std::shared_ptr<void> keep,
                                             std::list<run>::iterator it, message m,
-                                            std::unique_ptr<buffer> out, net::awaitable<void> body);
+                                            std::unique_ptr<buffer> out, net::awaitable<void> body,
+                                            std::shared_ptr<admission::ticket> wait);
     void finish_handler(std::list<run>::iterator it, const message& m, buffer& out, bool failed,
                         const std::pair<errc, std::string>& why);
+    // A call that waited for a slot and was refused or cancelled instead (`t` says which).
+    void not_granted(std::list<run>::iterator it, const message& m, buffer& out,
+                     admission::ticket& t);
     void drain_queue();
     void drop_all();
     const handler_entry* find(std::string_view method) {
@@ -279,6 +287,9 @@ class dispatcher {
     };
     std::array<method_slot, 4> methods_{};
     std::uint32_t limit_ticks_ = 0;  // calls counted by a concurrency limit: one in four is timed
+    // Who this connection's caller is to a server limit shared among callers (looked up at its
+    // first call that the limit counts).
+    std::shared_ptr<admission::caller> caller_;
     bool serial_busy_ = false;
     bool paused_ = false;
     std::uint32_t pipelined_ = 0;  // pipelined runs out (handler_entry::pipeline)

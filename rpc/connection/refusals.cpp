@@ -49,28 +49,38 @@ void dispatcher::deny(const handler_entry& e, const message& m, const arrival& a
     }
 }
 
-bool dispatcher::admit(const handler_entry& e, const message& m, const arrival& a) {
+bool dispatcher::admit(const handler_entry& e, const message& m, const arrival& a,
+                       std::shared_ptr<admission::ticket>& wait) {
     admission* mine = e.limit.get();
     admission* all = h_->limit().get();
     admission* full = nullptr;
+    std::string why;
+    bool over_share = false;
     if (mine && !mine->try_enter()) {
         full = mine;
+    } else if (all && all->shared()) {
+        if (!caller_) caller_ = all->caller_of(self_.identity());
+        if (all->enter(*caller_, wait, why, over_share) == admission::verdict::refuse) {
+            if (mine) mine->withdraw();
+            full = all;
+        }
     } else if (all && !all->try_enter()) {
         if (mine) mine->withdraw();
         full = all;
     }
     if (!full) return true;
     const std::uint64_t retry = full->retry_after_ms();
-    const std::string why =
-        "overloaded: " +
-        (full == mine ? "method \"" + std::string(m.method) + "\"" : std::string("the server")) +
-        " has " + std::to_string(full->in_flight()) + " calls running, its limit (" +
-        (full == mine ? "handler_options" : "server_options") + "::concurrency, " +
-        (full->adaptive() ? "adaptive, now " : "") + std::to_string(full->limit()) +
-        "); retry after " + std::to_string(retry) + " ms";
+    if (why.empty())
+        why = "overloaded: " +
+              (full == mine ? "method \"" + std::string(m.method) + "\""
+                            : std::string("the server")) +
+              " has " + std::to_string(full->in_flight()) + " calls running, its limit (" +
+              (full == mine ? "handler_options" : "server_options") + "::concurrency, " +
+              (full->adaptive() ? "adaptive, now " : "") + std::to_string(full->limit()) +
+              "); retry after " + std::to_string(retry) + " ms";
     if (m.kind == message_kind::request) {
         e.counters->request_done(errc::overloaded);
-        refuse(m, a, errc::overloaded, why, retry);
+        refuse(m, a, errc::overloaded, why, retry, over_share);
     } else {
         ++c_.notification_errors;
         e.counters->notification_done(true);

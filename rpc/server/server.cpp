@@ -163,7 +163,7 @@ server::server(net::any_io_executor ex) : server(std::move(ex), server_options{}
 server::server(net::any_io_executor ex, server_options o)
     : s_(std::make_shared<state>(std::move(ex), std::move(o), &handlers_)) {
     if (s_->o.access_log) handlers_.access_log(s_->o.access_log);
-    if (s_->o.concurrency.limited()) handlers_.concurrency(s_->o.concurrency);
+    if (s_->o.concurrency.limited()) handlers_.concurrency(s_->o.concurrency, s_->o.shares);
     handlers_.serve_health();
     const std::size_t n = std::max<std::size_t>(1, s_->o.threads);
     s_->loops.push_back(std::make_unique<state::loop>(s_->ex, true));

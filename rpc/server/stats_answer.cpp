@@ -48,10 +48,25 @@ void pack_kv(msgpack::packer<buffer>& p, const char* key, const V& v) {
 }
 
 // {"kind": "adaptive", "limit": n, "in_flight": n, "refused": n,
-//  "no_load_us": n, "latency_us": n}
+//  "no_load_us": n, "latency_us": n}, and with caller_shares "callers": [{"caller": s,
+//  "weight": n, "running": n, "waiting": n, "served": n, "queued": n, "refused": n}, ...]
 void pack_concurrency(msgpack::packer<buffer>& p, const concurrency_stats& c) {
     p.pack("concurrency");
-    p.pack_map(6);
+    p.pack_map(c.callers.empty() ? 6 : 7);
+    if (!c.callers.empty()) {
+        p.pack("callers");
+        p.pack_array(static_cast<std::uint32_t>(c.callers.size()));
+        for (const auto& k : c.callers) {
+            p.pack_map(7);
+            pack_kv(p, "caller", k.caller);
+            pack_kv(p, "weight", k.weight);
+            pack_kv(p, "running", k.running);
+            pack_kv(p, "waiting", k.waiting);
+            pack_kv(p, "served", k.served);
+            pack_kv(p, "queued", k.queued);
+            pack_kv(p, "refused", k.refused);
+        }
+    }
     pack_kv(p, "kind", c.what == concurrency_limit::kind::adaptive ? "adaptive" : "fixed");
     pack_kv(p, "limit", c.limit);
     pack_kv(p, "in_flight", c.in_flight);
@@ -287,8 +302,9 @@ std::vector<method_stats> handlers::stats_by_method() const {
     return v;
 }
 
-handlers& handlers::concurrency(const concurrency_limit& l) {
+handlers& handlers::concurrency(const concurrency_limit& l, const caller_shares& shares) {
     limit_ = l.limited() ? detail::admission::make(l) : nullptr;
+    if (limit_ && shares.on()) limit_->share(shares);
     return *this;
 }
 

@@ -52,7 +52,7 @@ void throw_argument_type(std::string_view method, const std::string& signature, 
 namespace detail {
 
 std::error_code error_from_wire(const msgpack::object& e, std::string& detail,
-                                std::uint32_t* retry_after_ms) {
+                                std::uint32_t* retry_after_ms, bool* over_share) {
     if (e.type == msgpack::type::MAP) {
         std::optional<std::int64_t> code;
         for (std::uint32_t i = 0; i < e.via.map.size; ++i) {
@@ -69,6 +69,8 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail,
                 // A day at most: a hint longer than that is a broken peer's, not a plan.
                 *retry_after_ms =
                     static_cast<std::uint32_t>(std::min<std::uint64_t>(kv.val.via.u64, 86'400'000));
+            else if (k == "over_share" && over_share && kv.val.type == msgpack::type::BOOLEAN)
+                *over_share = kv.val.via.boolean;
         }
         if (code && *code >= 1 && *code <= static_cast<int>(errc::permission_denied) &&
             !detail.empty())
@@ -90,14 +92,15 @@ std::error_code error_from_wire(const msgpack::object& e, std::string& detail,
 }
 
 void encode_overloaded_response(buffer& out, std::uint32_t msgid, std::string_view text,
-                                std::uint64_t retry_after_ms) {
+                                std::uint64_t retry_after_ms, bool over_share) {
     write_response_start(out, msgid);
     msgpack::packer<buffer> p(out);
-    p.pack_map(3);
+    p.pack_map(over_share ? 4 : 3);
     p.pack_str(4).pack_str_body("code", 4).pack_int(static_cast<int>(errc::overloaded));
     p.pack_str(7).pack_str_body("message", 7);
     p.pack_str(static_cast<std::uint32_t>(text.size())).pack_str_body(text.data(), text.size());
     p.pack_str(14).pack_str_body("retry_after_ms", 14).pack_uint64(retry_after_ms);
+    if (over_share) p.pack_str(10).pack_str_body("over_share", 10).pack_true();
     p.pack_nil();
 }
 

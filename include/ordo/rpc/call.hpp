@@ -163,6 +163,9 @@ struct call_outcome {
     /// On errc::overloaded: how long the server asked its caller to wait before trying again
     /// (the error map's retry_after_ms, docs/protocol.md "Error objects"); 0 when it gave none.
     std::uint32_t retry_after_ms = 0;
+    /// On errc::overloaded: the server refused this caller for being over its share of it
+    /// (server_options::shares), not for being full as a whole.
+    bool over_share = false;
 };
 
 namespace detail {

@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace ordo {
 
@@ -56,6 +59,36 @@ class concurrency_limit {
     adaptive_limit adaptive_{};
 };
 
+/// How a server's concurrency limit is shared among its callers (server_options::shares;
+/// docs/protocol.md "Overload"). A caller is its identity: identity::subject (a token's or a
+/// certificate's), else its certificate's subject, else its unix uid, else its address (an
+/// IPv4 address or an IPv6 /64). While the limit is reached, a call waits in its caller's
+/// queue, and each slot that frees goes to the waiting caller with the fewest calls running
+/// for its weight (weighted fair queuing). A call that finds its caller's queue full is
+/// refused; while more calls wait than the limit, the caller furthest over its share (calls
+/// running and waiting, for its weight) loses its newest waiting call. Refusals are
+/// errc::overloaded with a retry-after hint, and say whether the caller was over its share.
+struct caller_shares {
+    /// Calls one caller may have waiting for a slot. 0 (the default): no sharing, a call over
+    /// the limit is refused at once, whoever makes it.
+    std::size_t queue = 0;
+    /// Weights by identity::subject; any other caller weighs 1. A caller of weight 3 gets three
+    /// times the slots of one of weight 1 while both want more than they get.
+    std::map<std::string, unsigned> weights{};
+    bool on() const noexcept { return queue > 0; }
+};
+
+/// One caller's figures under caller_shares (concurrency_stats::callers).
+struct caller_stats {
+    std::string caller;  ///< as caller_shares names it; "other" sums the callers not listed
+    unsigned weight = 1;
+    std::size_t running = 0;  ///< calls running now
+    std::size_t waiting = 0;  ///< calls waiting for a slot now
+    std::uint64_t served = 0;  ///< calls that ran (at once or after waiting)
+    std::uint64_t queued = 0;  ///< calls that waited for a slot
+    std::uint64_t refused = 0; ///< calls refused (errc::overloaded)
+};
+
 /// Where a limit stands (server::concurrency(), ordo.stats).
 struct concurrency_stats {
     concurrency_limit::kind what = concurrency_limit::kind::none;
@@ -66,6 +99,8 @@ struct concurrency_stats {
     /// latency of the last window, in microseconds.
     std::uint64_t no_load_us = 0;
     std::uint64_t latency_us = 0;
+    /// With caller_shares: the callers that called most (at most 8), then "other" for the rest.
+    std::vector<caller_stats> callers;
 };
 
 }  // namespace ordo

@@ -430,7 +430,7 @@ class handlers {
 
     /// How many calls of all methods together run at once (server_options::concurrency; see
     /// handler_options::concurrency, which a method's calls must pass too). Set before serving.
-    handlers& concurrency(const concurrency_limit& l);
+    handlers& concurrency(const concurrency_limit& l, const caller_shares& shares = {});
     /// Where that limit stands (what none: no limit).
     concurrency_stats concurrency() const;
     /// The limit itself, for the dispatcher (null: none).

@@ -143,6 +143,9 @@ struct server_options {
     /// (handler_options::concurrency); a call must pass both. server_stats::concurrency and
     /// ordo.stats show where it stands.
     concurrency_limit concurrency;
+    /// How `concurrency` is shared among callers (caller_shares: a queue per caller, weights
+    /// by subject). Default: not shared, a call over the limit is refused at once.
+    caller_shares shares;
     /// Authentication (docs/security.md): decides on each connection, before any of its
     /// messages is served, from what its transport proved and the credentials the caller sent
     /// first (ordo.auth), and names the caller (identity::subject, peer::identity()). A refused
