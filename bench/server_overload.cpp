@@ -4,6 +4,14 @@
 //
 //   ordo-overload-bench [--limit adaptive|none|N] [--seconds 10] [--warmup 3] [--rate 4000]
 //                       [--workers 4] [--work-ms 2] [--deadline-ms 100] [--json]
+//                       [--tenants [--light-rate 200] [--queue 8] [--weights 3:1]]
+//
+// --tenants measures the limit shared among callers (server_options::shares, a queue of
+// --queue calls per caller) in one run of three parts, each on a fresh server: tenant B alone at
+// --light-rate; tenant A at --rate beside B at --light-rate; then both at --rate, A weighing 3
+// and B 1 (--weights). Each tenant has a connection and a token of its own. It prints each part
+// and: B's goodput and p99 beside A against alone, the total goodput, and the shares of the
+// saturated part against the weights.
 //
 // The server (its own loop and thread) serves "work" on a worker_pool of --workers threads:
 // each call blocks its worker for --work-ms (a sleep, as a query or a disk read would), and
@@ -38,6 +46,10 @@ struct settings {
     int workers = 4;
     long work_ms = 2, deadline_ms = 100;
     bool json = false;
+    bool tenants = false;
+    double light_rate = 200;
+    std::size_t queue = 8;
+    std::string weights = "3:1";
 };
 
 struct tally {
@@ -103,6 +115,151 @@ double percentile(std::vector<double>& v, double p) {
     return v[k];
 }
 
+// One client of the server: its token (empty: none), its rate, and what it got.
+struct tenant {
+    std::string token;
+    double rate;
+    tally t{};
+};
+
+const char* const tenant_tokens[] = {"tenant-a-token-0123456789", "tenant-b-token-0123456789"};
+
+// Serves `work` with `so`, drives each tenant over a connection of its own (all on one client
+// thread), and stops. False (with why on stderr) if a call never finished or one failed.
+bool run(const settings& st, ordo::server_options so, std::vector<tenant>& tenants,
+         ordo::server_stats& ss) {
+    ordo::worker_pool pool(static_cast<std::size_t>(st.workers));
+    net::io_context server_io;
+    ordo::server srv(server_io.get_executor(), std::move(so));
+    ordo::handler_options ho;
+    ho.concurrent = true;
+    ho.run_on = pool.get_executor();
+    srv.on(
+        "work",
+        [](long ms) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            return ms;
+        },
+        ho);
+    const std::string url = srv.listen("tcp://127.0.0.1:0");
+    auto guard = net::make_work_guard(server_io);
+    std::thread server_thread([&] { server_io.run(); });
+
+    net::io_context io;
+    std::exception_ptr failed;
+    for (auto& tn : tenants)
+        net::co_spawn(
+            io,
+            [&]() -> net::awaitable<void> {
+                ordo::peer_options po;
+                po.credentials.token = tn.token;
+                auto ch = co_await ordo::async_connect(url, po);
+                settings mine = st;
+                mine.rate = tn.rate;
+                co_await drive(mine, ch, tn.t);
+                ch.impl()->close();
+            },
+            [&](std::exception_ptr e) {
+                if (e) failed = e;
+            });
+    io.run();
+    std::promise<void> stopped;
+    net::co_spawn(
+        server_io,
+        [&]() -> net::awaitable<void> {
+            ss = srv.stats();
+            co_await srv.async_stop();
+        },
+        [&](std::exception_ptr) { stopped.set_value(); });
+    stopped.get_future().wait();
+    pool.join();
+    guard.reset();
+    server_thread.join();
+    if (failed) {
+        try {
+            std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "ordo-overload-bench: %s\n", e.what());
+        }
+        return false;
+    }
+    for (auto& tn : tenants)
+        if (tn.t.finished != tn.t.made) {
+            std::fprintf(stderr, "ordo-overload-bench: %ld of %ld calls never finished\n",
+                         tn.t.made - tn.t.finished, tn.t.made);
+            return false;
+        }
+    return true;
+}
+
+struct part {
+    double goodput = 0, p50 = 0, p99 = 0;
+    long refused = 0;
+};
+
+part figures(const settings& st, tally& t) {
+    return {static_cast<double>(t.good) / st.seconds, percentile(t.latency_ms, 0.50),
+            percentile(t.latency_ms, 0.99), t.overloaded};
+}
+
+int run_tenants(const settings& st, ordo::server_options so) {
+    unsigned wa = 3, wb = 1;
+    if (std::sscanf(st.weights.c_str(), "%u:%u", &wa, &wb) != 2 || wa == 0 || wb == 0) {
+        std::fprintf(stderr, "ordo-overload-bench: --weights is A:B, two numbers above 0\n");
+        return 2;
+    }
+    so.authenticate = ordo::authenticate_tokens(
+        {{tenant_tokens[0], "tenant-a"}, {tenant_tokens[1], "tenant-b"}});
+    so.shares.queue = st.queue;
+    ordo::server_stats ss;
+    std::vector<tenant> alone{{tenant_tokens[1], st.light_rate}};
+    if (!run(st, so, alone, ss)) return 1;
+    std::vector<tenant> beside{{tenant_tokens[0], st.rate}, {tenant_tokens[1], st.light_rate}};
+    if (!run(st, so, beside, ss)) return 1;
+    const std::size_t beside_limit = ss.concurrency.limit;
+    const double beside_no_load_ms = static_cast<double>(ss.concurrency.no_load_us) / 1000;
+    ordo::server_options weighted = so;
+    weighted.shares.weights = {{"tenant-a", wa}, {"tenant-b", wb}};
+    std::vector<tenant> both{{tenant_tokens[0], st.rate}, {tenant_tokens[1], st.rate}};
+    if (!run(st, weighted, both, ss)) return 1;
+    const part b_alone = figures(st, alone[0].t), a = figures(st, beside[0].t),
+               b = figures(st, beside[1].t), sa = figures(st, both[0].t),
+               sb = figures(st, both[1].t);
+    const double share_ratio = sb.goodput > 0 ? sa.goodput / sb.goodput : 0;
+    if (st.json) {
+        std::printf(
+            "{\"limit\":\"%s\",\"queue\":%zu,\"rate\":%.0f,\"light_rate\":%.0f,"
+            "\"b_alone\":{\"goodput\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f},"
+            "\"beside\":{\"a_goodput\":%.1f,\"b_goodput\":%.1f,\"b_p50_ms\":%.3f,"
+            "\"b_p99_ms\":%.3f,\"a_refused\":%ld,\"b_refused\":%ld,\"final_limit\":%zu,"
+            "\"no_load_ms\":%.3f},"
+            "\"b_goodput_ratio\":%.4f,\"b_p99_ratio\":%.3f,\"total_goodput\":%.1f,"
+            "\"weighted\":{\"weights\":\"%u:%u\",\"a_goodput\":%.1f,\"b_goodput\":%.1f,"
+            "\"ratio\":%.3f}}\n",
+            st.limit.c_str(), st.queue, st.rate, st.light_rate, b_alone.goodput, b_alone.p50,
+            b_alone.p99, a.goodput, b.goodput, b.p50, b.p99, a.refused, b.refused, beside_limit,
+            beside_no_load_ms, b_alone.goodput > 0 ? b.goodput / b_alone.goodput : 0,
+            b_alone.p99 > 0 ? b.p99 / b_alone.p99 : 0, a.goodput + b.goodput, wa, wb, sa.goodput,
+            sb.goodput, share_ratio);
+    } else {
+        std::printf("limit %s, a queue of %zu per caller, capacity %.0f/s\n", st.limit.c_str(),
+                    st.queue, st.workers * 1000.0 / static_cast<double>(st.work_ms));
+        std::printf("  B alone at %.0f/s: goodput %.0f/s, p50 %.2f ms, p99 %.2f ms\n",
+                    st.light_rate, b_alone.goodput, b_alone.p50, b_alone.p99);
+        std::printf(
+            "  A at %.0f/s beside B: A goodput %.0f/s (%ld refused); B goodput %.0f/s (%.1f%% of "
+            "alone, %ld refused), p50 %.2f ms, p99 %.2f ms (%.2fx alone); total %.0f/s; the "
+            "limit ended at %zu, no-load latency %.2f ms\n",
+            st.rate, a.goodput, a.refused, b.goodput,
+            b_alone.goodput > 0 ? 100 * b.goodput / b_alone.goodput : 0.0, b.refused, b.p50,
+            b.p99, b_alone.p99 > 0 ? b.p99 / b_alone.p99 : 0.0, a.goodput + b.goodput,
+            beside_limit, beside_no_load_ms);
+        std::printf("  both at %.0f/s, weights %u:%u: A %.0f/s, B %.0f/s, A/B %.2f\n", st.rate,
+                    wa, wb, sa.goodput, sb.goodput, share_ratio);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +287,16 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     app.add_flag("--json", st.json, "print one JSON line");
+    app.add_flag("--tenants", st.tenants,
+                 "three parts with two token-authenticated tenants sharing the limit: B alone, "
+                 "A beside B, both saturating with --weights");
+    app.add_option("--light-rate", st.light_rate, "with --tenants: B's calls per second")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--queue", st.queue, "with --tenants: server_options::shares.queue")
+        ->capture_default_str();
+    app.add_option("--weights", st.weights, "with --tenants: A's and B's weights, A:B")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     ordo::server_options so;
@@ -143,61 +310,11 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    ordo::worker_pool pool(static_cast<std::size_t>(st.workers));
-    net::io_context server_io;
-    ordo::server srv(server_io.get_executor(), so);
-    ordo::handler_options ho;
-    ho.concurrent = true;
-    ho.run_on = pool.get_executor();
-    srv.on(
-        "work",
-        [](long ms) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-            return ms;
-        },
-        ho);
-    const std::string url = srv.listen("tcp://127.0.0.1:0");
-    auto guard = net::make_work_guard(server_io);
-    std::thread server_thread([&] { server_io.run(); });
-
-    net::io_context io;
-    tally t;
-    std::exception_ptr failed;
-    net::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-            auto ch = co_await ordo::async_connect(url);
-            co_await drive(st, ch, t);
-            ch.impl()->close();
-        },
-        [&](std::exception_ptr e) { failed = e; });
-    io.run();
+    if (st.tenants) return run_tenants(st, so);
+    std::vector<tenant> one{{"", st.rate}};
     ordo::server_stats ss;
-    std::promise<void> stopped;
-    net::co_spawn(
-        server_io,
-        [&]() -> net::awaitable<void> {
-            ss = srv.stats();
-            co_await srv.async_stop();
-        },
-        [&](std::exception_ptr) { stopped.set_value(); });
-    stopped.get_future().wait();
-    pool.join();
-    guard.reset();
-    server_thread.join();
-    if (failed) {
-        try {
-            std::rethrow_exception(failed);
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "ordo-overload-bench: %s\n", e.what());
-        }
-        return 1;
-    }
-    if (t.finished != t.made) {
-        std::fprintf(stderr, "ordo-overload-bench: %ld of %ld calls never finished\n",
-                     t.made - t.finished, t.made);
-        return 1;
-    }
+    if (!run(st, so, one, ss)) return 1;
+    tally& t = one[0].t;
     const double capacity = st.workers * 1000.0 / static_cast<double>(st.work_ms);
     const double goodput = static_cast<double>(t.good) / st.seconds;
     const double p50 = percentile(t.latency_ms, 0.50), p99 = percentile(t.latency_ms, 0.99);

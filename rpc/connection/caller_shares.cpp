@@ -238,8 +238,10 @@ void admission::leave_shared(caller& c, clock::time_point since) noexcept {
         sample(since, clock::now());
     c.running.fetch_sub(1, std::memory_order_relaxed);
     bool held = true;
-    if (waiting_.load(std::memory_order_seq_cst) > 0) {
-        // The slot goes straight to the next waiting call.
+    // The slot goes straight to the next waiting call, unless the limit has fallen below the
+    // calls running (an adaptive limit that shrank, or probes): then it is given back.
+    if (waiting_.load(std::memory_order_seq_cst) > 0 &&
+        count_.load(std::memory_order_relaxed) - 1 <= limit_.load(std::memory_order_relaxed)) {
         std::vector<std::unique_ptr<parked>> wake;
         {
             std::lock_guard lk(share_mu_);
