@@ -69,6 +69,9 @@ void declare_flags(CLI::App& app, config& c) {
                    "the server's concurrency limit (server_options::concurrency): adaptive or a "
                    "number (passed to the server the client starts)")
         ->type_name("adaptive|N");
+    app.add_option("--fair-queue", c.fair_queue,
+                   "the concurrency limit shared among callers with a queue of N calls each "
+                   "(server_options::shares.queue; passed to the server the client starts)");
     app.add_flag("--async-echo", c.async_echo,
                  "echo is a coroutine (concurrent), which a concurrency limit counts (passed to "
                  "the server the client starts)");

@@ -40,6 +40,7 @@ struct config {
     // The server's server_options::concurrency ("adaptive", a number; empty: none), and echo as
     // a coroutine (concurrent) instead of a plain function; the client passes both on.
     std::string concurrency;
+    std::size_t fair_queue = 0;  // server_options::shares.queue (0: not shared)
     bool async_echo = false;
 };
 

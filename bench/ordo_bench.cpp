@@ -296,6 +296,7 @@ int serve_ordo(const config& cfg, const std::string& url, int ready_fd, int stop
         so.concurrency = ordo::adaptive;
     else if (!cfg.concurrency.empty())
         so.concurrency = static_cast<std::size_t>(std::stoul(cfg.concurrency));
+    so.shares.queue = cfg.fair_queue;
     ordo::server srv(io.get_executor(), so);
     if (cfg.trace_sample >= 0) ordo::record_spans({.sample_rate = cfg.trace_sample});
     oneway_state st;  // oneway runs one connection: one loop touches it
@@ -1557,6 +1558,7 @@ server_handle start_server(const config& cfg) {
         const std::string threads = std::to_string(cfg.server_threads);
         const std::string sample = std::to_string(cfg.trace_sample);
         const std::string lane_window = std::to_string(cfg.lane_window);
+        const std::string fair_queue = std::to_string(cfg.fair_queue);
         s.pid = ::fork();
         if (s.pid < 0) fail("fork failed");
         if (s.pid == 0) {
@@ -1576,6 +1578,10 @@ server_handle start_server(const config& cfg) {
             if (!cfg.concurrency.empty()) {
                 args.push_back("--concurrency");
                 args.push_back(cfg.concurrency.c_str());
+            }
+            if (cfg.fair_queue > 0) {
+                args.push_back("--fair-queue");
+                args.push_back(fair_queue.c_str());
             }
             if (cfg.trace_sample >= 0) {
                 args.push_back("--trace-sample");

@@ -30,22 +30,49 @@ class admission : public std::enable_shared_from_this<admission> {
     using clock = std::chrono::steady_clock;
     struct ticket;
 
-    /// One caller of a shared limit (caller_shares), held by each of its connections.
+    struct seat;
+    /// One caller of a shared limit (caller_shares): its connections' seats.
     struct caller {
         std::string key;  // as caller_shares names it
         unsigned weight = 1;
-        std::atomic<std::size_t> running{0};
-        std::atomic<std::uint64_t> served{0};
+        // Calls granted a slot whose coroutine has not yet counted itself in its seat.
+        std::atomic<std::size_t> in_transit{0};
         // Under the admission's share_mu_:
+        std::vector<seat*> seats;
         std::deque<std::shared_ptr<ticket>> waiting;  // oldest first
         std::uint64_t queued = 0, refused = 0;
+        std::uint64_t served_before = 0;  // by seats that are gone
+        // Calls running (under share_mu_; the seats' counts are read as they are).
+        std::size_t running() const noexcept;
+        std::uint64_t served() const noexcept;
+    };
+    /// One connection's place in a shared limit: its calls running and served, counted by the
+    /// connection's own thread alone (so a call pays no atomic read-modify-write for them),
+    /// and read by others.
+    struct seat {
+        seat(std::shared_ptr<admission> a, std::shared_ptr<caller> c)
+            : owner(std::move(a)), who(std::move(c)) {}
+        ~seat();
+        seat(const seat&) = delete;
+        seat& operator=(const seat&) = delete;
+        void count_in() noexcept {
+            running.store(running.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            served.store(served.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        }
+        void count_out() noexcept {
+            running.store(running.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        }
+        const std::shared_ptr<admission> owner;
+        const std::shared_ptr<caller> who;
+        std::atomic<std::uint32_t> running{0};
+        std::atomic<std::uint64_t> served{0};
     };
     /// A call waiting in its caller's queue for a slot.
     struct ticket {
         enum class state : std::uint8_t { waiting, granted, refused, cancelled };
         std::shared_ptr<admission> owner;  // keeps the limit while the call waits
-        caller* who = nullptr;
-        std::uint64_t seq = 0;  // arrival order, for ties
+        seat* at = nullptr;                // its connection's (which outlives the wait)
+        std::uint64_t seq = 0;             // arrival order, for ties
         // Under owner's share_mu_:
         state now = state::waiting;
         std::unique_ptr<parked> parked_at;  // the call's coroutine, once it waits
@@ -82,24 +109,26 @@ class admission : public std::enable_shared_from_this<admission> {
     /// Shares the limit among callers from now on (before serving).
     void share(const caller_shares& s) { shares_ = s; }
     bool shared() const noexcept { return shares_.on(); }
-    /// The caller `who` is, under a shared limit (looked up once per connection). Any thread.
-    std::shared_ptr<caller> caller_of(const identity& who);
-    /// A call of `c` enters a shared limit: runs now (it holds a slot), waits (`t`: wait(t)
-    /// says when), or is refused (`why`, and whether `c` was over its share). Any thread.
-    verdict enter(caller& c, std::shared_ptr<ticket>& t, std::string& why, bool& over_share) {
+    /// A seat for a connection of the caller `who` is, under a shared limit (once per
+    /// connection). Any thread.
+    std::shared_ptr<seat> seat_for(const identity& who);
+    /// A call of `s`'s connection enters a shared limit: runs now (it holds a slot), waits
+    /// (`t`: wait(t) says when), or is refused (`why`, and whether its caller was over its
+    /// share). On the connection's thread.
+    verdict enter(seat& s, std::shared_ptr<ticket>& t, std::string& why, bool& over_share) {
         if (waiting_.load(std::memory_order_seq_cst) == 0 && take()) {
-            c.running.fetch_add(1, std::memory_order_relaxed);
-            c.served.fetch_add(1, std::memory_order_relaxed);
+            s.count_in();
             return verdict::run;
         }
-        return enter_slow(c, t, why, over_share);
+        return enter_slow(s, t, why, over_share);
     }
-    /// Completes once `t` is granted a slot, refused, or the awaiting coroutine is cancelled;
-    /// gives which. On the call's executor.
+    /// Completes once `t` is granted a slot (then counted in its seat), refused, or the
+    /// awaiting coroutine is cancelled; gives which. On the call's connection's thread.
     /// (`t` by reference: GCC 12 would destroy a copy made for the call twice.)
     static net::awaitable<ticket::state> wait(const std::shared_ptr<ticket>& t);
-    /// leave() of a call of `c` under a shared limit: its slot goes to the next waiting call.
-    void leave_shared(caller& c, clock::time_point since) noexcept;
+    /// leave() of a call of `s`'s connection under a shared limit: its slot goes to the next
+    /// waiting call. On the connection's thread.
+    void leave_shared(seat& s, clock::time_point since) noexcept;
     /// Gives a slot back. `since`, if set, is when the call started, and `now` when it ended:
     /// a sample of its latency (the dispatcher times one call in four: the clock costs more
     /// than the rest of the limit). May free the limit. Any thread.
@@ -143,7 +172,7 @@ class admission : public std::enable_shared_from_this<admission> {
         }
         return true;
     }
-    verdict enter_slow(caller& c, std::shared_ptr<ticket>& t, std::string& why, bool& over_share);
+    verdict enter_slow(seat& s, std::shared_ptr<ticket>& t, std::string& why, bool& over_share);
     void cancel(ticket& t);
     // Under share_mu_: gives free slots (and `in_hand`, one already held) to the waiting calls,
     // the caller with the fewest running for its weight first; their coroutines go to `wake`.

@@ -31,8 +31,8 @@ std::string key_of(const identity& who) {
 // a's share is smaller than b's: fewer running for its weight; the older waiting call first.
 bool before(const admission::caller& a, const admission::caller& b) {
     const auto wa = static_cast<std::uint64_t>(a.weight), wb = static_cast<std::uint64_t>(b.weight);
-    const std::uint64_t ra = a.running.load(std::memory_order_relaxed) + 1;
-    const std::uint64_t rb = b.running.load(std::memory_order_relaxed) + 1;
+    const std::uint64_t ra = a.running() + 1;
+    const std::uint64_t rb = b.running() + 1;
     if (ra * wb != rb * wa) return ra * wb < rb * wa;
     return a.waiting.front()->seq < b.waiting.front()->seq;
 }
@@ -41,31 +41,53 @@ bool before(const admission::caller& a, const admission::caller& b) {
 // compared by cross-multiplying).
 bool further_over(const admission::caller& a, const admission::caller& b) {
     const auto wa = static_cast<std::uint64_t>(a.weight), wb = static_cast<std::uint64_t>(b.weight);
-    const std::uint64_t ua = a.running.load(std::memory_order_relaxed) + a.waiting.size();
-    const std::uint64_t ub = b.running.load(std::memory_order_relaxed) + b.waiting.size();
+    const std::uint64_t ua = a.running() + a.waiting.size();
+    const std::uint64_t ub = b.running() + b.waiting.size();
     return ua * wb > ub * wa;
 }
 
 }  // namespace
 
-std::shared_ptr<admission::caller> admission::caller_of(const identity& who) {
+std::size_t admission::caller::running() const noexcept {
+    std::size_t n = in_transit.load(std::memory_order_relaxed);
+    for (const seat* s : seats) n += s->running.load(std::memory_order_relaxed);
+    return n;
+}
+
+std::uint64_t admission::caller::served() const noexcept {
+    std::uint64_t n = served_before;
+    for (const seat* s : seats) n += s->served.load(std::memory_order_relaxed);
+    return n;
+}
+
+admission::seat::~seat() {
+    std::lock_guard lk(owner->share_mu_);
+    who->served_before += served.load(std::memory_order_relaxed);
+    std::erase(who->seats, this);
+}
+
+std::shared_ptr<admission::seat> admission::seat_for(const identity& who) {
     std::string key = key_of(who);
     std::lock_guard lk(share_mu_);
     auto [it, fresh] = callers_.try_emplace(key);
-    if (!fresh) return it->second;
-    auto c = std::make_shared<caller>();
-    c->key = std::move(key);
-    if (auto w = shares_.weights.find(who.subject);
-        !who.subject.empty() && w != shares_.weights.end())
-        c->weight = std::max(w->second, 1u);
-    it->second = c;
+    if (fresh) {
+        auto c = std::make_shared<caller>();
+        c->key = std::move(key);
+        if (auto w = shares_.weights.find(who.subject);
+            !who.subject.empty() && w != shares_.weights.end())
+            c->weight = std::max(w->second, 1u);
+        it->second = std::move(c);
+    }
+    auto s = std::make_shared<seat>(shared_from_this(), it->second);
+    it->second->seats.push_back(s.get());
     if (callers_.size() >= prune_at_) {
-        // Forget the callers with no connection and nothing running or waiting; their figures
-        // go on in "other". Bounded: the table holds the callers connected, and as many more.
+        // Forget the callers with no connection and nothing waiting (so nothing running);
+        // their figures go on in "other". Bounded: the table holds the callers connected, and
+        // as many more.
         for (auto i = callers_.begin(); i != callers_.end();) {
             caller& o = *i->second;
-            if (i->second.use_count() == 1 && o.running.load() == 0 && o.waiting.empty()) {
-                gone_.served += o.served.load(std::memory_order_relaxed);
+            if (o.seats.empty() && o.waiting.empty() && o.in_transit.load() == 0) {
+                gone_.served += o.served_before;
                 gone_.queued += o.queued;
                 gone_.refused += o.refused;
                 i = callers_.erase(i);
@@ -75,22 +97,21 @@ std::shared_ptr<admission::caller> admission::caller_of(const identity& who) {
         }
         prune_at_ = std::max<std::size_t>(64, 2 * callers_.size());
     }
-    return c;
+    return s;
 }
 
 bool admission::over_share(const caller& c, std::string& words) const {
     std::uint64_t active = 0;  // the weights of the callers running or waiting
     bool others = false;
     for (const auto& [key, o] : callers_) {
-        if (o->running.load(std::memory_order_relaxed) == 0 && o->waiting.empty() &&
-            o.get() != &c)
-            continue;
+        if (o.get() != &c && o->waiting.empty() && o->running() == 0) continue;
         active += o->weight;
         if (o.get() != &c) others = true;
     }
-    const std::uint64_t uses = c.running.load(std::memory_order_relaxed) + c.waiting.size();
+    const std::size_t running = c.running();
+    const std::uint64_t uses = running + c.waiting.size();
     const std::uint64_t limit = this->limit();
-    words = std::to_string(c.running.load(std::memory_order_relaxed)) + " running and " +
+    words = std::to_string(running) + " running and " +
             std::to_string(c.waiting.size()) + " waiting, weight " + std::to_string(c.weight) +
             " of " + std::to_string(active);
     // Its share is limit · weight / active.
@@ -98,7 +119,7 @@ bool admission::over_share(const caller& c, std::string& words) const {
 }
 
 void admission::refuse_locked(ticket& t, std::string why) {
-    caller& c = *t.who;
+    caller& c = *t.at->who;
     std::string words;
     t.over_share = over_share(c, words);
     t.why = "overloaded: " + std::move(why) + "; caller " + c.key + " has " + words +
@@ -110,14 +131,15 @@ void admission::refuse_locked(ticket& t, std::string why) {
     refused_.fetch_add(1, std::memory_order_relaxed);
 }
 
-admission::verdict admission::enter_slow(caller& c, std::shared_ptr<ticket>& t, std::string& why,
+admission::verdict admission::enter_slow(seat& s, std::shared_ptr<ticket>& t, std::string& why,
                                          bool& over) {
     std::vector<std::unique_ptr<parked>> wake;
+    caller& c = *s.who;
     verdict v;
     {
         std::lock_guard lk(share_mu_);
         auto mine = std::make_shared<ticket>();
-        mine->who = &c;
+        mine->at = &s;
         mine->seq = seq_++;
         if (c.waiting.size() >= shares_.queue) {
             refuse_locked(*mine, "its queue is full (" + std::to_string(shares_.queue) +
@@ -147,6 +169,9 @@ admission::verdict admission::enter_slow(caller& c, std::shared_ptr<ticket>& t, 
         }
         switch (mine->now) {
             case ticket::state::granted:
+                // Granted at once: counted in its seat here, on its own thread.
+                s.count_in();
+                c.in_transit.fetch_sub(1, std::memory_order_relaxed);
                 v = verdict::run;
                 break;
             case ticket::state::waiting:
@@ -177,8 +202,8 @@ bool admission::pump(bool in_hand, std::vector<std::unique_ptr<parked>>& wake) {
         c.waiting.pop_front();
         if (c.waiting.empty()) waiting_callers_.erase(best);
         waiting_.fetch_sub(1, std::memory_order_seq_cst);
-        c.running.fetch_add(1, std::memory_order_relaxed);
-        c.served.fetch_add(1, std::memory_order_relaxed);
+        // Running from now on; its seat counts it once its coroutine resumes (wait).
+        c.in_transit.fetch_add(1, std::memory_order_relaxed);
         t->now = ticket::state::granted;
         if (t->parked_at) wake.push_back(std::move(t->parked_at));
     }
@@ -190,7 +215,7 @@ void admission::cancel(ticket& t) {
     {
         std::lock_guard lk(share_mu_);
         if (t.now != ticket::state::waiting) return;
-        caller& c = *t.who;
+        caller& c = *t.at->who;
         // The queue's reference is let go of here, not under the lock: the coroutine holds one.
         auto it = std::find_if(c.waiting.begin(), c.waiting.end(),
                                [&](const std::shared_ptr<ticket>& w) { return w.get() == &t; });
@@ -229,14 +254,22 @@ net::awaitable<admission::ticket::state> admission::wait(const std::shared_ptr<t
         // more, unless it was granted meanwhile.
         self->cancel(*tp);
     }
-    std::lock_guard lk(self->share_mu_);
-    co_return tp->now;
+    ticket::state now;
+    {
+        std::lock_guard lk(self->share_mu_);
+        now = tp->now;
+    }
+    if (now == ticket::state::granted) {
+        tp->at->count_in();
+        tp->at->who->in_transit.fetch_sub(1, std::memory_order_relaxed);
+    }
+    co_return now;
 }
 
-void admission::leave_shared(caller& c, clock::time_point since) noexcept {
+void admission::leave_shared(seat& s, clock::time_point since) noexcept {
     if (since != clock::time_point{}) [[unlikely]]
         sample(since, clock::now());
-    c.running.fetch_sub(1, std::memory_order_relaxed);
+    s.count_out();
     bool held = true;
     // The slot goes straight to the next waiting call, unless the limit has fallen below the
     // calls running (an adaptive limit that shrank, or probes): then it is given back.
@@ -272,9 +305,8 @@ concurrency_stats admission::stats() const {
     std::vector<caller_stats> all;
     all.reserve(callers_.size());
     for (const auto& [key, c] : callers_)
-        all.push_back({c->key, c->weight, c->running.load(std::memory_order_relaxed),
-                       c->waiting.size(), c->served.load(std::memory_order_relaxed), c->queued,
-                       c->refused});
+        all.push_back(
+            {c->key, c->weight, c->running(), c->waiting.size(), c->served(), c->queued, c->refused});
     const auto calls = [](const caller_stats& x) { return x.served + x.refused; };
     std::sort(all.begin(), all.end(), [&](const caller_stats& a, const caller_stats& b) {
         return calls(a) != calls(b) ? calls(a) > calls(b) : a.caller < b.caller;

@@ -45,7 +45,7 @@ struct dispatcher::run {
     // (They outlive the table: admission::make.)
     admission* method_limit = nullptr;
     admission* server_limit = nullptr;
-    admission::caller* caller = nullptr;  // of a server limit shared among callers
+    admission::seat* seat = nullptr;  // in a server limit shared among callers
     std::chrono::steady_clock::time_point admitted;  // set for one call in four: timed
     // Refused while it waited for a slot (server_options::shares): the answer's hint.
     std::uint64_t retry_after_ms = 0;
@@ -354,7 +354,7 @@ void dispatcher::start_async(const handler_entry& e, message& m, stream_shape ho
     if (limited) [[unlikely]] {
         r.method_limit = e.limit.get();
         r.server_limit = h_->limit().get();
-        if (r.server_limit && r.server_limit->shared()) r.caller = caller_.get();
+        if (r.server_limit && r.server_limit->shared()) r.seat = seat_.get();
         // A call that waits is timed from when it is granted (run_handler).
         if ((limit_ticks_++ & 3) == 0 && !wait) r.admitted = std::chrono::steady_clock::now();
     }
@@ -491,8 +491,8 @@ void dispatcher::finish_handler(std::list<run>::iterator it, const message& m, b
     if (it->method_limit) [[unlikely]]
         it->method_limit->leave(it->admitted);
     if (it->server_limit) [[unlikely]] {
-        if (it->caller)
-            it->server_limit->leave_shared(*it->caller, it->admitted);
+        if (it->seat)
+            it->server_limit->leave_shared(*it->seat, it->admitted);
         else
             it->server_limit->leave(it->admitted);
     }

@@ -287,9 +287,9 @@ class dispatcher {
     };
     std::array<method_slot, 4> methods_{};
     std::uint32_t limit_ticks_ = 0;  // calls counted by a concurrency limit: one in four is timed
-    // Who this connection's caller is to a server limit shared among callers (looked up at its
-    // first call that the limit counts).
-    std::shared_ptr<admission::caller> caller_;
+    // This connection's seat in a server limit shared among callers (taken at its first call
+    // that the limit counts).
+    std::shared_ptr<admission::seat> seat_;
     bool serial_busy_ = false;
     bool paused_ = false;
     std::uint32_t pipelined_ = 0;  // pipelined runs out (handler_entry::pipeline)

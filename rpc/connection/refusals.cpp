@@ -59,8 +59,8 @@ bool dispatcher::admit(const handler_entry& e, const message& m, const arrival& 
     if (mine && !mine->try_enter()) {
         full = mine;
     } else if (all && all->shared()) {
-        if (!caller_) caller_ = all->caller_of(self_.identity());
-        if (all->enter(*caller_, wait, why, over_share) == admission::verdict::refuse) {
+        if (!seat_) seat_ = all->seat_for(self_.identity());
+        if (all->enter(*seat_, wait, why, over_share) == admission::verdict::refuse) {
             if (mine) mine->withdraw();
             full = all;
         }
