@@ -26,6 +26,10 @@
 // client certificate, with errc::unauthenticated (ordo::authenticate_tokens); whoami() answers
 // the caller's subject. --allow-introspection SUBJECT (repeatable) lets that caller use
 // ordo.stats and ordo.methods, which authentication otherwise closes.
+// --concurrency adaptive|N limits the calls that suspend running at once; the limit is shared
+// among callers (server_options::shares): each waits in a queue of its own of --fair-queue calls
+// (default 8; 0: not shared, a call over the limit is refused at once), and each slot that frees
+// goes to the caller with the fewest running for its --weight SUBJECT=N (others weigh 1).
 #include <asio/signal_set.hpp>
 #include <fcntl.h>
 #include <unistd.h>
@@ -240,7 +244,35 @@ int main(int argc, char** argv) {
                    "connection: adaptive, or a number; one over it is answered overloaded with a "
                    "retry-after hint (default: no limit)")
         ->type_name("adaptive|N");
+    std::size_t fair_queue = 8;
+    app.add_option("--fair-queue", fair_queue,
+                   "with --concurrency: the limit is shared among callers (by token subject, "
+                   "certificate, uid or address), each with a queue of N calls waiting for a "
+                   "slot; 0: not shared, a call over the limit is refused at once")
+        ->capture_default_str()
+        ->type_name("N");
+    std::vector<std::string> weights;
+    app.add_option("--weight", weights,
+                   "with --concurrency: SUBJECT=N, that caller's weight in the shares (repeat "
+                   "for more; others weigh 1)")
+        ->type_name("SUBJECT=N");
     if (const auto status = ordo_cli::parse(app, argc, argv, 2)) return *status;
+    options.shares.queue = fair_queue;
+    for (const auto& w : weights) {
+        const auto eq = w.rfind('=');
+        unsigned long n = 0;
+        std::size_t used = 0;
+        try {
+            if (eq != std::string::npos && eq > 0) n = std::stoul(w.substr(eq + 1), &used);
+        } catch (const std::exception&) {
+        }
+        if (eq == std::string::npos || eq == 0 || used == 0 || used != w.size() - eq - 1 ||
+            n == 0 || n > 1'000'000) {
+            std::cerr << "error: --weight " << w << ": expected SUBJECT=N, N from 1 to 1000000\n";
+            return 2;
+        }
+        options.shares.weights[w.substr(0, eq)] = static_cast<unsigned>(n);
+    }
     if (concurrency == "adaptive") {
         options.concurrency = ordo::adaptive;
     } else if (!concurrency.empty()) {

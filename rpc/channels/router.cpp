@@ -220,7 +220,12 @@ bool router::state::try_again(replica& r, std::unique_ptr<detail::pending_call>&
     const auto now = clock_type::now();
     replica* to = nullptr;  // a move's replica; a second try goes where start_call puts it
     const char* what = nullptr;
-    if (ec == errc::overloaded) {
+    if (ec == errc::overloaded && out.over_share) {
+        // Refused for its caller's share, not because the replica is full: the caller is told
+        // to slow down, and the replica stays open to the router's other callers.
+        ++r.overloaded;
+        return false;
+    } else if (ec == errc::overloaded) {
         // Refused before any work: it may go anywhere else, unless its order or items tie it.
         ++r.overloaded;
         const auto hint = std::chrono::milliseconds(out.retry_after_ms);

@@ -155,14 +155,15 @@ admission::verdict admission::enter_slow(seat& s, std::shared_ptr<ticket>& t, st
                 caller* far = *std::max_element(
                     waiting_callers_.begin(), waiting_callers_.end(),
                     [](const caller* a, const caller* b) { return further_over(*b, *a); });
+                // Refused while still counted among its caller's waiting calls.
+                refuse_locked(*far->waiting.back(),
+                              std::to_string(waiting_.load()) +
+                                  " calls wait for a slot, more than the limit queues, and this "
+                                  "caller is the furthest over its share");
                 auto lost = std::move(far->waiting.back());
                 far->waiting.pop_back();
-                if (far->waiting.empty())
-                    std::erase(waiting_callers_, far);
+                if (far->waiting.empty()) std::erase(waiting_callers_, far);
                 waiting_.fetch_sub(1, std::memory_order_seq_cst);
-                refuse_locked(*lost, std::to_string(waiting_.load() + 1) +
-                                         " calls wait for a slot, the most the limit queues, "
-                                         "and this caller is the furthest over its share");
                 if (lost->parked_at) wake.push_back(std::move(lost->parked_at));
             }
             pump(false, wake);

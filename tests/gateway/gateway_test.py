@@ -20,6 +20,7 @@ import subprocess
 import ssl
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -219,8 +220,9 @@ class Calls(unittest.TestCase):
     def test_an_overloaded_backend_is_503_with_retry_after(self):
         # One call at a time on this replica (ordo-inc-server --concurrency 1): while one
         # sleeps, the next is refused at once, and the gateway says when to come back.
-        _, url = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--concurrency", "1"],
-                       r"listening on (tcp://\S+)")
+        # Not shared among callers (--fair-queue 0): a call over the limit is refused at once.
+        _, url = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--concurrency", "1",
+                        "--fair-queue", "0"], r"listening on (tcp://\S+)")
         _, g = gateway(url, "--max-connections", "8")
         # The held call comes on a connection of its own: behind the gateway's, it would wait
         # in that connection's queue (sleep_ms is a serial handler) rather than be refused.
@@ -368,6 +370,76 @@ class Auth(unittest.TestCase):
                                   headers={"Authorization": "Bearer " + ALICE})
         self.assertEqual(status, 200, text)
         self.assertIn("whoami", text)
+
+    def test_a_caller_over_its_share_of_the_backend_is_429(self):
+        # The backend runs one call at a time, shared among callers with a queue of one each;
+        # alice weighs 100. While alice's call runs, bob's (through the gateway) waits; when
+        # alice's second comes, two wait where the limit queues one, and the caller furthest
+        # over its share, bob, loses his: 429, not 503 (the backend is not full for alice).
+        _, url = start([INC_SERVER, "--listen", "tcp://127.0.0.1:0", "--concurrency", "1",
+                        "--fair-queue", "1", "--weight", "alice=100", "--auth-tokens",
+                        self.tokens, "--allow-introspection", "gateway"],
+                       r"listening on (tcp://\S+)")
+        own = os.path.join(self.dir, "gateway-token")
+        alice = os.path.join(self.dir, "alice-token")
+        with open(alice, "w") as f:
+            f.write(ALICE + "\n")
+        os.chmod(alice, 0o600)
+        _, g = gateway(url + "?token_file=" + own, "--auth-tokens", self.tokens,
+                       "--max-connections", "8")
+
+        def caller(name):
+            """The backend's figures for caller `name` (ordo stats), or {}."""
+            out = subprocess.run([ORDO, "stats", url + "?token_file=" + own],
+                                 capture_output=True, text=True, timeout=10).stdout
+            try:
+                for c in json.loads(out)["concurrency"]["callers"]:
+                    if c["caller"] == name:
+                        return c
+            except (ValueError, KeyError):
+                pass
+            return {}
+
+        def until(cond):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not cond():
+                time.sleep(0.05)
+            return cond()
+
+        holders = [subprocess.Popen([ORDO, "call", url + "?token_file=" + alice, "sleep_ms",
+                                     "8000"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)]
+        result = []
+        try:
+            self.assertTrue(until(lambda: caller("alice").get("running") == 1))
+            auth = {**JSON, "Authorization": "Bearer " + BOB}
+
+            def bob():
+                c = http.client.HTTPConnection(*g, timeout=30)
+                try:
+                    c.request("POST", "/sleep_ms", body="[1]", headers=auth)
+                    r = c.getresponse()
+                    result.append((r.status, dict(r.getheaders()), r.read().decode()))
+                finally:
+                    c.close()
+            t = threading.Thread(target=bob)
+            t.start()
+            self.assertTrue(until(lambda: caller("bob").get("waiting") == 1))
+            holders.append(subprocess.Popen([ORDO, "call", url + "?token_file=" + alice,
+                                             "sleep_ms", "1"], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+            t.join(30)
+            self.assertEqual(len(result), 1)
+            status, headers, text = result[0]
+            self.assertEqual((status, error_of(text)[0]), (429, "overloaded"), text)
+            self.assertIn("over its share", error_of(text)[1])
+            self.assertIn("caller bob", error_of(text)[1])
+            self.assertGreaterEqual(int(headers.get("Retry-After", "0")), 1, headers)
+            self.assertEqual(caller("bob").get("refused"), 1)
+        finally:
+            for h in holders:
+                h.kill()
+                h.wait(30)
 
     def test_two_authorization_headers_are_400(self):
         req = (b"POST /whoami HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + BOB.encode() +
