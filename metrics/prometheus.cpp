@@ -94,6 +94,29 @@ void export_server(families& f, const labels& base, const server_stats& s) {
     f.counter("ordo_server_unknown_notifications_total",
               "Notifications for methods with no handler (dropped)", base,
               double(s.unknown_notifications));
+    if (s.concurrency.what != concurrency_limit::kind::none) {
+        f.gauge("ordo_server_concurrency_limit", "Calls the server's concurrency limit lets run",
+                base, double(s.concurrency.limit));
+        f.gauge("ordo_server_concurrency_in_flight", "Calls holding a slot of the limit", base,
+                double(s.concurrency.in_flight));
+        f.counter("ordo_server_concurrency_refused_total",
+                  "Calls the limit refused (overloaded)", base, double(s.concurrency.refused));
+        // Shared among callers: the 8 that called most, and "other" (bounded cardinality).
+        for (const auto& c : s.concurrency.callers) {
+            const labels cl = with(base, "caller", c.caller);
+            f.gauge("ordo_server_caller_running", "Calls of a caller holding a slot", cl,
+                    double(c.running));
+            f.gauge("ordo_server_caller_waiting", "Calls of a caller waiting for a slot", cl,
+                    double(c.waiting));
+            const char* help = "Calls of a caller under the shared limit, by outcome";
+            f.counter("ordo_server_caller_calls_total", help, with(cl, "outcome", "served"),
+                      double(c.served));
+            f.counter("ordo_server_caller_calls_total", help, with(cl, "outcome", "queued"),
+                      double(c.queued));
+            f.counter("ordo_server_caller_calls_total", help, with(cl, "outcome", "refused"),
+                      double(c.refused));
+        }
+    }
     for (const auto& m : s.methods) {
         const labels ml = with(base, "method", m.name);
         for (std::size_t i = 0; i < m.requests.size(); ++i) {

@@ -152,6 +152,56 @@ TEST(Prometheus, ARoutersReplicasShowTheirStateAndItsLossesAndReconnectsAreCount
     });
 }
 
+// A limit shared among callers: the limit, and each caller's calls by outcome.
+TEST(Prometheus, ASharedLimitShowsEachCaller) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        server_options so;
+        so.concurrency = 1;
+        so.shares.queue = 4;
+        so.authenticate = authenticate_tokens({{"alice-token-0123456789", "alice"}});
+        server srv(ex, so);
+        net::steady_timer hold(ex, std::chrono::steady_clock::time_point::max());
+        handler_options concurrent;
+        concurrent.concurrent = true;
+        srv.on(
+            "hold",
+            [&]() -> net::awaitable<int> {
+                co_await hold.async_wait(use_tuple);
+                co_return 1;
+            },
+            concurrent);
+        prometheus_exporter metrics("127.0.0.1:0");
+        metrics.add(srv, "main");
+        peer_options po;
+        po.credentials.token = "alice-token-0123456789";
+        auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"), po);
+        int done = 0;
+        for (int i = 0; i < 3; ++i) ch.async_call<int>("hold", [&](std::error_code, int) { ++done; });
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            const auto c = srv.stats().concurrency.callers;
+            return !c.empty() && c[0].waiting == 2;
+        }));
+        const std::string text = co_await scrape_async(metrics.url());
+        EXPECT_EQ(sample(text, R"(ordo_server_concurrency_limit{server="main"})"), 1) << text;
+        EXPECT_EQ(sample(text, R"(ordo_server_concurrency_in_flight{server="main"})"), 1);
+        EXPECT_EQ(sample(text, R"(ordo_server_caller_running{server="main",caller="alice"})"), 1);
+        EXPECT_EQ(sample(text, R"(ordo_server_caller_waiting{server="main",caller="alice"})"), 2);
+        EXPECT_EQ(sample(text, R"(ordo_server_caller_calls_total{server="main",caller="alice",)"
+                               R"(outcome="queued"})"),
+                  2);
+        EXPECT_EQ(sample(text, R"(ordo_server_caller_calls_total{server="main",caller="alice",)"
+                               R"(outcome="served"})"),
+                  1);
+        hold.cancel();
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            hold.cancel();
+            return done == 3;
+        }));
+        co_await srv.async_stop();
+    });
+}
+
 TEST(Prometheus, AnAddressInUseIsAClearError) {
     prometheus_exporter first("127.0.0.1:0");
     const std::string url = first.url();
