@@ -13,6 +13,7 @@
 #include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
+#include "support/tokens.hpp"
 #include "support/sleep.hpp"
 #include "support/streams.hpp"
 
@@ -20,11 +21,11 @@ namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::alice_token;
+using test::as;
+using test::bob_token;
 using test::run_test;
 using test::wait_until;
-
-const std::string alice_token = "alice-token-0123456789";
-const std::string bob_token = "bob-token-0123456789ab";
 
 // What a handler saw of its caller.
 struct seen {
@@ -86,12 +87,6 @@ struct auth_server {
 server_options tokens() {
     server_options o;
     o.authenticate = authenticate_tokens({{alice_token, "alice"}, {bob_token, "bob"}});
-    return o;
-}
-
-peer_options as(const std::string& token) {
-    peer_options o;
-    o.credentials.token = token;
     return o;
 }
 
