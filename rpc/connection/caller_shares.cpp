@@ -138,10 +138,17 @@ admission::verdict admission::enter_slow(seat& s, std::shared_ptr<ticket>& t, st
     verdict v;
     {
         std::lock_guard lk(share_mu_);
+        // A slot freed while no one could take it goes first to the calls that wait (a fast
+        // path's failed take may have hidden it from the call that gave it back).
+        pump(false, wake);
         auto mine = std::make_shared<ticket>();
         mine->at = &s;
         mine->seq = seq_++;
-        if (c.waiting.size() >= shares_.queue) {
+        if (waiting_callers_.empty() && take()) {
+            // Nobody waits and a slot is free: it runs (counted just below).
+            c.in_transit.fetch_add(1, std::memory_order_relaxed);
+            mine->now = ticket::state::granted;
+        } else if (c.waiting.size() >= shares_.queue) {
             refuse_locked(*mine, "its queue is full (" + std::to_string(shares_.queue) +
                                      " calls, server_options::shares.queue)");
         } else {

@@ -356,7 +356,7 @@ void dispatcher::start_async(const handler_entry& e, message& m, stream_shape ho
         r.server_limit = h_->limit().get();
         if (r.server_limit && r.server_limit->shared()) r.seat = seat_.get();
         // A call that waits is timed from when it is granted (run_handler).
-        if ((limit_ticks_++ & 3) == 0 && !wait) r.admitted = std::chrono::steady_clock::now();
+        if (!wait && (limit_ticks_++ & 3) == 0) r.admitted = std::chrono::steady_clock::now();
     }
     r.msgid = m.msgid;
     r.is_request = m.kind == message_kind::request;
@@ -435,6 +435,9 @@ net::awaitable<void> dispatcher::run_handler(dispatcher* d, std::shared_ptr<void
         if (now == admission::ticket::state::granted) {
             if ((d->limit_ticks_++ & 3) == 0) it->admitted = std::chrono::steady_clock::now();
         } else {
+            // The body never runs: its frame (a stream's writer, an inbox) goes now, while its
+            // run is still listed and `keep` holds the connection.
+            { auto dropped = std::move(body); }
             // (Out of the coroutine: GCC 12 destroys some temporaries of a coroutine twice.)
             d->not_granted(it, m, *out, *wait);
             wait.reset();

@@ -8,21 +8,23 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "support/run_test.hpp"
+#include "support/tokens.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::alice_token;
+using test::as;
+using test::bob_token;
 using test::run_test;
 using test::wait_until;
-
-const std::string alice_token = "alice-token-0123456789";
-const std::string bob_token = "bob-token-0123456789";
 
 // Handlers that hold their calls until the test lets the oldest one end.
 struct turns {
@@ -58,6 +60,9 @@ struct shared_server {
                 co_return who;
             },
             concurrent);
+        srv.on("count", [](writer<int>& out, int n) -> net::awaitable<void> {
+            for (int i = 0; i < n; ++i) co_await out.write(i);
+        });
         url = srv.listen("tcp://127.0.0.1:0");
     }
     static server_options options(std::size_t limit, caller_shares shares) {
@@ -66,6 +71,13 @@ struct shared_server {
         o.shares = std::move(shares);
         o.authenticate = authenticate_tokens({{alice_token, "alice"}, {bob_token, "bob"}});
         return o;
+    }
+    // Lets every handler end as it starts, until `done` holds (within 30 s).
+    net::awaitable<bool> end_all_until(std::function<bool()> done) {
+        co_return co_await wait_until([this, done] {
+            t.end_all();
+            return done();
+        });
     }
     // The caller's figures (a default one if it is not listed).
     caller_stats of(const std::string& who) {
@@ -77,12 +89,6 @@ struct shared_server {
     turns t;
     std::string url;
 };
-
-peer_options as(const std::string& token) {
-    peer_options o;
-    o.credentials.token = token;
-    return o;
-}
 
 // Calls hold(who) n times on `ch`; the outcomes go to `done` as "who" or the error's code.
 struct outcomes {
@@ -118,11 +124,7 @@ TEST(Shares, AFreedSlotGoesToTheCallerWithFewerRunning) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.t.started.size() == 3; }));
         EXPECT_EQ(s.t.started[2], "bob");
         // The rest run as slots free; nobody is refused.
-        for (int i = 0; i < 20 && a.size() + b.size() < 7; ++i) {
-            s.t.end_all();
-            co_await wait_until([&] { return !s.t.running.empty() || a.size() + b.size() == 7; });
-        }
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return a.size() + b.size() == 7; }));
+        ORDO_CO_ASSERT_TRUE(co_await s.end_all_until([&] { return a.size() + b.size() == 7; }));
         EXPECT_EQ(a.ok.size(), 6u);
         EXPECT_EQ(b.ok.size(), 1u);
         const auto st = s.of("alice");
@@ -151,11 +153,7 @@ net::awaitable<std::pair<std::size_t, std::size_t>> settle(caller_shares shares)
         EXPECT_TRUE(co_await wait_until([&] { return s.t.started.size() == 5 + i; }));
     }
     const std::pair<std::size_t, std::size_t> running{s.of("alice").running, s.of("bob").running};
-    s.t.end_all();
-    for (int i = 0; i < 20 && a.size() + b.size() < 12; ++i) {
-        co_await wait_until([&] { return !s.t.running.empty() || a.size() + b.size() == 12; });
-        s.t.end_all();
-    }
+    EXPECT_TRUE(co_await s.end_all_until([&] { return a.size() + b.size() == 12; }));
     EXPECT_EQ(a.ok.size() + b.ok.size(), 12u);
     co_await s.srv.async_stop();
     co_return running;
@@ -195,11 +193,7 @@ TEST(Shares, ACallerWithAFullQueueIsRefused) {
             EXPECT_GE(e.retry_after().count(), 1);
         }
         EXPECT_EQ(s.of("alice").refused, 1u);
-        s.t.end_all();
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
-            if (!s.t.running.empty()) s.t.end_all();
-            return a.size() == 3;
-        }));
+        ORDO_CO_ASSERT_TRUE(co_await s.end_all_until([&] { return a.size() == 3; }));
         EXPECT_EQ(a.ok.size(), 3u);
         co_await s.srv.async_stop();
     });
@@ -226,10 +220,8 @@ TEST(Shares, WhenTheQueueIsFullTheCallerFurthestOverItsShareIsRefused) {
         s.t.end_oldest();
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.t.started.size() == 3; }));
         EXPECT_EQ(s.t.started[2], "bob");
-        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
-            if (!s.t.running.empty()) s.t.end_all();
-            return a.size() == 6 && b.size() == 1;
-        }));
+        ORDO_CO_ASSERT_TRUE(
+            co_await s.end_all_until([&] { return a.size() == 6 && b.size() == 1; }));
         EXPECT_EQ(a.ok.size(), 5u);
         EXPECT_EQ(b.ok.size(), 1u);
         co_await s.srv.async_stop();
@@ -269,6 +261,53 @@ TEST(Shares, CancelledAndOrphanedWaitingCallsLeaveTheQueue) {
         s.t.end_all();
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return next.size() == 1; }));
         EXPECT_EQ(s.srv.stats().concurrency.in_flight, 0u);
+        co_await s.srv.async_stop();
+    });
+}
+
+// A stream call that waits for a slot, and is cancelled or refused instead, ends cleanly: its
+// writer, made before it waited, goes with it (the sanitizers watch), and the streams that
+// follow run.
+TEST(Shares, AWaitingStreamCallThatIsCancelledOrRefusedEndsCleanly) {
+    run_test([]() -> net::awaitable<void> {
+        shared_server s(co_await net::this_coro::executor, 1, {.queue = 1});
+        auto alice = co_await async_connect(s.url, as(alice_token));
+        auto bob = co_await async_connect(s.url, as(bob_token));
+        outcomes held;
+        call_hold(alice, "alice", 1, held);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.t.started.size() == 1; }));
+        call_options quick;
+        quick.timeout = 200ms;
+        auto timed = co_await alice.async_stream<int>("count", 3, quick);
+        try {
+            while (co_await timed.next()) {
+            }
+            ADD_FAILURE() << "a stream that waited for its timeout ended well";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::timed_out) << e.what();
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.of("alice").waiting == 0; }));
+        // Alice's stream waits; bob's call makes two waiting where the limit queues one, and
+        // alice, furthest over her share, loses hers.
+        auto refused = co_await alice.async_stream<int>("count", 3);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.of("alice").waiting == 1; }));
+        outcomes b;
+        call_hold(bob, "bob", 1, b);
+        try {
+            while (co_await refused.next()) {
+            }
+            ADD_FAILURE() << "alice's waiting stream was not refused";
+        } catch (const rpc_error& e) {
+            EXPECT_EQ(e.code(), errc::overloaded) << e.what();
+            EXPECT_NE(std::string(e.what()).find("furthest over its share"), std::string::npos)
+                << e.what();
+        }
+        ORDO_CO_ASSERT_TRUE(
+            co_await s.end_all_until([&] { return held.size() == 1 && b.size() == 1; }));
+        auto after = co_await alice.async_stream<int>("count", 3);
+        std::vector<int> got;
+        while (auto v = co_await after.next()) got.push_back(*v);
+        EXPECT_EQ(got, (std::vector<int>{0, 1, 2}));
         co_await s.srv.async_stop();
     });
 }
