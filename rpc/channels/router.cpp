@@ -36,8 +36,9 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
     // A traced call that fails while it waits for a replica: its wait is a span of its trace.
-    queue.on_failed([](const detail::pending_call& call, std::error_code ec, const std::string& why,
-                       clock_type::time_point since) {
+    queue.on_failed([this](const detail::pending_call& call, std::error_code ec,
+                           const std::string& why, clock_type::time_point since) {
+        note_waiting(call, false);
         if (detail::recording_spans() && !call.options.metadata.empty()) [[unlikely]]
             detail::record_router_span(call.options.metadata, "wait", call.method, {}, ec, why,
                                        {since, {}, {}, clock_type::now()});
@@ -91,18 +92,101 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
         if (replica* r = place.pick(*call)) return send(*r, std::move(call), timeout, retry);
     if (!any_usable() && o.wait_for_replica.count() == 0)
         return refuse_call(*call, errc::peer_lost, no_replica_reason());
-    if (queue.size() >= o.max_queued_calls)
+    if (queue.size() >= o.max_queued_calls && !push_out_for(*call))
         return refuse_call(*call, errc::overloaded,
                            "ordo: " + std::to_string(queue.size()) +
                                " calls already wait for a replica of " + name +
-                               " (max_queued_calls)");
+                               " (max_queued_calls)" +
+                               (waiting_callers > 0 && !call->options.caller.empty()
+                                    ? ", and caller " + call->options.caller +
+                                          " is the furthest over its share of them"
+                                    : std::string()));
     if (!call->options.key.empty()) {
         const replica* owner = place.owner_of(call->options.key);
         if (owner && !place.key_may_go(call->options.key, owner)) ++c.key_waits;
     }
+    note_waiting(*call, true);
     queue.push(std::move(call), timeout);
     update();
     schedule_pump();
+}
+
+router::state::caller_load& router::state::load_of(const std::string& caller) {
+    if (caller.empty()) [[likely]]
+        return anonymous;
+    auto [it, fresh] = callers.try_emplace(caller);
+    if (fresh)
+        if (auto w = o.caller_weights.find(caller); w != o.caller_weights.end())
+            it->second.weight = std::max(w->second, 1u);
+    return it->second;
+}
+
+void router::state::note_waiting(const detail::pending_call& call, bool more) {
+    caller_load& l = load_of(call.options.caller);
+    if (more) {
+        if (l.waiting++ == 0) ++waiting_callers;
+        return;
+    }
+    if (--l.waiting == 0) --waiting_callers;
+    if (l.waiting == 0 && l.in_flight == 0 && &l != &anonymous) callers.erase(call.options.caller);
+}
+
+std::vector<std::string> router::state::next_callers() const {
+    std::vector<std::string> best;
+    if (waiting_callers < 2) return best;
+    const caller_load* at = nullptr;
+    // Fewest in flight for its weight: (in_flight + 1) / weight, compared by cross-multiplying;
+    // those tied all take their turn, in the queue's order.
+    auto consider = [&](const std::string& who, const caller_load& l) {
+        if (l.waiting == 0) return;
+        const std::size_t mine = (l.in_flight + 1) * (at ? at->weight : 1);
+        const std::size_t theirs = at ? (at->in_flight + 1) * l.weight : 0;
+        if (at && mine > theirs) return;
+        if (!at || mine < theirs) best.clear();
+        best.push_back(who);
+        at = &l;
+    };
+    consider(std::string(), anonymous);
+    for (const auto& [who, l] : callers) consider(who, l);
+    return best;
+}
+
+bool router::state::push_out_for(const detail::pending_call& call) {
+    if (waiting_callers == 0) return false;
+    // The caller furthest over its share, counting this call among its caller's waiting.
+    static const std::string none;
+    const std::string& mine = call.options.caller;
+    load_of(mine);  // listed while this looks
+    const std::string* far = nullptr;
+    std::size_t far_uses = 0;
+    unsigned far_weight = 1;
+    auto consider = [&](const std::string& who, const caller_load& l) {
+        const bool me = who == mine;
+        if (l.waiting == 0 && !me) return;
+        const std::size_t uses = l.in_flight + l.waiting + (me ? 1 : 0);
+        if (!far || uses * far_weight > far_uses * l.weight) {
+            far = &who;
+            far_uses = uses;
+            far_weight = l.weight;
+        }
+    };
+    consider(none, anonymous);
+    for (const auto& [who, l] : callers) consider(who, l);
+    const std::string pushed = far && *far != mine ? *far : mine;
+    if (pushed == mine) {
+        // Its own caller is the furthest over: the call is refused, and leaves no entry.
+        if (auto it = callers.find(mine);
+            it != callers.end() && it->second.waiting == 0 && it->second.in_flight == 0)
+            callers.erase(it);
+        return false;
+    }
+    return queue.fail_newest(
+        [&](const detail::pending_call& w) { return w.options.caller == pushed; },
+        errc::overloaded,
+        "ordo: pushed out of " + name + "'s full queue (max_queued_calls) by a call of " +
+            (mine.empty() ? std::string("the router's own") : "caller " + mine) + ": caller " +
+            (pushed.empty() ? std::string("\"\"") : pushed) +
+            " is the furthest over its share of the queue");
 }
 
 std::string router::state::no_replica_reason() const {
@@ -136,6 +220,7 @@ std::string router::state::no_replica_reason() const {
     call->noted.sent = clock_type::now();  // its latency runs to the read that brings the answer
     call->noted.mark = place.tag();
     ++rep.in_flight;
+    ++load_of(call->options.caller).in_flight;
     rep.conn->start_call(std::move(call));  // its end comes back through conn_watch
     // A write that failed inside that send ended the connection: the calls after this one go
     // elsewhere now, not to a connection that is only waiting for the event loop to end it.
@@ -178,6 +263,12 @@ void router::state::finished(replica& r, std::uint64_t gen,
     const detail::pending_call& sent = *call;  // as it went out
     const auto& n = sent.noted;
     const bool shadow = n.mark & shadow_mark;
+    if (!shadow) {
+        caller_load& l = load_of(sent.options.caller);
+        --l.in_flight;
+        if (l.in_flight == 0 && l.waiting == 0 && &l != &anonymous)
+            callers.erase(sent.options.caller);
+    }
     if (!sent.options.key.empty()) place.key_ended(sent.options.key);
     if (!ec) {
         // A response arrives only by a read of the replica's connection, which noted the time
@@ -302,9 +393,28 @@ void router::state::pump() {
         update();
         return;
     }
-    while (auto t = queue.take_first(
-               [this](const detail::pending_call& call) { return place.peek(call) != nullptr; },
-               [this](const detail::pending_call& call) { return books.needed(call.method); })) {
+    const auto needed = [this](const detail::pending_call& call) {
+        return books.needed(call.method);
+    };
+    for (;;) {
+        // Shared among callers: the next call is the waiting caller's furthest below its share,
+        // if one of its calls can go; else any that can.
+        const std::vector<std::string> turn = next_callers();
+        std::optional<detail::wait_queue::taken> t;
+        if (!turn.empty())
+            t = queue.take_first(
+                [this, &turn](const detail::pending_call& call) {
+                    return std::find(turn.begin(), turn.end(), call.options.caller) !=
+                               turn.end() &&
+                           place.peek(call) != nullptr;
+                },
+                needed);
+        if (!t)
+            t = queue.take_first(
+                [this](const detail::pending_call& call) { return place.peek(call) != nullptr; },
+                needed);
+        if (!t) break;
+        note_waiting(*t->call, false);
         replica* r = place.pick(*t->call);
         const bool retry = t->call->attempt > 0;
         if (detail::recording_spans() && !t->call->options.metadata.empty()) [[unlikely]]

@@ -100,6 +100,25 @@ struct router::state {
         c.queued = queue.size();
         c.expired_in_queue = queue.expired();
     }
+
+    // The queue shared among callers (router_options::caller_weights; rpc/channels/router.cpp):
+    // each caller's calls in flight and waiting. The anonymous caller ("") is counted apart, so
+    // that a call without one pays no lookup.
+    struct caller_load {
+        std::size_t in_flight = 0, waiting = 0;
+        unsigned weight = 1;
+    };
+    caller_load anonymous;
+    std::unordered_map<std::string, caller_load> callers;
+    std::size_t waiting_callers = 0;  // callers with calls waiting
+    caller_load& load_of(const std::string& caller);
+    void note_waiting(const detail::pending_call& call, bool more);
+    // The waiting callers furthest below their share (tied), while more than one caller
+    // waits (else none: the queue's order alone).
+    std::vector<std::string> next_callers() const;
+    // The queue is full: pushes out the newest call of the caller furthest over its share,
+    // if that is not `call`'s own; says whether it made room.
+    bool push_out_for(const detail::pending_call& call);
     void event(const std::string& line) {
         if (on_event) on_event(line);
     }

@@ -180,6 +180,22 @@ class wait_queue {
         }
     }
 
+    /// Fails the newest waiting call for which `which(call)` holds, with `ec` and `why`; false
+    /// if there is none.
+    bool fail_newest(const std::function<bool(const pending_call&)>& which, std::error_code ec,
+                     const std::string& why) {
+        auto newest = q_.end();
+        for (auto it = q_.begin(); it != q_.end(); ++it)
+            if (which(*it->second.call) && (newest == q_.end() || it->first.seq > newest->first.seq))
+                newest = it;
+        if (newest == q_.end()) return false;
+        entry e = remove(newest);
+        e.watch.disarm(*e.call);
+        failed(e, ec, why);
+        fail_call(*e.call, ec, why);
+        return true;
+    }
+
     /// Fails every waiting call with `ec` and `why`.
     void fail_all(std::error_code ec, const std::string& why) {
         auto all = std::move(q_);

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <deque>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -243,6 +245,122 @@ TEST(Edf, AKeysCallsKeepTheirOrderWhileKeysAreServedByDeadline) {
         // turn (10 s still) comes before 4 (15 s): 2, 3; then 4.
         EXPECT_EQ(s.log.ids, (std::vector<int>{5, 1, 2, 3, 4}));
         co_await s.stop();
+    });
+}
+
+// A replica whose calls each wait until the test ends the oldest one: who is served, in order.
+struct turn_server {
+    explicit turn_server(net::any_io_executor ex) : srv(ex) {
+        handler_options concurrent;
+        concurrent.concurrent = true;
+        srv.on(
+            "call",
+            [this](std::string who) -> net::awaitable<std::string> {
+                served.push_back(who);
+                auto t = std::make_shared<net::steady_timer>(
+                    co_await net::this_coro::executor, net::steady_timer::time_point::max());
+                running.push_back(t);
+                co_await t->async_wait(use_tuple);
+                co_return who;
+            },
+            concurrent);
+        url = srv.listen("tcp://127.0.0.1:0");
+    }
+    void end_oldest() {
+        running.front()->cancel();
+        running.pop_front();
+    }
+    server srv;
+    std::string url;
+    std::vector<std::string> served;
+    std::deque<std::shared_ptr<net::steady_timer>> running;
+};
+
+// call(who) through `ch` as caller `who` (call_options::caller); outcomes by who.
+void call_as(channel& ch, const std::string& who, std::vector<std::pair<std::string, std::error_code>>& out) {
+    call_options o;
+    o.caller = who;
+    ch.async_call<std::string>("call", who, o, [&out, who](std::error_code ec, std::string) {
+        out.emplace_back(who, ec);
+    });
+}
+
+// The router's queue is shared among its callers: as room frees up, the caller with fewer
+// calls in flight goes first (bob's one call before alice's four older ones), and a full queue
+// pushes out the newest call of the caller furthest over its share (alice's), not the
+// newcomer's.
+TEST(Edf, TheQueueIsSharedAmongCallers) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        turn_server rep(ex);
+        router_options o;
+        o.max_concurrent = 2;
+        o.max_queued_calls = 4;
+        auto rt = make_router(ex, o);
+        co_await rt->async_add_replica(rep.url);
+        channel ch(rt);
+        std::vector<std::pair<std::string, std::error_code>> out;
+        for (int i = 0; i < 6; ++i) call_as(ch, "alice", out);  // 2 in flight, 4 waiting
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rep.served.size() == 2; }));
+        EXPECT_EQ(rt->counters().queued, 4u);
+        call_as(ch, "bob", out);  // the queue is full: alice's newest is pushed out
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return out.size() == 1; }));
+        EXPECT_EQ(out[0].first, "alice");
+        EXPECT_EQ(out[0].second, errc::overloaded);
+        EXPECT_EQ(rt->counters().queued, 4u);
+        rep.end_oldest();  // alice has 1 in flight, bob none: bob's goes
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rep.served.size() == 3; }));
+        EXPECT_EQ(rep.served[2], "bob");
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            if (!rep.running.empty()) rep.end_oldest();
+            return out.size() == 7;
+        }));
+        EXPECT_EQ(std::count(rep.served.begin(), rep.served.end(), "alice"), 5);
+        for (std::size_t i = 1; i < out.size(); ++i) EXPECT_FALSE(out[i].second) << i;
+        // A caller alone is refused when the queue is full: nobody else to push out.
+        for (int i = 0; i < 6; ++i) call_as(ch, "alice", out);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rep.served.size() == 8; }));
+        call_as(ch, "alice", out);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return out.size() == 8; }));
+        EXPECT_EQ(out[7].second, errc::overloaded);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            if (!rep.running.empty()) rep.end_oldest();
+            return out.size() == 14;
+        }));
+        rt->close();
+        co_await rep.srv.async_stop();
+    });
+}
+
+// Weights: alice 3, bob 1, both waiting on a router with 4 calls in flight: as room frees,
+// they settle at three of alice's in flight for one of bob's.
+TEST(Edf, CallersSettleAtTheirWeights) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        turn_server rep(ex);
+        router_options o;
+        o.max_concurrent = 4;
+        o.caller_weights = {{"alice", 3}};
+        auto rt = make_router(ex, o);
+        co_await rt->async_add_replica(rep.url);
+        channel ch(rt);
+        std::vector<std::pair<std::string, std::error_code>> out;
+        for (int i = 0; i < 8; ++i) call_as(ch, "alice", out);  // 4 in flight, 4 waiting
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rep.served.size() == 4; }));
+        for (int i = 0; i < 4; ++i) call_as(ch, "bob", out);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rt->counters().queued == 8; }));
+        for (std::size_t i = 0; i < 4; ++i) {
+            rep.end_oldest();
+            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return rep.served.size() == 5 + i; }));
+        }
+        // Of the four now in flight (the last four served): three alice's, one bob's.
+        EXPECT_EQ(std::count(rep.served.begin() + 4, rep.served.end(), "bob"), 1);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            if (!rep.running.empty()) rep.end_oldest();
+            return out.size() == 12;
+        }));
+        rt->close();
+        co_await rep.srv.async_stop();
     });
 }
 

@@ -117,6 +117,11 @@ struct call_options {
     /// Affinity key, read by routers (ordo::router): calls with one key go to one replica, in
     /// the order made, while its replica lives. Ordered peers and pools ignore it.
     std::string key{};
+    /// Whom the call is made for, to a router that shares its queue among callers
+    /// (router_options::caller_weights; docs/protocol.md "Router guarantees"): a server that
+    /// calls on through a router sets it to its own caller's identity (peer::identity().name()).
+    /// Not sent. Empty: the router's own calls, one caller among the others.
+    std::string caller{};
     /// Streaming calls (ordo::stream): items the server may send ahead of the reader; more are
     /// granted as the reader takes them. 0: default_stream_window (8192); at most 65,536.
     std::uint32_t window = 0;

@@ -66,6 +66,13 @@ struct router_options {
     /// that could finish.
     std::size_t max_queued_calls = 65'536;
     queue_order queue = queue_order::earliest_deadline;
+    /// The queue is shared among callers (call_options::caller): as room frees up, the next
+    /// call is the waiting caller's with the fewest calls in flight for its weight (its
+    /// `queue` order within it), and a call that finds the queue full pushes out the newest
+    /// call of the caller furthest over its share (in flight and waiting, for its weight)
+    /// instead, unless that is its own caller. Weights by caller; any other weighs 1. Calls
+    /// without a caller are one caller, "".
+    std::map<std::string, unsigned> caller_weights{};
     route_policy policy = route_policy::least_loaded;
     /// least_loaded only: an adaptive aperture (as Finagle's). Calls without a key go to the
     /// least loaded of the first N replicas in an order of the router's own, chosen at random;
