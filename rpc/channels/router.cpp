@@ -111,9 +111,7 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
     schedule_pump();
 }
 
-router::state::caller_load& router::state::load_of(const std::string& caller) {
-    if (caller.empty()) [[likely]]
-        return anonymous;
+router::state::caller_load& router::state::named_load(const std::string& caller) {
     auto [it, fresh] = callers.try_emplace(caller);
     if (fresh)
         if (auto w = o.caller_weights.find(caller); w != o.caller_weights.end())

@@ -111,7 +111,10 @@ struct router::state {
     caller_load anonymous;
     std::unordered_map<std::string, caller_load> callers;
     std::size_t waiting_callers = 0;  // callers with calls waiting
-    caller_load& load_of(const std::string& caller);
+    caller_load& load_of(const std::string& caller) {
+        return caller.empty() ? anonymous : named_load(caller);
+    }
+    caller_load& named_load(const std::string& caller);
     void note_waiting(const detail::pending_call& call, bool more);
     // The waiting callers furthest below their share (tied), while more than one caller
     // waits (else none: the queue's order alone).
