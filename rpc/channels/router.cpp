@@ -35,6 +35,8 @@ router::state::state(router& r, net::any_io_executor e, router_options opt)
       wait_timer(ex) {
     queue.set_order(o.queue == queue_order::fifo ? detail::wait_order::fifo
                                                  : detail::wait_order::earliest_deadline);
+    if (auto w = o.caller_weights.find(""); w != o.caller_weights.end())
+        anonymous.weight = std::max(w->second, 1u);
     // A traced call that fails while it waits for a replica: its wait is a span of its trace.
     queue.on_failed([this](const detail::pending_call& call, std::error_code ec,
                            const std::string& why, clock_type::time_point since) {
@@ -99,7 +101,7 @@ void router::state::start_call(std::unique_ptr<detail::pending_call> call) {
                                " (max_queued_calls)" +
                                (waiting_callers > 0 && !call->options.caller.empty()
                                     ? ", and caller " + call->options.caller +
-                                          " is the furthest over its share of them"
+                                          " is as far over its share of them as any"
                                     : std::string()));
     if (!call->options.key.empty()) {
         const replica* owner = place.owner_of(call->options.key);
@@ -154,10 +156,12 @@ bool router::state::push_out_for(const detail::pending_call& call) {
     // The caller furthest over its share, counting this call among its caller's waiting.
     static const std::string none;
     const std::string& mine = call.options.caller;
-    load_of(mine);  // listed while this looks
+    const caller_load& my_load = load_of(mine);  // listed while this looks
     const std::string* far = nullptr;
     std::size_t far_uses = 0;
     unsigned far_weight = 1;
+    // Strictly further over than the one found so far; the arriving call's own caller is
+    // looked at first, so that it keeps a tie (it is refused rather than push out an equal).
     auto consider = [&](const std::string& who, const caller_load& l) {
         const bool me = who == mine;
         if (l.waiting == 0 && !me) return;
@@ -168,8 +172,10 @@ bool router::state::push_out_for(const detail::pending_call& call) {
             far_weight = l.weight;
         }
     };
-    consider(none, anonymous);
-    for (const auto& [who, l] : callers) consider(who, l);
+    consider(mine, my_load);
+    if (!mine.empty()) consider(none, anonymous);
+    for (const auto& [who, l] : callers)
+        if (who != mine) consider(who, l);
     const std::string pushed = far && *far != mine ? *far : mine;
     if (pushed == mine) {
         // Its own caller is the furthest over: the call is refused, and leaves no entry.
@@ -178,13 +184,18 @@ bool router::state::push_out_for(const detail::pending_call& call) {
             callers.erase(it);
         return false;
     }
-    return queue.fail_newest(
-        [&](const detail::pending_call& w) { return w.options.caller == pushed; },
-        errc::overloaded,
-        "ordo: pushed out of " + name + "'s full queue (max_queued_calls) by a call of " +
-            (mine.empty() ? std::string("the router's own") : "caller " + mine) + ": caller " +
-            (pushed.empty() ? std::string("\"\"") : pushed) +
-            " is the furthest over its share of the queue");
+    // (The text names no other caller: a relaying server's tenants should not learn of one
+    // another.)
+    if (queue.fail_newest(
+            [&](const detail::pending_call& w) { return w.options.caller == pushed; },
+            errc::overloaded,
+            "ordo: pushed out of " + name + "'s full queue (max_queued_calls) by another "
+            "caller's call: this call's caller is the furthest over its share of the queue"))
+        return true;
+    if (auto it = callers.find(mine);
+        it != callers.end() && it->second.waiting == 0 && it->second.in_flight == 0)
+        callers.erase(it);
+    return false;
 }
 
 std::string router::state::no_replica_reason() const {
