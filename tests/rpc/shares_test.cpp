@@ -243,14 +243,16 @@ TEST(Shares, CancelledAndOrphanedWaitingCallsLeaveTheQueue) {
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return timed.size() == 1; }));
         EXPECT_EQ(timed.failed.at(0).first, errc::timed_out);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.of("alice").waiting == 0; }));
+        outcomes b;  // outlives bob's channel: its calls end after the block, as it closes
         {
             auto bob = co_await async_connect(s.url, as(bob_token));
-            outcomes b;
             call_hold(bob, "bob", 3, b);
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.of("bob").waiting == 3; }));
             bob.impl()->close();
         }
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.of("bob").waiting == 0; }));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return b.size() == 3; }));
+        for (const auto& f : b.failed) EXPECT_EQ(f.first, errc::closed);
         s.t.end_oldest();
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return first.size() == 1; }));
         EXPECT_EQ(first.ok.size(), 1u);
