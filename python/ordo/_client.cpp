@@ -189,14 +189,12 @@ class py_stream final : public detail::stream_core {
         bool ok = true;
         while (ok && !s->out_.empty()) {
             std::size_t size = 0;
-            {
+            try {
+                // Sent from Python's bytes, held until the item is handed to the connection.
                 const held_bytes item = std::move(s->out_.front());
                 s->out_.pop_front();
                 size = item.view().size();
-                s->item_buffer().write(item.view().data(), size);
-            }
-            try {
-                ok = co_await write_item(s);
+                ok = co_await write_item(s, item.view());
             } catch (const std::exception&) {  // not cancelled, never closed here: not reached
                 ok = false;
             }

@@ -162,8 +162,7 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
             if (!out.has_credit()) co_await out.wait_credit();
             const held_bytes item = std::move(st->items.front());
             st->items.pop_front();
-            out.begin_item().write(item.view().data(), item.view().size());
-            if (!out.end_item()) co_await out.hand_over();
+            if (!out.write_packed(item.view())) co_await out.hand_over();
             completion c{kind::item_written, id};
             c.a = ++written;
             b.h->push(std::move(c));
@@ -177,11 +176,13 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
 // ended (Python is told: the caller closed its side, or why they failed).
 bool hand_items(server_binding& b, std::uint64_t id, request_state& st, detail::stream_in& in) {
     while (st.handed.size() < reader_room_items && st.handed_bytes < reader_room_bytes) {
-        const msgpack::object* item = nullptr;
-        completion c{kind::request_in_end, id};
+        completion c{kind::request_item, id};
+        detail::stream_in::took t;
         try {
-            if (!in.try_next(item)) return true;
+            // A big item comes as the bytes the connection kept: not copied again here.
+            t = in.take_packed(c.data);
         } catch (const std::system_error& e) {  // cancelled, protocol_error, peer_lost
+            c.what = kind::request_in_end;
             c.code = e.code().category() == error_category()
                          ? e.code().value()
                          : static_cast<int>(errc::remote_error);
@@ -189,12 +190,13 @@ bool hand_items(server_binding& b, std::uint64_t id, request_state& st, detail::
             b.h->push(std::move(c));
             return false;
         }
-        if (!item) {  // the caller closed its side, and every item has been handed over
+        if (t == detail::stream_in::took::none) return true;
+        if (t == detail::stream_in::took::end) {
+            // The caller closed its side, and every item has been handed over.
+            c.what = kind::request_in_end;
             b.h->push(std::move(c));
             return false;
         }
-        c = completion{kind::request_item, id};
-        c.data = pack_object(*item);
         st.handed.push_back(c.data.size());
         st.handed_bytes += c.data.size();
         b.h->push(std::move(c));

@@ -40,6 +40,14 @@ class dispatcher_host {
     virtual ~dispatcher_host() = default;
     /// Sends one encoded response (or nothing, once the connection has ended).
     virtual void send_response(const buffer& b) = 0;
+    /// send_response() of one response made of `head` then `body`: a big stream item goes out
+    /// from where it is, not copied behind its head first.
+    virtual void send_response_parts(std::string_view head, std::string_view body) {
+        buffer b;
+        b.write(head.data(), head.size());
+        b.write(body.data(), body.size());
+        send_response(b);
+    }
     /// Stops (true) or resumes (false) reading from the remote side.
     virtual void pause_reading(bool paused) = 0;
     /// A handler started: the remote side now waits on this one (liveness).

@@ -15,10 +15,10 @@ peer::state::lane_part::lane_part(state& st, std::string_view lane_name)
       disp(st.self, st.ex, st.h, st.o.max_queued_messages, st.o.max_queued_bytes,
            st.o.comm.budget.get(), *this, st.c) {}
 
-void peer::state::lane_part::send_response(const buffer& b) {
+void peer::state::lane_part::send_response_parts(std::string_view head, std::string_view body) {
     if (s.answers_stopped || !s.sess->is_open()) return;
     try {
-        s.send_on_lane(name, std::string_view(b.data(), b.size()), {}, {});
+        s.send_on_lane(name, head, body, {});
     } catch (const std::system_error& e) {
         // As the default lane's answers (peer::state::send_response_on).
         if (e.code() == errc::overloaded) return s.sess->abort(errc::overloaded);

@@ -334,7 +334,10 @@ struct peer::state final : detail::call_table_host,
         // Bytes of this lane's pieces read, and given back as credit (ordo.lane_credit).
         std::uint64_t received = 0, credited = 0;
         detail::dispatcher disp;
-        void send_response(const buffer& b) override;
+        void send_response(const buffer& b) override {
+            send_response_parts(std::string_view(b.data(), b.size()), {});
+        }
+        void send_response_parts(std::string_view head, std::string_view body) override;
         void pause_reading(bool p) override;
         void handler_started() override { s.handler_started(); }
         std::shared_ptr<void> keep_alive() override { return s.keep_alive(); }
@@ -504,10 +507,16 @@ struct peer::state final : detail::call_table_host,
     }
 
     void send_response(const buffer& b) override { send_response_on(0, b); }
+    void send_response_parts(std::string_view head, std::string_view body) override {
+        send_response_on(0, head, body);
+    }
     void send_response_on(std::uint16_t lane, const buffer& b) {
+        send_response_on(lane, std::string_view(b.data(), b.size()), {});
+    }
+    void send_response_on(std::uint16_t lane, std::string_view head, std::string_view body) {
         if (answers_stopped || !sess->is_open()) return;
         try {
-            send_out(lane, std::string_view(b.data(), b.size()), {});
+            send_out(lane, head, body);
         } catch (const std::system_error& e) {
             // Refusing a response would leave its caller waiting: end the connection loudly.
             if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);

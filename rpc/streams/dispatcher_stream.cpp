@@ -10,6 +10,7 @@
 
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/rpc/detail/message_heads.hpp"
+#include "rpc/wire/read.hpp"
 
 namespace ordo::detail {
 
@@ -18,6 +19,24 @@ namespace {
 // its items collected into one array, of at most this many bytes (docs/protocol.md, "Streams").
 constexpr std::size_t max_collected_bytes = std::size_t{16} << 20;
 constexpr std::size_t collect_charge_step = std::size_t{64} << 10;
+
+// Packs `o` after what `out` holds (an item kept as bytes: its size is reserved first).
+void append_packed(std::string& out, const msgpack::object& o) {
+    struct sink {
+        std::string& s;
+        void write(const char* p, std::size_t n) { s.append(p, n); }
+    } w{out};
+    msgpack::pack(w, o);
+}
+
+// An item kept as bytes, read again: it passed the connection's limits when it came, so only
+// the reader's own bounds apply.
+limits reread_limits() {
+    limits l;
+    l.max_message_bytes = l.max_string_bytes = l.max_objects = SIZE_MAX;
+    l.max_container_length = SIZE_MAX;
+    return l;
+}
 }  // namespace
 
 dispatcher::stream_run::stream_run(dispatcher& d, std::uint32_t msgid, std::uint32_t window,
@@ -65,6 +84,16 @@ buffer& dispatcher::stream_run::begin_item() {
     p.pack_array(2);
     p.pack(msgid_);
     return item_;
+}
+
+bool dispatcher::stream_run::write_packed(std::string_view item) {
+    if (!streaming_) return stream_out::write_packed(item);
+    begin_item();  // the head, in item_
+    ++written_;
+    --credit_;
+    bytes_credit_ -= static_cast<std::int64_t>(item_.size() + item.size());
+    d_.host_.send_response_parts(std::string_view(item_.data(), item_.size()), item);
+    return true;
 }
 
 bool dispatcher::stream_run::end_item() {
@@ -260,6 +289,16 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
             crossed(before, items_.empty(), now);
         last_item_ = now;
     }
+    if (bytes >= packed_item_bytes) {  // kept as bytes: one copy, which take_packed() hands on
+        std::string packed;
+        packed.reserve(bytes);
+        append_packed(packed, item);
+        const std::size_t held_bytes = packed.capacity() + sizeof(held);
+        charged_ += held_bytes;
+        if (d_.budget_) d_.budget_->charge(held_bytes);
+        items_.push_back({msgpack::object(), bytes, held_bytes, std::move(packed)});
+        return wake();
+    }
     // What the copy holds (its objects take far more than their wire bytes), charged to the
     // server's memory budget while it is held.
     const std::size_t held_bytes = msgpack::aligned_zone_size(item) + sizeof(held);
@@ -271,7 +310,7 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
     ++z.items;
     ++z.left;
     z.bytes += bytes;
-    items_.push_back({msgpack::object(item, *z.zone), bytes, held_bytes});
+    items_.push_back({msgpack::object(item, *z.zone), bytes, held_bytes, {}});
     wake();
 }
 
@@ -289,26 +328,42 @@ void dispatcher::inbox::cancel() {
     wake();
 }
 
+dispatcher::inbox::held dispatcher::inbox::pop() {
+    held h = std::move(items_.front());
+    items_.pop_front();
+    unreported_bytes_ += h.bytes;
+    charged_ -= h.held;
+    if (d_.budget_) d_.budget_->release(h.held);
+    // Its zone, once all of its items are taken, lives until the next call.
+    if (h.packed.empty() && --zones_.front().left == 0 &&
+        (zones_.size() > 1 || zones_.front().items >= zone_items ||
+         zones_.front().bytes >= zone_bytes)) {
+        taken_zone_ = std::move(zones_.front().zone);
+        zones_.pop_front();
+    }
+    ++taken_;
+    // Credit goes back in steps of half the window, in items or bytes.
+    if (++unreported_items_ >= window_items_ / 2 || unreported_bytes_ >= window_bytes_ / 2) {
+        grant(unreported_items_, unreported_bytes_);
+        unreported_items_ = unreported_bytes_ = 0;
+    }
+    return h;
+}
+
 bool dispatcher::inbox::try_next(const msgpack::object*& item) {
     if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
     if (!items_.empty()) {
-        current_ = items_.front().item;
-        unreported_bytes_ += items_.front().bytes;
-        charged_ -= items_.front().held;
-        if (d_.budget_) d_.budget_->release(items_.front().held);
-        items_.pop_front();
-        // Its zone, once all of its items are taken, lives until the next call.
-        if (--zones_.front().left == 0 &&
-            (zones_.size() > 1 || zones_.front().items >= zone_items ||
-             zones_.front().bytes >= zone_bytes)) {
-            taken_zone_ = std::move(zones_.front().zone);
-            zones_.pop_front();
-        }
-        ++taken_;
-        // Credit goes back in steps of half the window, in items or bytes.
-        if (++unreported_items_ >= window_items_ / 2 || unreported_bytes_ >= window_bytes_ / 2) {
-            grant(unreported_items_, unreported_bytes_);
-            unreported_items_ = unreported_bytes_ = 0;
+        held h = pop();
+        if (h.packed.empty()) {
+            current_ = h.item;
+            if (taken_packed_.capacity()) std::string().swap(taken_packed_);  // not held on
+        } else {  // read in place: its bins are views of the bytes kept
+            taken_packed_ = std::move(h.packed);
+            // The zone holds what the item before it left (nothing that is still read).
+            if (taken_zone_) taken_zone_->clear();
+            else taken_zone_ = std::make_unique<msgpack::zone>();
+            static const limits any = reread_limits();
+            current_ = unpack_checked(taken_packed_, any, *taken_zone_, true);
         }
         item = &current_;
         return true;
@@ -317,6 +372,22 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
     if (!closed_) return false;
     item = nullptr;
     return true;
+}
+
+stream_in::took dispatcher::inbox::take_packed(std::string& packed) {
+    if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
+    if (!items_.empty()) {
+        held h = pop();
+        if (h.packed.empty()) {
+            packed.clear();
+            append_packed(packed, h.item);
+        } else {
+            packed = std::move(h.packed);
+        }
+        return took::item;
+    }
+    if (!failure_.empty()) throw_error(failure_code_, failure_);
+    return closed_ ? took::end : took::none;
 }
 
 net::awaitable<void> dispatcher::inbox::wait() {

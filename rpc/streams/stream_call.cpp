@@ -103,6 +103,11 @@ std::uint64_t stream_core::written() const {
 
 net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s) {
     const std::string_view item(s->item_.data(), s->item_.size());
+    return write_item(std::move(s), item);
+}
+
+net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s,
+                                             std::string_view item) {
     for (;;) {
         std::function<void(std::string_view, bool)>* send = nullptr;
         {

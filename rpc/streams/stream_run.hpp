@@ -30,6 +30,7 @@ class dispatcher::stream_run final : public stream_out {
     net::awaitable<void> wait_credit() override;
     buffer& begin_item() override;
     bool end_item() override;
+    bool write_packed(std::string_view item) override;
 
     std::uint64_t written() const noexcept override { return written_; }
 
@@ -77,6 +78,7 @@ class dispatcher::inbox final : public stream_in {
     ~inbox() override;
 
     bool try_next(const msgpack::object*& item) override;
+    took take_packed(std::string& packed) override;
     net::awaitable<void> wait() override;
     // The item taken last: valid until the next call of try_next().
     msgpack::object current_;
@@ -103,12 +105,17 @@ class dispatcher::inbox final : public stream_in {
 
   private:
     // Items are copied into zones of up to 256 items or 64 KiB each (not one allocation per
-    // item), and a zone is freed once its items have been taken.
+    // item), and a zone is freed once its items have been taken. An item of packed_item_bytes
+    // or more is kept as its bytes instead (packed), in no zone: take_packed() moves them out,
+    // and try_next() reads them in place.
     struct held {
         msgpack::object item;
         std::size_t bytes;  // on the wire (credit)
         std::size_t held;   // in memory (the budget)
+        std::string packed;
     };
+    // Takes the first item off the queue, with its zone's, credit's and budget's bookkeeping.
+    held pop();
     struct zone_of_items {
         std::unique_ptr<msgpack::zone> zone;
         std::size_t items = 0, bytes = 0;  // put in
@@ -133,6 +140,7 @@ class dispatcher::inbox final : public stream_in {
     std::deque<held> items_;
     std::deque<zone_of_items> zones_;        // items_'s, oldest first
     std::unique_ptr<msgpack::zone> taken_zone_;  // holds what next() returned last
+    std::string taken_packed_;  // or its bytes, when it was kept packed (read into taken_zone_)
     std::uint64_t received_ = 0, received_bytes_ = 0;
     std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
     std::uint64_t taken_ = 0;

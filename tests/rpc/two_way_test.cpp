@@ -34,7 +34,18 @@ struct store : interface {
     method<upload<int, std::vector<int>>()> collect{"collect"};
     method<upload<std::string, std::uint64_t>(int)> put{"put"};
     method<two_way<int, int>(int)> scale{"scale"};
+    method<upload<std::vector<std::string>, std::vector<std::uint64_t>>()> digest{"digest"};
 };
+
+// A digest of an item's strings (FNV-1a over their bytes and lengths).
+std::uint64_t digest_of(const std::vector<std::string>& item) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (const auto& s : item) {
+        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+        h = (h ^ s.size()) * 1099511628211ull;
+    }
+    return h;
+}
 
 // What a reading handler saw, for the assertions.
 struct reader_log {
@@ -77,6 +88,12 @@ void serve_store(server& srv, reader_log& log) {
         }
         log.returned = true;
         co_return bytes;
+    });
+    srv.on(store{}.digest, [](reader<std::vector<std::string>>& in)
+                               -> net::awaitable<std::vector<std::uint64_t>> {
+        std::vector<std::uint64_t> got;
+        while (auto v = co_await in.next()) got.push_back(digest_of(*v));
+        co_return got;
     });
     srv.on(store{}.scale, [&log](reader<int>& in, writer<int>& out, int k) -> net::awaitable<void> {
         try {
@@ -129,6 +146,32 @@ TEST(ClientStream, ItemsArriveInOrderAndTheAnswerComesBack) {
         // Nothing is left behind on either side.
         auto p = std::dynamic_pointer_cast<peer>(ch.impl());
         EXPECT_EQ(p->counters().pending_calls, 0u);
+        co_await srv.async_stop();
+    });
+}
+
+// Items of 64 KiB or more are kept as their bytes until the reader takes them, and read from
+// them (dispatcher::inbox): they arrive whole and in order among small ones, nested.
+TEST(ClientStream, BigItemsArriveWholeAmongSmallOnes) {
+    run_test([]() -> net::awaitable<void> {
+        server srv(co_await net::this_coro::executor);
+        reader_log log;
+        auto ch = co_await serve_and_connect(srv, log);
+        auto c = stub<store>(ch);
+        std::vector<std::vector<std::string>> items;
+        for (int i = 0; i < 24; ++i) {
+            const std::size_t big = i % 3 == 0 ? std::size_t(64 << 10) + std::size_t(i) * 40000 : 0;
+            std::vector<std::string> item{std::string(big, char('a' + i % 26)), "small",
+                                          std::string(std::size_t(i) * 7, 'z')};
+            for (std::size_t k = 0; k < item[0].size(); k += 4093) item[0][k] = char(k);
+            items.push_back(std::move(item));
+        }
+        auto up = co_await c.digest();
+        for (const auto& item : items) EXPECT_TRUE(co_await up.write(item));
+        const std::vector<std::uint64_t> got = co_await up.finish();
+        ORDO_CO_ASSERT_EQ(got.size(), items.size());
+        for (std::size_t i = 0; i < items.size(); ++i)
+            EXPECT_EQ(got[i], digest_of(items[i])) << "item " << i;
         co_await srv.async_stop();
     });
 }
@@ -349,7 +392,13 @@ TEST(TwoWay, AReaderThatStopsHoldsBothSides) {
 TEST(TwoWay, AHandlerErrorEndsTheCallersSideAfterItsItems) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
-        srv.on(store{}.scale, [](reader<int>& in, writer<int>& out, int) -> net::awaitable<void> {
+        srv.on(store{}.digest, [](reader<std::vector<std::string>>& in)
+                               -> net::awaitable<std::vector<std::uint64_t>> {
+        std::vector<std::uint64_t> got;
+        while (auto v = co_await in.next()) got.push_back(digest_of(*v));
+        co_return got;
+    });
+    srv.on(store{}.scale, [](reader<int>& in, writer<int>& out, int) -> net::awaitable<void> {
             auto v = co_await in.next();
             co_await out.write(*v);
             throw std::runtime_error("no more scaling today");

@@ -6,6 +6,7 @@
 #include "ordo/config.hpp"
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -94,6 +95,12 @@ class stream_out {
     /// throw when the stream has been cancelled, or when a collection outgrows its limit.
     virtual buffer& begin_item() = 0;
     virtual bool end_item() = 0;
+    /// begin_item(), `item` (packed already) written into it, and end_item(); a stream that
+    /// sends at once sends it from where it is, without that copy.
+    virtual bool write_packed(std::string_view item) {
+        begin_item().write(item.data(), item.size());
+        return end_item();
+    }
     /// Hands the item packed since begin_item() over to the connection's loop and completes
     /// once it has been sent there (after credit came); throws errc::cancelled when the call
     /// is cancelled meanwhile. Only where end_item() returned false.
@@ -114,6 +121,13 @@ class stream_in {
     /// the credit or miscounted its items, errc::peer_lost when its connection's input ended
     /// first.
     virtual bool try_next(const msgpack::object*& item) = 0;
+    /// What take_packed() found: nothing yet (wait() first), an item, or the end.
+    enum class took { none, item, end };
+    /// try_next() for a reader that passes items on as msgpack bytes (the Python binding):
+    /// `packed` gets the item. An item of packed_item_bytes or more is kept as bytes when it
+    /// arrives, and moved out here rather than copied again. Throws as try_next().
+    virtual took take_packed(std::string& packed) = 0;
+    static constexpr std::size_t packed_item_bytes = std::size_t{64} << 10;
     /// Completes when try_next() may have something (an item, the end, a failure).
     virtual net::awaitable<void> wait() = 0;
     /// Items taken so far.
@@ -218,6 +232,9 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// which). Throws std::logic_error after close_writes(), and
     /// std::system_error(operation_aborted) when the awaiting coroutine is cancelled.
     static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s);
+    /// write_item() of `item`, which the caller keeps valid until it completes, instead of
+    /// item_buffer()'s (a big item that is packed already is not copied into the buffer).
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item);
     /// write_item() for a writer without an event loop (ordo::sync_client): blocks the calling
     /// thread until credit has come, or the call has ended (false).
     bool write_item_blocking();
