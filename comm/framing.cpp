@@ -148,9 +148,15 @@ framer::framer(const limits& l) : limits_(l) {}
 std::size_t framer::grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept {
     const std::size_t held = end_ - begin_;
     std::size_t c = std::max(std::min(capacity() * 2, max_capacity), held + n);
-    // A large str, bin or ext: toward the size of its message, four times what arrived at a
-    // step (a few copies of what is held, rather than one per doubling), never past it.
-    if (need_ > held) c = std::max(held + n, std::min({need_, std::max(c, 4 * held), max_capacity}));
+    // A large str, bin or ext: toward the size of its message, at most four times what arrived
+    // at a step, never past it. The steps are the message's size over powers of 4, so that the
+    // last growth is from a quarter of it: each growth copies what is held, and growing in 4x
+    // steps from 64 KiB would copy a 20 MiB message's first 16 MiB once more at its last step.
+    if (need_ > held) {
+        std::size_t step = need_;
+        while (step > 4 * held) step = step / 4 + (step % 4 != 0);
+        c = std::max(held + n, std::min(step, max_capacity));
+    }
     return c;
 }
 
@@ -180,7 +186,7 @@ std::span<char> framer::prepare(std::size_t n, std::size_t max_capacity) {
 
 std::span<char> framer::read_area_growing(std::size_t n, std::size_t max_capacity) {
     if (n == 0) return {};  // no read: no room
-    make_room(required(n), grown_capacity(n, max_capacity), max_capacity);
+    make_room(required(n), grown_capacity(read_size(n), max_capacity), max_capacity);
     return {buf_.data() + end_, std::min(capacity() - end_, required(n))};
 }
 

@@ -42,9 +42,10 @@ class framer {
     std::span<char> prepare(std::size_t n, std::size_t max_capacity = SIZE_MAX);
     /// prepare() for a read: while the message being cut is known to need more bytes (a
     /// str, bin or ext header announced them), an area for up to all of them, and the buffer
-    /// grows toward the message's size (by 4x what is held at a step at most: nothing is
-    /// allocated on the strength of a header alone) rather than doubling; the area may then be
-    /// smaller than `n` when it holds the rest of the message.
+    /// grows toward the message's size (by 4x what is held at a step at most, in steps of its
+    /// size over powers of 4, so that little is copied; nothing is allocated on the strength of
+    /// a header alone) rather than doubling; the area may then be smaller than `n` when it
+    /// holds the rest of the message, and the buffer does not grow past the message for it.
     std::span<char> read_area(std::size_t n, std::size_t max_capacity = SIZE_MAX) {
         // The common case, inline: no message known to need more, and room for the read.
         if (need_ == 0) [[likely]] {
@@ -84,7 +85,7 @@ class framer {
     /// The capacity read_area(n, max_capacity) would leave (more than capacity() when it has
     /// to grow).
     std::size_t capacity_for(std::size_t n, std::size_t max_capacity = SIZE_MAX) const noexcept {
-        return space() >= required(n) ? capacity() : grown_capacity(n, max_capacity);
+        return space() >= required(n) ? capacity() : grown_capacity(read_size(n), max_capacity);
     }
     /// Bytes prepare() can offer without growing the buffer.
     std::size_t space() const noexcept { return capacity() - (end_ - begin_); }
@@ -104,6 +105,13 @@ class framer {
     // The free space a read of `n` needs: all the message still needs, when that is known
     // and more.
     std::size_t required(std::size_t n) const noexcept { return std::max(more(), n); }
+    // What a read of `n` makes the buffer grow for: no more than the message still needs,
+    // when that is known (the read then fills the buffer to the message's end, and the next
+    // read comes once it is taken).
+    std::size_t read_size(std::size_t n) const noexcept {
+        const std::size_t m = more();
+        return m > 0 ? std::min(n, m) : n;
+    }
     std::span<char> read_area_growing(std::size_t n, std::size_t max_capacity);
     // The capacity to grow to for a read of `n` (see read_area()).
     std::size_t grown_capacity(std::size_t n, std::size_t max_capacity) const noexcept;
