@@ -42,20 +42,37 @@ void batched_comm::impl::fail_telling(std::error_code code, std::string reason) 
 }
 
 void batched_comm::impl::send(std::string_view m, std::string_view body) {
+    const std::size_t size = m.size() + body.size();
+    admit(size);
+    queue.append(m, body);
+    queued(size);
+}
+
+void batched_comm::impl::send_held(std::string_view head, std::string_view body,
+                                   std::unique_ptr<held_body> keep) {
+    const std::size_t size = head.size() + body.size();
+    admit(size);
+    if (body.size() < held_body_bytes) queue.append(head, body);  // a copy costs less
+    else queue.append_held(head, body, std::move(keep));
+    queued(size);
+}
+
+void batched_comm::impl::admit(std::size_t size) {
     if (st != state::open) {
         auto code = has_reason ? result.code : make_error_code(errc::closed);
         throw rpc_error(code, {}, {},
                         "ordo: send to " + t->remote_address() +
                             " refused: " + (has_reason ? result.reason : "connection is closing"));
     }
-    const std::size_t size = m.size() + body.size();
     if (size > o.max_buffer_bytes - std::min(c.buffered_bytes, o.max_buffer_bytes))
         throw_error(errc::overloaded, "ordo: send to " + t->remote_address() +
                                           " refused: " + std::to_string(c.buffered_bytes) +
                                           " bytes buffered + " + std::to_string(size) +
                                           " would exceed max_buffer_bytes (" +
                                           std::to_string(o.max_buffer_bytes) + ")");
-    queue.append(m, body);
+}
+
+void batched_comm::impl::queued(std::size_t size) {
     queue_ends.push_back(queue.size());
     c.buffered_bytes += size;
     c.peak_buffered_bytes = std::max(c.peak_buffered_bytes, c.buffered_bytes);
@@ -96,7 +113,7 @@ void batched_comm::impl::continue_batch() {
             c.write_since = clock::now();
         }
         std::error_code ec;
-        written += t->try_write(net::buffer(writing.data(), writing.size()) + written, ec);
+        try_write_batch(ec);
         if (!ec && written < writing.size()) break;
         if (end_batch(written, ec)) return;
     }
@@ -110,7 +127,8 @@ void batched_comm::impl::flush() {
     // The clock is read for on_write only: without an interval nothing else needs the time.
     begin_batch(o.on_write ? clock::now() : clock::time_point{});
     std::error_code ec;
-    const std::size_t n = t->try_write(net::buffer(writing.data(), writing.size()), ec);
+    try_write_batch(ec);
+    const std::size_t n = written;
     if (ec == net::error::operation_not_supported) {
         direct = false;
         return wake_writer();
@@ -197,9 +215,10 @@ net::awaitable<void> batched_comm::impl::write_batches() {
             continue;
         }
         std::error_code ec;
-        const std::size_t n =
-            co_await t->async_write(net::buffer(writing.data(), writing.size()) + written, ec);
-        if (end_batch(written + n, ec)) break;
+        // A piece at a time: held bodies are pieces of their own.
+        while (!ec && written < writing.size())
+            written += co_await t->async_write(writing.piece(written), ec);
+        if (end_batch(written, ec)) break;
         notify_written();
     }
     if (st != state::closing) co_return;
@@ -214,7 +233,7 @@ net::awaitable<void> batched_comm::impl::write_batches() {
 net::awaitable<bool> batched_comm::impl::write_in_steps() {
     while (!writing.empty()) {
         std::error_code ec;
-        written += t->try_write(net::buffer(writing.data(), writing.size()) + written, ec);
+        try_write_batch(ec);
         if (ec == net::error::operation_not_supported) {
             direct = false;
             co_return false;
@@ -322,6 +341,10 @@ void batched_comm::send(std::string_view message) {
 }
 void batched_comm::send(std::string_view head, std::string_view body) {
     impl_->send(head, body);
+}
+void batched_comm::send(std::string_view head, std::string_view body,
+                        std::unique_ptr<held_body> keep) {
+    impl_->send_held(head, body, std::move(keep));
 }
 
 void batched_comm::set_limits(const limits& l) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -24,19 +25,28 @@ namespace ordo {
 // Messages back to back, for one write. append() copies a message's parts at the end in one
 // step: std::vector's resize() wrote each new byte first (or, with an allocator that leaves
 // them as they are, still looped over them), and a small message paid more for that than for
-// its copy.
+// its copy. A large body given with its owner (append_held) is not copied: it stays where it
+// is, between the bytes before and after it, and is written from there.
 class byte_queue {
   public:
     byte_queue() noexcept = default;
     byte_queue(const byte_queue&) = delete;
     byte_queue& operator=(const byte_queue&) = delete;
 
-    const char* data() const noexcept { return b_.data(); }
-    std::size_t size() const noexcept { return b_.size(); }
+    /// Bytes of its messages, held bodies included.
+    std::size_t size() const noexcept { return b_.size() + held_bytes_; }
+    /// Memory of its own (held bodies are their owners').
     std::size_t capacity() const noexcept { return b_.capacity(); }
-    bool empty() const noexcept { return b_.empty(); }
-    void clear() noexcept { b_.clear(); }
-    void swap(byte_queue& o) noexcept { std::swap(b_, o.b_); }
+    bool empty() const noexcept { return b_.empty() && held_.empty(); }
+    void clear() noexcept {
+        b_.clear();
+        drop_held();
+    }
+    void swap(byte_queue& o) noexcept {
+        std::swap(b_, o.b_);
+        held_.swap(o.held_);
+        std::swap(held_bytes_, o.held_bytes_);
+    }
     /// Appends `a` then `b`; grows by doubling.
     void append(std::string_view a, std::string_view b) {
         const std::size_t n = a.size() + b.size();
@@ -46,10 +56,44 @@ class byte_queue {
         if (!b.empty()) copy(b_.data() + size + a.size(), b);
         b_.resize_written(size + n);
     }
+    /// Appends `head`, then `body` where it is, kept by `keep` until it is cleared.
+    void append_held(std::string_view head, std::string_view body,
+                     std::unique_ptr<held_body> keep) {
+        append(head, {});
+        held_.push_back({b_.size(), body, std::move(keep)});
+        held_bytes_ += body.size();
+    }
+    /// The bytes from offset `from` of size() up to the next border between its own bytes and
+    /// a held body: what one write can take from one place.
+    net::const_buffer piece(std::size_t from) const noexcept {
+        if (held_.empty()) [[likely]]
+            return net::buffer(b_.data() + from, b_.size() - from);
+        return piece_among_held(from);
+    }
+    /// Bytes [begin, end) of size(), copied into one string.
+    std::string copy_out(std::size_t begin, std::size_t end) const {
+        std::string m;
+        m.reserve(end - begin);
+        while (begin < end) {
+            const auto p = piece(begin);
+            const std::size_t n = std::min(p.size(), end - begin);
+            m.append(static_cast<const char*>(p.data()), n);
+            begin += n;
+        }
+        return m;
+    }
     /// Empties it and gives its memory back (a large buffer to the thread's spares).
-    void release() noexcept { detail::keep_spare(std::move(b_)); }
+    void release() noexcept {
+        detail::keep_spare(std::move(b_));
+        drop_held();
+    }
 
   private:
+    struct held {
+        std::size_t at;  // offset in b_ that the body follows
+        std::string_view body;
+        std::unique_ptr<held_body> keep;
+    };
     static void copy(char* to, std::string_view s) noexcept {
         detail::copy_small(to, s.data(), s.size());
     }
@@ -63,8 +107,27 @@ class byte_queue {
         detail::keep_spare(std::move(b_));
         b_ = std::move(q);
     }
+    void drop_held() noexcept {
+        held_.clear();
+        held_bytes_ = 0;
+    }
+    net::const_buffer piece_among_held(std::size_t from) const noexcept {
+        std::size_t pos = 0, own = 0;  // where the next own bytes start, in size() and in b_
+        for (const held& h : held_) {
+            const std::size_t own_n = h.at - own;
+            if (from < pos + own_n) return net::buffer(b_.data() + own + (from - pos), own_n - (from - pos));
+            pos += own_n;
+            own = h.at;
+            if (from < pos + h.body.size())
+                return net::buffer(h.body.data() + (from - pos), h.body.size() - (from - pos));
+            pos += h.body.size();
+        }
+        return net::buffer(b_.data() + own + (from - pos), b_.size() - own - (from - pos));
+    }
 
     detail::byte_buffer b_;
+    std::vector<held> held_;
+    std::size_t held_bytes_ = 0;
 };
 
 // The state shared by the public object and the two coroutines; the coroutines hold it alive
@@ -195,6 +258,23 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     }
 
     void send(std::string_view m, std::string_view body = {});
+    // send() of a body that is not copied when it is held_body_bytes or more (see
+    // batched_comm::send).
+    void send_held(std::string_view head, std::string_view body, std::unique_ptr<held_body> keep);
+    static constexpr std::size_t held_body_bytes = std::size_t{64} << 10;
+    // send()'s checks (open, within max_buffer_bytes) and its work once a message is queued.
+    void admit(std::size_t size);
+    void queued(std::size_t size);
+    // Writes what the kernel takes of `writing` from `written` on, a piece at a time (held
+    // bodies are pieces of their own), without waiting: adds it to `written`.
+    void try_write_batch(std::error_code& ec) {
+        while (written < writing.size()) {
+            const auto p = writing.piece(written);
+            const std::size_t n = t->try_write(p, ec);
+            written += n;
+            if (ec || n < p.size()) return;
+        }
+    }
 
     // An idle writer's work without waking it: posted by send(), so that what one turn of
     // handlers queued leaves together. It writes what the kernel takes at once; the writer
@@ -230,8 +310,16 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
                    std::size_t first) {
         std::size_t begin = first == 0 ? 0 : ends[first - 1];
         for (std::size_t i = first; i < ends.size(); ++i) {
-            const std::string_view m(bytes.data() + begin, ends[i] - begin);
-            if (!o.keep_undelivered || o.keep_undelivered(m)) result.undelivered.emplace_back(m);
+            const auto p = bytes.piece(begin);
+            if (p.size() >= ends[i] - begin) {  // in one place: copied only when kept
+                const std::string_view m(static_cast<const char*>(p.data()), ends[i] - begin);
+                if (!o.keep_undelivered || o.keep_undelivered(m))
+                    result.undelivered.emplace_back(m);
+            } else {  // a held body's message, put together
+                std::string m = bytes.copy_out(begin, ends[i]);
+                if (!o.keep_undelivered || o.keep_undelivered(m))
+                    result.undelivered.push_back(std::move(m));
+            }
             begin = ends[i];
         }
     }

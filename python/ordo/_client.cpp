@@ -190,11 +190,14 @@ class py_stream final : public detail::stream_core {
         while (ok && !s->out_.empty()) {
             std::size_t size = 0;
             try {
-                // Sent from Python's bytes, held until the item is handed to the connection.
-                const held_bytes item = std::move(s->out_.front());
+                // Sent from Python's bytes: a big item's are kept until the connection has
+                // written them from there, a smaller one's until it is copied.
+                held_bytes item = std::move(s->out_.front());
                 s->out_.pop_front();
-                size = item.view().size();
-                ok = co_await write_item(s, item.view());
+                const std::string_view bytes = item.view();
+                size = bytes.size();
+                std::unique_ptr<held_body> keep = held_item::keep_big(item);
+                ok = co_await write_item(s, bytes, keep);
             } catch (const std::exception&) {  // not cancelled, never closed here: not reached
                 ok = false;
             }

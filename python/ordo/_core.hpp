@@ -112,6 +112,19 @@ class held_bytes {
     std::string_view view_;
 };
 
+/// A big item's bytes, kept until the connection has written them from where they are
+/// (ordo::held_body).
+struct held_item final : held_body {
+    explicit held_item(held_bytes b) : bytes(std::move(b)) {}
+    held_bytes bytes;
+    /// For an item of 64 KiB or more (a smaller one is copied): its bytes, moved into a keeper
+    /// (`b` is left empty; a view taken before stays valid, as such bytes do not move).
+    static std::unique_ptr<held_body> keep_big(held_bytes& b) {
+        if (b.view().size() < (std::size_t{64} << 10)) return nullptr;
+        return std::make_unique<held_item>(std::move(b));
+    }
+};
+
 class server_binding;
 
 /// The process-wide io thread and the state it owns.

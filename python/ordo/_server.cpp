@@ -160,9 +160,12 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
         while (!st->items.empty()) {
             // As ordo::writer<T>::write: wait for credit, write the item, let it go out.
             if (!out.has_credit()) co_await out.wait_credit();
-            const held_bytes item = std::move(st->items.front());
+            held_bytes item = std::move(st->items.front());
             st->items.pop_front();
-            if (!out.write_packed(item.view())) co_await out.hand_over();
+            // A big item is written from Python's bytes, kept until then.
+            const std::string_view bytes = item.view();
+            auto keep = held_item::keep_big(item);
+            if (!out.write_packed(bytes, std::move(keep))) co_await out.hand_over();
             completion c{kind::item_written, id};
             c.a = ++written;
             b.h->push(std::move(c));

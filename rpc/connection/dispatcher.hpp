@@ -16,6 +16,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "ordo/comm/held_body.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "ordo/rpc/context.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
@@ -41,8 +42,11 @@ class dispatcher_host {
     /// Sends one encoded response (or nothing, once the connection has ended).
     virtual void send_response(const buffer& b) = 0;
     /// send_response() of one response made of `head` then `body`: a big stream item goes out
-    /// from where it is, not copied behind its head first.
-    virtual void send_response_parts(std::string_view head, std::string_view body) {
+    /// from where it is, not copied behind its head first, and `keep` (when given) keeps it
+    /// there until it is written (batched_comm::send).
+    virtual void send_response_parts(std::string_view head, std::string_view body,
+                                     std::unique_ptr<held_body> keep) {
+        (void)keep;  // copied: let go on return
         buffer b;
         b.write(head.data(), head.size());
         b.write(body.data(), body.size());

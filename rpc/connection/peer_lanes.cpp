@@ -15,7 +15,9 @@ peer::state::lane_part::lane_part(state& st, std::string_view lane_name)
       disp(st.self, st.ex, st.h, st.o.max_queued_messages, st.o.max_queued_bytes,
            st.o.comm.budget.get(), *this, st.c) {}
 
-void peer::state::lane_part::send_response_parts(std::string_view head, std::string_view body) {
+// A named lane's messages go as pieces: a held body is copied into them, and let go at once.
+void peer::state::lane_part::send_response_parts(std::string_view head, std::string_view body,
+                                                 std::unique_ptr<held_body>) {
     if (s.answers_stopped || !s.sess->is_open()) return;
     try {
         s.send_on_lane(name, head, body, {});

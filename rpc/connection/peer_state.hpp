@@ -335,9 +335,10 @@ struct peer::state final : detail::call_table_host,
         std::uint64_t received = 0, credited = 0;
         detail::dispatcher disp;
         void send_response(const buffer& b) override {
-            send_response_parts(std::string_view(b.data(), b.size()), {});
+            send_response_parts(std::string_view(b.data(), b.size()), {}, nullptr);
         }
-        void send_response_parts(std::string_view head, std::string_view body) override;
+        void send_response_parts(std::string_view head, std::string_view body,
+                                 std::unique_ptr<held_body> keep) override;
         void pause_reading(bool p) override;
         void handler_started() override { s.handler_started(); }
         std::shared_ptr<void> keep_alive() override { return s.keep_alive(); }
@@ -376,6 +377,14 @@ struct peer::state final : detail::call_table_host,
             return sess->send(head, body);
         send_on_lane(lane == 0 ? std::string_view() : std::string_view(detail::lane_name(lane)),
                      head, body, notification);
+    }
+    // send_out() of a large body written from where it is, kept by `keep` until then (the
+    // default lane's, when it needs no pieces; else it is copied as any message).
+    void send_out_held(std::uint16_t lane, std::string_view head, std::string_view body,
+                       std::unique_ptr<held_body> keep) {
+        if (lane == 0 && head.size() + body.size() <= divert_above)
+            return sess->send(head, body, std::move(keep));
+        send_out(lane, head, body);
     }
     // The same for a lane by name (a named lane's answers, what was held).
     void send_named(std::string_view lane, std::string_view head, std::string_view body,
@@ -472,7 +481,8 @@ struct peer::state final : detail::call_table_host,
     void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                      std::uint16_t lane);
     // An item of a call whose caller writes (ordo.in), or their end (ordo.in_end, `last`).
-    void send_in(std::uint32_t msgid, std::string_view body, bool last, std::uint16_t lane);
+    void send_in(std::uint32_t msgid, std::string_view body, bool last, std::uint16_t lane,
+                 std::unique_ptr<held_body>* keep = nullptr);
 
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the
@@ -507,16 +517,20 @@ struct peer::state final : detail::call_table_host,
     }
 
     void send_response(const buffer& b) override { send_response_on(0, b); }
-    void send_response_parts(std::string_view head, std::string_view body) override {
-        send_response_on(0, head, body);
-    }
-    void send_response_on(std::uint16_t lane, const buffer& b) {
-        send_response_on(lane, std::string_view(b.data(), b.size()), {});
-    }
-    void send_response_on(std::uint16_t lane, std::string_view head, std::string_view body) {
+    void send_response_parts(std::string_view head, std::string_view body,
+                             std::unique_ptr<held_body> keep) override {
         if (answers_stopped || !sess->is_open()) return;
         try {
-            send_out(lane, head, body);
+            send_out_held(0, head, body, std::move(keep));
+        } catch (const std::system_error& e) {  // as send_response_on()
+            if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+            answers_stopped = true;
+        }
+    }
+    void send_response_on(std::uint16_t lane, const buffer& b) {
+        if (answers_stopped || !sess->is_open()) return;
+        try {
+            send_out(lane, std::string_view(b.data(), b.size()), {});
         } catch (const std::system_error& e) {
             // Refusing a response would leave its caller waiting: end the connection loudly.
             if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);

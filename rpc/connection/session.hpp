@@ -185,6 +185,12 @@ class session {
         if (mode_ == mode::plain && comm_) return comm_->send(head, body);
         send_kept(head, body);
     }
+    /// send() of a large body written from where it is, kept by `keep` until then
+    /// (batched_comm::send); a resumable session keeps a copy for resending instead.
+    void send(std::string_view head, std::string_view body, std::unique_ptr<held_body> keep) {
+        if (mode_ == mode::plain && comm_) return comm_->send(head, body, std::move(keep));
+        send_kept(head, body);
+    }
 
     void pause_reading(bool paused);
     /// Whether the host is told of completed writes (session_host::written), on this

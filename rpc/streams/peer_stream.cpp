@@ -54,10 +54,10 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     // Items go out from the writer's coroutine when it runs here (as a handler's do), else in
     // the order they were posted; always behind the request, whose handler grants the credit.
     const auto closed = call.stream->attach_writer(
-        [w = self.weak_from_this(), ex = ex, id, lane = call.lane](std::string_view item,
-                                                                  bool last) {
+        [w = self.weak_from_this(), ex = ex, id, lane = call.lane](
+            std::string_view item, bool last, std::unique_ptr<held_body>* keep) {
             if (detail::running_in(ex)) {
-                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane, keep);
                 return;
             }
             net::post(ex, [w, id, lane, last, item = std::string(item)] {
@@ -77,7 +77,7 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
 // behind its request. One the output cannot take (errc::overloaded) ends the connection: the
 // call then fails, so no item is lost unseen.
 void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
-                          std::uint16_t lane) {
+                          std::uint16_t lane, std::unique_ptr<held_body>* keep) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
     struct {  // at most 2 + 12 + 1 + 5 bytes
         char bytes[24];
@@ -99,8 +99,13 @@ void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
             whole.append(body);
             send_ordered(whole, lane);
         } else {
-            // An item follows credit, which follows the request: nothing is held ahead.
-            send_out(lane, std::string_view(head.bytes, head.size), body);
+            // An item follows credit, which follows the request: nothing is held ahead. A
+            // large one whose bytes come with their owner is written from where it is.
+            if (keep && *keep)
+                send_out_held(lane, std::string_view(head.bytes, head.size), body,
+                              std::move(*keep));
+            else
+                send_out(lane, std::string_view(head.bytes, head.size), body);
         }
     } catch (const std::system_error& e) {
         if (e.code() == errc::overloaded) sess->abort(errc::overloaded);

@@ -74,8 +74,7 @@ void stream_core::fail_and_cancel(std::string what) {
     });
 }
 
-std::optional<std::uint64_t> stream_core::attach_writer(
-    std::function<void(std::string_view, bool)> send) {
+std::optional<std::uint64_t> stream_core::attach_writer(item_sender send) {
     std::lock_guard lk(mu_);
     send_ = std::move(send);
     // Closed before the call went out (a pool dialing, a request held): the end goes now.
@@ -106,10 +105,11 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s) {
     return write_item(std::move(s), item);
 }
 
-net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s,
-                                             std::string_view item) {
+net::awaitable<bool> stream_core::write_item_kept(std::shared_ptr<stream_core> s,
+                                                  std::string_view item,
+                                                  std::unique_ptr<held_body>* keep) {
     for (;;) {
-        std::function<void(std::string_view, bool)>* send = nullptr;
+        item_sender* send = nullptr;
         {
             std::lock_guard lk(s->mu_);
             if (s->writes_closed_)
@@ -124,7 +124,7 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s,
             }
         }
         if (send) {
-            if (*send) (*send)(item, false);
+            if (*send) (*send)(item, false, keep);
             co_return true;
         }
         co_await s->wait_writable();
@@ -136,7 +136,7 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s,
 }
 
 void stream_core::close_writes() {
-    std::function<void(std::string_view, bool)> send;
+    item_sender send;
     buffer count;  // the body of ordo.in_end: how many items were written
     {
         std::lock_guard lk(mu_);
@@ -145,7 +145,7 @@ void stream_core::close_writes() {
         if (!ended_) send = send_;
         if (send) msgpack::pack(count, in_items_);
     }
-    if (send) send(std::string_view(count.data(), count.size()), true);
+    if (send) send(std::string_view(count.data(), count.size()), true, nullptr);
 }
 
 void throw_bad_item(std::uint64_t index, const std::type_info& expected, const std::exception& e) {
@@ -358,7 +358,7 @@ bool stream_core::write_item_blocking() {
     const std::string_view item(item_.data(), item_.size());
     for (;;) {
         auto r = std::make_shared<blocked_reader>();
-        std::function<void(std::string_view, bool)>* send = nullptr;
+        item_sender* send = nullptr;
         {
             std::lock_guard lk(mu_);
             if (writes_closed_)
@@ -374,7 +374,7 @@ bool stream_core::write_item_blocking() {
             }
         }
         if (send) {
-            if (*send) (*send)(item, false);  // posted, with a copy: this is not its thread
+            if (*send) (*send)(item, false, nullptr);  // posted, with a copy: not its thread
             return true;
         }
         std::unique_lock lk(r->mu);

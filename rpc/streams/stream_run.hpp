@@ -30,7 +30,7 @@ class dispatcher::stream_run final : public stream_out {
     net::awaitable<void> wait_credit() override;
     buffer& begin_item() override;
     bool end_item() override;
-    bool write_packed(std::string_view item) override;
+    bool write_packed(std::string_view item, std::unique_ptr<held_body> keep) override;
 
     std::uint64_t written() const noexcept override { return written_; }
 

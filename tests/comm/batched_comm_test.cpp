@@ -422,5 +422,89 @@ TEST(BatchedComm, RepliesSentByHandlersLeaveTogetherWhenTheirReadIsDone) {
     });
 }
 
+// A body given with its owner (send(head, body, keep)) is written from where it is: bytes
+// changed after send() but before they went out arrive changed. Its owner goes once it has been
+// written; small messages before and after it keep their order.
+TEST(BatchedComm, AHeldBodyIsWrittenFromWhereItIsAndLetGoOnceWritten) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::string> got;
+        batched_comm server(std::move(p.server), {},
+                            [&](std::string_view m) { got.emplace_back(m); });
+        comm_options o;
+        o.max_buffer_bytes = 64 << 20;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.start();
+        client.start();
+        client.send(seq_msg(0));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 1; }));
+        server.pause_reading(true);
+        // 32 MiB of bin: more than loopback's socket buffers hold while the server waits.
+        std::string body(32 << 20, 'a');
+        const char head[] = {char(0xc6), char(0x02), 0, 0, 0};  // bin 32 of 32 MiB
+        struct owner final : held_body {
+            bool* alive;
+            explicit owner(bool* a) : alive(a) { *alive = true; }
+            ~owner() override { *alive = false; }
+        };
+        bool alive = false;
+        client.send(seq_msg(1));
+        client.send(std::string_view(head, sizeof head), body, std::make_unique<owner>(&alive));
+        client.send(seq_msg(2));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            return client.counters().write_since != std::chrono::steady_clock::time_point{};
+        }));
+        EXPECT_TRUE(alive) << "let go before it was written";
+        body.back() = 'Z';  // not yet written: it goes out as it is now
+        server.pause_reading(false);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return got.size() == 4; }, 60s));
+        EXPECT_EQ(seq_of(got[1]), 1u);
+        ORDO_CO_ASSERT_EQ(got[2].size(), sizeof head + body.size());
+        EXPECT_EQ(got[2].substr(0, sizeof head), std::string(head, sizeof head));
+        EXPECT_EQ(got[2].back(), 'Z') << "copied when sent, not written from where it was";
+        EXPECT_EQ(got[2].find_first_not_of('a', sizeof head), got[2].size() - 1);
+        EXPECT_EQ(seq_of(got[3]), 2u);
+        EXPECT_FALSE(alive);
+        EXPECT_EQ(client.counters().buffered_bytes, 0u);
+        client.abort();
+    });
+}
+
+// A held body that the connection did not write when it ended comes back whole, head and body,
+// among the undelivered messages in order, and its owner goes.
+TEST(BatchedComm, AHeldBodyNotWrittenComesBackWholeAndItsOwnerGoes) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        batched_comm server(std::move(p.server), {}, [](std::string_view) {});
+        comm_options o;
+        o.max_buffer_bytes = 64 << 20;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.pause_reading(true);
+        server.start();
+        client.start();
+        const std::string body(32 << 20, 'b');
+        const char head[] = {char(0xc6), char(0x02), 0, 0, 0};
+        struct owner final : held_body {
+            bool* alive;
+            explicit owner(bool* a) : alive(a) { *alive = true; }
+            ~owner() override { *alive = false; }
+        };
+        bool alive = false;
+        client.send(std::string_view(head, sizeof head), body, std::make_unique<owner>(&alive));
+        client.send(seq_msg(7));
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
+            return client.counters().write_since != std::chrono::steady_clock::time_point{};
+        }));
+        client.abort(errc::closed, "test");
+        const close_result r = co_await client.async_wait_closed();
+        EXPECT_FALSE(alive);
+        // The message cut by the abort comes back whole (its peer may have its first bytes),
+        // then the one behind it.
+        ORDO_CO_ASSERT_EQ(r.undelivered.size(), 2u);
+        EXPECT_EQ(r.undelivered[0], std::string(head, sizeof head) + body);
+        EXPECT_EQ(seq_of(r.undelivered[1]), 7u);
+    });
+}
+
 }  // namespace
 }  // namespace ordo

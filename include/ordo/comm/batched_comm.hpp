@@ -17,6 +17,7 @@
 #include "ordo/error.hpp"
 #include "ordo/limits.hpp"
 #include "ordo/net.hpp"
+#include "ordo/comm/held_body.hpp"
 #include "ordo/comm/transport.hpp"
 
 namespace ordo {
@@ -209,6 +210,11 @@ class batched_comm {
     /// send() of one message made of `head` followed by `body` (saves a copy when a header is
     /// built separately from an encoded payload).
     void send(std::string_view head, std::string_view body);
+    /// send() of `head` and `body` where a body of 64 KiB or more is not copied: it is written
+    /// from where it is, and `keep` keeps it there, unchanged, until then (its bytes count
+    /// towards max_buffer_bytes as any message's; its memory is its owner's). A smaller one is
+    /// copied, and `keep` goes at once.
+    void send(std::string_view head, std::string_view body, std::unique_ptr<held_body> keep);
 
     /// Checks incoming messages against `l` from the next one on (a server holds a stranger
     /// to smaller limits until it knows who it is). On the comm's executor; may be called

@@ -28,6 +28,7 @@
 #include <asio/dispatch.hpp>
 #include <asio/post.hpp>
 
+#include "ordo/comm/held_body.hpp"
 #include "ordo/rpc/call.hpp"
 #include "ordo/rpc/channel_impl.hpp"
 #include "ordo/rpc/detail/msgpack_core.hpp"
@@ -96,8 +97,10 @@ class stream_out {
     virtual buffer& begin_item() = 0;
     virtual bool end_item() = 0;
     /// begin_item(), `item` (packed already) written into it, and end_item(); a stream that
-    /// sends at once sends it from where it is, without that copy.
-    virtual bool write_packed(std::string_view item) {
+    /// sends at once sends it from where it is, without that copy, and `keep` (when given)
+    /// keeps it there until it is written.
+    virtual bool write_packed(std::string_view item, std::unique_ptr<held_body> keep) {
+        keep.reset();
         begin_item().write(item.data(), item.size());
         return end_item();
     }
@@ -214,8 +217,11 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// the call only.
     /// Returns the count of items to end the stream with at once when the caller closed its
     /// side before the call went out (the connection sends it, behind the request).
-    std::optional<std::uint64_t> attach_writer(
-        std::function<void(std::string_view item, bool last)> send);
+    /// How the connection sends an item: `keep`, when not null, owns a large item's bytes, and
+    /// the connection may take it to write them from where they are (held_body).
+    using item_sender =
+        std::function<void(std::string_view item, bool last, std::unique_ptr<held_body>* keep)>;
+    std::optional<std::uint64_t> attach_writer(item_sender send);
     /// ordo.in_credit from the server (the channel's executor): it takes `items` more items and
     /// `bytes` more bytes of them.
     void grant_in(std::uint64_t items, std::uint64_t bytes);
@@ -234,7 +240,15 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s);
     /// write_item() of `item`, which the caller keeps valid until it completes, instead of
     /// item_buffer()'s (a big item that is packed already is not copied into the buffer).
-    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item);
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item) {
+        return write_item_kept(std::move(s), item, nullptr);
+    }
+    /// The same, where `keep` owns the item's bytes: the connection may take it, and write a
+    /// large item from where it is (held_body). `keep` must outlive the write.
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item,
+                                           std::unique_ptr<held_body>& keep) {
+        return write_item_kept(std::move(s), item, &keep);
+    }
     /// write_item() for a writer without an event loop (ordo::sync_client): blocks the calling
     /// thread until credit has come, or the call has ended (false).
     bool write_item_blocking();
@@ -370,7 +384,10 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint64_t in_granted_bytes_ = 0;
     std::uint64_t in_items_ = 0;
     std::uint64_t in_bytes_ = 0;
-    std::function<void(std::string_view, bool)> send_;
+    item_sender send_;
+    static net::awaitable<bool> write_item_kept(std::shared_ptr<stream_core> s,
+                                                std::string_view item,
+                                                std::unique_ptr<held_body>* keep);
     std::unique_ptr<parked> write_waiter_;
     buffer item_{64};  // the item being written (the writer's alone)
 };
