@@ -41,22 +41,6 @@ void batched_comm::impl::fail_telling(std::error_code code, std::string reason) 
     });
 }
 
-void batched_comm::impl::send(std::string_view m, std::string_view body) {
-    const std::size_t size = m.size() + body.size();
-    admit(size);
-    queue.append(m, body);
-    queued(size);
-}
-
-void batched_comm::impl::send_held(std::string_view head, std::string_view body,
-                                   std::unique_ptr<held_body> keep) {
-    const std::size_t size = head.size() + body.size();
-    admit(size);
-    if (body.size() < held_body_bytes) queue.append(head, body);  // a copy costs less
-    else queue.append_held(head, body, std::move(keep));
-    queued(size);
-}
-
 void batched_comm::impl::admit(std::size_t size) {
     if (st != state::open) {
         auto code = has_reason ? result.code : make_error_code(errc::closed);
@@ -100,6 +84,22 @@ void batched_comm::impl::queued(std::size_t size) {
     }
 }
 
+void batched_comm::impl::send(std::string_view m, std::string_view body) {
+    const std::size_t size = m.size() + body.size();
+    admit(size);
+    queue.append(m, body);
+    queued(size);
+}
+
+void batched_comm::impl::send_held(std::string_view head, std::string_view body,
+                                   std::unique_ptr<held_body> keep) {
+    const std::size_t size = head.size() + body.size();
+    admit(size);
+    if (body.size() < held_body_bytes) queue.append(head, body);  // a copy costs less
+    else queue.append_held(head, body, std::move(keep));
+    queued(size);
+}
+
 // The writer waits for room in the kernel's buffer, but a caller that goes on queueing without
 // yielding keeps it from running: once per max_batch_bytes queued, send() writes what the
 // kernel takes now. It may finish the batch and begin the next from the queue, or write both
@@ -127,8 +127,13 @@ void batched_comm::impl::flush() {
     // The clock is read for on_write only: without an interval nothing else needs the time.
     begin_batch(o.on_write ? clock::now() : clock::time_point{});
     std::error_code ec;
-    try_write_batch(ec);
-    const std::size_t n = written;
+    std::size_t n;
+    if (!writing.holds()) [[likely]] {
+        n = t->try_write(writing.own(), ec);
+    } else {
+        try_write_batch(ec);
+        n = written;
+    }
     if (ec == net::error::operation_not_supported) {
         direct = false;
         return wake_writer();

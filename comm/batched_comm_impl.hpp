@@ -32,19 +32,24 @@ class byte_queue {
     byte_queue() noexcept = default;
     byte_queue(const byte_queue&) = delete;
     byte_queue& operator=(const byte_queue&) = delete;
+    ~byte_queue() { delete held_; }
 
     /// Bytes of its messages, held bodies included.
     std::size_t size() const noexcept { return b_.size() + held_bytes_; }
     /// Memory of its own (held bodies are their owners').
     std::size_t capacity() const noexcept { return b_.capacity(); }
-    bool empty() const noexcept { return b_.empty() && held_.empty(); }
+    bool empty() const noexcept { return b_.empty() && !held_; }
+    /// Whether it holds a body that is not its own (then it is written a piece at a time).
+    bool holds() const noexcept { return held_ != nullptr; }
+    /// Its own bytes, which are all of it when it holds nothing.
+    net::const_buffer own() const noexcept { return net::buffer(b_.data(), b_.size()); }
     void clear() noexcept {
         b_.clear();
-        drop_held();
+        if (held_) drop_held();
     }
     void swap(byte_queue& o) noexcept {
         std::swap(b_, o.b_);
-        held_.swap(o.held_);
+        std::swap(held_, o.held_);
         std::swap(held_bytes_, o.held_bytes_);
     }
     /// Appends `a` then `b`; grows by doubling.
@@ -60,13 +65,14 @@ class byte_queue {
     void append_held(std::string_view head, std::string_view body,
                      std::unique_ptr<held_body> keep) {
         append(head, {});
-        held_.push_back({b_.size(), body, std::move(keep)});
+        if (!held_) held_ = new held_list;
+        held_->push_back({b_.size(), body, std::move(keep)});
         held_bytes_ += body.size();
     }
     /// The bytes from offset `from` of size() up to the next border between its own bytes and
     /// a held body: what one write can take from one place.
     net::const_buffer piece(std::size_t from) const noexcept {
-        if (held_.empty()) [[likely]]
+        if (!held_) [[likely]]
             return net::buffer(b_.data() + from, b_.size() - from);
         return piece_among_held(from);
     }
@@ -85,7 +91,7 @@ class byte_queue {
     /// Empties it and gives its memory back (a large buffer to the thread's spares).
     void release() noexcept {
         detail::keep_spare(std::move(b_));
-        drop_held();
+        if (held_) drop_held();
     }
 
   private:
@@ -94,6 +100,11 @@ class byte_queue {
         std::string_view body;
         std::unique_ptr<held_body> keep;
     };
+    using held_list = std::vector<held>;
+    void drop_held() noexcept {
+        delete std::exchange(held_, nullptr);
+        held_bytes_ = 0;
+    }
     static void copy(char* to, std::string_view s) noexcept {
         detail::copy_small(to, s.data(), s.size());
     }
@@ -107,13 +118,9 @@ class byte_queue {
         detail::keep_spare(std::move(b_));
         b_ = std::move(q);
     }
-    void drop_held() noexcept {
-        held_.clear();
-        held_bytes_ = 0;
-    }
     net::const_buffer piece_among_held(std::size_t from) const noexcept {
         std::size_t pos = 0, own = 0;  // where the next own bytes start, in size() and in b_
-        for (const held& h : held_) {
+        for (const held& h : *held_) {
             const std::size_t own_n = h.at - own;
             if (from < pos + own_n) return net::buffer(b_.data() + own + (from - pos), own_n - (from - pos));
             pos += own_n;
@@ -126,7 +133,8 @@ class byte_queue {
     }
 
     detail::byte_buffer b_;
-    std::vector<held> held_;
+    // Null while it holds no body (the common case: a swap and a check cost one word each).
+    held_list* held_ = nullptr;
     std::size_t held_bytes_ = 0;
 };
 
@@ -262,17 +270,22 @@ struct batched_comm::impl : std::enable_shared_from_this<batched_comm::impl> {
     // batched_comm::send).
     void send_held(std::string_view head, std::string_view body, std::unique_ptr<held_body> keep);
     static constexpr std::size_t held_body_bytes = std::size_t{64} << 10;
-    // send()'s checks (open, within max_buffer_bytes) and its work once a message is queued.
-    void admit(std::size_t size);
-    void queued(std::size_t size);
+    // send()'s checks (open, within max_buffer_bytes) and its work once a message is queued
+    // (inlined into both sends: every message's way out).
+    [[gnu::always_inline]] inline void admit(std::size_t size);
+    [[gnu::always_inline]] inline void queued(std::size_t size);
     // Writes what the kernel takes of `writing` from `written` on, a piece at a time (held
     // bodies are pieces of their own), without waiting: adds it to `written`.
-    void try_write_batch(std::error_code& ec) {
-        while (written < writing.size()) {
+    [[gnu::always_inline]] void try_write_batch(std::error_code& ec) {
+        if (!writing.holds()) [[likely]] {  // one piece
+            written += t->try_write(writing.piece(written), ec);
+            return;
+        }
+        for (;;) {
             const auto p = writing.piece(written);
             const std::size_t n = t->try_write(p, ec);
             written += n;
-            if (ec || n < p.size()) return;
+            if (ec || n < p.size() || written == writing.size()) return;
         }
     }
 
