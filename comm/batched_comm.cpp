@@ -95,7 +95,8 @@ void batched_comm::impl::send_held(std::string_view head, std::string_view body,
                                    std::unique_ptr<held_body> keep) {
     const std::size_t size = head.size() + body.size();
     admit(size);
-    if (body.size() < held_body_bytes) queue.append(head, body);  // a copy costs less
+    // A small body costs less to copy; one without an owner must be copied.
+    if (body.size() < held_body_bytes || !keep) queue.append(head, body);
     else queue.append_held(head, body, std::move(keep));
     queued(size);
 }

@@ -34,7 +34,7 @@ void append_packed(std::string& out, const msgpack::object& o) {
 limits reread_limits() {
     limits l;
     l.max_message_bytes = l.max_string_bytes = l.max_objects = SIZE_MAX;
-    l.max_container_length = SIZE_MAX;
+    l.max_container_length = l.max_depth = SIZE_MAX;
     return l;
 }
 }  // namespace

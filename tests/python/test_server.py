@@ -4,6 +4,7 @@ import os
 import socket
 import tracemalloc
 
+import msgpack
 import pytest
 
 import ordo
@@ -482,6 +483,37 @@ async def test_zero_copy_arguments_and_items_arrive_as_views_and_window_bytes_le
     assert all(type(x) is memoryview for x in got)
     assert [bytes(x) for x in got] == [bytes([i]) * 300_000 for i in range(40)]
     ch.close()
+    await srv.stop()
+
+
+async def test_a_plain_caller_of_a_streaming_handler_gets_its_big_items_whole():
+    # A caller that does not stream (any msgpack-rpc client) gets the items collected into
+    # one response; big items are copied into it while their bytes are still held (the held
+    # bytes of a 200 kB item used to be let go first).
+    srv = ordo.Server()
+
+    @srv.method
+    async def chunks(n: int):
+        for i in range(n):
+            yield bytes([i + 1]) * 200_000
+
+    host, port = (await srv.listen("tcp://127.0.0.1:0")).removeprefix("tcp://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(msgpack.packb([0, 7, "chunks", [5]], use_bin_type=True))
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=64 << 20)
+        answer = None
+        while answer is None:
+            data = await asyncio.wait_for(reader.read(1 << 20), 30)
+            assert data, "the server closed the connection"
+            unpacker.feed(data)
+            for answer in unpacker:
+                break
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert answer[:3] == [1, 7, None]
+    assert answer[3] == [bytes([i + 1]) * 200_000 for i in range(5)]
     await srv.stop()
 
 

@@ -99,10 +99,10 @@ class stream_out {
     /// begin_item(), `item` (packed already) written into it, and end_item(); a stream that
     /// sends at once sends it from where it is, without that copy, and `keep` (when given)
     /// keeps it there until it is written.
-    virtual bool write_packed(std::string_view item, std::unique_ptr<held_body> keep) {
-        keep.reset();
+    virtual bool write_packed(std::string_view item,
+                              [[maybe_unused]] std::unique_ptr<held_body> keep) {
         begin_item().write(item.data(), item.size());
-        return end_item();
+        return end_item();  // `keep` goes as this returns: the item has been copied
     }
     /// Hands the item packed since begin_item() over to the connection's loop and completes
     /// once it has been sent there (after credit came); throws errc::cancelled when the call
