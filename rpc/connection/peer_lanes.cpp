@@ -15,6 +15,19 @@ peer::state::lane_part::lane_part(state& st, std::string_view lane_name)
       disp(st.self, st.ex, st.h, st.o.max_queued_messages, st.o.max_queued_bytes,
            st.o.comm.budget.get(), *this, st.c) {}
 
+// A stream item with its owner (held_body): written from where it is, or failing as
+// send_response_on()'s answers do.
+void peer::state::send_response_parts(std::string_view head, std::string_view body,
+                                      std::unique_ptr<held_body> keep) {
+    if (answers_stopped || !sess->is_open()) return;
+    try {
+        send_out_held(0, head, body, std::move(keep));
+    } catch (const std::system_error& e) {
+        if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+        answers_stopped = true;
+    }
+}
+
 // A named lane's messages go as pieces: a held body is copied into them, and let go at once.
 void peer::state::lane_part::send_response_parts(std::string_view head, std::string_view body,
                                                  std::unique_ptr<held_body>) {

@@ -518,15 +518,7 @@ struct peer::state final : detail::call_table_host,
 
     void send_response(const buffer& b) override { send_response_on(0, b); }
     void send_response_parts(std::string_view head, std::string_view body,
-                             std::unique_ptr<held_body> keep) override {
-        if (answers_stopped || !sess->is_open()) return;
-        try {
-            send_out_held(0, head, body, std::move(keep));
-        } catch (const std::system_error& e) {  // as send_response_on()
-            if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
-            answers_stopped = true;
-        }
-    }
+                             std::unique_ptr<held_body> keep) override;
     void send_response_on(std::uint16_t lane, const buffer& b) {
         if (answers_stopped || !sess->is_open()) return;
         try {
