@@ -31,6 +31,8 @@ _shut = False  # set by ordo.shutdown()
 # beyond the standard library.
 _packb = _ordo.packb
 _unpackb = _ordo.unpackb
+_packb_split = _ordo.packb_split
+_BIG_ITEM = 1 << 18  # items this big are read in place by the io thread, not copied
 
 
 # ---- the hub of one asyncio loop ----------------------------------------------------------
@@ -97,12 +99,14 @@ class _LoopHub:
         # goes first, and the answers of one turn of the loop go over together.
         self.queue((2, token, code, data))
 
-    def stream_write(self, token: int, item: bytes) -> None:
-        if len(item) < 1 << 18:
+    def stream_write(self, token: int, item: bytes, back=None) -> None:
+        """One item of a streaming handler: `item`, or `item` then `back`'s bytes
+        (_packb_split)."""
+        if back is None and len(item) < _BIG_ITEM:
             self.queue((3, token, item))
         else:  # read in place by the io thread, after what is queued
             self.flush()
-            self.hub.stream_write(token, item)
+            self.hub.stream_write(token, item, back)
 
     def flush(self) -> None:
         out = self.out  # one list for the hub's life: channels hold it

@@ -12,6 +12,7 @@
 // types, which Python's side never sends, are refused with a ValueError.
 #include "_codec.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -38,23 +39,36 @@ class packed {
     }
 
     void push_back(char c) { head_.push_back(c); }
-    void append(const char* p, std::size_t n) {
+    // `bin`: the object whose bytes these are when they cannot change (bytes, a read-only
+    // memoryview), else null.
+    void append(const char* p, std::size_t n, PyObject* bin = nullptr) {
         if (n < big_bin_bytes) return void(head_.append(p, n));
-        big_.push_back({head_.size(), p, n});
+        big_.push_back({head_.size(), p, n, bin});
         size_ += n;
     }
     // Keeps a buffer exported by an object being packed until the copy is made.
     Py_buffer& hold() { return views_.emplace_back(); }
     void drop_last_hold() { views_.pop_back(); }
 
-    // The bytes packed, in one new object; nullptr with MemoryError set.
-    PyObject* finish() const {
-        PyObject* b =
-            PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head_.size() + size_));
+    // The object of a bin of `min_bytes` or more that ends what was packed, or null.
+    PyObject* last_bin(std::size_t min_bytes) const noexcept {
+        if (big_.empty()) return nullptr;
+        const ref& r = big_.back();
+        return r.at == head_.size() && r.n >= min_bytes ? r.bin : nullptr;
+    }
+    std::size_t size() const noexcept { return head_.size() + size_; }
+
+    // The bytes packed, in one new object, but for the last big bin's bytes when `but_last`;
+    // nullptr with MemoryError set.
+    PyObject* finish(bool but_last = false) const {
+        const std::size_t refs = big_.size() - (but_last ? 1 : 0);
+        const std::size_t n = size() - (but_last ? big_.back().n : 0);
+        PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
         if (!b) return nullptr;
         char* out = PyBytes_AS_STRING(b);
         std::size_t from = 0;
-        for (const auto& r : big_) {
+        for (std::size_t i = 0; i < refs; ++i) {
+            const ref& r = big_[i];
             std::memcpy(out, head_.data() + from, r.at - from);
             out += r.at - from;
             std::memcpy(out, r.p, r.n);
@@ -70,6 +84,7 @@ class packed {
         std::size_t at;  ///< where in head_ it goes
         const char* p;
         std::size_t n;
+        PyObject* bin;  ///< borrowed (the object being packed holds it), or null
     };
     std::string& head_;
     std::vector<ref> big_;
@@ -105,15 +120,16 @@ class packer {
             if (!head(static_cast<std::uint64_t>(n), 0xa0, 31, 0xd9, 0xda, 0xdb)) return false;
             return out_.append(s, static_cast<std::size_t>(n)), true;
         }
-        if (PyBytes_Check(o)) return bin(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
-        if (PyByteArray_Check(o)) return bin(PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o));
+        if (PyBytes_Check(o)) return bin(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o), o);
+        if (PyByteArray_Check(o))  // it may change: not one to read later (packb_split)
+            return bin(PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o), nullptr);
         if (PyMemoryView_Check(o)) {
             Py_buffer& v = out_.hold();
             if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) {  // not contiguous
                 out_.drop_last_hold();  // never exported: nothing to release
                 return false;
             }
-            return bin(static_cast<const char*>(v.buf), v.len);
+            return bin(static_cast<const char*>(v.buf), v.len, v.readonly ? o : nullptr);
         }
         if (PyList_Check(o) || PyTuple_Check(o)) {
             const bool list = PyList_Check(o);
@@ -159,9 +175,9 @@ class packer {
         return false;
     }
 
-    bool bin(const char* p, Py_ssize_t n) {
+    bool bin(const char* p, Py_ssize_t n, PyObject* o) {
         if (!head(static_cast<std::uint64_t>(n), 0, 0, 0xc4, 0xc5, 0xc6)) return false;
-        return out_.append(p, static_cast<std::size_t>(n)), true;
+        return out_.append(p, static_cast<std::size_t>(n), o), true;
     }
 
     bool pack_int(PyObject* o) {
@@ -291,6 +307,19 @@ PyObject* packb_fn(PyObject*, PyObject* o) {
     return packb(o);
 }
 
+PyObject* packb_split_fn(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "packb_split(obj, min_bytes)");
+        return nullptr;
+    }
+    const Py_ssize_t min_bytes = PyLong_AsSsize_t(args[1]);
+    if (min_bytes < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "min_bytes < 0");
+        return nullptr;
+    }
+    return packb_split(args[0], static_cast<std::size_t>(min_bytes));
+}
+
 PyObject* unpackb_fn(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (n < 1 || n > 3) {
         PyErr_SetString(PyExc_TypeError, "unpackb(data, surrogateescape=False, views=False)");
@@ -308,6 +337,11 @@ PyObject* unpackb_fn(PyObject*, PyObject* const* args, Py_ssize_t n) {
 PyMethodDef codec_methods[] = {
     {"packb", packb_fn, METH_O,
      "msgpack bytes of an object (msgpack-python's Packer(use_bin_type=True) rules)."},
+    {"packb_split", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(packb_split_fn)),
+     METH_FASTCALL,
+     "packb_split(obj, min_bytes) -> (front, back, size): packb(obj) is front + back's bytes, "
+     "where back is the bytes-like object of a bin of min_bytes or more that ends it, not "
+     "copied (else None, and front is all of it)."},
     {"unpackb", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpackb_fn)),
      METH_FASTCALL,
      "unpackb(data, surrogateescape=False, views=False): the object msgpack bytes hold "
@@ -331,6 +365,23 @@ PyObject* packb(PyObject* o) {
         if (packer(out).pack(o, 0)) r = out.finish();
     }
     if (head.capacity() > (std::size_t{1} << 20)) std::string().swap(head);  // bounded
+    return r;
+}
+
+PyObject* packb_split(PyObject* o, std::size_t min_bytes) {
+    thread_local std::string head;  // as packb's
+    PyObject* r = nullptr;
+    {
+        packed out(head);
+        if (packer(out).pack(o, 0)) {
+            PyObject* back = out.last_bin(std::max(min_bytes, big_bin_bytes));
+            PyObject* front = out.finish(back != nullptr);
+            if (front)
+                r = Py_BuildValue("(NOn)", front, back ? back : Py_None,
+                                  static_cast<Py_ssize_t>(out.size()));
+        }
+    }
+    if (head.capacity() > (std::size_t{1} << 20)) std::string().swap(head);
     return r;
 }
 

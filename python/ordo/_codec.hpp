@@ -11,6 +11,13 @@ namespace ordo::py {
 /// ValueError set.
 PyObject* packb(PyObject* o);
 
+/// packb(o) as a tuple (front, back, size): when what `o` packs to ends with a bin of
+/// `min_bytes` (and big_bin_bytes) or more that cannot change (bytes, a read-only memoryview),
+/// `back` is that bin's object and `front` the bytes before its bytes (copied); else `back` is
+/// None and `front` all of it. `size`: the packed size. A new reference, or nullptr with an
+/// exception set, as packb.
+PyObject* packb_split(PyObject* o, std::size_t min_bytes);
+
 /// Bins this long or longer are copied once when packed, and viewed when unpacked with views.
 inline constexpr std::size_t big_bin_bytes = 64 * 1024;
 

@@ -85,17 +85,19 @@ class hub {
     std::vector<completion> q_;
 };
 
-/// Bytes for the io thread: its own string, or a Python bytes object's buffer read in place
-/// (bytes do not change), whose reference a release completion to `h` lets go when these are
-/// destroyed (drain() drops it, with the GIL).
+/// Bytes for the io thread: its own string, or a Python object's buffer read in place (bytes,
+/// or a memoryview that exports it), whose reference a release completion to `h` lets go when
+/// these are destroyed (drain() drops it, with the GIL). A stream item may come as its first
+/// bytes (front(), copied: a bin's head) and the rest read in place.
 class held_bytes {
   public:
     explicit held_bytes(std::string s) : owned_(std::move(s)) {}
-    held_bytes(std::shared_ptr<hub> h, std::uintptr_t ref, std::string_view v)
-        : h_(std::move(h)), ref_(ref), view_(v) {}
+    held_bytes(std::shared_ptr<hub> h, std::uintptr_t ref, std::string_view v,
+               std::string front = {})
+        : front_(std::move(front)), h_(std::move(h)), ref_(ref), view_(v) {}
     held_bytes(held_bytes&& o) noexcept
-        : owned_(std::move(o.owned_)), h_(std::move(o.h_)), ref_(std::exchange(o.ref_, 0)),
-          view_(o.view_) {}
+        : owned_(std::move(o.owned_)), front_(std::move(o.front_)), h_(std::move(o.h_)),
+          ref_(std::exchange(o.ref_, 0)), view_(o.view_) {}
     held_bytes& operator=(held_bytes&&) = delete;
     ~held_bytes() {
         if (!ref_) return;
@@ -104,9 +106,12 @@ class held_bytes {
         h_->push(std::move(c));
     }
     std::string_view view() const noexcept { return ref_ ? view_ : std::string_view(owned_); }
+    /// The bytes that go before view(), taken (then empty).
+    std::string take_front() noexcept { return std::move(front_); }
 
   private:
     std::string owned_;
+    std::string front_;
     std::shared_ptr<hub> h_;
     std::uintptr_t ref_ = 0;  ///< the PyObject*, or 0
     std::string_view view_;

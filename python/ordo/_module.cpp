@@ -105,6 +105,19 @@ held hold(std::shared_ptr<hub> h, pyb::bytes b) {
     const auto ref = reinterpret_cast<std::uintptr_t>(b.release().ptr());
     return {h, ordo::py::held_bytes(h, ref, v)};
 }
+// `back`'s bytes after `front`, read in place through a memoryview of their own, which keeps
+// the exporter from changing size until it is let go.
+held hold_back(std::shared_ptr<hub> h, std::string front, const pyb::object& back) {
+    PyObject* mv = PyMemoryView_FromObject(back.ptr());
+    if (!mv) throw pyb::error_already_set();
+    const Py_buffer* b = PyMemoryView_GET_BUFFER(mv);
+    if (!PyBuffer_IsContiguous(b, 'C')) {
+        Py_DECREF(mv);
+        throw pyb::value_error("stream_write: back is not contiguous");
+    }
+    const std::string_view v(static_cast<const char*>(b->buf), static_cast<std::size_t>(b->len));
+    return {h, ordo::py::held_bytes(h, reinterpret_cast<std::uintptr_t>(mv), v, std::move(front))};
+}
 
 // Batches this big are read by the io thread in place, from the bytes object itself, which a
 // release completion lets go afterwards; smaller ones are copied (cheaper than a wake-up).
@@ -289,12 +302,17 @@ PYBIND11_MODULE(_ordo, m) {
             })
         .def(
             "stream_write",
-            [](std::shared_ptr<hub> h, std::uint64_t request, pyb::bytes item) {
-                // Big items only (ordo/_api.py); the others go with the turn's batch.
-                auto held = std::make_shared<struct held>(hold(std::move(h), std::move(item)));
+            [](std::shared_ptr<hub> h, std::uint64_t request, pyb::bytes item, pyb::object back) {
+                // Big items only (ordo/_api.py); the others go with the turn's batch. With
+                // `back` (packb_split), `item` is the front of an item whose last bytes are
+                // back's, which are read in place.
+                auto held = std::make_shared<struct held>(
+                    back.is_none() ? hold(std::move(h), std::move(item))
+                                   : hold_back(std::move(h), std::string(item), back));
                 runtime::get().submit(
                     [request, held] { op::stream_write(request, std::move(held->bytes)); });
-            });
+            },
+            pyb::arg("request"), pyb::arg("item"), pyb::arg("back") = pyb::none());
 
     if (!ordo::py::add_codec(m.ptr())) throw pyb::error_already_set();
     m.def(

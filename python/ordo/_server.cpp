@@ -162,10 +162,12 @@ net::awaitable<void> write_items(server_binding& b, std::uint64_t id, request_st
             if (!out.has_credit()) co_await out.wait_credit();
             held_bytes item = std::move(st->items.front());
             st->items.pop_front();
-            // A big item is written from Python's bytes, kept until then.
+            // A big item (or its big last bin, behind a front) is written from Python's
+            // bytes, kept until then.
+            const std::string front = item.take_front();
             const std::string_view bytes = item.view();
             auto keep = held_item::keep_big(item);
-            if (!out.write_packed(bytes, std::move(keep))) co_await out.hand_over();
+            if (!out.write_packed(front, bytes, std::move(keep))) co_await out.hand_over();
             completion c{kind::item_written, id};
             c.a = ++written;
             b.h->push(std::move(c));

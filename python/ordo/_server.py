@@ -11,8 +11,8 @@ import inspect
 import types
 
 from . import _ordo
-from ._api import (BadArguments, OrdoError, Peer, _check_running, _hub, _packb, _tokens, _unpackb,
-                   _LoopHub)
+from ._api import (_BIG_ITEM, BadArguments, OrdoError, Peer, _check_running, _hub, _packb,
+                   _packb_split, _tokens, _unpackb, _LoopHub)
 from ._batching import _Batcher, _StreamBatcher
 from ._context import CallContext, _current
 from ._writing import Reader, _Writer
@@ -260,9 +260,10 @@ async def _run_stream(lh: _LoopHub, token: int, h: _Handler, args) -> None:
     agen = h.fn(*args)
     try:
         async for item in agen:
-            data = _packb(item)
-            lh.stream_write(token, data)
-            if w.add(len(data)):
+            # A big bin that ends the item is written from its object, not copied.
+            front, back, size = _packb_split(item, _BIG_ITEM)
+            lh.stream_write(token, front, back)
+            if w.add(size):
                 await w.wait()
     except asyncio.CancelledError:
         _cancelled(lh, token, h)

@@ -11,7 +11,7 @@ carrying one two-way stream (docs/protocol.md, "Streams both ways"):
                                          <-    first item: the connector's address as the listener
                                                sees it; then each message the listener's comm
                                                writes, in order; the stream's end is its close
-    its items (chunks, tail)             ->    each message the connector's comm writes, in order;
+    its items (tail, chunks)             ->    each message the connector's comm writes, in order;
                                                the end of these items is the connector's close
 
 Each direction has its own credit, so a side that does not read holds the other's writes (the
@@ -22,11 +22,13 @@ and what its inbox holds, _INBOX_BYTES).
 A message is the list of frames distributed.protocol makes (to_frames, as Dask's tcp comm, with
 frames split at the part size). It travels as one stream item when it holds up to the part size
 (_PART_BYTES; _RESUME_PART_BYTES on ordo+resume, whose unacknowledged bytes are bounded), and as
-several parts otherwise, each ``(chunks, tail)``: tail 0 ends the message, 1 says that more
+several parts otherwise, each ``(tail, chunks)``: tail 0 ends the message, 1 says that more
 frames follow, 2 that the last chunk's frame goes on in the next part (only a frame longer than
 a part is cut): no ordo message exceeds ordo's max_message_bytes (128 MiB). Frames are written
 from Dask's buffers and read as memoryviews of the ordo message that carried them (zero_copy),
-as Dask's tcp comm reads them: no copies in Python but for a frame cut across parts.
+as Dask's tcp comm reads them: no copies in Python but for a frame cut across parts. The tail
+goes first so that a part's last frame ends its item: the listener's io thread writes a big one
+from Dask's buffer (ordo's packb_split), without the copy the rest of the item is packed into.
 
 Ordering and failure: messages arrive once, in the order written. A comm is closed by its own
 close() or abort(), by the other side's, or when its connection is lost; then read() raises
@@ -179,14 +181,14 @@ class _ClientLink:
         reason = "the listener closed the comm"
         try:
             async for item in self.stream:
-                self.inbox.put(item[0], item[1])
+                self.inbox.put(item[1], item[0])
                 if self.inbox.nbytes >= self.inbox.limit:  # hold the listener (stream credit)
                     await self.inbox.below()
         except OrdoError as e:  # PeerLost, SessionLost, the listener aborting, ...
             reason = f"the comm ended: {e}"
         except asyncio.CancelledError:  # by abort(), which cancelled the stream
             pass
-        except Exception as e:  # an item that is not (chunks, tail): nothing after it is trusted
+        except Exception as e:  # an item that is not (tail, chunks): nothing after it is trusted
             reason = f"the listener sent what is not a message: {e!r}"
             self.stream.cancel()
         finally:
@@ -202,7 +204,7 @@ class _ClientLink:
                     raise CommClosedError(self.gone)
                 try:
                     # Waits while the listener's credit is used up (it is not reading).
-                    sent = await self.stream.write((chunks, tail))
+                    sent = await self.stream.write((tail, chunks))
                 except (OrdoError, TypeError) as e:
                     self.abort(f"write failed: {e}")
                     raise CommClosedError(f"write failed: {e}") from e
@@ -284,7 +286,7 @@ class _ServerLink:
         self.seen_as = seen_as  # the connector's address, as this side sees it
         self.part_bytes = listener.part_bytes
         self.inbox = _Inbox(self.loop, _INBOX_BYTES)
-        self.outbox: collections.deque = collections.deque()  # ((chunks, tail), nbytes)
+        self.outbox: collections.deque = collections.deque()  # ((tail, chunks), nbytes)
         self.outbox_bytes = 0
         self.out_waiter: asyncio.Future | None = None  # the stream, waiting for the outbox
         self.space: list[asyncio.Future] = []  # send(), waiting for the outbox to drain
@@ -295,7 +297,7 @@ class _ServerLink:
     async def send(self, frames: list) -> int:
         total = 0
         for chunks, tail, n in _parts(frames, self.part_bytes):
-            self.outbox.append(((chunks, tail), n))
+            self.outbox.append(((tail, chunks), n))
             total += n
         self.outbox_bytes += total
         self.wake()
@@ -441,7 +443,7 @@ class OrdoListener(Listener):
             taking.cancel()
             if cancelled and link.gone is None:
                 # The connector's messages that had come are still read, before the close.
-                for chunks, tail in items._take_all():
+                for tail, chunks in items._take_all():
                     link.inbox.put(chunks, tail)
             link.end(_END, "connection lost" if cancelled else "the comm's stream ended",
                      drop=True)
@@ -452,13 +454,13 @@ class OrdoListener(Listener):
         credit) while the inbox is full."""
         reason = "the connector closed the comm"
         try:
-            async for chunks, tail in items:
+            async for tail, chunks in items:
                 link.inbox.put(chunks, tail)
                 if link.inbox.nbytes >= link.inbox.limit:
                     await link.inbox.below()
         except OrdoError as e:  # PeerLost, Cancelled; ProtocolError: it broke its credit
             reason = f"connection lost: {e}"
-        except (TypeError, ValueError) as e:  # an item that is not (chunks, tail)
+        except (TypeError, ValueError) as e:  # an item that is not (tail, chunks)
             reason = f"the connector sent what is not a message: {e!r}"
         # After its messages: they stay readable.
         link.end(_END if reason.startswith("the connector closed") else _ABORT, reason,

@@ -86,13 +86,15 @@ buffer& dispatcher::stream_run::begin_item() {
     return item_;
 }
 
-bool dispatcher::stream_run::write_packed(std::string_view item, std::unique_ptr<held_body> keep) {
-    if (!streaming_) return stream_out::write_packed(item, std::move(keep));
-    begin_item();  // the head, in item_
+bool dispatcher::stream_run::write_packed(std::string_view front, std::string_view back,
+                                         std::unique_ptr<held_body> keep) {
+    if (!streaming_) return stream_out::write_packed(front, back, std::move(keep));
+    begin_item();  // the head, in item_, and then the item's front
+    if (!front.empty()) item_.write(front.data(), front.size());
     ++written_;
     --credit_;
-    bytes_credit_ -= static_cast<std::int64_t>(item_.size() + item.size());
-    d_.host_.send_response_parts(std::string_view(item_.data(), item_.size()), item,
+    bytes_credit_ -= static_cast<std::int64_t>(item_.size() + back.size());
+    d_.host_.send_response_parts(std::string_view(item_.data(), item_.size()), back,
                                  std::move(keep));
     return true;
 }

@@ -30,7 +30,9 @@ class dispatcher::stream_run final : public stream_out {
     net::awaitable<void> wait_credit() override;
     buffer& begin_item() override;
     bool end_item() override;
-    bool write_packed(std::string_view item, std::unique_ptr<held_body> keep) override;
+    using stream_out::write_packed;
+    bool write_packed(std::string_view front, std::string_view back,
+                      std::unique_ptr<held_body> keep) override;
 
     std::uint64_t written() const noexcept override { return written_; }
 

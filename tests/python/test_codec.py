@@ -163,3 +163,20 @@ def test_big_bins_pack_once_into_the_same_bytes_and_unpack_as_views_when_asked()
     assert v.format == "B" and v.nbytes == 160_000 and v == ints.tobytes()
     with pytest.raises(BufferError):
         _ordo.packb([big, memoryview(b"ab" * 40_000)[::2]])  # not contiguous: refused
+
+
+def test_packb_split_leaves_out_the_big_bin_that_ends_what_it_packs():
+    big = os.urandom(300_000)
+    ro = memoryview(bytearray(big)).toreadonly()
+    for obj, back in [(big, big), ([1, "x", [b"s", big]], big), ((7, [ro]), ro),
+                      ({"a": big}, big), ([big, 1], None), ([big[:1000]], None),
+                      ([bytearray(big)], None), ([memoryview(bytearray(big))], None),
+                      (["s" * 300_000], None)]:
+        front, b, size = _ordo.packb_split(obj, 1 << 18)
+        whole = _ordo.packb(obj)
+        assert b is back, repr(obj)[:60]
+        assert size == len(whole)
+        assert front + (bytes(b) if b is not None else b"") == whole, repr(obj)[:60]
+    assert _ordo.packb_split([big], 1 << 20)[1] is None  # shorter than asked for
+    with pytest.raises(TypeError):
+        _ordo.packb_split([object()], 0)

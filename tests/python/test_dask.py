@@ -301,7 +301,7 @@ async def test_a_message_written_just_before_close_arrives_and_the_close_follows
 
 async def test_a_comm_is_one_two_way_stream_that_a_plain_ordo_channel_can_speak():
     # The wire contract of ordo/dask.py's docstring: dask.comm's first item is the connector's
-    # address as the listener sees it; then each message is one item [frames, tail] each way,
+    # address as the listener sees it; then each message is one item [tail, frames] each way,
     # and the end of the connector's items closes the listener's comm.
     from distributed.comm.utils import from_frames, to_frames
     closed = asyncio.Event()
@@ -319,12 +319,12 @@ async def test_a_comm_is_one_two_way_stream_that_a_plain_ordo_channel_can_speak(
         seen_as = await asyncio.wait_for(anext(s), 30)
         assert seen_as.startswith("tcp://127.0.0.1:"), seen_as
         handshake = await asyncio.wait_for(anext(s), 30)  # the listener's half of Dask's
-        assert handshake[1] == 0
-        hello = await from_frames(handshake[0])
+        assert handshake[0] == 0
+        hello = await from_frames(handshake[1])
         assert "compression" in hello, hello
         for m in (hello, {"op": "hi", "x": 7}):
-            assert await s.write((await to_frames(m), 0))
-        frames, tail = await asyncio.wait_for(anext(s), 30)
+            assert await s.write((0, await to_frames(m)))
+        tail, frames = await asyncio.wait_for(anext(s), 30)
         assert tail == 0 and await from_frames(frames) == {"echo": {"op": "hi", "x": 7}}
         s.close()
         await asyncio.wait_for(closed.wait(), 30)

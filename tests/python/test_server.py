@@ -587,3 +587,33 @@ async def test_a_streaming_handler_is_held_by_the_bytes_it_has_ahead_not_only_th
     st.cancel()
     ch.close()
     await srv.stop()
+
+
+async def test_a_big_bin_that_ends_an_item_is_written_from_where_it_is():
+    # A handler's item whose last bin is big and cannot change (bytes, a read-only memoryview)
+    # is written from that object when the connection sends it, not copied when it is yielded
+    # (ordo.packb_split). Shown with a read-only view of a bytearray that is changed after the
+    # yield, while the item waits for the caller's credit: the caller reads the change. A
+    # bytearray may change, so it is copied when yielded.
+    srv = ordo.Server()
+    viewed, copied = bytearray(b"a" * (1 << 20)), bytearray(b"a" * (1 << 20))
+    yielded = asyncio.Event()
+
+    @srv.method
+    async def items():
+        yield 0
+        yield [1, memoryview(viewed).toreadonly()]  # waits for credit (window=1)
+        viewed[:] = b"b" * len(viewed)
+        yield [2, copied]
+        copied[:] = b"b" * len(copied)
+        yielded.set()
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    st = ch.stream("items", window=1)
+    await asyncio.wait_for(yielded.wait(), 20)
+    got = [x async for x in st]
+    assert got[0] == 0
+    assert got[1][0] == 1 and got[1][1] == b"b" * (1 << 20)
+    assert got[2][0] == 2 and got[2][1] == b"a" * (1 << 20)
+    ch.close()
+    await srv.stop()

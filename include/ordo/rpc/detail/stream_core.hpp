@@ -96,13 +96,19 @@ class stream_out {
     /// throw when the stream has been cancelled, or when a collection outgrows its limit.
     virtual buffer& begin_item() = 0;
     virtual bool end_item() = 0;
-    /// begin_item(), `item` (packed already) written into it, and end_item(); a stream that
-    /// sends at once sends it from where it is, without that copy, and `keep` (when given)
-    /// keeps it there until it is written.
-    virtual bool write_packed(std::string_view item,
+    /// begin_item(), an item packed already (`front` then `back`, e.g. a bin's head and its
+    /// bytes) written into it, and end_item(); a stream that sends at once copies `front`
+    /// behind the item's head and sends `back` from where it is, and `keep` (when given) keeps
+    /// `back` there until it is written.
+    virtual bool write_packed(std::string_view front, std::string_view back,
                               [[maybe_unused]] std::unique_ptr<held_body> keep) {
-        begin_item().write(item.data(), item.size());
+        buffer& b = begin_item();
+        if (!front.empty()) b.write(front.data(), front.size());
+        if (!back.empty()) b.write(back.data(), back.size());
         return end_item();  // `keep` goes as this returns: the item has been copied
+    }
+    bool write_packed(std::string_view item, std::unique_ptr<held_body> keep) {
+        return write_packed({}, item, std::move(keep));
     }
     /// Hands the item packed since begin_item() over to the connection's loop and completes
     /// once it has been sent there (after credit came); throws errc::cancelled when the call
