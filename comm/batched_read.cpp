@@ -3,6 +3,17 @@
 #include "comm/batched_comm_impl.hpp"
 
 namespace ordo {
+namespace {
+
+// The framer whose messages this thread is delivering (deliver_some), for keep_delivered.
+thread_local detail::framer* delivering = nullptr;
+
+}  // namespace
+
+std::shared_ptr<const kept_bytes> keep_delivered(std::string_view part) {
+    if (!delivering || part.size() < kept_bytes_min) return nullptr;
+    return delivering->lend(part);
+}
 
 net::awaitable<void> batched_comm::impl::read_loop() {
     try {
@@ -85,6 +96,16 @@ net::awaitable<void> batched_comm::impl::read_messages() {
 }
 
 bool batched_comm::impl::deliver_some(bool& took) {
+    // What a handler kept of the messages in place (keep_delivered) is given its buffer as
+    // this returns or throws, before the framer reads or moves anything again.
+    struct delivery {
+        detail::framer& f;
+        detail::framer* outer = std::exchange(delivering, &f);
+        ~delivery() {
+            delivering = outer;
+            if (f.lending()) f.settle();
+        }
+    } scope{framer};
     std::size_t turn = 0;
     rd = reader::delivering;
     while (st != state::ended && !quitting) {

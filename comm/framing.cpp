@@ -201,6 +201,35 @@ void framer::trim(std::size_t cap) {
     begin_ = scan_ = end_ = 0;
 }
 
+std::shared_ptr<kept_bytes> framer::lend(std::string_view part) {
+    const char* b = buf_.data();
+    if (!b || part.data() < b || part.data() + part.size() > b + end_ ||
+        part.size() < capacity() / 2)
+        return nullptr;
+    if (!lent_) {
+        lent_ = std::make_shared<kept_bytes>();
+        lent_->capacity_ = capacity();
+    }
+    return lent_;
+}
+
+void framer::settle() {
+    const std::shared_ptr<kept_bytes> lent = std::move(lent_);
+    if (lent.use_count() == 1) return;  // no one kept it after all: the buffer stays
+    byte_buffer rest;  // what follows the messages delivered (usually nothing)
+    const std::size_t n = end_ - begin_;
+    if (n > 0) {
+        rest.reserve(n);
+        std::memcpy(rest.data(), buf_.data() + begin_, n);
+    }
+    std::size_t cap = 0;
+    lent->block_ = buf_.take_block(cap);
+    buf_ = std::move(rest);
+    scan_ -= begin_;
+    end_ = n;
+    begin_ = 0;
+}
+
 void framer::commit(std::size_t n) {
     end_ += n;
 }

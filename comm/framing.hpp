@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lib/byte_buffer.hpp"
+#include "ordo/comm/held_body.hpp"
 #include "ordo/limits.hpp"
 
 namespace ordo::detail {
@@ -89,6 +90,15 @@ class framer {
     }
     /// Bytes prepare() can offer without growing the buffer.
     std::size_t space() const noexcept { return capacity() - (end_ - begin_); }
+    /// For keep_delivered: the holder that receives the buffer once the messages being
+    /// delivered are handled (settle(); the same holder until then), or null when `part` is not
+    /// within the buffer or fills less than half of it.
+    std::shared_ptr<kept_bytes> lend(std::string_view part);
+    bool lending() const noexcept { return lent_ != nullptr; }
+    /// Gives the buffer to the holder that lend() made, if anyone else still holds it, and goes
+    /// on in a new buffer with the bytes not taken yet.
+    void settle();
+
     /// When nothing is buffered and the buffer is larger than `cap` (it grew for a large
     /// message or a burst), gives its memory back down to `cap` bytes (a large buffer to the
     /// thread's spares, lib/byte_buffer.hpp).
@@ -127,6 +137,7 @@ class framer {
     std::size_t end_ = 0;              // end of received bytes
     std::vector<std::uint64_t> open_;  // entries still expected, per open container
     std::size_t objects_ = 0;          // tokens seen in the current object
+    std::shared_ptr<kept_bytes> lent_;  // lend()'s holder, until settle()
 };
 
 }  // namespace ordo::detail

@@ -123,7 +123,10 @@ class py_stream final : public detail::stream_core {
         }
         completion c{kind::stream_item, token_};
         c.a = wire_bytes;
-        c.data = pack_object(item);
+        // A big item is handed over where it was read, when its connection gives that up.
+        if (wire_bytes < kept_bytes_min ||
+            (c.kept_view = detail::keep_delivered_item(item, c.kept)).empty())
+            c.data = pack_object(item);
         hub_->push(std::move(c));
     }
 
@@ -194,10 +197,11 @@ class py_stream final : public detail::stream_core {
                 // written them from there, a smaller one's until it is copied.
                 held_bytes item = std::move(s->out_.front());
                 s->out_.pop_front();
+                const std::string front = item.take_front();  // before a big bin's bytes
                 const std::string_view bytes = item.view();
-                size = bytes.size();
+                size = front.size() + bytes.size();
                 std::unique_ptr<held_body> keep = held_item::keep_big(item);
-                ok = co_await write_item(s, bytes, keep);
+                ok = co_await write_item(s, front, bytes, keep);
             } catch (const std::exception&) {  // not cancelled, never closed here: not reached
                 ok = false;
             }

@@ -62,6 +62,9 @@ struct completion {
     int code = 0;
     std::uint64_t a = 0, b = 0;
     std::string data;
+    /// Instead of data: a stream item's bytes where its connection read them, and their owner.
+    std::shared_ptr<const kept_bytes> kept;
+    std::string_view kept_view;
     std::string text;    ///< the whole message (what() of ordo's rpc_error)
     std::string detail;  ///< the remote message or local reason alone
 };

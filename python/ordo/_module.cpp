@@ -33,17 +33,24 @@ pyb::object text(const std::string& s) {
     return pyb::reinterpret_steal<pyb::object>(o);
 }
 
-// Received bytes of big_bin_bytes or more, kept as the io thread made them: Python reads them
-// through the buffer protocol (unpackb, memoryview), and views of them keep them alive.
+// Received bytes of big_bin_bytes or more, kept as the io thread made them, or where the
+// connection read them (`kept`): Python reads them through the buffer protocol (unpackb,
+// memoryview), and views of them keep them alive.
 struct blob {
     std::string bytes;
+    std::shared_ptr<const ordo::kept_bytes> kept;
+    std::string_view view;  ///< with `kept`: its bytes
+    char* data() noexcept { return kept ? const_cast<char*>(view.data()) : bytes.data(); }
+    std::size_t size() const noexcept { return kept ? view.size() : bytes.size(); }
 };
 
 // A completion's data as a Python object: bytes, or a Blob when it is big (no copy).
-PyObject* data_object(std::string& data) {
+PyObject* data_object(ordo::py::completion& c) {
+    if (c.kept) return pyb::cast(blob{{}, std::move(c.kept), c.kept_view}).release().ptr();
+    std::string& data = c.data;
     if (data.size() < ordo::py::big_bin_bytes)
         return PyBytes_FromStringAndSize(data.data(), static_cast<Py_ssize_t>(data.size()));
-    return pyb::cast(blob{std::move(data)}).release().ptr();
+    return pyb::cast(blob{std::move(data), nullptr, {}}).release().ptr();
 }
 
 // (kind, token, code, a, b, data, text, detail) per completion; a call's result, the common
@@ -66,7 +73,7 @@ pyb::list drain(hub& h) {
             if (!t) throw pyb::error_already_set();
             out[i++] = pyb::reinterpret_steal<pyb::object>(t);
             PyObject* token = PyLong_FromUnsignedLongLong(c.token);
-            PyObject* data = token ? data_object(c.data) : nullptr;
+            PyObject* data = token ? data_object(c) : nullptr;
             if (!data) {
                 Py_XDECREF(token);
                 throw pyb::error_already_set();
@@ -81,7 +88,7 @@ pyb::list drain(hub& h) {
         t[2] = pyb::int_(c.code);
         t[3] = pyb::int_(c.a);
         t[4] = pyb::int_(c.b);
-        PyObject* data = data_object(c.data);
+        PyObject* data = data_object(c);
         if (!data) throw pyb::error_already_set();
         t[5] = pyb::reinterpret_steal<pyb::object>(data);
         t[6] = c.text.empty() ? pyb::none() : text(c.text);
@@ -132,10 +139,10 @@ PYBIND11_MODULE(_ordo, m) {
 
     pyb::class_<blob>(m, "Blob", pyb::buffer_protocol())
         .def_buffer([](blob& b) {
-            return pyb::buffer_info(reinterpret_cast<unsigned char*>(b.bytes.data()),
-                                   static_cast<pyb::ssize_t>(b.bytes.size()));
+            return pyb::buffer_info(reinterpret_cast<unsigned char*>(b.data()),
+                                   static_cast<pyb::ssize_t>(b.size()));
         })
-        .def("__len__", [](const blob& b) { return b.bytes.size(); });
+        .def("__len__", [](const blob& b) { return b.size(); });
 
     pyb::class_<hub, std::shared_ptr<hub>>(m, "Hub")
         .def(pyb::init(&make_hub))
@@ -207,12 +214,16 @@ PYBIND11_MODULE(_ordo, m) {
             })
         .def(
             "stream_write_in",
-            [](std::shared_ptr<hub> h, std::uint64_t token, pyb::bytes item) {
-                // Big items only (ordo/_writing.py); the others go with the turn's batch.
-                auto held = std::make_shared<struct held>(hold(std::move(h), std::move(item)));
+            [](std::shared_ptr<hub> h, std::uint64_t token, pyb::bytes item, pyb::object back) {
+                // Big items only (ordo/_writing.py); the others go with the turn's batch. With
+                // `back`, as stream_write.
+                auto held = std::make_shared<struct held>(
+                    back.is_none() ? hold(std::move(h), std::move(item))
+                                   : hold_back(std::move(h), std::string(item), back));
                 runtime::get().submit(
                     [token, held] { op::stream_write_in(token, std::move(held->bytes)); });
-            })
+            },
+            pyb::arg("token"), pyb::arg("item"), pyb::arg("back") = pyb::none())
         .def(
             "stream_cancel",
             [](const hub&, std::uint64_t token) {

@@ -185,7 +185,11 @@ bool hand_items(server_binding& b, std::uint64_t id, request_state& st, detail::
         detail::stream_in::took t;
         try {
             // A big item comes as the bytes the connection kept: not copied again here.
-            t = in.take_packed(c.data);
+            detail::packed_bytes packed;
+            t = in.take_packed(packed);
+            c.data = std::move(packed.own);
+            c.kept = std::move(packed.kept);
+            c.kept_view = packed.kept_view;
         } catch (const std::system_error& e) {  // cancelled, protocol_error, peer_lost
             c.what = kind::request_in_end;
             c.code = e.code().category() == error_category()
@@ -202,8 +206,9 @@ bool hand_items(server_binding& b, std::uint64_t id, request_state& st, detail::
             b.h->push(std::move(c));
             return false;
         }
-        st.handed.push_back(c.data.size());
-        st.handed_bytes += c.data.size();
+        const std::size_t size = c.kept ? c.kept_view.size() : c.data.size();
+        st.handed.push_back(size);
+        st.handed_bytes += size;
         b.h->push(std::move(c));
     }
     return true;

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from ._api import Stream, _LoopHub, _error, _packb, _unpackb
+from ._api import Stream, _LoopHub, _error, _packb_split, _unpackb
 
 # Items this big go to the io thread at once, read in place; smaller ones with the turn's batch.
 _BIG = 1 << 18
@@ -86,15 +86,16 @@ class _Writes(Stream):
             raise RuntimeError(f"ordo: write to a stream of {self.method} after close()")
         if self._refused or self._outcome is not None:
             return False
-        data = _packb(item)
+        # A big bin that ends the item is sent from its object, not copied (packb_split).
+        data, back, size = _packb_split(item, _BIG)
         lh = self._lh
-        if len(data) < _BIG:
+        if back is None and size < _BIG:
             lh.queue((5, self._token, data))
         else:
             lh.flush()  # what was written before goes first
-            lh.hub.stream_write_in(self._token, data)
+            lh.hub.stream_write_in(self._token, data, back)
         w = self._writer
-        if w.add(len(data)):
+        if w.add(size):
             while w.full() and not self._refused and self._outcome is None:
                 await w.wait()
         # The call's end may come before the io thread's last report (which then goes nowhere):

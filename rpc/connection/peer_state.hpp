@@ -481,8 +481,8 @@ struct peer::state final : detail::call_table_host,
     void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                      std::uint16_t lane);
     // An item of a call whose caller writes (ordo.in), or their end (ordo.in_end, `last`).
-    void send_in(std::uint32_t msgid, std::string_view body, bool last, std::uint16_t lane,
-                 std::unique_ptr<held_body>* keep = nullptr);
+    void send_in(std::uint32_t msgid, std::string_view front, std::string_view body, bool last,
+                 std::uint16_t lane, std::unique_ptr<held_body>* keep = nullptr);
 
     // Credit and cancels must arrive: a lost one would leave a stream's handler waiting, and
     // a serial one the whole connection. One that cannot be taken (errc::overloaded: the

@@ -292,11 +292,17 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
             crossed(before, items_.empty(), now);
         last_item_ = now;
     }
-    if (bytes >= packed_item_bytes) {  // kept as bytes: one copy, which take_packed() hands on
-        std::string packed;
-        packed.reserve(bytes);
-        append_packed(packed, item);
-        const std::size_t held_bytes = packed.capacity() + sizeof(held);
+    if (bytes >= packed_item_bytes) {
+        // Kept as bytes, which take_packed() hands on: where the connection read them, when it
+        // gives them up, else copied once.
+        packed_bytes packed;
+        packed.kept_view = keep_delivered_item(item, packed.kept);
+        if (!packed.kept) {
+            packed.own.reserve(bytes);
+            append_packed(packed.own, item);
+        }
+        const std::size_t held_bytes =
+            (packed.kept ? packed.kept->capacity() : packed.own.capacity()) + sizeof(held);
         charged_ += held_bytes;
         if (d_.budget_) d_.budget_->charge(held_bytes);
         items_.push_back({msgpack::object(), bytes, held_bytes, std::move(packed)});
@@ -359,14 +365,14 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
         held h = pop();
         if (h.packed.empty()) {
             current_ = h.item;
-            if (taken_packed_.capacity()) std::string().swap(taken_packed_);  // not held on
+            if (!taken_packed_.empty()) taken_packed_ = {};  // not held on
         } else {  // read in place: its bins are views of the bytes kept
             taken_packed_ = std::move(h.packed);
             // The zone holds what the item before it left (nothing that is still read).
             if (taken_zone_) taken_zone_->clear();
             else taken_zone_ = std::make_unique<msgpack::zone>();
             static const limits any = reread_limits();
-            current_ = unpack_checked(taken_packed_, any, *taken_zone_, true);
+            current_ = unpack_checked(taken_packed_.view(), any, *taken_zone_, true);
         }
         item = &current_;
         return true;
@@ -377,13 +383,13 @@ bool dispatcher::inbox::try_next(const msgpack::object*& item) {
     return true;
 }
 
-stream_in::took dispatcher::inbox::take_packed(std::string& packed) {
+stream_in::took dispatcher::inbox::take_packed(packed_bytes& packed) {
     if (cancelled_) throw_error(errc::cancelled, "the stream was cancelled");
     if (!items_.empty()) {
         held h = pop();
         if (h.packed.empty()) {
-            packed.clear();
-            append_packed(packed, h.item);
+            packed = {};
+            append_packed(packed.own, h.item);
         } else {
             packed = std::move(h.packed);
         }

@@ -55,13 +55,16 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     // the order they were posted; always behind the request, whose handler grants the credit.
     const auto closed = call.stream->attach_writer(
         [w = self.weak_from_this(), ex = ex, id, lane = call.lane](
-            std::string_view item, bool last, std::unique_ptr<held_body>* keep) {
+            std::string_view front, std::string_view item, bool last,
+            std::unique_ptr<held_body>* keep) {
             if (detail::running_in(ex)) {
-                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane, keep);
+                if (auto p = w.lock()) p->s_->send_in(id, front, item, last, lane, keep);
                 return;
             }
-            net::post(ex, [w, id, lane, last, item = std::string(item)] {
-                if (auto p = w.lock()) p->s_->send_in(id, item, last, lane);
+            std::string whole(front);
+            whole.append(item);
+            net::post(ex, [w, id, lane, last, item = std::move(whole)] {
+                if (auto p = w.lock()) p->s_->send_in(id, {}, item, last, lane);
             });
         });
     if (closed)  // posted: the call is in the table once this returns
@@ -69,15 +72,15 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
             buffer count;
             msgpack::pack(count, n);
             if (auto p = w.lock())
-                p->s_->send_in(id, std::string_view(count.data(), count.size()), true, lane);
+                p->s_->send_in(id, {}, std::string_view(count.data(), count.size()), true, lane);
         });
 }
 
 // [2, "ordo.in", [msgid, item]] or [2, "ordo.in_end", [msgid, count]] on the call's lane,
 // behind its request. One the output cannot take (errc::overloaded) ends the connection: the
 // call then fails, so no item is lost unseen.
-void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
-                          std::uint16_t lane, std::unique_ptr<held_body>* keep) {
+void peer::state::send_in(std::uint32_t msgid, std::string_view front, std::string_view body,
+                          bool last, std::uint16_t lane, std::unique_ptr<held_body>* keep) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
     struct {  // at most 2 + 12 + 1 + 5 bytes
         char bytes[24];
@@ -100,12 +103,17 @@ void peer::state::send_in(std::uint32_t msgid, std::string_view body, bool last,
             send_ordered(whole, lane);
         } else {
             // An item follows credit, which follows the request: nothing is held ahead. A
-            // large one whose bytes come with their owner is written from where it is.
-            if (keep && *keep)
-                send_out_held(lane, std::string_view(head.bytes, head.size), body,
-                              std::move(*keep));
-            else
-                send_out(lane, std::string_view(head.bytes, head.size), body);
+            // large one whose bytes come with their owner is written from where it is, behind
+            // the head and the item's front.
+            std::string_view h(head.bytes, head.size);
+            std::string joined;
+            if (!front.empty()) {
+                joined.assign(h);
+                joined.append(front);
+                h = joined;
+            }
+            if (keep && *keep) send_out_held(lane, h, body, std::move(*keep));
+            else send_out(lane, h, body);
         }
     } catch (const std::system_error& e) {
         if (e.code() == errc::overloaded) sess->abort(errc::overloaded);

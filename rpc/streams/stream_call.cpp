@@ -4,14 +4,83 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <limits>
 #include <utility>
 
 #include "ordo/rpc/detail/async_call.hpp"
 #include "ordo/rpc/detail/type_traits.hpp"
 #include "ordo/error.hpp"
+#include "rpc/wire/read.hpp"
 
 namespace ordo::detail {
+
+namespace {
+
+// Whether `a` and `b` are the same value, their strs, bins and exts the same bytes in memory.
+bool same_in_place(const msgpack::object& a, const msgpack::object& b) {
+    if (a.type != b.type) return false;
+    switch (a.type) {
+        case msgpack::type::STR:
+        case msgpack::type::BIN:
+            return a.via.bin.ptr == b.via.bin.ptr && a.via.bin.size == b.via.bin.size;
+        case msgpack::type::EXT:
+            return a.via.ext.ptr == b.via.ext.ptr && a.via.ext.size == b.via.ext.size;
+        case msgpack::type::ARRAY:
+            if (a.via.array.size != b.via.array.size) return false;
+            for (std::uint32_t i = 0; i < a.via.array.size; ++i)
+                if (!same_in_place(a.via.array.ptr[i], b.via.array.ptr[i])) return false;
+            return true;
+        case msgpack::type::MAP:
+            if (a.via.map.size != b.via.map.size) return false;
+            for (std::uint32_t i = 0; i < a.via.map.size; ++i)
+                if (!same_in_place(a.via.map.ptr[i].key, b.via.map.ptr[i].key) ||
+                    !same_in_place(a.via.map.ptr[i].val, b.via.map.ptr[i].val))
+                    return false;
+            return true;
+        default: return a == b;
+    }
+}
+
+}  // namespace
+
+// The item ends where its last str or bin ends, and starts its packed size before. Read again
+// from there (its strs and bins borrowed), it must be the same item in the same place: a
+// sender's longer heads than msgpack's shortest fail this, and the item is copied.
+std::string_view keep_delivered_item(const msgpack::object& item,
+                                     std::shared_ptr<const kept_bytes>& kept) {
+    const msgpack::object* last = &item;
+    for (;;) {
+        if (last->type == msgpack::type::ARRAY && last->via.array.size > 0)
+            last = &last->via.array.ptr[last->via.array.size - 1];
+        else if (last->type == msgpack::type::MAP && last->via.map.size > 0)
+            last = &last->via.map.ptr[last->via.map.size - 1].val;
+        else
+            break;
+    }
+    if (last->type != msgpack::type::BIN && last->type != msgpack::type::STR) return {};
+    struct counter {
+        std::size_t n = 0;
+        void write(const char*, std::size_t k) { n += k; }
+    } size;
+    msgpack::pack(size, item);
+    if (size.n < kept_bytes_min) return {};
+    const std::string_view bytes(last->via.bin.ptr + last->via.bin.size - size.n, size.n);
+    try {
+        // The item passed its connection's limits; these only bound the reading of bytes that
+        // turn out not to be it.
+        limits l;
+        l.max_message_bytes = l.max_string_bytes = l.max_objects = l.max_container_length =
+            SIZE_MAX;
+        msgpack::zone zone;
+        if (!same_in_place(item, unpack_checked(bytes, l, zone, true))) return {};
+    } catch (const std::exception&) {
+        return {};
+    }
+    kept = keep_delivered(bytes);
+    return kept ? bytes : std::string_view();
+}
+
 
 stream_core::stream_core(std::string method, std::string remote, net::any_io_executor channel_ex,
                          std::uint32_t window, std::uint64_t window_bytes)
@@ -106,7 +175,7 @@ net::awaitable<bool> stream_core::write_item(std::shared_ptr<stream_core> s) {
 }
 
 net::awaitable<bool> stream_core::write_item_kept(std::shared_ptr<stream_core> s,
-                                                  std::string_view item,
+                                                  std::string_view front, std::string_view item,
                                                   std::unique_ptr<held_body>* keep) {
     for (;;) {
         item_sender* send = nullptr;
@@ -118,13 +187,13 @@ net::awaitable<bool> stream_core::write_item_kept(std::shared_ptr<stream_core> s
             if (s->ended_) co_return false;
             if (s->writable_locked()) {
                 ++s->in_items_;
-                s->in_bytes_ += item.size();
+                s->in_bytes_ += front.size() + item.size();
                 // Set before the call started, and never changed: used unlocked.
                 send = &s->send_;
             }
         }
         if (send) {
-            if (*send) (*send)(item, false, keep);
+            if (*send) (*send)(front, item, false, keep);
             co_return true;
         }
         co_await s->wait_writable();
@@ -145,7 +214,7 @@ void stream_core::close_writes() {
         if (!ended_) send = send_;
         if (send) msgpack::pack(count, in_items_);
     }
-    if (send) send(std::string_view(count.data(), count.size()), true, nullptr);
+    if (send) send({}, std::string_view(count.data(), count.size()), true, nullptr);
 }
 
 void throw_bad_item(std::uint64_t index, const std::type_info& expected, const std::exception& e) {
@@ -374,7 +443,7 @@ bool stream_core::write_item_blocking() {
             }
         }
         if (send) {
-            if (*send) (*send)(item, false, nullptr);  // posted, with a copy: not its thread
+            if (*send) (*send)({}, item, false, nullptr);  // posted, with a copy: not its thread
             return true;
         }
         std::unique_lock lk(r->mu);

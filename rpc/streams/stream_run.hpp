@@ -80,7 +80,7 @@ class dispatcher::inbox final : public stream_in {
     ~inbox() override;
 
     bool try_next(const msgpack::object*& item) override;
-    took take_packed(std::string& packed) override;
+    took take_packed(packed_bytes& packed) override;
     net::awaitable<void> wait() override;
     // The item taken last: valid until the next call of try_next().
     msgpack::object current_;
@@ -114,7 +114,7 @@ class dispatcher::inbox final : public stream_in {
         msgpack::object item;
         std::size_t bytes;  // on the wire (credit)
         std::size_t held;   // in memory (the budget)
-        std::string packed;
+        packed_bytes packed;
     };
     // Takes the first item off the queue, with its zone's, credit's and budget's bookkeeping.
     held pop();
@@ -142,7 +142,7 @@ class dispatcher::inbox final : public stream_in {
     std::deque<held> items_;
     std::deque<zone_of_items> zones_;        // items_'s, oldest first
     std::unique_ptr<msgpack::zone> taken_zone_;  // holds what next() returned last
-    std::string taken_packed_;  // or its bytes, when it was kept packed (read into taken_zone_)
+    packed_bytes taken_packed_;  // or its bytes, when it was kept packed (read into taken_zone_)
     std::uint64_t received_ = 0, received_bytes_ = 0;
     std::uint64_t granted_items_ = 0, granted_bytes_ = 0;
     std::uint64_t taken_ = 0;

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <msgpack.hpp>
 
 #include "comm/framing.hpp"
 #include "ordo/error.hpp"
+#include "ordo/rpc/detail/stream_core.hpp"
 #include "support/run_test.hpp"
 #include "support/streams.hpp"
 
@@ -466,6 +468,92 @@ TEST(BatchedComm, AHeldBodyIsWrittenFromWhereItIsAndLetGoOnceWritten) {
         EXPECT_EQ(seq_of(got[3]), 2u);
         EXPECT_FALSE(alive);
         EXPECT_EQ(client.counters().buffered_bytes, 0u);
+        client.abort();
+    });
+}
+
+// Bytes of a message that its handler keeps (keep_delivered) stay where they were read, and
+// unchanged: the connection gives that buffer up and reads what follows into another. A small
+// part is not kept, nor one asked for outside a delivery.
+TEST(BatchedComm, ABigPartOfAMessageIsKeptWhereItWasRead) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::pair<std::string_view, std::shared_ptr<const kept_bytes>>> kept;
+        int messages = 0, small_kept = 0;
+        batched_comm server(std::move(p.server), {}, [&](std::string_view m) {
+            ++messages;
+            if (m.size() < kept_bytes_min) {
+                small_kept += keep_delivered(m) != nullptr;
+                return;
+            }
+            const std::string_view bytes = m.substr(5);  // the bin's
+            auto k = keep_delivered(bytes);
+            if (!k) return;
+            EXPECT_EQ(keep_delivered(bytes), k) << "one holder for one buffer";
+            kept.emplace_back(bytes, std::move(k));
+        });
+        comm_options o;
+        o.max_buffer_bytes = 64 << 20;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.start();
+        client.start();
+        const char head[] = {char(0xc6), 0, char(0x40), 0, 0};  // bin 32 of 4 MiB
+        const std::string letters = "abc";
+        for (std::size_t i = 0; i < letters.size(); ++i) {
+            client.send(std::string_view(head, sizeof head), std::string(4 << 20, letters[i]));
+            client.send(seq_msg(i));
+        }
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return messages == 6; }, 60s));
+        EXPECT_EQ(small_kept, 0);
+        ORDO_CO_ASSERT_EQ(kept.size(), letters.size());
+        for (std::size_t i = 0; i < kept.size(); ++i) {
+            EXPECT_EQ(kept[i].first.size(), std::size_t{4} << 20);
+            EXPECT_EQ(kept[i].first.find_first_not_of(letters[i]), std::string_view::npos)
+                << "message " << i << "'s bytes changed after it was kept";
+        }
+        EXPECT_EQ(keep_delivered(kept[0].first), nullptr) << "kept outside a delivery";
+        client.abort();
+    });
+}
+
+// A stream item ends its message: keep_delivered_item finds its bytes there and keeps them where
+// they were read. An item packed with a longer head than msgpack's shortest is not found at the
+// place its shortest packing would start, so it is left to be copied.
+TEST(BatchedComm, AStreamItemIsKeptWhereItWasReadWhenItsBytesAreFound) {
+    run_test([]() -> net::awaitable<void> {
+        auto p = co_await connect_pair("tcp");
+        std::vector<std::string_view> views;  // empty: not kept
+        std::vector<std::shared_ptr<const kept_bytes>> kept;
+        batched_comm server(std::move(p.server), {}, [&](std::string_view m) {
+            msgpack::zone zone;
+            std::size_t off = 0;
+            const auto msg = msgpack::unpack(zone, m.data(), m.size(), off,
+                                             [](msgpack::type::object_type, std::size_t,
+                                                void*) { return true; });
+            const msgpack::object& item = msg.via.array.ptr[2].via.array.ptr[1];
+            std::shared_ptr<const kept_bytes> k;
+            views.push_back(detail::keep_delivered_item(item, k));
+            kept.push_back(std::move(k));
+        });
+        comm_options o;
+        o.max_buffer_bytes = 64 << 20;
+        batched_comm client(std::move(p.client), o, [](std::string_view) {});
+        server.start();
+        client.start();
+        const std::string head = "\x93\x02\xa9ordo.item\x92\x01";  // [2, "ordo.item", [1, item]]
+        const std::string bin(2 << 20, 'x');
+        const std::string bin_head = "\xc6" + std::string("\x00\x20\x00\x00", 4);  // 2 MiB
+        const std::string shortest = "\x92\x07" + bin_head;       // [7, bin]
+        const std::string longer = std::string("\xdc\x00\x02\x07", 4) + bin_head;  // array 16
+        client.send(head + shortest, bin);
+        client.send(head + longer, bin);
+        ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return views.size() == 2; }, 60s));
+        ORDO_CO_ASSERT_EQ(views[0].size(), shortest.size() + bin.size());
+        EXPECT_TRUE(kept[0]);
+        EXPECT_EQ(std::string(views[0].substr(0, shortest.size())), shortest);
+        EXPECT_EQ(views[0].find_first_not_of('x', shortest.size()), std::string_view::npos);
+        EXPECT_TRUE(views[1].empty()) << "found where its shortest packing would start";
+        EXPECT_FALSE(kept[1]);
         client.abort();
     });
 }

@@ -2,6 +2,7 @@
 against Python handlers registered with reads=True (docs/protocol.md, "Streams both ways")."""
 import asyncio
 import time
+import tracemalloc
 
 import pytest
 
@@ -242,3 +243,28 @@ async def test_a_stream_through_a_router_stays_on_one_replica():
     finally:
         a.stop()
         b.stop()
+
+
+async def test_a_callers_big_bin_that_ends_its_item_is_sent_from_where_it_is():
+    # ordo.packb_split: the item's front is copied, its last big bin (bytes that cannot change)
+    # is sent from its object. Packed whole, the write would make a 16 MiB bytes object.
+    srv = ordo.Server()
+
+    @srv.method(reads=True, zero_copy=True)
+    async def sizes(items) -> list:
+        return [[x[0], len(x[1])] async for x in items]
+
+    ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
+    up = ch.upload("sizes")
+    big = bytes(16 << 20)
+    tracemalloc.start()
+    try:
+        await up.write([1, big])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    up.close()
+    assert await asyncio.wait_for(up.finish(), 30) == [[1, 16 << 20]]
+    ch.close()
+    await srv.stop()

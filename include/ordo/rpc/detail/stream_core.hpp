@@ -82,6 +82,21 @@ std::unique_ptr<parked> park(H h) {
 
 /// The server's side of one stream, as a handler's writer sees it
 /// (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
+/// An item's msgpack bytes: its own, or kept where its connection read them (`kept`).
+struct packed_bytes {
+    std::string own;
+    std::shared_ptr<const kept_bytes> kept;
+    std::string_view kept_view;  ///< with `kept`: the item's bytes
+    std::string_view view() const noexcept { return kept ? kept_view : std::string_view(own); }
+    bool empty() const noexcept { return !kept && own.empty(); }
+};
+
+/// The bytes `item` was read from, kept where its connection read them (keep_delivered), with
+/// `kept` as their owner; empty, and `item` is to be copied, when they cannot be kept. `item`
+/// must end the message being delivered on this thread (an ordo.item's or ordo.in's does).
+std::string_view keep_delivered_item(const msgpack::object& item,
+                                     std::shared_ptr<const kept_bytes>& kept);
+
 class stream_out {
   public:
     virtual ~stream_out() = default;
@@ -134,8 +149,9 @@ class stream_in {
     enum class took { none, item, end };
     /// try_next() for a reader that passes items on as msgpack bytes (the Python binding):
     /// `packed` gets the item. An item of packed_item_bytes or more is kept as bytes when it
-    /// arrives, and moved out here rather than copied again. Throws as try_next().
-    virtual took take_packed(std::string& packed) = 0;
+    /// arrives (where its connection read them, when it can: keep_delivered_item), and moved
+    /// out here rather than copied again. Throws as try_next().
+    virtual took take_packed(packed_bytes& packed) = 0;
     static constexpr std::size_t packed_item_bytes = std::size_t{64} << 10;
     /// Completes when try_next() may have something (an item, the end, a failure).
     virtual net::awaitable<void> wait() = 0;
@@ -223,10 +239,11 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// the call only.
     /// Returns the count of items to end the stream with at once when the caller closed its
     /// side before the call went out (the connection sends it, behind the request).
-    /// How the connection sends an item: `keep`, when not null, owns a large item's bytes, and
-    /// the connection may take it to write them from where they are (held_body).
-    using item_sender =
-        std::function<void(std::string_view item, bool last, std::unique_ptr<held_body>* keep)>;
+    /// How the connection sends an item: its bytes are `front` then `item`; `keep`, when not
+    /// null, owns a large `item`'s bytes, and the connection may take it to write them from
+    /// where they are (held_body).
+    using item_sender = std::function<void(std::string_view front, std::string_view item,
+                                           bool last, std::unique_ptr<held_body>* keep)>;
     std::optional<std::uint64_t> attach_writer(item_sender send);
     /// ordo.in_credit from the server (the channel's executor): it takes `items` more items and
     /// `bytes` more bytes of them.
@@ -247,13 +264,20 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     /// write_item() of `item`, which the caller keeps valid until it completes, instead of
     /// item_buffer()'s (a big item that is packed already is not copied into the buffer).
     static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item) {
-        return write_item_kept(std::move(s), item, nullptr);
+        return write_item_kept(std::move(s), {}, item, nullptr);
     }
     /// The same, where `keep` owns the item's bytes: the connection may take it, and write a
     /// large item from where it is (held_body). `keep` must outlive the write.
     static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view item,
                                            std::unique_ptr<held_body>& keep) {
-        return write_item_kept(std::move(s), item, &keep);
+        return write_item_kept(std::move(s), {}, item, &keep);
+    }
+    /// The same for an item whose bytes are `front` (copied: a bin's head) then `back` (kept by
+    /// `keep`).
+    static net::awaitable<bool> write_item(std::shared_ptr<stream_core> s, std::string_view front,
+                                           std::string_view back,
+                                           std::unique_ptr<held_body>& keep) {
+        return write_item_kept(std::move(s), front, back, &keep);
     }
     /// write_item() for a writer without an event loop (ordo::sync_client): blocks the calling
     /// thread until credit has come, or the call has ended (false).
@@ -392,7 +416,7 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
     std::uint64_t in_bytes_ = 0;
     item_sender send_;
     static net::awaitable<bool> write_item_kept(std::shared_ptr<stream_core> s,
-                                                std::string_view item,
+                                                std::string_view front, std::string_view item,
                                                 std::unique_ptr<held_body>* keep);
     std::unique_ptr<parked> write_waiter_;
     buffer item_{64};  // the item being written (the writer's alone)
