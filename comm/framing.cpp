@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -172,7 +174,26 @@ void framer::make_room(std::size_t n, std::size_t cap, std::size_t max_capacity)
     if (capacity() - end_ >= n || cap <= capacity()) return;
     // Not zero-filled: only what the transport writes into it is ever read.
     byte_buffer b;
-    if (cap >= spare_min_bytes) b = take_spare(cap, std::max(cap, std::min(2 * cap, max_capacity)));
+    // A message of known size that a kept block given back holds whole takes it at once: it
+    // is memory held already, so nothing is allocated on the strength of a header.
+    const std::size_t whole = std::max(need_, end_ + n);
+    if (need_ >= kept_bytes_min && whole > cap && whole <= max_capacity) {
+        std::size_t c = 0;
+        auto p = take_given_back_block(whole, std::min(2 * whole, max_capacity), c);
+        if (p) {
+            b = byte_buffer(std::move(p), c);
+            cap = whole;
+        }
+    }
+    if (!b.capacity() && cap >= spare_min_bytes) {
+        const std::size_t most = std::max(cap, std::min(2 * cap, max_capacity));
+        b = take_spare(cap, most);
+        if (!b.capacity()) {
+            std::size_t c = 0;
+            auto p = take_given_back_block(cap, most, c);
+            if (p) b = byte_buffer(std::move(p), c);
+        }
+    }
     b.reserve(cap);
     if (end_ > 0) std::memcpy(b.data(), buf_.data(), end_);
     keep_spare(std::move(buf_));
@@ -201,11 +222,33 @@ void framer::trim(std::size_t cap) {
     begin_ = scan_ = end_ = 0;
 }
 
+}  // namespace ordo::detail
+
+namespace ordo {
+
+kept_bytes::~kept_bytes() {
+    detail::give_back_block(std::move(block_), capacity_);
+}
+
+}  // namespace ordo
+
+namespace ordo::detail {
+
 std::shared_ptr<kept_bytes> framer::lend(std::string_view part) {
-    const char* b = buf_.data();
-    if (!b || part.data() < b || part.data() + part.size() > b + end_ ||
+    // As addresses: `part` may come from anywhere.
+    const auto b = reinterpret_cast<std::uintptr_t>(buf_.data());
+    const auto p = reinterpret_cast<std::uintptr_t>(part.data());
+    if (b == 0 || p < b || p - b > end_ || part.size() > end_ - (p - b) ||
         part.size() < capacity() / 2)
         return nullptr;
+    // The bytes after the part go on in a buffer of their own: allocated now, so that settle()
+    // does not fail (the part ends its message, which is delivered by then).
+    const std::size_t after = end_ - (p - b) - part.size();
+    if (after > rest_.capacity()) {
+        byte_buffer r;
+        r.reserve(after);
+        rest_ = std::move(r);
+    }
     if (!lent_) {
         lent_ = std::make_shared<kept_bytes>();
         lent_->capacity_ = capacity();
@@ -213,15 +256,17 @@ std::shared_ptr<kept_bytes> framer::lend(std::string_view part) {
     return lent_;
 }
 
-void framer::settle() {
+void framer::settle() noexcept {
     const std::shared_ptr<kept_bytes> lent = std::move(lent_);
-    if (lent.use_count() == 1) return;  // no one kept it after all: the buffer stays
-    byte_buffer rest;  // what follows the messages delivered (usually nothing)
-    const std::size_t n = end_ - begin_;
-    if (n > 0) {
-        rest.reserve(n);
-        std::memcpy(rest.data(), buf_.data() + begin_, n);
+    byte_buffer rest = std::move(rest_);
+    if (lent.use_count() == 1) {  // no one kept it after all: the buffer stays
+        // Its keeper's reads (on another thread) happened before its reference went.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        return;
     }
+    const std::size_t n = end_ - begin_;  // what follows the messages delivered (usually none)
+    if (n > rest.capacity()) rest.reserve(n);  // a part that did not end its message
+    if (n > 0) std::memcpy(rest.data(), buf_.data() + begin_, n);
     std::size_t cap = 0;
     lent->block_ = buf_.take_block(cap);
     buf_ = std::move(rest);

@@ -97,7 +97,7 @@ class framer {
     bool lending() const noexcept { return lent_ != nullptr; }
     /// Gives the buffer to the holder that lend() made, if anyone else still holds it, and goes
     /// on in a new buffer with the bytes not taken yet.
-    void settle();
+    void settle() noexcept;
 
     /// When nothing is buffered and the buffer is larger than `cap` (it grew for a large
     /// message or a burst), gives its memory back down to `cap` bytes (a large buffer to the
@@ -138,6 +138,7 @@ class framer {
     std::vector<std::uint64_t> open_;  // entries still expected, per open container
     std::size_t objects_ = 0;          // tokens seen in the current object
     std::shared_ptr<kept_bytes> lent_;  // lend()'s holder, until settle()
+    byte_buffer rest_;                  // with lent_: for the bytes after the part lent
 };
 
 }  // namespace ordo::detail

@@ -2,6 +2,8 @@
 #include "ordo/detail/spare_buffers.hpp"
 
 #include <array>
+#include <atomic>
+#include <mutex>
 #include <utility>
 
 namespace ordo::detail {
@@ -42,7 +44,48 @@ struct spares {
 
 thread_local spares spare;
 
+// Blocks given back by a thread other than the one that will take them again (a read buffer
+// that another thread kept: ordo::kept_bytes), for any thread: at most 2, 130 MiB together.
+struct shared_spares {
+    std::mutex mu;
+    std::array<spares::block, 2> kept{};
+    std::size_t count = 0;
+    std::atomic<std::size_t> held{0};  // count, read without the lock
+};
+shared_spares& given_back() {
+    static auto* s = new shared_spares;  // never destroyed: blocks may come back at exit
+    return *s;
+}
+
 }  // namespace
+
+std::unique_ptr<char[]> take_given_back_block(std::size_t want, std::size_t most,
+                                              std::size_t& capacity) noexcept {
+    shared_spares& g = given_back();
+    if (g.held.load(std::memory_order_relaxed) == 0) return nullptr;
+    std::lock_guard lk(g.mu);
+    for (std::size_t i = 0; i < g.count; ++i) {
+        if (g.kept[i].capacity < want || g.kept[i].capacity > most) continue;
+        const spares::block b = g.kept[i];
+        g.kept[i] = g.kept[--g.count];
+        g.held.store(g.count, std::memory_order_relaxed);
+        capacity = b.capacity;
+        return std::unique_ptr<char[]>(b.p);
+    }
+    return nullptr;
+}
+
+void give_back_block(std::unique_ptr<char[]> block, std::size_t capacity) noexcept {
+    if (!block || capacity < spare_min_bytes || capacity > max_block_bytes) return;
+    shared_spares& g = given_back();
+    std::lock_guard lk(g.mu);
+    if (g.count == g.kept.size()) {  // one of them goes
+        delete[] g.kept[0].p;
+        g.kept[0] = g.kept[--g.count];
+    }
+    g.kept[g.count++] = {block.release(), capacity};
+    g.held.store(g.count, std::memory_order_relaxed);
+}
 
 std::unique_ptr<char[]> take_spare_block(std::size_t want, std::size_t most,
                                          std::size_t& capacity) noexcept {

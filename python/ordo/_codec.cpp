@@ -39,8 +39,8 @@ class packed {
     }
 
     void push_back(char c) { head_.push_back(c); }
-    // `bin`: the object whose bytes these are when they cannot change (bytes, a read-only
-    // memoryview), else null.
+    // `bin`: the object whose bytes these are when they cannot change (bytes, a memoryview of
+    // bytes), else null.
     void append(const char* p, std::size_t n, PyObject* bin = nullptr) {
         if (n < big_bin_bytes) return void(head_.append(p, n));
         big_.push_back({head_.size(), p, n, bin});
@@ -129,7 +129,9 @@ class packer {
                 out_.drop_last_hold();  // never exported: nothing to release
                 return false;
             }
-            return bin(static_cast<const char*>(v.buf), v.len, v.readonly ? o : nullptr);
+            const PyObject* base = PyMemoryView_GET_BASE(o);  // a view of bytes cannot change
+            return bin(static_cast<const char*>(v.buf), v.len,
+                       base && PyBytes_Check(base) ? o : nullptr);
         }
         if (PyList_Check(o) || PyTuple_Check(o)) {
             const bool list = PyList_Check(o);

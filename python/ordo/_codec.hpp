@@ -12,7 +12,7 @@ namespace ordo::py {
 PyObject* packb(PyObject* o);
 
 /// packb(o) as a tuple (front, back, size): when what `o` packs to ends with a bin of
-/// `min_bytes` (and big_bin_bytes) or more that cannot change (bytes, a read-only memoryview),
+/// `min_bytes` (and big_bin_bytes) or more that cannot change (bytes, a memoryview of bytes),
 /// `back` is that bin's object and `front` the bytes before its bytes (copied); else `back` is
 /// None and `front` all of it. `size`: the packed size. A new reference, or nullptr with an
 /// exception set, as packb.

@@ -16,10 +16,7 @@ def _parts(frames: list, limit: int):
     part, size = [], 0
     for f in frames:
         if not isinstance(f, bytes):
-            # Also what ordo cannot pack as is (PickleBuffer, ...). Read-only, so that ordo may
-            # write a big frame from where it is: Dask does not change what it has written
-            # (its tcp comm writes from the same buffers).
-            f = ensure_memoryview(f).toreadonly()
+            f = ensure_memoryview(f)  # also what ordo cannot pack as is (PickleBuffer, ...)
         n, start = len(f) if isinstance(f, bytes) else f.nbytes, 0
         if size and size + n > limit >= n:  # it fits a part of its own
             yield part, 1, size

@@ -27,8 +27,8 @@ frames follow, 2 that the last chunk's frame goes on in the next part (only a fr
 a part is cut): no ordo message exceeds ordo's max_message_bytes (128 MiB). Frames are written
 from Dask's buffers and read as memoryviews of the ordo message that carried them (zero_copy),
 as Dask's tcp comm reads them: no copies in Python but for a frame cut across parts. The tail
-goes first so that a part's last frame ends its item: the listener's io thread writes a big one
-from Dask's buffer (ordo's packb_split), without the copy the rest of the item is packed into.
+goes first so that a part's last frame ends its item: a big one that is bytes is written from
+Dask's buffer (ordo's packb_split), without the copy the rest of the item is packed into.
 
 Ordering and failure: messages arrive once, in the order written. A comm is closed by its own
 close() or abort(), by the other side's, or when its connection is lost; then read() raises

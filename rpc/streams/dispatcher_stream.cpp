@@ -296,7 +296,7 @@ void dispatcher::inbox::push(const msgpack::object& item, std::size_t bytes) {
         // Kept as bytes, which take_packed() hands on: where the connection read them, when it
         // gives them up, else copied once.
         packed_bytes packed;
-        packed.kept_view = keep_delivered_item(item, packed.kept);
+        if (bytes >= kept_bytes_min) packed.kept_view = keep_delivered_item(item, packed.kept);
         if (!packed.kept) {
             packed.own.reserve(bytes);
             append_packed(packed.own, item);

@@ -65,7 +65,13 @@ std::string_view keep_delivered_item(const msgpack::object& item,
     } size;
     msgpack::pack(size, item);
     if (size.n < kept_bytes_min) return {};
-    const std::string_view bytes(last->via.bin.ptr + last->via.bin.size - size.n, size.n);
+    // As addresses: where the item would start may be outside any object.
+    const auto end = reinterpret_cast<std::uintptr_t>(last->via.bin.ptr) + last->via.bin.size;
+    if (end < size.n) return {};
+    const std::string_view bytes(reinterpret_cast<const char*>(end - size.n), size.n);
+    // Within the read buffer (or nothing is read), then checked.
+    std::shared_ptr<const kept_bytes> k = keep_delivered(bytes);
+    if (!k) return {};
     try {
         // The item passed its connection's limits; these only bound the reading of bytes that
         // turn out not to be it.
@@ -77,8 +83,8 @@ std::string_view keep_delivered_item(const msgpack::object& item,
     } catch (const std::exception&) {
         return {};
     }
-    kept = keep_delivered(bytes);
-    return kept ? bytes : std::string_view();
+    kept = std::move(k);
+    return bytes;
 }
 
 

@@ -281,6 +281,67 @@ TEST(Framer, ReadAreaGrowsTowardALargeMessageInFewStepsAndNeverOnAHeaderAlone) {
     EXPECT_GE(area.size(), 65536u);
 }
 
+// A read buffer lent to a keeper (keep_delivered) is the keeper's once the delivery settles,
+// and comes back when the keeper lets it go: the next message of that size is read into it at
+// once, with no growth that copies.
+TEST(Framer, ALentBufferGoesToItsKeeperAndComesBackForTheNextLargeMessage) {
+    std::size_t c = 0;
+    while (take_given_back_block(0, SIZE_MAX, c)) {
+    }  // what the tests before gave back
+    std::string msg = "\x92\x07\xc6";
+    const std::uint32_t size = 8u << 20;
+    for (int shift : {24, 16, 8, 0}) msg += char(size >> shift);
+    msg.append(size, 'k');
+    framer f;
+    // Reads as the connection does, until the message is whole; the growths it took.
+    auto read_whole = [&](std::size_t& growths) -> std::string_view {
+        std::size_t at = 0, cap = f.capacity();
+        for (;;) {
+            auto area = f.read_area(65536);
+            if (f.capacity() != cap) ++growths, cap = f.capacity();
+            const std::size_t n = std::min({area.size(), msg.size() - at, std::size_t{1} << 20});
+            std::copy_n(msg.data() + at, n, area.data());
+            f.commit(n);
+            at += n;
+            if (auto m = f.next()) return *m;
+        }
+    };
+    std::size_t first = 0;
+    const std::string_view m = read_whole(first);
+    EXPECT_EQ(f.lend(m.substr(0, 1000)), nullptr) << "a small part takes no buffer";
+    auto kept = f.lend(m);
+    ASSERT_TRUE(kept);
+    EXPECT_EQ(f.lend(m), kept);
+    f.settle();
+    EXPECT_EQ(f.capacity(), 0u) << "the buffer went to its keeper";
+    EXPECT_EQ(m, msg) << "the kept bytes are where they were";
+    const char* where = m.data();
+    kept.reset();  // given back
+    std::size_t second = 0;
+    const std::string_view again = read_whole(second);
+    EXPECT_EQ(again, msg);
+    EXPECT_EQ(again.data(), where) << "read into the buffer given back";
+    EXPECT_LE(second, 2u) << "after " << first << " growths the first time";
+    EXPECT_LT(second, first);
+
+    // What follows the part lent (a small message, and part of a third) goes on in the new
+    // buffer, where its scan left off.
+    framer g;
+    const std::string small = "\x92\x01\x02", third = "\x93\x01\xa3" "abc\x04";
+    g.feed(msg + small + third.substr(0, 4));
+    const auto big = g.next();
+    ASSERT_TRUE(big);
+    auto k = g.lend(*big);
+    ASSERT_TRUE(k);
+    EXPECT_EQ(g.next(), std::optional<std::string_view>(small));
+    EXPECT_FALSE(g.next());
+    g.settle();
+    EXPECT_EQ(*big, msg);
+    EXPECT_EQ(g.buffered(), 4u);
+    g.feed(third.substr(4));
+    EXPECT_EQ(g.next(), std::optional<std::string_view>(third));
+}
+
 // The thread's spare buffers: a large buffer given back is taken again (no new mapping to
 // fault in), the smallest that fits first; small ones and too many are not kept.
 TEST(SpareBuffers, ALargeBufferGivenBackIsTakenAgainWithinTheBounds) {

@@ -24,4 +24,11 @@ std::unique_ptr<char[]> take_spare_block(std::size_t want, std::size_t most,
 /// frees it otherwise. What a thread keeps stays until it takes it again or ends.
 void keep_spare_block(std::unique_ptr<char[]> block, std::size_t capacity) noexcept;
 
+/// A block that another thread will take again (a connection's read buffer that a consumer on
+/// another thread kept: ordo::kept_bytes): kept for any thread, at most 2, else freed.
+void give_back_block(std::unique_ptr<char[]> block, std::size_t capacity) noexcept;
+/// One of those blocks with a capacity from `want` to `most` bytes; null when there is none.
+std::unique_ptr<char[]> take_given_back_block(std::size_t want, std::size_t most,
+                                              std::size_t& capacity) noexcept;
+
 }  // namespace ordo::detail

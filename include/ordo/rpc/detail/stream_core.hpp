@@ -80,8 +80,6 @@ std::unique_ptr<parked> park(H h) {
     return std::make_unique<parked_handler<H>>(std::move(h));
 }
 
-/// The server's side of one stream, as a handler's writer sees it
-/// (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
 /// An item's msgpack bytes: its own, or kept where its connection read them (`kept`).
 struct packed_bytes {
     std::string own;
@@ -93,10 +91,13 @@ struct packed_bytes {
 
 /// The bytes `item` was read from, kept where its connection read them (keep_delivered), with
 /// `kept` as their owner; empty, and `item` is to be copied, when they cannot be kept. `item`
-/// must end the message being delivered on this thread (an ordo.item's or ordo.in's does).
+/// must end the message being delivered on this thread (an ordo.item's or ordo.in's does), its
+/// strs and bins borrowed from it.
 std::string_view keep_delivered_item(const msgpack::object& item,
                                      std::shared_ptr<const kept_bytes>& kept);
 
+/// The server's side of one stream, as a handler's writer sees it
+/// (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
 class stream_out {
   public:
     virtual ~stream_out() = default;
