@@ -1,6 +1,8 @@
 // runtime (the io thread) and hub (one asyncio loop's completion queue): see _core.hpp.
 #include "_core.hpp"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -48,10 +50,24 @@ std::vector<completion> hub::drain() {
     return out;
 }
 
+namespace {
+
+// The io thread serves the Python threads that wake it, which can use only what it makes once
+// they wait. As a batch thread (SCHED_BATCH) its wake-ups never preempt the thread that woke it
+// (the kernel skips wake-up preemption for batch threads): it runs at once on an idle core,
+// and on a busy one when that thread waits or its time slice ends (docs/python.md, Threading).
+void run_beside_the_waker() noexcept {
+    sched_param none{};
+    (void)::pthread_setschedparam(::pthread_self(), SCHED_BATCH, &none);  // best effort
+}
+
+}  // namespace
+
 runtime::runtime() : work_(io.get_executor()) {
     std::promise<void> ran_out;
     ran_out_ = ran_out.get_future();
     thread_ = std::thread([this, p = std::move(ran_out)]() mutable {
+        run_beside_the_waker();
         io.run();
         p.set_value();
     });

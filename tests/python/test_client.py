@@ -196,3 +196,22 @@ async def test_a_key_keeps_a_routers_calls_on_one_replica():
 def test_the_package_says_its_version_as_meson_build_does():
     meson = (pathlib.Path(__file__).resolve().parents[2] / "meson.build").read_text()
     assert ordo.__version__ == re.search(r"version : '([^']+)'", meson).group(1)
+
+
+async def test_ordos_thread_does_not_preempt_the_thread_that_wakes_it(cpp_server):
+    # docs/python.md, Threading: ordo's io thread runs as a batch thread, whose wake-ups the
+    # kernel never lets preempt the running thread; Python's own threads are left as they are.
+    ch = await ordo.connect(cpp_server.url)
+    assert await ch.inc(1) == 2  # ordo's thread is running
+    import os
+    import threading
+    policies = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            policies[int(tid)] = os.sched_getscheduler(int(tid))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    # ordo's thread, and Asio's resolver thread that it started (which inherits the policy)
+    assert os.SCHED_BATCH in policies.values(), policies
+    assert policies[threading.get_native_id()] == os.SCHED_OTHER
+    ch.close()
