@@ -1,5 +1,5 @@
 // Private: the transports behind ordo::async_connect_transport and ordo::listen, one file each
-// (tcp.cpp, unix.cpp and tls.cpp, on detail/streams.hpp; inproc.cpp; zmq.cpp, on
+// (tcp.cpp, unix.cpp and tls.cpp, on detail/byte_streams.hpp; inproc.cpp; zmq.cpp, on
 // detail/zmq_socket.hpp).
 #pragma once
 

@@ -14,7 +14,7 @@ import re
 import sys
 
 # (name, height, the path prefixes that belong to it). A prefix is matched against a path
-# relative to the source root; an include "ordo/x.hpp" is read as include/ordo/x.hpp.
+# relative to the source root; an include "ordo/..." is read from include/ordo/.
 LAYERS = [
     ("base", 0, ["lib/", "include/ordo/detail/", "include/ordo/config.hpp",
                  "include/ordo/error.hpp", "include/ordo/address.hpp",

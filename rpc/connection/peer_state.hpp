@@ -1,9 +1,9 @@
 // The inside of ordo::peer: the four parts of an ordered connection, each of which keeps one
 // guarantee, and how the peer wires them together (it is the host each part calls back):
-//   session     (rpc/session.*)      the bytes: order on the wire, how the connection ended;
-//   call_table  (rpc/call_table.*)   this side's calls: msgids, deadlines, cancellation;
-//   dispatcher  (rpc/dispatcher.*)   the remote side's messages: order of handlers (section 5);
-//   liveness    (rpc/liveness.*)     dead peers within a bounded time (section 7).
+//   session     (session.*, beside this file)  the bytes: order on the wire, how it ended;
+//   call_table  (call_table.*)  this side's calls: msgids, deadlines, cancellation;
+//   dispatcher  (dispatcher.*)  the remote side's messages: order of handlers (section 5);
+//   liveness    (liveness.*)    dead peers within a bounded time (section 7).
 // rpc/connection/peer.cpp holds the peer's public operations, rpc/streams/peer_stream.cpp the
 // caller's side of streaming calls (ordo.stream, ordo.credit).
 #pragma once

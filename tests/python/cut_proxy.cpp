@@ -1,5 +1,5 @@
 // ordo-cut-proxy: tests/support/cutting_proxy.hpp as a program, for the Python tests
-// (tests/python/test_resume.py): forwards 127.0.0.1:<any port> to --to and resets each
+// (tests/python/test_faults.py, test_dask.py): forwards 127.0.0.1:<any port> to --to and resets each
 // connection after a random number of bytes in [--min-bytes, --max-bytes]. Prints
 // "listening on tcp://127.0.0.1:PORT", then runs until stdin closes (the test's pipe: a test
 // that dies takes the proxy with it) and prints "cuts N" on exit.
