@@ -6,7 +6,9 @@
    a top-level folder of the repository (`rpc/wire/read.hpp`, `tests/python/`), or, in a
    Markdown link, one relative to the document. `*` in a name matches any characters
    (`rpc/wire/read.*`). CHANGELOG.md is history and may name what has gone.
-2. Every library file (the layers of tools/check_layers.py, the Python package, tools/)
+2. The docs hold no history: no figure labelled by a round of work ("eighteenth round") and
+   no "issue N"; figures say their date and commit, and CHANGELOG.md holds what came before.
+3. Every library file (the layers of tools/check_layers.py, the Python package, tools/)
    appears in docs/design.md's layout table, in the row of its folder: by its name, by its
    name without the extension, or by a pattern with `*`.
 
@@ -32,6 +34,10 @@ LIBRARY_SUFFIXES = {".hpp", ".cpp", ".py", ".pyi", ".sh"}
 PATH = re.compile(r"(?<![\w./@:-])((?:" + "|".join(re.escape(t) for t in TOP) +
                   r")/[\w.*/{},-]*[\w*/}])")
 EXECUTABLE = re.compile(r"executable\(\s*'([^']+)'")
+ORDINAL = (r"(?:(?:twenty|thirty|forty|fifty|sixty)-)?(?:first|second|third|fourth|fifth|sixth|"
+           r"seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth|[a-z]+tieth|last|same)")
+HISTORY = re.compile(r"\b(?:" + ORDINAL + r"|\d+(?:st|nd|rd|th)) rounds?\b|\bissue \d+",
+                     re.IGNORECASE)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 COMMENT = {".py": re.compile(r"#(.*)$"), ".sh": re.compile(r"#(.*)$"),
            ".build": re.compile(r"#(.*)$"), ".txt": re.compile(r"#(.*)$"),
@@ -116,6 +122,9 @@ def check_named(root):
                 if not exists(root, p, targets) and not (
                         here != "." and exists(root, f"{here}/{p}", targets)):
                     problems.append(f"{rel}:{n}: names {p}, which is not in the repository")
+            for m in HISTORY.finditer(line):
+                problems.append(f"{rel}:{n}: \"{m.group(0)}\" is history: a date and commit, "
+                                f"or CHANGELOG.md")
             for m in LINK.finditer(line):
                 target = m.group(1)
                 if "://" in target or target.startswith("mailto:"):
