@@ -4,7 +4,9 @@
 Every `#include "..."` in the library's folders is read. A file may include a header of its own
 layer or of a lower one; never of a higher layer, nor of a sibling at the same height (comm and
 fleet know nothing of each other). Public headers (include/ordo/) may include only public
-headers. Inside rpc/, wire/ is the bottom: it includes no other rpc folder.
+headers. Inside rpc/, the folders are a stack of their own (RPC_FOLDERS): a folder includes
+only from itself and from lower ones, and two at one height know nothing of each other.
+tests/rpc/'s folders are rpc/'s.
 
 Usage: check_layers.py [SOURCE_ROOT]. Prints each violation as FILE:LINE: reason, exits 1 if
 there is one, 0 otherwise.
@@ -28,7 +30,9 @@ LAYERS = [
     ("json", 4, ["json/"]),
     ("gateway", 5, ["gateway/", "include/ordo/gateway/"]),
 ]
-RPC_FOLDERS = ["wire", "connection", "streams", "batching", "server", "channels"]
+# rpc/'s folders, by height (docs/design.md, "Layers").
+RPC_FOLDERS = {"wire": 0, "context": 1, "session": 1, "streams": 1, "dispatch": 2,
+               "batching": 2, "connection": 3, "server": 4, "channels": 5}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -46,6 +50,22 @@ def resolve(target, root):
     if (root / target).exists():
         return target
     return None
+
+
+def check_rpc(rel, n, target):
+    """The order inside rpc/: `rel` (in rpc/) includes `target` (in rpc/)."""
+    mine, theirs = rel.split("/")[1], target.split("/")[1]
+    if mine == theirs:
+        return []
+    for folder in (mine, theirs):
+        if folder not in RPC_FOLDERS:
+            return [f"{rel}:{n}: rpc/{folder}/ has no height in RPC_FOLDERS"]
+    if RPC_FOLDERS[theirs] > RPC_FOLDERS[mine]:
+        return [f"{rel}:{n}: rpc/{mine} (height {RPC_FOLDERS[mine]}) includes {target} of the "
+                f"higher rpc/{theirs} (height {RPC_FOLDERS[theirs]})"]
+    if RPC_FOLDERS[theirs] == RPC_FOLDERS[mine]:
+        return [f"{rel}:{n}: rpc/{mine} includes {target} of its sibling rpc/{theirs}"]
+    return []
 
 
 def check(root):
@@ -83,12 +103,16 @@ def check(root):
             elif theirs[1] == mine[1] and theirs[0] != mine[0]:
                 problems.append(f"{rel}:{n}: {mine[0]} includes {target} of its sibling "
                                 f"layer {theirs[0]}")
-            if rel.startswith("rpc/wire/") and target.startswith("rpc/") \
-                    and not target.startswith("rpc/wire/"):
-                problems.append(f"{rel}:{n}: rpc/wire includes {target} of a higher rpc folder")
+            if rel.startswith("rpc/") and target.startswith("rpc/"):
+                problems += check_rpc(rel, n, target)
     for folder in RPC_FOLDERS:
         if not (root / "rpc" / folder).is_dir():
             problems.append(f"rpc/{folder}/ is missing (docs/design.md names it)")
+    tests = root / "tests" / "rpc"
+    if tests.is_dir():  # tests/rpc/ mirrors rpc/: a folder of tests per folder of code
+        for p in tests.iterdir():
+            if p.is_dir() and p.name not in RPC_FOLDERS:
+                problems.append(f"tests/rpc/{p.name}/ is no folder of rpc/")
     loose = [p.name for p in (root / "rpc").iterdir() if p.is_file()]
     if loose:
         problems.append(f"rpc/ holds files outside its folders: {', '.join(sorted(loose))}")

@@ -8,7 +8,7 @@
 #include "lib/escaped.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/rpc/handlers.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 
 namespace ordo::detail {
 

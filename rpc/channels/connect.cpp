@@ -9,8 +9,8 @@
 #include "ordo/rpc/pool.hpp"
 #include "ordo/rpc/router.hpp"
 #include "rpc/channels/connecting.hpp"
-#include "rpc/connection/context.hpp"
-#include "rpc/connection/session.hpp"
+#include "rpc/context/context.hpp"
+#include "rpc/session/session.hpp"
 
 namespace ordo {
 

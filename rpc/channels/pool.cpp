@@ -7,7 +7,7 @@
 #include "lib/task_scope.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/wait_queue.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 #include "rpc/connection/when_closed.hpp"
 
 namespace ordo {

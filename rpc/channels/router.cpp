@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "rpc/channels/router_state.hpp"
-#include "rpc/connection/context.hpp"
-#include "rpc/connection/spans.hpp"
+#include "rpc/context/context.hpp"
+#include "rpc/context/spans.hpp"
 
 namespace ordo {
 namespace {

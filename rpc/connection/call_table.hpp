@@ -13,7 +13,7 @@
 #include "ordo/rpc/channel.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "rpc/connection/call_watch.hpp"
-#include "rpc/connection/fifo.hpp"
+#include "lib/fifo.hpp"
 #include "rpc/connection/id_table.hpp"
 
 namespace ordo {

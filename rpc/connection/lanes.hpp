@@ -23,7 +23,7 @@
 
 #include "lib/byte_buffer.hpp"
 #include "ordo/limits.hpp"
-#include "rpc/connection/fifo.hpp"
+#include "lib/fifo.hpp"
 
 namespace ordo::detail {
 

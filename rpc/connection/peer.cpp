@@ -3,7 +3,7 @@
 #include "ordo/rpc/peer.hpp"
 
 #include "ordo/error.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 #include "rpc/connection/peer_state.hpp"
 
 namespace ordo {

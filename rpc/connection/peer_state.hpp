@@ -4,7 +4,7 @@
 //   call_table  (call_table.*)  this side's calls: msgids, deadlines, cancellation;
 //   dispatcher  (dispatcher.*)  the remote side's messages: order of handlers (section 5);
 //   liveness    (liveness.*)    dead peers within a bounded time (section 7).
-// rpc/connection/peer.cpp holds the peer's public operations, rpc/streams/peer_stream.cpp the
+// rpc/connection/peer.cpp holds the peer's public operations, rpc/connection/peer_stream.cpp the
 // caller's side of streaming calls (ordo.stream, ordo.credit).
 #pragma once
 
@@ -15,11 +15,11 @@
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "rpc/connection/call_table.hpp"
-#include "rpc/connection/context.hpp"
-#include "rpc/connection/dispatcher.hpp"
+#include "rpc/context/context.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
 #include "rpc/connection/lanes.hpp"
 #include "rpc/connection/liveness.hpp"
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 namespace ordo {
 
@@ -476,7 +476,7 @@ struct peer::state final : detail::call_table_host,
     }
     std::uint32_t next_msgid() override { return calls.next_id(); }
 
-    // rpc/streams/peer_stream.cpp.
+    // rpc/connection/peer_stream.cpp.
     void send_stream_request(std::uint32_t id, detail::pending_call& call);
     void send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                      std::uint16_t lane);

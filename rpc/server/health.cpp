@@ -1,5 +1,5 @@
 // Health (docs/protocol.md, "Health"): the states a server's services are in, what the reserved
-// method ordo.health answers (rpc/connection/dispatcher.cpp reads health()), and the streaming
+// method ordo.health answers (rpc/dispatch/dispatcher.cpp reads health()), and the streaming
 // handler behind ordo.health_watch, which writes a service's state and then each change.
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/server.hpp"

@@ -11,7 +11,7 @@
 
 #include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 #include "rpc/connection/when_closed.hpp"
 #include "rpc/server/server_state.hpp"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ordo/rpc/server.hpp"
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 namespace ordo {
 

@@ -108,7 +108,7 @@ using offload_body = std::function<net::awaitable<void>(std::stop_token)>;
 /// ending) requests stop on the body's token at once, and emits terminal Asio cancellation into
 /// the body on its strand (where it runs: Asio's signals are not thread-safe). The wait still
 /// lasts until the body ends, and then throws errc::cancelled whatever the body did: a
-/// cancelled body's answer is never sent. rpc/connection/offload.cpp.
+/// cancelled body's answer is never sent. rpc/dispatch/offload.cpp.
 net::awaitable<void> run_offloaded(net::any_io_executor ex, offload_body body);
 
 /// The body of `f` on `ex` (handler_options::run_on; empty: on this loop, for a handler that

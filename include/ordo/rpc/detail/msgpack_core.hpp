@@ -9,7 +9,7 @@
 // <ordo/ordo.hpp>, which does). Without it the call does not compile. It must never pack
 // differently: so every adaptor msgpack-c has for a more specialised form of a type included
 // here is included too (std::vector<unsigned char> is bin, not an array of ints, in every
-// translation unit), as tests/rpc/codec_test.cpp checks against <msgpack.hpp>.
+// translation unit), as tests/rpc/wire/codec_test.cpp checks against <msgpack.hpp>.
 #pragma once
 
 #include <msgpack/object.hpp>

@@ -97,7 +97,7 @@ std::string_view keep_delivered_item(const msgpack::object& item,
                                      std::shared_ptr<const kept_bytes>& kept);
 
 /// The server's side of one stream, as a handler's writer sees it
-/// (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
+/// (rpc/dispatch/dispatcher_stream.cpp). Belongs to the connection's executor.
 class stream_out {
   public:
     virtual ~stream_out() = default;
@@ -135,7 +135,7 @@ class stream_out {
 };
 
 /// The items a caller writes to a handler (two-way and client streams), as the handler's reader
-/// sees them (rpc/streams/dispatcher_stream.cpp). Belongs to the connection's executor.
+/// sees them (rpc/dispatch/dispatcher_stream.cpp). Belongs to the connection's executor.
 class stream_in {
   public:
     virtual ~stream_in() = default;
@@ -167,7 +167,7 @@ class stream_in {
 
 /// A streaming handler's output as a body on handler_options::run_on sees it: each item is
 /// packed on the body's thread and handed to the connection's loop, where it waits for credit
-/// and goes out in order; the body's write() suspends until then. rpc/connection/offload.cpp.
+/// and goes out in order; the body's write() suspends until then. rpc/dispatch/offload.cpp.
 class offload_out final : public stream_out {
   public:
     /// `loop_side` (on `loop`) outlives this; `stop` is the call's.

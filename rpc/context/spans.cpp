@@ -1,6 +1,6 @@
-// The span recorder (rpc/connection/spans.hpp): one per process, behind one mutex that only
+// The span recorder (rpc/context/spans.hpp): one per process, behind one mutex that only
 // kept spans take (sampled, failed, or among the slowest so far).
-#include "rpc/connection/spans.hpp"
+#include "rpc/context/spans.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 // ordo.hello and the answer to it (welcome, or a peer that does not resume: plain), the
 // server's side of ordo.hello (a new session, or a caller back whose session takes the new
 // connection over), and the session ids.
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 #include <sys/random.h>
 
@@ -10,7 +10,7 @@
 
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
-#include "rpc/connection/session_parts.hpp"
+#include "rpc/session/session_parts.hpp"
 #include "rpc/wire/errors.hpp"
 
 namespace ordo::detail {

@@ -1,4 +1,4 @@
-#include "rpc/connection/admission.hpp"
+#include "rpc/dispatch/admission.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rpc/connection/fifo.hpp"
+#include "lib/fifo.hpp"
 
 namespace ordo::detail {
 

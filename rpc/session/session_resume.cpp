@@ -1,9 +1,9 @@
 // A resumable session's life between and across connections (docs/protocol.md "Resumable
-// sessions"): the unacknowledged messages it keeps (rpc/connection/resend_buffer.hpp) and their
+// sessions"): the unacknowledged messages it keeps (rpc/session/resend_buffer.hpp) and their
 // charge to the memory budget, the count of messages received and the acks (ordo.ack) both
 // ways, ordo.bye, sending again what the other side missed, and after a drop the window, the
 // reconnection loop, and losing the session when the window passes.
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 #include <algorithm>
 #include <random>
@@ -11,7 +11,7 @@
 #include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/rpc/peer.hpp"
-#include "rpc/connection/session_parts.hpp"
+#include "rpc/session/session_parts.hpp"
 
 namespace ordo::detail {
 

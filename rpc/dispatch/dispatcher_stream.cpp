@@ -1,10 +1,10 @@
 // The server's side of streaming calls (docs/protocol.md, "Streams"): a streaming handler's
-// output (dispatcher::stream_run, rpc/streams/stream_run.hpp) sending items as ordo.item while
+// output (dispatcher::stream_run, rpc/dispatch/stream_run.hpp) sending items as ordo.item while
 // the caller gives credit, or collecting them into one response for a caller that does not
 // stream; a reading handler's input (dispatcher::inbox, "Streams both ways"), ordo.in queued
 // for its reader and ordo.in_credit granted back as it reads; and the ordo.stream request
 // unwrapped into the call inside.
-#include "rpc/streams/stream_run.hpp"
+#include "rpc/dispatch/stream_run.hpp"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // The dispatcher alone, fed decoded messages without a connection: serial order with a
 // suspended handler, concurrent handlers overlapping, a pipelined serial handler's window,
 // ordo.cancel of a running and of a queued request, read pausing at the queue limit, and stop().
-#include "rpc/connection/dispatcher.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Call contexts: reading one from a request, the thread's current one, and passing a deadline
-// on to the calls a handler makes (rpc/connection/context.hpp).
-#include "rpc/connection/context.hpp"
-#include "rpc/connection/spans.hpp"
+// on to the calls a handler makes (rpc/context/context.hpp).
+#include "rpc/context/context.hpp"
+#include "rpc/context/spans.hpp"
 
 #include <algorithm>
 #include <array>

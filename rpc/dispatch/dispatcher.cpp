@@ -1,8 +1,8 @@
-// detail::dispatcher: the remote side's messages in arrival order (rpc/connection/dispatcher.hpp
+// detail::dispatcher: the remote side's messages in arrival order (rpc/dispatch/dispatcher.hpp
 // says which guarantees): the bounded queue, plain and coroutine handlers, cancellation. The
-// reserved ordo.* methods are rpc/connection/reserved.cpp; streaming handlers' output is
-// rpc/streams/dispatcher_stream.cpp.
-#include "rpc/connection/dispatcher.hpp"
+// reserved ordo.* methods are rpc/dispatch/reserved.cpp; streaming handlers' output is
+// rpc/dispatch/dispatcher_stream.cpp.
+#include "rpc/dispatch/dispatcher.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,11 +12,10 @@
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/peer.hpp"
 #include "ordo/rpc/stream_call.hpp"
-#include "rpc/connection/admission.hpp"
-#include "rpc/connection/context.hpp"
-#include "rpc/connection/spans.hpp"
-#include "rpc/server/stats_answer.hpp"
-#include "rpc/streams/stream_run.hpp"
+#include "rpc/dispatch/admission.hpp"
+#include "rpc/context/context.hpp"
+#include "rpc/context/spans.hpp"
+#include "rpc/dispatch/stream_run.hpp"
 #include "rpc/wire/errors.hpp"
 
 namespace ordo::detail {

@@ -8,7 +8,7 @@
 
 #include "ordo/error.hpp"
 #include "ordo/rpc/stream_call.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 
 namespace ordo::detail {
 

@@ -21,7 +21,7 @@
 #include "ordo/rpc/context.hpp"
 #include "ordo/rpc/detail/handler_entry.hpp"
 #include "ordo/net.hpp"
-#include "rpc/connection/admission.hpp"
+#include "rpc/dispatch/admission.hpp"
 
 namespace ordo {
 
@@ -165,10 +165,10 @@ class dispatcher {
     void on_message_slow(message& m, std::size_t bytes);
     // `bytes`: its size on the wire (0: not known).
     void on_reserved(const message& m, std::size_t bytes);
-    // ordo.in [msgid, item] and ordo.in_end [msgid, count] (rpc/streams/dispatcher_stream.cpp).
+    // ordo.in [msgid, item] and ordo.in_end [msgid, count] (rpc/dispatch/dispatcher_stream.cpp).
     void on_in(const message& m, std::size_t bytes);
     // ordo.health [service?]: the state's word, or method_not_found for a name never set
-    // (rpc/connection/refusals.cpp).
+    // (rpc/dispatch/refusals.cpp).
     void answer_health(const message& m);
     /// Whether it had the call `msgid` (running or queued) to cancel.
     bool cancel_handler(std::uint32_t msgid);
@@ -205,7 +205,7 @@ class dispatcher {
     void deny(const handler_entry& e, const message& m, const arrival& a);
     // Takes a slot of e's limit and of the server's (handler_options::concurrency,
     // server_options::concurrency), or refuses m (errc::overloaded, a notification dropped) and
-    // says no. Only asked when one of them is set (rpc/connection/refusals.cpp). A server's
+    // says no. Only asked when one of them is set (rpc/dispatch/refusals.cpp). A server's
     // limit shared among callers (server_options::shares) may make the call wait: `wait` is
     // set, and the handler starts once it is granted (run_handler).
     [[gnu::cold]] bool admit(const handler_entry& e, const message& m, const arrival& a,

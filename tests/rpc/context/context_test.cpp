@@ -15,7 +15,7 @@
 #include <asio/write.hpp>
 
 #include "ordo/ordo.hpp"
-#include "rpc/connection/context.hpp"
+#include "rpc/context/context.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
 

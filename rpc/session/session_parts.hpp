@@ -1,6 +1,6 @@
-// What the files of detail::session share: rpc/connection/session.cpp (the session, a plain one
-// whole), rpc/connection/session_resume.cpp (counts, acks, the resend buffer, windows,
-// reconnection) and rpc/connection/session_handshake.cpp (ordo.hello, its answers, a resume taking
+// What the files of detail::session share: rpc/session/session.cpp (the session, a plain one
+// whole), rpc/session/session_resume.cpp (counts, acks, the resend buffer, windows,
+// reconnection) and rpc/session/session_handshake.cpp (ordo.hello, its answers, a resume taking
 // a connection over).
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 namespace ordo::detail {
 

@@ -11,7 +11,7 @@
 
 #include "lib/address_group.hpp"
 #include "ordo/rpc/detail/stream_core.hpp"
-#include "rpc/connection/admission.hpp"
+#include "rpc/dispatch/admission.hpp"
 
 namespace ordo::detail {
 

@@ -4,7 +4,7 @@
 // it; an adaptive limit learns from those durations (docs/design.md, "Overload"). A server's
 // limit may be shared among its callers (caller_shares): then a call enters as its caller's
 // (enter), may wait for a slot in its caller's queue (wait), and leaves as its caller's; the
-// sharing is in rpc/connection/caller_shares.cpp.
+// sharing is in rpc/dispatch/caller_shares.cpp.
 #pragma once
 
 #include <atomic>

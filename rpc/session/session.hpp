@@ -27,7 +27,7 @@
 #include "ordo/comm/batched_comm.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "ordo/identity.hpp"
-#include "rpc/connection/resend_buffer.hpp"
+#include "rpc/session/resend_buffer.hpp"
 
 namespace ordo {
 

@@ -1,13 +1,13 @@
 // detail::dispatcher and the reserved ordo.* methods (docs/protocol.md, "Reserved methods"):
 // answered at once, ahead of the queue, never by a user's handler.
-#include "rpc/connection/dispatcher.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
 
 #include "lib/escaped.hpp"
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/peer.hpp"
-#include "rpc/connection/spans.hpp"
-#include "rpc/server/stats_answer.hpp"
-#include "rpc/streams/stream_run.hpp"
+#include "rpc/context/spans.hpp"
+#include "rpc/dispatch/stats_answer.hpp"
+#include "rpc/dispatch/stream_run.hpp"
 #include "rpc/wire/errors.hpp"
 
 namespace ordo::detail {

@@ -1,8 +1,8 @@
 // A streaming handler's output on the server's side of a connection (docs/protocol.md,
 // "Streams"): what ordo::writer writes to; and a reading handler's input ("Streams both ways"):
-// what ordo::reader reads from. Declared here for rpc/connection/dispatcher.cpp, which starts
+// what ordo::reader reads from. Declared here for rpc/dispatch/dispatcher.cpp, which starts
 // and cancels such handlers and hands them credit and items; their workings are
-// rpc/streams/dispatcher_stream.cpp and rpc/streams/dispatcher_stream.cpp.
+// dispatcher_stream.cpp, beside this file.
 #pragma once
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "ordo/rpc/stream_call.hpp"
-#include "rpc/connection/dispatcher.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
 
 namespace ordo::detail {
 

@@ -1,16 +1,16 @@
 // detail::session: the one seam the call table and the dispatcher send through, and the one
 // place that knows how the connection ended. This file holds the session itself and the whole
-// of a plain one (a batched_comm); a resumable one adds rpc/connection/session_resume.cpp (acks,
-// resend buffer, windows, reconnection) and rpc/connection/session_handshake.cpp (ordo.hello); the
-// server's registry of sessions is rpc/connection/session_registry.cpp.
-#include "rpc/connection/session.hpp"
+// of a plain one (a batched_comm); a resumable one adds rpc/session/session_resume.cpp (acks,
+// resend buffer, windows, reconnection) and rpc/session/session_handshake.cpp (ordo.hello); the
+// server's registry of sessions is rpc/session/session_registry.cpp.
+#include "rpc/session/session.hpp"
 
 #include <algorithm>
 
 #include "ordo/detail/memory_budget.hpp"
 #include "ordo/rpc/detail/message_heads.hpp"
 #include "ordo/rpc/peer.hpp"
-#include "rpc/connection/session_parts.hpp"
+#include "rpc/session/session_parts.hpp"
 
 namespace ordo::detail {
 

@@ -1,10 +1,10 @@
 // Per-method counters (ordo/rpc/stats.hpp), the answer to the reserved method ordo.stats, and
 // the record of a request answered (the access log and spans).
-#include "rpc/server/stats_answer.hpp"
+#include "rpc/dispatch/stats_answer.hpp"
 
-#include "rpc/connection/admission.hpp"
-#include "rpc/connection/dispatcher.hpp"
-#include "rpc/connection/spans.hpp"
+#include "rpc/dispatch/admission.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
+#include "rpc/context/spans.hpp"
 #include "rpc/wire/errors.hpp"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // detail::session_registry: a server's resumable sessions by id, and the bound on those
 // detached (waiting for their caller to come back).
-#include "rpc/connection/session.hpp"
+#include "rpc/session/session.hpp"
 
 #include <algorithm>
 #include <string>

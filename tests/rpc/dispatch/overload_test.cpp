@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "rpc/connection/admission.hpp"
+#include "rpc/dispatch/admission.hpp"
 #include "support/gate.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"

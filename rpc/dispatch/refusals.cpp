@@ -1,14 +1,13 @@
-// A call refused before anything of it runs (detail::dispatcher, rpc/connection/dispatcher.hpp):
+// A call refused before anything of it runs (detail::dispatcher, rpc/dispatch/dispatcher.hpp):
 // its deadline passed while it waited, its caller may not call it, or it is over a concurrency
 // limit (docs/protocol.md, "Overload"); and the answer to ordo.health, which says whether calls
 // are welcome at all (docs/protocol.md, "Health").
-#include "rpc/connection/dispatcher.hpp"
+#include "rpc/dispatch/dispatcher.hpp"
 
 #include "ordo/rpc/handlers.hpp"
 #include "ordo/rpc/peer.hpp"
-#include "rpc/connection/admission.hpp"
-#include "rpc/connection/context.hpp"
-#include "rpc/server/stats_answer.hpp"
+#include "rpc/dispatch/admission.hpp"
+#include "rpc/context/context.hpp"
 #include "rpc/wire/errors.hpp"
 
 namespace ordo::detail {
