@@ -44,8 +44,10 @@ bool apply_peer_parameter(std::string_view url, const std::string& key, const st
     return true;
 }
 
-rpc_error connect_error(std::string_view url, const std::system_error& e) {
-    auto* r = dynamic_cast<const rpc_error*>(&e);
+namespace {
+
+// `r`: `e` when it is an rpc_error.
+rpc_error connect_error(std::string_view url, const std::system_error& e, const rpc_error* r) {
     if (r && !r->peer().empty()) return *r;  // already names its address
     // What went wrong, without the "ordo: " prefix and the code's words after it.
     std::string inner = r ? r->detail() : e.what();
@@ -73,6 +75,18 @@ rpc_error connect_error(std::string_view url, const std::system_error& e) {
     return rpc_error(
         unknown_host ? make_error_code(errc::bad_address) : make_error_code(errc::peer_lost), {},
         std::string(url), reason);
+}
+
+}  // namespace
+
+rpc_error connect_error(std::string_view url) {
+    try {
+        throw;
+    } catch (const rpc_error& r) {
+        return connect_error(url, r, &r);
+    } catch (const std::system_error& e) {
+        return connect_error(url, e, nullptr);
+    }
 }
 
 namespace {
@@ -477,8 +491,8 @@ net::awaitable<channel> async_connect(std::string_view url, peer_options o, cons
                                              open_channel(where, std::move(o), h),
                                              net::use_awaitable);
         co_return co_await open_channel(where, std::move(o), h);
-    } catch (const std::system_error& e) {
-        throw detail::connect_error(where, e);
+    } catch (const std::system_error&) {
+        throw detail::connect_error(where);
     }
 }
 

@@ -23,8 +23,9 @@ net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url
 /// A failure to open a connection to `url`, as ordo reports it: an rpc_error with an empty
 /// method and an ordo::errc code. OS errors (refused, unreachable, reset, handshake...) become
 /// errc::peer_lost and an unknown host errc::bad_address, the OS's reason kept in the detail;
-/// errors that already carry an errc (bad_address, timed_out...) keep it.
-rpc_error connect_error(std::string_view url, const std::system_error& e);
+/// errors that already carry an errc (bad_address, timed_out...) keep it. Called while a
+/// std::system_error is handled (in its catch block): that is the failure.
+rpc_error connect_error(std::string_view url);
 
 /// Applies `key=value` if it is a peer parameter (timeout_ms, interval_ms,
 /// liveness_timeout_ms, heartbeat_ms); returns false for other keys.

@@ -202,10 +202,10 @@ struct pool::state {
         try {
             t = co_await detail::open_transport_within(s.url, s.o.connect_timeout,
                                                        s.o.peer.transport);
-        } catch (const std::system_error& e) {
+        } catch (const std::system_error&) {
             // The code an ordered channel reports for a server that is gone (peer_lost, or
             // timed_out...), with the OS's reason as the detail.
-            const rpc_error r = detail::connect_error(s.url, e);
+            const rpc_error r = detail::connect_error(s.url);
             ec = r.code();
             why = r.detail();
         }
@@ -365,8 +365,8 @@ net::awaitable<void> pool::async_warm_up() {
     try {
         t = co_await detail::open_transport_within(s_->url, s_->o.connect_timeout,
                                                    s_->o.peer.transport);
-    } catch (const std::system_error& e) {
-        throw detail::connect_error(s_->url, e);
+    } catch (const std::system_error&) {
+        throw detail::connect_error(s_->url);
     }
     s_->adopt(std::move(t));
 }
