@@ -12,6 +12,7 @@
 #include "lib/escaped.hpp"
 #include "ordo/detail/memory_budget.hpp"
 #include "rpc/context/context.hpp"
+#include "rpc/session/session.hpp"
 #include "rpc/connection/when_closed.hpp"
 #include "rpc/server/server_state.hpp"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ordo/rpc/server.hpp"
-#include "rpc/session/session.hpp"
+#include "rpc/session/session_registry.hpp"
 
 namespace ordo {
 
