@@ -149,7 +149,7 @@ class _LoopHub:
                     try:
                         fut.set_result(_unpackb(c[1]))
                     except Exception as e:  # not msgpack we can read
-                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", 12))
+                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", BadResult.code))
                 continue
             kind, token, code, a, b, data, text, detail = c
             if kind == _CALL or kind == _DONE or kind == _CONNECTED:
@@ -162,7 +162,7 @@ class _LoopHub:
                     try:
                         fut.set_result(_unpackb(data))
                     except Exception as e:  # not msgpack we can read
-                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", 12))
+                        fut.set_exception(BadResult(f"ordo: result does not decode: {e}", BadResult.code))
                 else:
                     fut.set_result((a, text))
             elif kind == _REQUEST:
@@ -238,7 +238,7 @@ def _hub() -> _LoopHub:
 
 def _check_running(what: str) -> None:
     if _shut:
-        raise Closed(f"ordo: {what} failed: ordo was shut down", 10)
+        raise Closed(f"ordo: {what} failed: ordo was shut down")
 
 
 def _timeout_ms(timeout: float | None) -> int:
@@ -363,7 +363,7 @@ class Channel:
         if timeout_ms < 0:
             fut.set_exception(TimedOut(
                 f"ordo: call {method} to {self.remote_address} failed: timed out (the "
-                f"deadline of the call whose handler made it had passed)", 2))
+                f"deadline of the call whose handler made it had passed)"))
             return fut
         lh.futures[token] = fut
         out = self._out  # _LoopHub.queue, inlined

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ._ordo import errc as _errc  # ordo::errc by name, from the C++ half
+
 
 class OrdoError(Exception):
     """A failed ordo operation. `code` is ordo's errc value (include/ordo/error.hpp; 0 when
@@ -20,64 +22,64 @@ class OrdoError(Exception):
 
 
 class PeerLost(OrdoError, ConnectionError):
-    code = 1
+    code = _errc["peer_lost"]
 
 
 class TimedOut(OrdoError, TimeoutError):
-    code = 2
+    code = _errc["timed_out"]
 
 
 class Cancelled(OrdoError):
-    code = 3
+    code = _errc["cancelled"]
 
 
 class ProtocolError(OrdoError):
-    code = 4
+    code = _errc["protocol_error"]
 
 
 class MethodNotFound(OrdoError):
-    code = 5
+    code = _errc["method_not_found"]
 
 
 class BadArguments(OrdoError, TypeError):
-    code = 6
+    code = _errc["bad_arguments"]
 
 
 class RemoteError(OrdoError):
     """The remote handler raised; `detail` is its message."""
-    code = 7
+    code = _errc["remote_error"]
 
 
 class Overloaded(OrdoError):
-    code = 8
+    code = _errc["overloaded"]
 
 
 class ShuttingDown(OrdoError):
-    code = 9
+    code = _errc["shutting_down"]
 
 
 class Closed(OrdoError, ConnectionError):
-    code = 10
+    code = _errc["closed"]
 
 
 class BadAddress(OrdoError, ValueError):
-    code = 11
+    code = _errc["bad_address"]
 
 
 class BadResult(OrdoError):
-    code = 12
+    code = _errc["bad_result"]
 
 
 class SessionLost(PeerLost):
-    code = 13
+    code = _errc["session_lost"]
 
 
 class Unauthenticated(OrdoError, PermissionError):
-    code = 14
+    code = _errc["unauthenticated"]
 
 
 class PermissionDenied(OrdoError, PermissionError):
-    code = 15
+    code = _errc["permission_denied"]
 
 
 _by_code = {c.code: c for c in (PeerLost, TimedOut, Cancelled, ProtocolError, MethodNotFound,

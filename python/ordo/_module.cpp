@@ -4,6 +4,7 @@
 // thread (Dask's profiler, an offload thread) take it and keep the loop waiting up to a switch
 // interval. Only what waits (stop_listening, shutdown) releases it.
 // ordo/__init__.py builds the public API on it.
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -135,6 +136,18 @@ constexpr std::size_t in_place_batch_bytes = 256 * 1024;
 PYBIND11_MODULE(_ordo, m) {
     m.doc() = "ordo's C++ core; use the ordo package, not this module";
     m.attr("__version__") = ORDO_PY_VERSION;  // meson.build's project version
+    {
+        // ordo::errc by name ("peer_lost": 1, ...): the codes _errors.py's classes carry.
+        pyb::dict codes;
+        const std::string unknown = ordo::to_string(static_cast<ordo::errc>(0));
+        for (int i = 1; i < 256; ++i) {
+            std::string name = ordo::to_string(static_cast<ordo::errc>(i));
+            if (name == unknown) continue;
+            std::replace(name.begin(), name.end(), ' ', '_');
+            codes[pyb::str(name)] = i;
+        }
+        m.attr("errc") = codes;
+    }
     namespace op = ordo::py;
 
     pyb::class_<blob>(m, "Blob", pyb::buffer_protocol())

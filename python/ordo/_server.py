@@ -11,8 +11,9 @@ import inspect
 import types
 
 from . import _ordo
-from ._api import (_BIG_ITEM, BadArguments, OrdoError, Peer, _check_running, _hub, _packb,
-                   _packb_split, _tokens, _unpackb, _LoopHub)
+from ._api import (_BIG_ITEM, BadArguments, Cancelled, Closed, OrdoError, Peer, RemoteError,
+                   ShuttingDown, _check_running, _hub, _LoopHub, _packb, _packb_split, _tokens,
+                   _unpackb)
 from ._batching import _Batcher, _StreamBatcher
 from ._context import CallContext, _current
 from ._writing import Reader, _Writer
@@ -63,12 +64,12 @@ class _Handler:
         n = len(params)
         if n < self.min_args or (self.max_args is not None and n > self.max_args):
             raise BadArguments(f"{self.name}{self.signature} takes "
-                               f"{self._count()} arguments, got {n}", 6)
+                               f"{self._count()} arguments, got {n}", BadArguments.code)
         for i, types, tname in self.types:
             if i < n and (not isinstance(params[i], types) or
                           (tname != "bool" and isinstance(params[i], bool))):
                 raise BadArguments(f"{self.name}{self.signature}: argument {i + 1} is "
-                                   f"{type(params[i]).__name__}, not {tname}", 6)
+                                   f"{type(params[i]).__name__}, not {tname}", BadArguments.code)
 
     def _count(self) -> str:
         if self.max_args is None:
@@ -80,8 +81,8 @@ class _Handler:
 
 def _describe(e: BaseException, h: _Handler) -> tuple[int, bytes]:
     if isinstance(e, OrdoError):
-        return (e.code or 7), e.detail.encode()
-    return 7, f"{h.name}: {type(e).__name__}: {e}".encode()
+        return (e.code or RemoteError.code), e.detail.encode()
+    return RemoteError.code, f"{h.name}: {type(e).__name__}: {e}".encode()
 
 
 def _arrive(lh: _LoopHub, token: int, hid: int, peer_chan: int, data: bytes, method: str,
@@ -154,16 +155,16 @@ def _start(lh: _LoopHub, token: int, h: _Handler | None, peer_chan: int, data: b
         hub.respond(token, 9, b"ordo: the handler's server has stopped")
         return
     if lh.closing:  # the loop is ending (_LoopHub._close_at_loop_end): no new handler task
-        hub.respond(token, 9, f"ordo: {h.name}: the server's event loop is closing".encode())
+        hub.respond(token, ShuttingDown.code, f"ordo: {h.name}: the server's event loop is closing".encode())
         return
     try:
         args = _unpackb(data, False, h.views)
         h.check(args)
     except BadArguments as e:
-        hub.respond(token, 6, e.detail.encode())
+        hub.respond(token, BadArguments.code, e.detail.encode())
         return
     except Exception as e:
-        hub.respond(token, 6, f"{h.name}: params do not decode: {e}".encode())
+        hub.respond(token, BadArguments.code, f"{h.name}: params do not decode: {e}".encode())
         return
     if reader is not None:
         args = [reader] + args
@@ -203,7 +204,7 @@ def _dispatch_in_context(ctx: bytes, lh: _LoopHub, token: int, *rest) -> None:
         c = CallContext(ctx)
     except Exception as e:  # not what _server.cpp packs: answered, the loop goes on
         lh.readers.pop(token, None)
-        lh.respond(token, 6, f"ordo: the call's context does not decode: {e}".encode())
+        lh.respond(token, BadArguments.code, f"ordo: the call's context does not decode: {e}".encode())
         return
     _current.set(c)
     _dispatch(lh, token, *rest)
@@ -230,7 +231,7 @@ def _resume(coro, yielded):
 
 def _cancelled(lh: _LoopHub, token: int, h: _Handler) -> None:
     if lh.requests.pop(token, None) is not None:  # not ordo's cancel: say so to the caller
-        lh.respond(token, 3, f"ordo: handler {h.name} cancelled".encode())
+        lh.respond(token, Cancelled.code, f"ordo: handler {h.name} cancelled".encode())
 
 
 def _answer(lh: _LoopHub, token: int, h: _Handler, e: Exception | None, data: bytes) -> None:
@@ -383,7 +384,7 @@ class Server:
 
     def _attach(self, lh: _LoopHub) -> None:
         if self._stopped:
-            raise OrdoError("ordo: the server has stopped", 10)
+            raise OrdoError("ordo: the server has stopped", Closed.code)
         if self._lh is None:
             self._lh = lh
             lh.hub.server_create(self._id, self._tokens, self._introspectors)
@@ -397,7 +398,7 @@ class Server:
         it; returns the bound address. Requests are handled on this loop."""
         _check_running(f"listen on {url}")
         if self._stopped:
-            raise OrdoError(f"ordo: listen on {url}: the server has stopped", 10)
+            raise OrdoError(f"ordo: listen on {url}: the server has stopped", Closed.code)
         lh = _hub()
         self._attach(lh)
         token = next(_tokens)

@@ -181,3 +181,16 @@ def test_packb_split_leaves_out_the_big_bin_that_ends_what_it_packs():
     assert _ordo.packb_split([big], 1 << 20)[1] is None  # shorter than asked for
     with pytest.raises(TypeError):
         _ordo.packb_split([object()], 0)
+
+
+def test_every_ordo_error_code_has_its_exception_class_named_as_in_cpp():
+    # The codes come from the C++ half (_ordo.errc, built from ordo::errc's names), so that a
+    # code added there without its Python class fails here.
+    from ordo import _errors, _ordo
+    assert _ordo.errc["peer_lost"] == 1 and _ordo.errc["permission_denied"] == 15
+    for name, code in _ordo.errc.items():
+        cls = _errors._by_code.get(code)
+        assert cls is not None, f"no exception class for errc {name} ({code})"
+        assert cls.__name__ == "".join(w.capitalize() for w in name.split("_")), (name, cls)
+        assert cls.code == code
+    assert set(_errors._by_code) == set(_ordo.errc.values())
