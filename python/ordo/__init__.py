@@ -14,10 +14,10 @@ wake-up draining every completion queued meanwhile. See docs/python.md.
 import atexit as _atexit
 
 from . import _ordo
-from ._api import (BadAddress, BadArguments, BadResult, Cancelled, Channel, Closed, Identity,
-                   MethodNotFound, OrdoError, Overloaded, Peer, PeerLost, PermissionDenied,
-                   ProtocolError, RemoteError, SessionLost, ShuttingDown, Stream, TimedOut,
-                   Unauthenticated, connect)
+from ._api import Channel, Identity, Peer, Stream, connect
+from ._errors import (BadAddress, BadArguments, BadResult, Cancelled, Closed, MethodNotFound,
+                      OrdoError, Overloaded, PeerLost, PermissionDenied, ProtocolError,
+                      RemoteError, SessionLost, ShuttingDown, TimedOut, Unauthenticated)
 from ._batching import END
 from ._context import CallContext, current_context
 from ._server import Server
@@ -35,8 +35,8 @@ __all__ = ["connect", "current_context", "CallContext", "Channel", "Peer", "Iden
 def shutdown(wait_s: float = 2.0) -> None:
     """Closes every channel and server and ends ordo's io thread, waiting up to `wait_s` for
     queued messages to go out. Runs at exit; what is started later fails with Closed."""
-    from . import _api
-    _api._shut = True
+    from . import _hub
+    _hub._shut = True
     _ordo.shutdown(int(wait_s * 1000))
 
 

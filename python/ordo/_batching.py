@@ -70,7 +70,8 @@ class _Batcher:
             if len(results) != len(entries):
                 raise ValueError(f"returned {len(results)} results for {len(entries)} calls")
         except Exception as e:
-            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}", RemoteError.code)
+            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}",
+                            RemoteError.code)
             for f in futs:
                 if not f.done():
                     f.set_exception(err)
@@ -166,7 +167,8 @@ class _StreamBatcher(_Batcher):
                         await c.space
             await agen.aclose()
         except Exception as e:
-            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}", RemoteError.code)
+            err = OrdoError(f"batch handler {self.name} failed: {type(e).__name__}: {e}",
+                            RemoteError.code)
             for c in callers:
                 c.finish(err)
         for c in callers:

@@ -1,4 +1,4 @@
-// msgpack for the Python package (_codec.cpp): what ordo/_api.py packs and unpacks with.
+// msgpack for the Python package (_codec.cpp): what ordo/_hub.py packs and unpacks with.
 #pragma once
 
 #include <Python.h>

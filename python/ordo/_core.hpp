@@ -190,7 +190,7 @@ class runtime {
 /// [2, request, code, data] (respond), [3, request, item] (stream_write), [4, stream,
 /// bytes, items] (stream_took), [5, stream, item] (stream_write_in), [6, stream]
 /// (stream_close_writes) and [7, request, items] (reader_took); params, data and item are
-/// msgpack bytes, as bin. Made by ordo/_api.py (_LoopHub.flush).
+/// msgpack bytes, as bin. Made by ordo/_hub.py (_LoopHub.flush).
 void run_batch(const std::shared_ptr<hub>& h, std::string_view batch);
 /// `server`: 0, or the id of a server whose handlers serve what the remote side calls back.
 void start_connect(std::shared_ptr<hub> h, std::uint64_t token, std::string url,

@@ -327,7 +327,7 @@ PYBIND11_MODULE(_ordo, m) {
         .def(
             "stream_write",
             [](std::shared_ptr<hub> h, std::uint64_t request, pyb::bytes item, pyb::object back) {
-                // Big items only (ordo/_api.py); the others go with the turn's batch. With
+                // Big items only (ordo/_hub.py); the others go with the turn's batch. With
                 // `back` (packb_split), `item` is the front of an item whose last bytes are
                 // back's, which are read in place.
                 auto held = std::make_shared<struct held>(

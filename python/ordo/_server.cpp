@@ -48,7 +48,7 @@ std::unordered_map<std::uint64_t, std::shared_ptr<request_state>>& requests() {
     return m;
 }
 
-// A handler's call context, for Python (ordo/_api.py, CallContext): [deadline (steady_clock
+// A handler's call context, for Python (ordo/_context.py, CallContext): [deadline (steady_clock
 // nanoseconds, CLOCK_MONOTONIC as Python's time.monotonic(); -1: none), [[key, value], ...] (a
 // value whose key ends in -bin as bin), trace id, parent id, span id, trace flags] (the ids empty
 // when the call is not traced).
@@ -304,7 +304,7 @@ void server_add(std::uint64_t id, std::string name, std::uint64_t hid, int flags
     e.signature = std::move(signature);
     e.concurrent = (flags & 1) != 0;
     // A serial method's messages cross to the loop many at a time: the loop runs a
-    // connection's handlers one at a time, in order (ordo/_api.py, _LoopHub._request).
+    // connection's handlers one at a time, in order (ordo/_server.py, _arrive).
     if (!e.concurrent && !(flags & (2 | 8))) e.pipeline = serial_pipeline;
     if (flags & 4) e.allow = allow_subjects(std::move(allow));
     if (flags & 8) {

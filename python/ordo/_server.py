@@ -1,5 +1,5 @@
 """The serving side: Server, handlers (coroutines, plain functions, async generators) and
-batch handlers. Requests arrive through the loop's hub (_api._LoopHub) as msgpack bytes; each
+batch handlers. Requests arrive through the loop's hub (_hub._LoopHub) as msgpack bytes; each
 handler's answer goes back the same way. ordo's C++ server keeps a serial handler's connection
 waiting until the answer is back, so handlers run one at a time per connection unless they are
 registered with concurrent=True."""
@@ -11,8 +11,9 @@ import inspect
 import types
 
 from . import _ordo
-from ._api import (_BIG_ITEM, BadArguments, Cancelled, Closed, OrdoError, Peer, RemoteError,
-                   ShuttingDown, _check_running, _hub, _LoopHub, _packb, _packb_split, _tokens,
+from ._api import Peer
+from ._errors import BadArguments, Cancelled, Closed, OrdoError, RemoteError, ShuttingDown
+from ._hub import (_BIG_ITEM, _check_running, _hub, _LoopHub, _packb, _packb_split, _tokens,
                    _unpackb)
 from ._batching import _Batcher, _StreamBatcher
 from ._context import CallContext, _current
@@ -155,7 +156,8 @@ def _start(lh: _LoopHub, token: int, h: _Handler | None, peer_chan: int, data: b
         hub.respond(token, 9, b"ordo: the handler's server has stopped")
         return
     if lh.closing:  # the loop is ending (_LoopHub._close_at_loop_end): no new handler task
-        hub.respond(token, ShuttingDown.code, f"ordo: {h.name}: the server's event loop is closing".encode())
+        hub.respond(token, ShuttingDown.code,
+                    f"ordo: {h.name}: the server's event loop is closing".encode())
         return
     try:
         args = _unpackb(data, False, h.views)
@@ -204,7 +206,8 @@ def _dispatch_in_context(ctx: bytes, lh: _LoopHub, token: int, *rest) -> None:
         c = CallContext(ctx)
     except Exception as e:  # not what _server.cpp packs: answered, the loop goes on
         lh.readers.pop(token, None)
-        lh.respond(token, BadArguments.code, f"ordo: the call's context does not decode: {e}".encode())
+        lh.respond(token, BadArguments.code,
+                   f"ordo: the call's context does not decode: {e}".encode())
         return
     _current.set(c)
     _dispatch(lh, token, *rest)

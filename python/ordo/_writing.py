@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from ._api import Stream, _LoopHub, _error, _packb_split, _unpackb
+from ._api import Stream
+from ._errors import _error
+from ._hub import _LoopHub, _packb_split, _unpackb
 
 # Items this big go to the io thread at once, read in place; smaller ones with the turn's batch.
 _BIG = 1 << 18

@@ -145,7 +145,7 @@ async def test_a_connections_requests_wait_for_its_running_serial_handler_in_ord
 
     ch = await ordo.connect(await srv.listen("tcp://127.0.0.1:0"))
     calls = [ch.slow(0), ch.slow(1), ch.slow(2), ch.fast(3), ch.slow(4)]
-    lh = ordo._api._hub()  # the server's side of this loop: what waits in its lanes
+    lh = ordo._hub._hub()  # the server's side of this loop: what waits in its lanes
     for _ in range(1000):
         if len(lh.waiting) == 4:
             break
