@@ -36,8 +36,8 @@ PATH = re.compile(r"(?<![\w./@:-])((?:" + "|".join(re.escape(t) for t in TOP) +
 EXECUTABLE = re.compile(r"executable\(\s*'([^']+)'")
 ORDINAL = (r"(?:(?:twenty|thirty|forty|fifty|sixty)-)?(?:first|second|third|fourth|fifth|sixth|"
            r"seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth|[a-z]+tieth|last|same)")
-HISTORY = re.compile(r"\b(?:" + ORDINAL + r"|\d+(?:st|nd|rd|th)) rounds?\b|\bissue \d+",
-                     re.IGNORECASE)
+HISTORY = re.compile(r"(?i:\b(?:" + ORDINAL + r"|\d+(?:st|nd|rd|th)) rounds?\b(?!\s*-?\s*trips?)"
+                     r"|\bissues? #?\d+)|\bRound \d+")  # "15 rounds 1.005x" is a benchmark's
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 COMMENT = {".py": re.compile(r"#(.*)$"), ".sh": re.compile(r"#(.*)$"),
            ".build": re.compile(r"#(.*)$"), ".txt": re.compile(r"#(.*)$"),
@@ -59,8 +59,7 @@ def exists(root, path, targets):
     the files with that stem, as `comm/framing` does framing.cpp and framing.hpp), a program
     the build makes (`examples/inc`), or what .gitignore keeps out of the tree."""
     for p in expand(path.rstrip("/")):
-        if p in targets or any(fnmatch.fnmatch("/" + p + "/", "*" + g + "*")
-                               for g in targets["gitignore"]):
+        if p in targets or any(ignored(p, g) for g in targets["gitignore"]):
             continue
         parent, _, name = p.rpartition("/")
         folder = root / parent
@@ -72,6 +71,14 @@ def exists(root, path, targets):
         if not any(fnmatch.fnmatch(q.name, pattern) for q in folder.iterdir()):
             return False
     return True
+
+
+def ignored(path, entry):
+    """Whether .gitignore's `entry` (a folder, with its trailing /) covers `path`: one that
+    starts with / from the repository's root, any other at any depth."""
+    if entry.startswith("/"):
+        return fnmatch.fnmatch(path + "/", entry[1:] + "*")
+    return fnmatch.fnmatch("/" + path + "/", "*/" + entry + "*")
 
 
 def build_targets(root):

@@ -108,6 +108,9 @@ def check(root):
     for folder in RPC_FOLDERS:
         if not (root / "rpc" / folder).is_dir():
             problems.append(f"rpc/{folder}/ is missing (docs/design.md names it)")
+    for p in (root / "rpc").iterdir():
+        if p.is_dir() and p.name not in RPC_FOLDERS:
+            problems.append(f"rpc/{p.name}/ has no height in RPC_FOLDERS")
     tests = root / "tests" / "rpc"
     if tests.is_dir():  # tests/rpc/ mirrors rpc/: a folder of tests per folder of code
         for p in tests.iterdir():

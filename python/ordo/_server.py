@@ -153,7 +153,7 @@ def _start(lh: _LoopHub, token: int, h: _Handler | None, peer_chan: int, data: b
            reader: Reader | None) -> None:
     hub = lh
     if h is None:
-        hub.respond(token, 9, b"ordo: the handler's server has stopped")
+        hub.respond(token, ShuttingDown.code, b"ordo: the handler's server has stopped")
         return
     if lh.closing:  # the loop is ending (_LoopHub._close_at_loop_end): no new handler task
         hub.respond(token, ShuttingDown.code,

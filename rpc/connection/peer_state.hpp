@@ -1,9 +1,9 @@
 // The inside of ordo::peer: the four parts of an ordered connection, each of which keeps one
 // guarantee, and how the peer wires them together (it is the host each part calls back):
-//   session     (session.*, beside this file)  the bytes: order on the wire, how it ended;
-//   call_table  (call_table.*)  this side's calls: msgids, deadlines, cancellation;
-//   dispatcher  (dispatcher.*)  the remote side's messages: order of handlers (section 5);
-//   liveness    (liveness.*)    dead peers within a bounded time (section 7).
+//   session     (rpc/session/session.*)  the bytes: order on the wire, how it ended;
+//   call_table  (call_table.*, here)     this side's calls: msgids, deadlines, cancellation;
+//   dispatcher  (rpc/dispatch/dispatcher.*)  the remote side's messages: order of handlers;
+//   liveness    (liveness.*, here)       dead peers within a bounded time.
 // rpc/connection/peer.cpp holds the peer's public operations, rpc/connection/peer_stream.cpp the
 // caller's side of streaming calls (ordo.stream, ordo.credit).
 #pragma once
