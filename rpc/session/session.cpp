@@ -64,9 +64,9 @@ session::session(std::unique_ptr<transport> t, const comm_options& o, resume_con
         send_hello();
     } else if (rc_.registry && rc_.registry->max_window().count() > 0) {
         mode_ = mode::awaiting;  // its first message says whether the caller wants a session
-        attached_ = true;
+        carrier_ = carrier::attached;
     } else {
-        attached_ = true;
+        carrier_ = carrier::attached;
     }
     if (rc_.gate) {
         // Nothing is served before the gate has decided (on the first message, ordo.auth or
@@ -257,7 +257,7 @@ void session::refuse(std::string reason) {
 // ---- connections ending ----
 
 bool session::resumes_after(const close_result& r) const noexcept {
-    return (mode_ == mode::resumable || mode_ == mode::offering) && !ending_ && !said_goodbye_ &&
+    return (mode_ == mode::resumable || mode_ == mode::offering) && end_ == ending::none &&
            r.code == errc::peer_lost;
 }
 
@@ -267,9 +267,9 @@ void session::on_comm_closed(const close_result& r) {
 }
 
 void session::end(const close_result& r) {
-    if (!open_) return;
-    open_ = false;
-    attached_ = false;
+    if (!is_open()) return;
+    end_ = ending::ended;
+    carrier_ = carrier::none;
     close_code_ = remote_code_ ? remote_code_ : local_code_ ? local_code_ : r.code;
     close_reason_ = local_reason_.empty() ? r.reason : local_reason_;
     if (!remote_reason_.empty() && close_reason_.find(remote_reason_) == std::string::npos)
@@ -293,7 +293,7 @@ void session::end(const close_result& r) {
 }
 
 void session::end_locally(std::error_code code, std::string reason) {
-    open_ = false;
+    end_ = ending::ended;
     close_code_ = code;
     close_reason_ = std::move(reason);
     if (link_) link_->s = nullptr;
@@ -310,14 +310,14 @@ void session::pause_reading(bool paused) {
 
 net::awaitable<void> session::async_drain() {
     for (;;) {
-        if (!open_) throw rpc_error(close_code_, {}, {}, close_reason_);
+        if (!is_open()) throw rpc_error(close_code_, {}, {}, close_reason_);
         if (mode_ == mode::plain) {
             if (comm_) co_await comm_->async_drain();
             co_return;
         }
         // A connection that failed inside a send() or earlier in this turn (detach() and end()
         // both wake this wait).
-        if (!attached_ || comm_->is_closing() || sent_.bytes() > rc_.max_unacked_bytes / 2) {
+        if (!attached() || comm_->is_closing() || sent_.bytes() > rc_.max_unacked_bytes / 2) {
             co_await changed_.async_wait(use_tuple);
             continue;
         }
@@ -339,13 +339,13 @@ void session::close() {
         if (comm_) comm_->close();
         return;
     }
-    if (ending_ || !open_) return;
-    ending_ = true;
+    if (closing()) return;
+    end_ = ending::asked;
     if (!comm_) {
         return end({errc::closed, "ordo: session to " + remote_ + " closed while resuming", {}});
     }
-    if (hello_pending_) {
-        close_pending_ = true;  // what is kept goes out once the handshake is done
+    if (carrier_ == carrier::greeting) {
+        end_ = ending::after_hello;  // what is kept goes out once the handshake is done
         return;
     }
     finish_close();
@@ -361,7 +361,7 @@ void session::finish_close() {
 }
 
 void session::abort(std::error_code code, std::string reason) {
-    ending_ = true;
+    end_ = std::max(end_, ending::asked);
     if (comm_) {
         if (reason.empty())
             comm_->abort(code);
@@ -378,7 +378,7 @@ void session::cut(std::string reason) {
 
 void session::note_remote_reason(std::string reason) {
     remote_reason_ = std::move(reason);
-    said_goodbye_ = true;
+    end_ = std::max(end_, ending::told);
 }
 
 void session::note_remote_reason(std::error_code code, std::string reason) {
@@ -399,7 +399,7 @@ const comm_counters& session::summed_counters() const noexcept {
     // buffer: all of it goes out on the resume. After a drop, silence is the window's business,
     // not the dead-peer watchdog's; during the first handshake no window runs, and the
     // watchdog still hears the connection.
-    if (open_ && !attached_ && mode_ != mode::plain) {
+    if (is_open() && !attached() && mode_ != mode::plain) {
         if (dropped_) sum_.last_receive = clock::now();
         sum_.buffered_bytes = sent_.bytes();
     }

@@ -147,20 +147,20 @@ class session {
 
     /// False from the moment the session has ended (or is being destroyed). A resumable session
     /// between connections is open.
-    bool is_open() const noexcept { return open_; }
+    bool is_open() const noexcept { return end_ != ending::ended; }
     /// Whether send() takes messages for delivery: false once the session is ending or ended,
     /// and on a plain session once its connection is closing or has failed, which a failed
     /// write inside send() makes it at once, while is_open() waits for the event loop to run
     /// the connection's end. (A resumable session keeps what it is sent between connections.)
     bool can_send() const noexcept {
-        if (!open_ || ending_) return false;
+        if (closing()) return false;
         if (mode_ != mode::offering && mode_ != mode::resumable)
             return comm_ && !comm_->is_closing();
         return true;
     }
     /// Whether a connection carries the session now (a resumable session between connections,
     /// or one whose connection is closing, has none).
-    bool connected() const noexcept { return comm_ && attached_ && !comm_->is_closing(); }
+    bool connected() const noexcept { return comm_ && attached() && !comm_->is_closing(); }
     /// Who the other side is (peer::identity()).
     const identity& who() const noexcept { return who_; }
     /// True once the other side has agreed to resume this session after drops.
@@ -192,7 +192,7 @@ class session {
     /// Between connections (and before a resumable session's handshake is done),
     /// buffered_bytes is what the session keeps to send on the resume.
     const comm_counters& counters() const noexcept {
-        if (comm_ && !dropped_ && attached_) return comm_->counters();
+        if (comm_ && !dropped_ && attached()) return comm_->counters();
         return summed_counters();
     }
 
@@ -211,7 +211,26 @@ class session {
         refused,    ///< server: the gate refused; requests read before the close are answered
                     ///< errc::unauthenticated, nothing else is served
     };
+    /// How near the session is to its end. Ordered: each state keeps what the ones before it
+    /// rule out (once the other side said it will not resume, a close() here still comes).
+    enum class ending : std::uint8_t {
+        none,         ///< open; a resumable session resumes after a drop
+        told,         ///< the other side said it is closing (ordo.closing, ordo.bye): no resume
+        asked,        ///< close() or abort() here: no resume, send() refuses
+        after_hello,  ///< close() came during the handshake: it finishes once hello is answered
+        ended,        ///< over (or its owner is being destroyed): is_open() is false
+    };
+    /// What carries the session now.
+    enum class carrier : std::uint8_t {
+        none,      ///< no connection (between connections), or one that is ending
+        greeting,  ///< a connection that was sent ordo.hello, with no answer yet
+        attached,  ///< a connection that carries the session
+        lost,      ///< the caller's session was lost: none, and the next send opens a new one
+    };
     struct link;
+
+    bool closing() const noexcept { return end_ >= ending::asked; }
+    bool attached() const noexcept { return carrier_ == carrier::attached; }
 
     void send_kept(std::string_view head, std::string_view body);
     std::string farewell(const std::error_code& code, const std::string& reason) const;
@@ -275,16 +294,13 @@ class session {
     mode mode_ = mode::plain;
     mode after_gate_ = mode::plain;  // what a gated connection becomes once let in
     std::string refusal_;            // why the gate refused
-    bool open_ = true;
-    bool ending_ = false;         // close()/abort() was called: no resume
-    bool close_pending_ = false;  // close() during the handshake
-    bool said_goodbye_ = false;   // the other side will not resume
-    bool attached_ = false;       // a connection is there and carries the session
+    ending end_ = ending::none;
+    carrier carrier_ = carrier::none;
+    // What the host asked of every connection the session has (pause_reading, want_written).
     bool paused_ = false;
     bool want_written_ = false;
-    bool dropped_ = false;  // a connection was dropped: counters() sums
+    bool dropped_ = false;  // a connection was dropped: counters() sums over connections
     std::uint64_t controls_sent_ = 0;
-    bool lost_ = false;     // the caller's session was lost: the next send opens a new one
     std::error_code close_code_;
     std::string close_reason_;
     std::string remote_reason_;
@@ -305,7 +321,6 @@ class session {
     std::uint64_t acked_received_ = 0;  // what this side last told the other it received
     std::size_t bytes_since_ack_ = 0;
     std::uint32_t hello_id_ = 0;
-    bool hello_pending_ = false;
     bool ack_armed_ = false;
     std::uint64_t detaches_ = 0;  // drops so far; a reconnection loop serves one drop
     net::steady_timer ack_timer_;

@@ -59,7 +59,7 @@ bool read_id(const msgpack::object& o, session_id& id) {
 
 void session::send_hello() {
     hello_id_ = host_.next_msgid();
-    hello_pending_ = true;
+    carrier_ = carrier::greeting;
     buffer b(small_buffer);
     write_request_head(b, hello_id_, "ordo.hello");
     msgpack::packer<buffer> p(b);
@@ -82,7 +82,7 @@ void session::send_hello() {
 bool session::on_hello_answer(std::string_view bytes) {
     message m = decode_message(bytes, options_.limits);
     if (m.msgid != hello_id_) return false;
-    hello_pending_ = false;
+    carrier_ = carrier::none;
     if (m.error.is_nil()) {
         on_welcome(m.result);
     } else {
@@ -121,7 +121,7 @@ void session::on_welcome(const msgpack::object& result) {
     if (resumed) ++c_.resumes;
     established(their_received, resumed);
     host_.session_opened(resumed);
-    if (close_pending_) finish_close();
+    if (end_ == ending::after_hello) finish_close();
 }
 
 // The server's side: the caller's first message on a connection is ordo.hello.
@@ -162,7 +162,7 @@ void session::on_hello_request(message& m) {
     // client certificate, the same token subject.
     if (at.s && at.identity != who_.resume_key()) at.s = nullptr;
     const bool here = at.s && at.ex == ex_;
-    if (!at.s || at.s == this || (here && (!at.s->open_ || at.s->ending_))) {
+    if (!at.s || at.s == this || (here && at.s->closing())) {
         become_plain(false);
         return answer_error(m.msgid, errc::session_lost, no_session(id));
     }
@@ -207,7 +207,7 @@ void session::resume_here(session_registry& reg, const session_id& id, const std
                           std::uint64_t their_received) {
     auto at = reg.find(id);
     session* s = at.s;
-    if (s && (!s->open_ || s->ending_ || s->who_.resume_key() != key)) s = nullptr;
+    if (s && (s->closing() || s->who_.resume_key() != key)) s = nullptr;
     if (!s) {
         // It ended while the connection was on its way: say so, and close the connection.
         auto ex = t->get_executor();
@@ -280,12 +280,12 @@ void session::answer_error(std::uint32_t msgid, errc code, const std::string& te
 // they went out already (the server's side, before the caller's first message).
 void session::become_plain(bool send_kept) {
     mode_ = mode::plain;
-    attached_ = true;
+    carrier_ = carrier::attached;
     if (send_kept) sent_.for_each_from(sent_.first(), [&](std::string_view m) { comm_->send(m); });
     sent_.reset(0);
     note_unacked();
     changed();
-    if (close_pending_) comm_->close();
+    if (end_ == ending::after_hello) comm_->close();
 }
 
 }  // namespace ordo::detail

@@ -115,7 +115,7 @@ void session_registry::end_detached(std::string why) {
 void session_registry::give_up(const std::vector<waiting>& sessions, const std::string& why) {
     for (const auto& w : sessions)
         net::post(w.ex, [self = shared_from_this(), w, why] {
-            if (self->find(w.id).s != w.s || w.s->attached_) return;
+            if (self->find(w.id).s != w.s || w.s->attached()) return;
             w.s->give_up(why);
         });
 }

@@ -48,13 +48,13 @@ void session::send_kept(std::string_view head, std::string_view body) {
     if ((mode_ == mode::refused || (mode_ == mode::gated && after_gate_ == mode::plain)) &&
         comm_)
         return comm_->send(head, body);  // a plain connection not yet (or never) let in
-    if (!open_ || ending_ || (!comm_ && mode_ == mode::plain))
+    if (closing() || (!comm_ && mode_ == mode::plain))
         throw rpc_error(
             close_code_ ? close_code_ : make_error_code(errc::closed), {}, {},
             close_reason_.empty() ? "ordo: session to " + remote_ + " closed" : close_reason_);
-    if (lost_) {
+    if (carrier_ == carrier::lost) {
         // The first message after a lost session opens a new one (ordo.hello with no id).
-        lost_ = false;
+        carrier_ = carrier::none;
         start_window(clock::now());
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     }
@@ -64,7 +64,7 @@ void session::send_kept(std::string_view head, std::string_view body) {
                                           remote_ +
                                           " are not yet acknowledged (max_unacked_bytes)");
     // Between connections (or before the handshake is done), only kept: sent on resume.
-    if (attached_) {
+    if (attached()) {
         try {
             comm_->send(head, body);
         } catch (const std::system_error& e) {
@@ -90,7 +90,8 @@ void session::connection_ended_inline() {
     const close_result* r = comm_->ended();
     if (!r) return;  // a close under way: on_comm_closed says how it ends
     if (!resumes_after(*r)) {
-        attached_ = false;  // the session ends with on_comm_closed; what follows is kept meanwhile
+        // The session ends with on_comm_closed; what follows is kept meanwhile.
+        carrier_ = carrier::none;
         return;
     }
     detach({r->code, r->reason, {}, r->at});
@@ -107,7 +108,7 @@ void session::write_control(const buffer& b) {
 }
 
 void session::send_ack() {
-    if (!attached_) return;
+    if (!attached()) return;
     buffer b(small_buffer);
     encode_notification(b, "ordo.ack", received_);
     write_control(b);
@@ -133,7 +134,7 @@ void session::send_ack() {
         return host_.on_message(bytes);
     }
     if (on_control(bytes)) return;
-    if (hello_pending_ && mode_ == mode::resumable) {
+    if (carrier_ == carrier::greeting && mode_ == mode::resumable) {
         // On a resume the server answers ordo.hello before anything else: this message is not
         // the session's (a server over max_connections saying why it refuses, say). Drop the
         // connection and try again; unless the server refused this side's credentials, which
@@ -185,10 +186,11 @@ bool session::on_control(std::string_view bytes) {
             n >= sent_.first() && n <= sent_.end())
             sent_.drop_until(n);
         note_unacked();
-        said_goodbye_ = true;
+        end_ = std::max(end_, ending::told);
         return true;
     }
-    if (hello_pending_ && bytes.size() > 2 && bytes[0] == '\x94' && bytes[1] == '\x01')
+    if (carrier_ == carrier::greeting && bytes.size() > 2 && bytes[0] == '\x94' &&
+        bytes[1] == '\x01')
         return on_hello_answer(bytes);
     return false;
 }
@@ -209,7 +211,7 @@ void session::established(std::uint64_t their_received, bool resend) {
     });
     if (resend) c_.messages_resent += n;
     note_unacked();
-    attached_ = true;
+    carrier_ = carrier::attached;
     backoff_ = std::chrono::milliseconds(0);
     window_timer_.cancel();
     if (rc_.registry) rc_.registry->attached(this);
@@ -218,16 +220,15 @@ void session::established(std::uint64_t their_received, bool resend) {
 
 void session::detach(const close_result& r) {
     last_error_ = r.reason;
-    const bool was_attached = attached_ || window_deadline_ == clock::time_point{};
-    attached_ = false;
-    hello_pending_ = false;
+    const bool was_attached = attached() || window_deadline_ == clock::time_point{};
+    carrier_ = carrier::none;
     drop_comm();
     ++detaches_;
     // The window counts from the drop of a working connection (when it failed, not when this
     // side heard of it), not from each failed retry.
     if (was_attached) start_window(r.at == clock::time_point{} ? clock::now() : r.at);
     if (rc_.registry) rc_.registry->detached(this, id_, ex_);  // may give up this one at once
-    if (open_ && rc_.reconnect)
+    if (is_open() && rc_.reconnect)
         net::co_spawn(ex_, reconnect_loop(this, host_.owner(), detaches_), rethrow_escaped{});
     changed();
 }
@@ -241,7 +242,7 @@ void session::start_window(clock::time_point from) {
     window_timer_.expires_at(window_deadline_);
     window_timer_.async_wait([this, owner = host_.owner()](std::error_code ec) {
         auto keep = owner.lock();
-        if (ec || !keep || attached_ || !open_) return;
+        if (ec || !keep || attached() || !is_open()) return;
         window_passed();
     });
 }
@@ -276,11 +277,9 @@ void session::lose(const close_result& r) {
     id_ = {};
     window_ = rc_.window;
     mode_ = mode::offering;
-    attached_ = false;
-    hello_pending_ = false;
+    carrier_ = carrier::lost;  // the next send opens a new session
     window_deadline_ = {};
     backoff_ = std::chrono::milliseconds(0);
-    lost_ = true;
     ++detaches_;  // ends reconnection loops still running
     last_error_.clear();
     changed();
@@ -296,7 +295,7 @@ net::awaitable<void> session::reconnect_loop(session* self, std::weak_ptr<void> 
     // or dropped again meanwhile; the owner may be gone).
     auto current = [&]() -> std::shared_ptr<void> {
         auto keep = owner.lock();
-        if (!keep || !self->open_ || self->detaches_ != drop || self->comm_) return nullptr;
+        if (!keep || !self->is_open() || self->detaches_ != drop || self->comm_) return nullptr;
         return keep;
     };
     for (;;) {
