@@ -1,5 +1,6 @@
-// ordo::peer's operations: starting calls, notifications, closing, and what it counts. Its
-// inside, the parts of the connection and their wiring, is rpc/connection/peer_state.hpp.
+// ordo::peer's operations: starting calls, notifications, closing, and what it counts; and the
+// wiring of its inside (rpc/connection/peer_state.hpp): what the parts are told and how the
+// connection leaves (rpc/connection/draining.hpp).
 #include "ordo/rpc/peer.hpp"
 
 #include "ordo/error.hpp"
@@ -17,20 +18,188 @@ peer::peer(private_tag, std::unique_ptr<transport> t, peer_options o, const hand
 
 peer::~peer() = default;
 
+peer::state::state(peer& p, std::unique_ptr<transport> t, peer_options opt, const handlers* h,
+                  detail::resume_config rc)
+    : self(p),
+      o(std::move(opt)),
+      h(h),
+      ex(t->get_executor()),
+      remote(t->remote_address()),
+      closed_event(ex, std::chrono::steady_clock::time_point::max()),
+      live(ex, o.liveness_timeout, o.heartbeat_interval, *this),
+      calls(ex, {o.first_msgid, o.default_timeout, o.max_abandoned_ids}, *this, c),
+      disp(p, ex, h, o.max_queued_messages, o.max_queued_bytes, o.comm.budget.get(), *this, c),
+      drain(*this, ex),
+      feats(*this, o.default_timeout.count() > 0),
+      lanes(*this) {
+    if (o.liveness_timeout.count() > 0) t->set_liveness(o.liveness_timeout);
+    rc.max_unacked_bytes = o.max_unacked_bytes;
+    if (!o.credentials.empty()) {
+        buffer b(small_buffer);
+        encode_notification(b, "ordo.auth",
+                            std::map<std::string, std::string>{{"token", o.credentials.token}});
+        rc.credentials_message.assign(b.data(), b.size());
+    }
+    sess = std::make_unique<detail::session>(std::move(t), o.comm, std::move(rc), *this, c,
+                                             [this](const close_result& r) { on_ended(r); });
+}
+
+peer::state::~state() {
+    if (sess->is_open()) {
+        sess->end_locally(errc::closed, "ordo: peer " + remote + " destroyed");
+        fail_all_calls(sess->close_code(), sess->close_reason());
+    }
+}
+
+void peer::state::hold_until_ended() {
+    if (ended || kept_for_close) return;
+    auto p = self.weak_from_this().lock();
+    if (!p) return;  // not shared: whoever owns it decides how long it lives
+    kept_for_close = true;
+    net::co_spawn(
+        ex,
+        [](std::shared_ptr<peer> p) -> net::awaitable<void> {
+            co_await p->async_wait_closed();
+        }(std::move(p)),
+        net::detached);
+}
+
+void peer::state::on_ended(const close_result& r) {
+    const auto& code = sess->close_code();
+    const auto& why = sess->close_reason();
+    live.stop();
+    drain.eof_probe.cancel();
+    fail_all_calls(code, why);
+    sess->report_undelivered(r, o.on_undelivered, c);
+    lanes.end(code, why);
+    disp.stop();
+    for (auto& l : lanes.parts) l->disp.stop();
+    ended = true;
+    closed_event.cancel();
+    auto fns = std::move(closed_fns);
+    for (auto& f : fns) f(code, why);
+}
+
+void peer::state::send_response_on(std::uint16_t lane, const buffer& b) {
+    if (answers_stopped || !sess->is_open()) return;
+    try {
+        send_out(lane, std::string_view(b.data(), b.size()), {});
+    } catch (const std::system_error& e) {
+        // Refusing a response would leave its caller waiting: end the connection loudly.
+        if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+        // The connection failed (a write inside a send, maybe this one) and the loop has
+        // not yet ended it: answers and stream items stop here, rather than each paying
+        // for a thrown error until it does.
+        answers_stopped = true;
+    }
+}
+
+void peer::state::session_lost(const close_result& r) {
+    fail_all_calls(r.code, r.reason);
+    // The next session may meet a restarted server: ask again.
+    feats.context = detail::negotiation::support::unknown;
+    sess->report_undelivered(r, o.on_undelivered, c);
+    lanes.end(r.code, r.reason);
+    disp.restart();
+    for (auto& l : lanes.parts) {
+        l->disp.restart();
+        l->received = l->credited = 0;  // the next session's credit counts from nothing
+    }
+    if (o.on_session) o.on_session({session_event::kind::lost, r.code, r.reason});
+}
+
+void peer::state::session_opened(bool resumed) {
+    if (o.on_session)
+        o.on_session(
+            {resumed ? session_event::kind::resumed : session_event::kind::opened, {}, {}});
+}
+
+void peer::state::send_response(const buffer& b) { send_response_on(0, b); }
+
+void peer::state::pause_reading(bool paused) {
+    if (!lanes.parts.empty()) return lanes.pause(disp_paused, paused);
+    disp_paused = paused;
+    sess->pause_reading(paused);
+    reading_paused = paused;
+    if (!paused) resumed_reading = std::chrono::steady_clock::now();
+}
+
+void peer::state::dropped(std::string_view method, errc code, std::string reason) {
+    if (o.on_dropped)
+        o.on_dropped({remote, std::string(method), make_error_code(code), std::move(reason)});
+}
+
+std::chrono::steady_clock::time_point peer::state::last_receive() const {
+    if (reading_paused) return std::chrono::steady_clock::now();
+    return std::max(sess->counters().last_receive, resumed_reading);
+}
+
+bool peer::state::send_ping() {
+    const std::uint32_t id = calls.next_id();
+    try {
+        sess->send(detail::request_head(id, "ordo.ping"), std::string_view("\x90", 1));
+    } catch (const std::system_error&) {
+        return false;
+    }
+    calls.add_ping(id);
+    ++c.pings_sent;
+    return true;
+}
+
+// A stream item with its owner (held_body): written from where it is, or failing as
+// send_response_on()'s answers do.
+void peer::state::send_response_parts(std::string_view head, std::string_view body,
+                                      std::unique_ptr<held_body> keep) {
+    if (answers_stopped || !sess->is_open()) return;
+    try {
+        send_out_held(0, head, body, std::move(keep));
+    } catch (const std::system_error& e) {
+        if (e.code() == errc::overloaded) return sess->abort(errc::overloaded);
+        answers_stopped = true;
+    }
+}
+
+void peer::state::send_control(const buffer& b, std::uint16_t lane, bool ahead) {
+    try {
+        const std::string_view bytes(b.data(), b.size());
+        // On a named lane, past its queue and window once the call's request is wholly
+        // sent: the handler they are for may hold, queued and so uncredited, what fills the
+        // lane's window (docs/protocol.md "Lanes").
+        if (lane != 0 && lanes.ok && !feats.holding && ahead)
+            sess->send(bytes);
+        else
+            send_ordered(bytes, lane);
+    } catch (const std::system_error& e) {
+        if (e.code() == errc::overloaded) sess->abort(errc::overloaded);
+    }
+}
+
+void peer::state::send_cancel(std::uint32_t msgid, std::uint16_t lane) {
+    if (sess->is_open()) {
+        buffer b(small_buffer);
+        encode_notification(b, "ordo.cancel", msgid);
+        const bool ahead =
+            lane != 0 && !lanes.out.holds_request(detail::lane_name(lane), msgid);
+        send_control(b, lane, ahead);
+    }
+    // A call withdrawn: maybe nothing is pending now.
+    if (drain.heard_goaway) drain.leave_when_idle();
+}
+
 void peer::start() {
     s_->sess->start();
 }
 
 inline bool peer::state::refuse_call(std::unique_ptr<detail::pending_call>& call) {
     ++c.calls_started;
-    if (left || heard_eof || close_after_lanes) [[unlikely]] {
-        if (close_after_lanes && !left && !heard_eof) {
+    if (drain.refuses_calls() || lanes.close_after) [[unlikely]] {
+        if (!drain.refuses_calls()) {
             calls.fail(std::move(call), errc::closed,
                        "ordo: the connection to " + remote + " is closing");
             return true;
         }
         calls.fail(std::move(call), sess->remote_code() ? errc::unauthenticated : errc::peer_lost,
-                   heard_eof ? eof_why : goaway_why);
+                   drain.why());
         return true;
     }
     if (!sess->is_open()) {
@@ -49,9 +218,9 @@ void peer::start_call(std::unique_ptr<detail::pending_call> call) {
     // (docs/protocol.md, "Call context"). Checked in one go: a plain call pays only this.
     // A call on a named lane, or one the default lane sends as pieces, takes that way too.
     if (detail::contexts_set.load(std::memory_order_relaxed) != 0 ||
-        f.options.timeout.count() != 0 || !f.options.metadata.empty() || s.context_always ||
-        f.lane != 0 || f.params.size() > s.divert_above) [[unlikely]]
-        return s.start_call_with_context(call.release());
+        f.options.timeout.count() != 0 || !f.options.metadata.empty() || s.feats.context_always ||
+        f.lane != 0 || f.params.size() > s.lanes.divert_above) [[unlikely]]
+        return s.feats.start_call(call.release());
     const std::uint32_t id = s.calls.next_id();
     try {
         if (f.stream) {
@@ -73,52 +242,65 @@ void peer::notify_raw(std::string_view method, std::string_view params) {
 }
 
 void peer::notify_raw_on(std::uint16_t lane, std::string_view method, std::string_view params) {
-    if (s_->close_after_lanes)
+    if (s_->lanes.close_after)
         throw rpc_error(errc::closed, {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
                             " failed: the connection is closing");
-    if (s_->left)
+    if (s_->drain.left)
         throw rpc_error(errc::peer_lost, {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
-                            " failed: " + s_->goaway_why);
+                            " failed: " + s_->drain.goaway_why);
     if (!s_->sess->is_open())
         throw rpc_error(s_->sess->close_code(), {}, {},
                         "ordo: notify " + std::string(method) + " to " + s_->remote +
                             " failed: " + s_->sess->close_reason());
-    if (s_->holding) [[unlikely]] {
+    if (s_->feats.holding) [[unlikely]] {
         buffer b(small_buffer + params.size());
         detail::write_notification_head(b, method);
         b.write(params.data(), params.size());
-        return s_->hold_bytes(std::string_view(b.data(), b.size()), method, params,
+        return s_->feats.hold_bytes(std::string_view(b.data(), b.size()), method, params,
                               lane ? detail::lane_name(lane) : std::string());
     }
     s_->send_out(lane, detail::notification_head(method), params, method);
 }
 
-// ---- call context (docs/protocol.md, "Call context") ----
 
-namespace {
+// ---- draining (docs/protocol.md "Draining") ----
 
-// ordo.features, which the connection asks of the other side itself: its answer says whether
-// calls may carry their context there.
-class features_call final : public detail::pending_call {
-  public:
-    features_call(std::weak_ptr<peer> p, peer::state& s) : p_(std::move(p)), s_(s) {
-        method = "ordo.features";
-        own = true;
-        // A peer that never answers unknown requests is not waited on for long.
-        options.timeout = std::chrono::seconds(10);
-    }
-    void complete(std::error_code ec, call_outcome out) override {
-        if (auto keep = p_.lock()) s_.features_answered(ec, out);
-    }
+namespace detail {
 
-  private:
-    std::weak_ptr<peer> p_;
-    peer::state& s_;
-};
+void draining::remote_going_away(std::chrono::milliseconds grace, std::string reason) {
+    if (heard_goaway || !s.sess->is_open()) return;
+    heard_goaway = true;
+    goaway_grace = grace;
+    goaway_reason = std::move(reason);
+    goaway_why = "the server is going away: " + goaway_reason;
+    // Added to the reason if the server closes first (its grace passed); and a resumable
+    // session does not try to resume (the server's listeners are closed).
+    s.sess->note_remote_reason(goaway_why);
+    auto keep = s.self.shared_from_this();
+    if (s.o.on_goaway) s.o.on_goaway(goaway_grace, goaway_reason);
+    // Moved out: one that adds another handler has it run at once (peer::on_goaway).
+    auto fns = std::move(goaway_fns);
+    goaway_fns.clear();
+    for (auto& f : fns) f(goaway_grace, goaway_reason);
+    leave_when_idle();
+}
 
-}  // namespace
+void draining::leave_when_idle() {
+    if (left || leave_posted) return;
+    leave_posted = true;
+    net::post(s.ex, [w = s.self.weak_from_this(), this] {
+        auto keep = w.lock();
+        if (!keep) return;
+        leave_posted = false;
+        if (left || !s.sess->is_open() || s.calls.waiting() > 0 || s.lanes.running() > 0 ||
+            s.lanes.queued() > 0)
+            return;
+        left = true;
+        s.lanes.close_session(make_error_code(errc::peer_lost), why());
+    });
+}
 
 // Nothing more will arrive: this side's calls cannot be answered and fail now, while what
 // the other side sent is served to its end and answered; then this side closes. End of
@@ -128,245 +310,40 @@ class features_call final : public detail::pending_call {
 // round trip, as a plain TCP reader that takes end of stream for the end. A peer that only
 // half-closed cannot answer them: liveness_timeout after its last bytes, it is lost like
 // any silent peer.
-bool peer::state::peer_finished_sending() {
-    if (!sess->is_open() || heard_eof) return false;
+bool draining::finished_sending() {
+    if (!s.sess->is_open() || heard_eof) return false;
     heard_eof = true;
-    eof_why = "ordo: peer " + remote + " closed the connection";
-    if (!sess->remote_reason().empty())
-        eof_why += " (the peer said: " + sess->remote_reason() + ")";
+    eof_why = "ordo: peer " + s.remote + " closed the connection";
+    if (!s.sess->remote_reason().empty())
+        eof_why += " (the peer said: " + s.sess->remote_reason() + ")";
     const std::error_code code =
-        sess->remote_code() ? sess->remote_code() : make_error_code(errc::peer_lost);
-    fail_all_calls(code, eof_why);
+        s.sess->remote_code() ? s.sess->remote_code() : make_error_code(errc::peer_lost);
+    s.fail_all_calls(code, eof_why);
     // Nor will the items its handlers still read.
-    disp.input_ended(eof_why);
-    for (auto& l : lane_parts) l->disp.input_ended(eof_why);
+    s.disp.input_ended(eof_why);
+    for (auto& l : s.lanes.parts) l->disp.input_ended(eof_why);
     leave_when_idle();
-    if (running_all() > 0 || queued_all() > 0) {
-        send_ping();
-        live.note_work();
+    if (s.lanes.running() > 0 || s.lanes.queued() > 0) {
+        s.send_ping();
+        s.live.note_work();
         probe_after_eof(0);
     }
     return true;
 }
 
-void peer::state::probe_after_eof(std::size_t k) {
+void draining::probe_after_eof(std::size_t k) {
     if (k >= std::size(eof_probe_gaps)) return;
     eof_probe.expires_after(eof_probe_gaps[k]);
-    eof_probe.async_wait([w = self.weak_from_this(), this, k](std::error_code ec) {
+    eof_probe.async_wait([w = s.self.weak_from_this(), this, k](std::error_code ec) {
         auto keep = w.lock();
-        if (ec || !keep || !sess->is_open()) return;
-        send_ping();
+        if (ec || !keep || !s.sess->is_open()) return;
+        s.send_ping();
         probe_after_eof(k + 1);
     });
 }
 
-void peer::state::ask_features() {
-    auto call = std::make_unique<features_call>(self.weak_from_this(), *this);
-    buffer b(small_buffer);
-    const std::uint32_t id = calls.next_id();
-    detail::write_request_head(b, id, "ordo.features");
-    msgpack::packer<buffer> p(b);
-    p.pack_array(1);
-    p.pack_array(2);
-    p.pack(std::string_view("meta"));
-    p.pack(std::string_view("lanes"));
-    sess->send(std::string_view(b.data(), b.size()));  // throws as a call's send does
-    ++c.calls_started;
-    calls.add(id, std::move(call));
-    ctx_support = context_support::asking;  // only once the answer is sure to come
-}
 
-void peer::state::ask_if_context(const call_options& opts) {
-    if (opts.timeout.count() > 0 || o.default_timeout.count() > 0 || !opts.metadata.empty())
-        ask_features();
-}
-
-void peer::state::hold(held_message h) {
-    // Held bytes count against the same bound as the output they stand in for.
-    // (A notification's params are also in its bytes: counted once.)
-    const std::size_t size = h.bytes.empty() ? h.method.size() + h.params.size() : h.bytes.size();
-    if (held_bytes + size > o.comm.max_buffer_bytes)
-        throw_error(errc::overloaded,
-                    "ordo: " + remote + ": " + std::to_string(held_bytes + size) +
-                        " bytes held while ordo.features is answered, over max_buffer_bytes (" +
-                        std::to_string(o.comm.max_buffer_bytes) + ")");
-    held_bytes += size;
-    held.push_back(std::move(h));
-    set_holding(true);
-}
-
-void peer::state::hold_bytes(std::string_view bytes, std::string_view notification,
-                             std::string_view params, std::string_view lane) {
-    held_message h;
-    h.lane.assign(lane);
-    h.bytes.assign(bytes);
-    h.notification.assign(notification);
-    h.params.assign(params);
-    hold(std::move(h));
-}
-
-void peer::state::start_call_with_context(detail::pending_call* taken) {
-    std::unique_ptr<detail::pending_call> call(taken);
-    auto& f = *call;
-    if (!detail::take_context(f, o.default_timeout))
-        return calls.fail(std::move(call), errc::timed_out, detail::inherited_timeout_reason(f));
-    std::uint32_t id = 0;
-    try {
-        // Asked before this call takes its msgid: ordo.features goes first, with the lower one.
-        // (A call on a named lane asks too: whether the other side reads pieces.)
-        if (ctx_support == context_support::unknown) {
-            if (f.lane != 0)
-                ask_features();
-            else
-                ask_if_context(f.options);
-        }
-        id = calls.next_id();
-        if (f.stream)
-            send_stream_request(id, f);
-        else
-            send_request(id, f.method, std::string_view(f.params.data(), f.params.size()),
-                         f.options, f.lane);
-    } catch (const std::system_error& e) {
-        return calls.fail(std::move(call), e.code(), e.what());
-    }
-    if (!f.keep_params) f.params.clear();
-    calls.add(id, std::move(call));
-    live.note_work();
-}
-
-void peer::state::send_request(std::uint32_t id, std::string_view method, std::string_view params,
-                               const call_options& opts, std::uint16_t lane) {
-    const auto timeout = opts.timeout.count() > 0 ? opts.timeout : o.default_timeout;
-    const bool has_context = timeout.count() > 0 || !opts.metadata.empty();
-    // Checked here, whether it is sent now, held or sent plain; encoded once for the calls
-    // that carry the same pairs.
-    std::string_view pairs;
-    if (!opts.metadata.empty()) pairs = ctx_pairs.pack(method, opts.metadata, timeout.count() > 0);
-    if (!has_context || ctx_support == context_support::no) {
-        // Plain: held behind what waits for the answer, if anything does.
-        if (!holding) {
-            // Its head in a buffer of its own: request_head() stays start_call's alone, inlined.
-            buffer head(small_buffer);
-            detail::write_request_head(head, id, method);
-            return send_out(lane, std::string_view(head.data(), head.size()), params);
-        }
-        buffer b(small_buffer + params.size());
-        detail::write_request_head(b, id, method);
-        b.write(params.data(), params.size());
-        held_message h;
-        if (lane) h.lane = detail::lane_name(lane);
-        h.bytes.assign(b.data(), b.size());
-        h.request = true;
-        h.msgid = id;
-        return hold(std::move(h));
-    }
-    if (ctx_support == context_support::yes) {
-        // Its head on the stack, and its pairs as they were encoded for the first call that
-        // carried them: two pieces of one message. A larger head goes in a buffer the
-        // connection keeps (no allocation per call).
-        char small[detail::small_context_head];
-        if (const std::size_t n = detail::write_small_context_head(
-                small, id, method, params, opts.metadata.size(), timeout, timeout.count() > 0);
-            n > 0)
-            return send_out(lane, std::string_view(small, n), pairs);
-        ctx_scratch.clear();
-        detail::write_context_request_head(ctx_scratch, id, method, params, opts.metadata.size(),
-                                           timeout, timeout.count() > 0);
-        return send_out(lane, std::string_view(ctx_scratch.data(), ctx_scratch.size()), pairs);
-    }
-    held_message h;
-    if (lane) h.lane = detail::lane_name(lane);
-    h.request = true;
-    h.msgid = id;
-    h.method.assign(method);
-    h.params.assign(params);
-    h.meta = opts.metadata;
-    if (timeout.count() > 0) h.deadline = std::chrono::steady_clock::now() + timeout;
-    hold(std::move(h));
-}
-
-void peer::state::report_held(std::vector<held_message>& waiting, std::size_t from,
-                              std::error_code ec, const std::string& why) {
-    for (std::size_t i = from; i < waiting.size(); ++i) {
-        auto& h = waiting[i];
-        if (h.notification.empty()) continue;
-        ++c.notifications_undelivered;
-        if (!o.on_undelivered) continue;
-        undelivered_notification u;
-        u.method = h.notification;
-        u.params = std::move(h.params);
-        u.code = ec;
-        u.reason = why;
-        try {
-            o.on_undelivered(u);
-        } catch (...) {
-            // The application's callback must not throw; one that does loses only its report.
-        }
-    }
-}
-
-void peer::state::features_answered(std::error_code ec, const call_outcome& out) {
-    auto waiting = std::move(held);
-    held.clear();
-    held_bytes = 0;
-    set_holding(false);
-    if (failing_calls || !sess->can_send()) {
-        // The connection (or the session) ended before the answer: the held calls fail with
-        // it (they are in the call table); the held notifications are told undelivered.
-        ctx_support = context_support::unknown;
-        report_held(waiting, 0, ec ? ec : make_error_code(errc::closed), out.detail);
-        return;
-    }
-    // Any error answer is a peer that does not know ordo.features (method_not_found from a
-    // plain msgpack-rpc peer) or does not answer it in time: it gets plain calls.
-    bool yes = false, lanes = false;
-    if (!ec && out.result.type == msgpack::type::ARRAY) {
-        const auto& a = out.result.via.array;
-        for (std::uint32_t i = 0; i < a.size; ++i) {
-            if (a.ptr[i].type != msgpack::type::STR) continue;
-            const std::string_view name(a.ptr[i].via.str.ptr, a.ptr[i].via.str.size);
-            yes = yes || name == "meta";
-            lanes = lanes || name == "lanes";
-        }
-    }
-    ctx_support = yes ? context_support::yes : context_support::no;
-    lanes_ok = lanes_ok || lanes;
-    update_divert();
-    const auto now = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < waiting.size(); ++i) {
-        auto& h = waiting[i];
-        if (!sess->can_send())  // the calls fail with the connection
-            return report_held(waiting, i, sess->close_code(), sess->close_reason());
-        // A call withdrawn while held (its deadline, a cancel) is not sent at all.
-        if (h.request && !calls.contains(h.msgid)) continue;
-        try {
-            if (!h.bytes.empty()) {
-                send_named(h.lane, h.bytes, {}, h.notification);
-                continue;
-            }
-            buffer b(small_buffer + h.params.size());
-            if (yes) {
-                const bool timed = h.deadline != std::chrono::steady_clock::time_point{};
-                const auto left =
-                    timed ? std::max(std::chrono::ceil<std::chrono::milliseconds>(h.deadline - now),
-                                     std::chrono::milliseconds(0))
-                          : std::chrono::milliseconds(0);
-                detail::write_context_request(b, h.msgid, h.method, h.params, h.meta, left, timed);
-            } else {
-                detail::write_request_head(b, h.msgid, h.method);
-                b.write(h.params.data(), h.params.size());
-            }
-            send_named(h.lane, std::string_view(b.data(), b.size()), {});
-        } catch (const std::system_error& e) {
-            // Taken, and now it cannot be sent (its output is full): the connection ends,
-            // loudly, and what was held fails with it or is told undelivered.
-            if (e.code() == errc::overloaded)
-                sess->abort(errc::overloaded,
-                            std::string("ordo: held calls could not be sent: ") + e.what());
-            return report_held(waiting, i, e.code(), e.what());
-        }
-    }
-}
+}  // namespace detail
 
 const std::string& peer::remote_address() const noexcept {
     return s_->remote;
@@ -379,7 +356,7 @@ net::any_io_executor peer::get_executor() const {
 }
 
 void peer::close() {
-    s_->close_session({}, {});
+    s_->lanes.close_session({}, {});
     s_->hold_until_ended();
 }
 void peer::close(errc code, std::string reason) {
@@ -392,7 +369,7 @@ void peer::close(errc code, std::string reason) {
             // Full or ending: it closes without a word.
         }
     }
-    s_->close_session({}, std::move(reason));
+    s_->lanes.close_session({}, std::move(reason));
     s_->hold_until_ended();
 }
 void peer::abort() {
@@ -410,10 +387,10 @@ net::awaitable<void> peer::async_close() {
 net::awaitable<void> peer::async_drain() {
     auto keep = shared_from_this();
     // What waits for its pieces to go (lanes) counts as output too.
-    while (s_->lanes_out.bytes() > s_->o.comm.high_water_bytes && s_->sess->is_open()) {
-        ++s_->lanes_waiters;
-        co_await s_->lanes_event.async_wait(use_tuple);
-        --s_->lanes_waiters;
+    while (s_->lanes.out.bytes() > s_->o.comm.high_water_bytes && s_->sess->is_open()) {
+        ++s_->lanes.drain_waiters;
+        co_await s_->lanes.drained.async_wait(use_tuple);
+        --s_->lanes.drain_waiters;
     }
     co_await s_->sess->async_drain();
 }
@@ -437,17 +414,18 @@ void peer::observe_calls(std::unique_ptr<detail::call_observer> o) {
 }
 
 void peer::on_goaway(goaway_fn f) {
-    if (s_->heard_goaway) return f(s_->goaway_grace, s_->goaway_reason);  // it comes once
-    s_->goaway_fns.push_back(std::move(f));
+    const auto& d = s_->drain;
+    if (d.heard_goaway) return f(d.goaway_grace, d.goaway_reason);  // it comes once
+    s_->drain.goaway_fns.push_back(std::move(f));
 }
 bool peer::going_away() const noexcept {
-    return s_->heard_goaway;
+    return s_->drain.heard_goaway;
 }
 
 void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::string& reason) {
     auto& s = *p.s_;
-    if (s.told_goaway || !s.sess->is_open()) return;
-    s.told_goaway = true;
+    if (s.drain.told_goaway || !s.sess->is_open()) return;
+    s.drain.told_goaway = true;
     try {
         buffer b(small_buffer);
         encode_notification(b, "ordo.goaway",
@@ -460,10 +438,10 @@ void detail::send_goaway(peer& p, std::chrono::milliseconds grace, const std::st
 }
 
 bool peer::is_open() const noexcept {
-    return s_->sess->can_send() && !s_->close_after_lanes;
+    return s_->sess->can_send() && !s_->lanes.close_after;
 }
 bool peer::takes_calls() const noexcept {
-    return s_->sess->can_send() && !s_->close_after_lanes && !s_->left && !s_->heard_eof;
+    return s_->sess->can_send() && !s_->lanes.close_after && !s_->drain.refuses_calls();
 }
 bool peer::is_resumable() const noexcept {
     return s_->sess->is_resumable();

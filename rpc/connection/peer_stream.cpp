@@ -36,9 +36,9 @@ void peer::state::send_stream_request(std::uint32_t id, detail::pending_call& ca
     if (writes) p.pack(true);  // the caller writes items too (docs/protocol.md, "Streams both ways")
     if (grow_to) p.pack(grow_to);
     if (call.options.timeout.count() > 0 || !call.options.metadata.empty() ||
-        o.default_timeout.count() > 0 || holding)
+        o.default_timeout.count() > 0 || feats.holding)
         // With its context (docs/protocol.md, "Call context"), or held behind what waits.
-        send_request(id, "ordo.stream", std::string_view(b.data() + head, b.size() - head),
+        feats.send_request(id, "ordo.stream", std::string_view(b.data() + head, b.size() - head),
                      call.options, call.lane);
     else
         send_out(call.lane, std::string_view(b.data(), b.size()), {});
@@ -125,8 +125,9 @@ void peer::state::send_in(std::uint32_t msgid, std::string_view front, std::stri
 void peer::state::send_credit(std::uint32_t msgid, std::uint32_t n, std::uint64_t bytes,
                               std::uint16_t lane) {
     if (!sess->is_open() || !calls.contains(msgid)) return;
-    send_control([&](buffer& b) { encode_notification(b, "ordo.credit", msgid, n, bytes); },
-                 lane, true);
+    buffer b(small_buffer);
+    encode_notification(b, "ordo.credit", msgid, n, bytes);
+    send_control(b, lane, true);
 }
 
 }  // namespace ordo

@@ -411,7 +411,7 @@ void session::report_undelivered(const close_result& r,
                                  peer_counters& c) const {
     for (const auto& bytes : r.undelivered) {
         // Only notifications are reported (calls fail on their own); pieces (ordo.piece) are
-        // the lanes' to report (peer::state::end_lanes), by the message they were part of.
+        // the lanes' to report (peer_lanes::end), by the message they were part of.
         if (!is_notification_head(bytes) || bytes.substr(2, 11) == "\xaaordo.piece") continue;
         try {
             message m = decode_message(bytes, options_.limits);
