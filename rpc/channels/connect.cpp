@@ -18,32 +18,6 @@ channel_impl::~channel_impl() = default;
 
 namespace detail {
 
-bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
-                          peer_options& o) {
-    auto ms = [&] { return std::chrono::milliseconds(number_parameter(url, key, value)); };
-    if (key == "timeout_ms")
-        o.default_timeout = ms();
-    else if (key == "interval_ms")
-        o.comm.interval = ms();
-    else if (key == "liveness_timeout_ms")
-        o.liveness_timeout = ms();
-    else if (key == "heartbeat_ms")
-        o.heartbeat_interval = ms();
-    else if (key == "resume_ms")
-        o.resume = ms();
-    else if (key == "max_unacked_bytes")
-        o.max_unacked_bytes = number_parameter(url, key, value);
-    else if (key == "piece_bytes")
-        o.piece_bytes = number_parameter(url, key, value);
-    else if (key == "lane_window")
-        o.lane_window = number_parameter(url, key, value);
-    else if (key == "token_file")
-        o.credentials.token = read_token(value);
-    else
-        return false;
-    return true;
-}
-
 namespace {
 
 // `r`: `e` when it is an rpc_error.
@@ -173,6 +147,214 @@ std::vector<std::string> split(std::string_view s, char sep) {
     }
 }
 
+// ---- URL parameters (docs/calls-and-channels.md) ----
+
+// What the parameters of one URL set: a channel's (`ordo://...?k=v`: its peer, or its pool),
+// or a route's (`route+...`: the router, its source, its replicas' peers).
+struct url_settings {
+    url_settings(std::string_view u, peer_options& p) : url(u), o(p) {}
+    std::string_view url;
+    peer_options& o;
+    // A channel's.
+    bool pooled = false;
+    std::string lane;  // the channel's default lane
+    pool_options po;
+    // A route's.
+    router_options ro;
+    std::vector<std::string> weights, shadows;
+    etcd_access access;        // etcd_*= parameters
+    std::string route_tls[3];  // the route's own ca=, cert=, key=: etcd's too, unless etcd_*= say
+    std::string dns_server;
+    std::optional<std::chrono::milliseconds> refresh;
+    std::chrono::milliseconds min_refresh{500};
+    // Both: transport parameters (TLS files...), passed on to the transport or every replica.
+    std::string kept;
+
+    std::size_t n(const std::string& key, const std::string& value) const {
+        return detail::number_parameter(url, key, value);
+    }
+    std::chrono::milliseconds ms(const std::string& key, const std::string& value) const {
+        return std::chrono::milliseconds(n(key, value));
+    }
+    std::chrono::milliseconds ms_at_least_1(const std::string& key,
+                                            const std::string& value) const {
+        return std::chrono::milliseconds(std::max<std::size_t>(1, n(key, value)));
+    }
+    double fraction(const std::string& key, const std::string& value) const {
+        return detail::fraction_parameter(url, key, value);
+    }
+};
+
+// Which URLs take a parameter.
+enum url_kind : std::uint8_t {
+    channel_url = 1,   // ordo://, tcp://...: an ordered channel or a pool
+    route_url = 2,     // route+SCHEME://a,b,...
+    dns_route = 4,     // route+dns+SCHEME://
+    file_route = 8,    // route+file://
+    etcd_route = 16,   // route+etcd://, route+etcd+https://
+    any_route = route_url | dns_route | file_route | etcd_route,
+    any_url = channel_url | any_route,
+};
+
+using url_setter = void (*)(url_settings&, const std::string& key, const std::string& value);
+struct url_parameter {
+    std::string_view name;
+    std::uint8_t takes;  // url_kind bits
+    url_setter set;
+};
+
+// Every parameter but the transports' own (is_transport_parameter), with what it sets.
+const url_parameter url_parameters[] = {
+    // Every connection's (peer_options).
+    {"timeout_ms", any_url, [](auto& s, auto& k, auto& v) { s.o.default_timeout = s.ms(k, v); }},
+    {"interval_ms", any_url, [](auto& s, auto& k, auto& v) { s.o.comm.interval = s.ms(k, v); }},
+    {"liveness_timeout_ms", any_url,
+     [](auto& s, auto& k, auto& v) { s.o.liveness_timeout = s.ms(k, v); }},
+    {"heartbeat_ms", any_url,
+     [](auto& s, auto& k, auto& v) { s.o.heartbeat_interval = s.ms(k, v); }},
+    {"resume_ms", any_url, [](auto& s, auto& k, auto& v) { s.o.resume = s.ms(k, v); }},
+    {"max_unacked_bytes", any_url,
+     [](auto& s, auto& k, auto& v) { s.o.max_unacked_bytes = s.n(k, v); }},
+    {"piece_bytes", any_url, [](auto& s, auto& k, auto& v) { s.o.piece_bytes = s.n(k, v); }},
+    {"lane_window", any_url, [](auto& s, auto& k, auto& v) { s.o.lane_window = s.n(k, v); }},
+    {"token_file", any_url,
+     [](auto& s, auto&, auto& v) { s.o.credentials.token = read_token(v); }},
+    // A channel's, and its pool's (pool_options).
+    {"mode", channel_url,
+     [](auto& s, auto&, auto& v) {
+         if (v != "ordered" && v != "pooled") bad(s.url, "mode must be ordered or pooled");
+         s.pooled = v == "pooled";
+     }},
+    {"lane", channel_url, [](auto& s, auto&, auto& v) { s.lane = v; }},
+    {"max_connections", channel_url,
+     [](auto& s, auto& k, auto& v) { s.po.max_connections = std::max<std::size_t>(1, s.n(k, v)); }},
+    {"max_idle", channel_url, [](auto& s, auto& k, auto& v) { s.po.max_idle = s.n(k, v); }},
+    {"idle_timeout_ms", channel_url,
+     [](auto& s, auto& k, auto& v) { s.po.idle_timeout = s.ms(k, v); }},
+    {"connect_timeout_ms", channel_url,
+     [](auto& s, auto& k, auto& v) { s.po.connect_timeout = s.ms(k, v); }},
+    {"max_queued", channel_url,
+     [](auto& s, auto& k, auto& v) { s.po.max_queued_calls = s.n(k, v); }},
+    // A router's (router_options).
+    {"max_concurrent", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.max_concurrent = std::max<std::size_t>(1, s.n(k, v)); }},
+    {"max_queued", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.max_queued_calls = s.n(k, v); }},
+    {"queue", any_route,
+     [](auto& s, auto&, auto& v) {
+         if (v == "edf")
+             s.ro.queue = queue_order::earliest_deadline;
+         else if (v == "fifo")
+             s.ro.queue = queue_order::fifo;
+         else
+             bad(s.url, "queue must be edf or fifo");
+     }},
+    {"policy", any_route,
+     [](auto& s, auto&, auto& v) {
+         if (v == "least_loaded")
+             s.ro.policy = route_policy::least_loaded;
+         else if (v == "round_robin")
+             s.ro.policy = route_policy::round_robin;
+         else if (v == "weighted")
+             s.ro.policy = route_policy::weighted;
+         else
+             bad(s.url, "policy must be least_loaded, round_robin or weighted");
+     }},
+    {"aperture", any_route,
+     [](auto& s, auto&, auto& v) {
+         if (v != "adaptive" && v != "all") bad(s.url, "aperture must be adaptive or all");
+         s.ro.aperture = v == "adaptive";
+     }},
+    {"idempotent", any_route,
+     [](auto& s, auto&, auto& v) {
+         for (auto& m : split(v, ',')) s.ro.idempotent_methods.insert(m);
+     }},
+    {"weights", any_route, [](auto& s, auto&, auto& v) { s.weights = split(v, ','); }},
+    {"shadow", any_route, [](auto& s, auto&, auto& v) { s.shadows = split(v, ','); }},
+    {"shadow_fraction", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.shadow_fraction = std::min(1.0, s.fraction(k, v)); }},
+    {"connect_timeout_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.connect_timeout = s.ms(k, v); }},
+    {"reconnect_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.reconnect_initial = s.ms_at_least_1(k, v); }},
+    {"reconnect_max_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.reconnect_max = s.ms_at_least_1(k, v); }},
+    {"eject_after", any_route, [](auto& s, auto& k, auto& v) { s.ro.eject_after = s.n(k, v); }},
+    {"eject_ms", any_route, [](auto& s, auto& k, auto& v) { s.ro.eject_base = s.ms(k, v); }},
+    {"eject_max_ms", any_route, [](auto& s, auto& k, auto& v) { s.ro.eject_max = s.ms(k, v); }},
+    {"max_ejected_percent", any_route,
+     [](auto& s, auto& k, auto& v) {
+         s.ro.max_ejected_percent = std::min<std::size_t>(100, s.n(k, v));
+     }},
+    {"wait_for_replica_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.wait_for_replica = s.ms(k, v); }},
+    {"hedge_after_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.hedge.after = s.ms(k, v); }},
+    {"hedge_after", any_route,
+     [](auto& s, auto&, auto& v) {
+         if (v != "p95") bad(s.url, "hedge_after must be p95 (or hedge_after_ms=N)");
+         s.ro.hedge.p95 = true;
+     }},
+    {"hedge", any_route,
+     [](auto& s, auto&, auto& v) {
+         // METHOD:N or METHOD:p95, comma-separated.
+         for (const auto& item : split(v, ',')) {
+             const auto colon = item.rfind(':');
+             if (colon == std::string::npos || colon == 0)
+                 bad(s.url, "hedge takes METHOD:N or METHOD:p95, not \"" + item + "\"");
+             hedge_policy hp;
+             const std::string when = item.substr(colon + 1);
+             if (when == "p95")
+                 hp.p95 = true;
+             else
+                 hp.after = s.ms("hedge", when);
+             s.ro.hedge_methods[item.substr(0, colon)] = hp;
+         }
+     }},
+    {"token_hosts", any_route, [](auto& s, auto&, auto& v) { s.ro.token_hosts = split(v, ','); }},
+    {"health", any_route,
+     [](auto& s, auto&, auto& v) {
+         if (v != "watch" && v != "off") bad(s.url, "health must be watch or off");
+         s.ro.watch_health = v == "watch";
+     }},
+    {"overload_cooldown_ms", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.overload_cooldown = s.ms(k, v); }},
+    {"retry_budget_percent", any_route,
+     [](auto& s, auto& k, auto& v) {
+         s.ro.retry_budget_percent = v == "off" ? -1.0 : s.fraction(k, v);
+     }},
+    {"min_retries_per_s", any_route,
+     [](auto& s, auto& k, auto& v) { s.ro.min_retries_per_s = s.fraction(k, v); }},
+    // A router's source.
+    {"etcd_ca", etcd_route, [](auto& s, auto&, auto& v) { s.access.ca_file = v; }},
+    {"etcd_cert", etcd_route, [](auto& s, auto&, auto& v) { s.access.cert_file = v; }},
+    {"etcd_key", etcd_route, [](auto& s, auto&, auto& v) { s.access.key_file = v; }},
+    {"etcd_user", etcd_route, [](auto& s, auto&, auto& v) { s.access.user = v; }},
+    {"etcd_password_file", etcd_route,
+     [](auto& s, auto&, auto& v) { s.access.password = read_token(v); }},
+    {"etcd_token_file", etcd_route,
+     [](auto& s, auto&, auto& v) { s.access.token = read_token(v); }},
+    {"dns_server", dns_route, [](auto& s, auto&, auto& v) { s.dns_server = v; }},
+    {"refresh_ms", dns_route | file_route | etcd_route,
+     [](auto& s, auto& k, auto& v) { s.refresh = s.ms_at_least_1(k, v); }},
+    {"min_refresh_ms", dns_route, [](auto& s, auto& k, auto& v) { s.min_refresh = s.ms(k, v); }},
+};
+
+// Applies `key=value` to `s` for a URL of `kind`: a parameter of the table, or a transport's
+// (kept for the transport; a route's ca=, cert= and key= are etcd's too). Throws
+// errc::bad_address naming any other.
+void apply_url_parameter(url_settings& s, url_kind kind, const std::string& key,
+                         const std::string& value) {
+    for (const auto& p : url_parameters)
+        if (p.name == key && (p.takes & kind) != 0) return p.set(s, key, value);
+    if (!is_transport_parameter(key)) bad(s.url, "unknown parameter \"" + key + "\"");
+    s.kept += (s.kept.empty() ? "?" : "&") + key + "=" + value;
+    if (kind == channel_url) return;
+    if (key == "ca") s.route_tls[0] = value;
+    if (key == "cert") s.route_tls[1] = value;
+    if (key == "key") s.route_tls[2] = value;
+}
+
 // What makes the source of a `route+dns+SCHEME://`, `route+file://` or `route+etcd://` URL.
 std::function<std::unique_ptr<replica_source>(net::any_io_executor)> source_maker(
     std::string_view url, const std::string& scheme, const std::string& rest,
@@ -246,163 +428,46 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         query = rest.substr(q + 1);
         rest = rest.substr(0, q);
     }
-    route_spec spec;
-    std::vector<std::string> weights, shadows;
-    std::string kept;  // transport parameters, passed on to every replica
     // A source instead of a list: dns+SCHEME, file, etcd.
-    const bool dns = scheme.rfind("dns+", 0) == 0;
-    const bool etcd = scheme == "etcd" || scheme == "etcd+https";
-    const bool sourced = dns || scheme == "file" || etcd;
-    etcd_access access;      // etcd_*= parameters
-    std::string route_tls[3];  // the route's own ca=, cert=, key=: etcd's too, unless etcd_*= say
-    std::string dns_server;
-    std::optional<std::chrono::milliseconds> refresh;
-    std::chrono::milliseconds min_refresh{500};
+    url_kind kind = route_url;
+    if (scheme.rfind("dns+", 0) == 0)
+        kind = dns_route;
+    else if (scheme == "file")
+        kind = file_route;
+    else if (scheme == "etcd" || scheme == "etcd+https")
+        kind = etcd_route;
+    const bool sourced = kind != route_url;
+    url_settings params(url, o);
     for (const std::string& item : split(query, '&')) {
         if (item.empty()) continue;
         const auto eq = item.find('=');
-        const std::string key = item.substr(0, eq);
-        const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-        auto n = [&] { return detail::number_parameter(url, key, value); };
-        router_options& ro = spec.options;
-        if (key == "max_concurrent") {
-            ro.max_concurrent = std::max<std::size_t>(1, n());
-        } else if (key == "max_queued") {
-            ro.max_queued_calls = n();
-        } else if (key == "queue") {
-            if (value == "edf")
-                ro.queue = queue_order::earliest_deadline;
-            else if (value == "fifo")
-                ro.queue = queue_order::fifo;
-            else
-                bad(url, "queue must be edf or fifo");
-        } else if (key == "policy") {
-            if (value == "least_loaded")
-                ro.policy = route_policy::least_loaded;
-            else if (value == "round_robin")
-                ro.policy = route_policy::round_robin;
-            else if (value == "weighted")
-                ro.policy = route_policy::weighted;
-            else
-                bad(url, "policy must be least_loaded, round_robin or weighted");
-        } else if (key == "aperture") {
-            if (value == "adaptive")
-                ro.aperture = true;
-            else if (value == "all")
-                ro.aperture = false;
-            else
-                bad(url, "aperture must be adaptive or all");
-        } else if (key == "idempotent") {
-            for (auto& m : split(value, ',')) ro.idempotent_methods.insert(m);
-        } else if (key == "weights") {
-            weights = split(value, ',');
-        } else if (key == "shadow") {
-            shadows = split(value, ',');
-        } else if (key == "shadow_fraction") {
-            ro.shadow_fraction = std::min(1.0, detail::fraction_parameter(url, key, value));
-        } else if (key == "connect_timeout_ms") {
-            ro.connect_timeout = std::chrono::milliseconds(n());
-        } else if (key == "reconnect_ms") {
-            ro.reconnect_initial = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
-        } else if (key == "reconnect_max_ms") {
-            ro.reconnect_max = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
-        } else if (key == "eject_after") {
-            ro.eject_after = n();
-        } else if (key == "eject_ms") {
-            ro.eject_base = std::chrono::milliseconds(n());
-        } else if (key == "eject_max_ms") {
-            ro.eject_max = std::chrono::milliseconds(n());
-        } else if (key == "max_ejected_percent") {
-            ro.max_ejected_percent = std::min<std::size_t>(100, n());
-        } else if (key == "wait_for_replica_ms") {
-            ro.wait_for_replica = std::chrono::milliseconds(n());
-        } else if (key == "hedge_after_ms") {
-            ro.hedge.after = std::chrono::milliseconds(n());
-        } else if (key == "hedge_after") {
-            if (value != "p95") bad(url, "hedge_after must be p95 (or hedge_after_ms=N)");
-            ro.hedge.p95 = true;
-        } else if (key == "hedge") {
-            // METHOD:N or METHOD:p95, comma-separated.
-            for (const auto& item : split(value, ',')) {
-                const auto colon = item.rfind(':');
-                if (colon == std::string::npos || colon == 0)
-                    bad(url, "hedge takes METHOD:N or METHOD:p95, not \"" + item + "\"");
-                hedge_policy hp;
-                const std::string when = item.substr(colon + 1);
-                if (when == "p95")
-                    hp.p95 = true;
-                else
-                    hp.after =
-                        std::chrono::milliseconds(detail::number_parameter(url, "hedge", when));
-                ro.hedge_methods[item.substr(0, colon)] = hp;
-            }
-        } else if (key == "token_hosts") {
-            ro.token_hosts = split(value, ',');
-        } else if (key == "health") {
-            if (value == "watch")
-                ro.watch_health = true;
-            else if (value == "off")
-                ro.watch_health = false;
-            else
-                bad(url, "health must be watch or off");
-        } else if (key == "overload_cooldown_ms") {
-            ro.overload_cooldown = std::chrono::milliseconds(n());
-        } else if (key == "retry_budget_percent") {
-            ro.retry_budget_percent =
-                value == "off" ? -1.0 : detail::fraction_parameter(url, key, value);
-        } else if (key == "min_retries_per_s") {
-            ro.min_retries_per_s = detail::fraction_parameter(url, key, value);
-        } else if (etcd && key.rfind("etcd_", 0) == 0) {
-            if (key == "etcd_ca")
-                access.ca_file = value;
-            else if (key == "etcd_cert")
-                access.cert_file = value;
-            else if (key == "etcd_key")
-                access.key_file = value;
-            else if (key == "etcd_user")
-                access.user = value;
-            else if (key == "etcd_password_file")
-                access.password = read_token(value);
-            else if (key == "etcd_token_file")
-                access.token = read_token(value);
-            else
-                bad(url, "unknown parameter \"" + key + "\"");
-        } else if (dns && key == "dns_server") {
-            dns_server = value;
-        } else if (sourced && key == "refresh_ms") {
-            refresh = std::chrono::milliseconds(std::max<std::size_t>(1, n()));
-        } else if (dns && key == "min_refresh_ms") {
-            min_refresh = std::chrono::milliseconds(n());
-        } else if (detail::apply_peer_parameter(url, key, value, o)) {
-        } else if (is_transport_parameter(key)) {
-            kept += (kept.empty() ? "?" : "&") + item;
-            if (key == "ca") route_tls[0] = value;
-            if (key == "cert") route_tls[1] = value;
-            if (key == "key") route_tls[2] = value;
-        } else {
-            bad(url, "unknown parameter \"" + key + "\"");
-        }
+        apply_url_parameter(params, kind, item.substr(0, eq),
+                            eq == std::string::npos ? "" : item.substr(eq + 1));
     }
-    if (access.ca_file.empty()) access.ca_file = route_tls[0];
+    auto& access = params.access;
+    if (access.ca_file.empty()) access.ca_file = params.route_tls[0];
     if (access.cert_file.empty() && access.key_file.empty()) {
-        access.cert_file = route_tls[1];
-        access.key_file = route_tls[2];
+        access.cert_file = params.route_tls[1];
+        access.key_file = params.route_tls[2];
     }
+    route_spec spec;
+    spec.options = std::move(params.ro);
     spec.options.peer = std::move(o);
     if (sourced) {
-        if (!weights.empty() || !shadows.empty())
+        if (!params.weights.empty() || !params.shadows.empty())
             bad(url, "weights and shadow name replicas of a list, not of a " + scheme + " source");
-        spec.source = source_maker(url, scheme, std::string(rest), kept, dns_server, refresh,
-                                   min_refresh, access);
+        spec.source = source_maker(url, scheme, std::string(rest), params.kept, params.dns_server,
+                                   params.refresh, params.min_refresh, access);
         return spec;
     }
     auto replica_url = [&](const std::string& item) {
         if (item.empty()) bad(url, "empty replica address");
         const std::string u = scheme + "://" + item;
         parse_address(u);  // names what is wrong with this one
-        return u + kept;
+        return u + params.kept;
     };
     const auto items = split(rest, ',');
+    const auto& weights = params.weights;
     if (!weights.empty() && weights.size() != items.size())
         bad(url, "weights has " + std::to_string(weights.size()) + " entries for " +
                      std::to_string(items.size()) + " replicas");
@@ -412,8 +477,9 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         if (!(r.weight > 0)) bad(url, "weights must be positive");
         spec.replicas.push_back(std::move(r));
     }
-    for (const auto& item : shadows) spec.replicas.push_back({replica_url(item), 1.0, "shadow"});
-    if (!shadows.empty()) spec.options.shadow_group = "shadow";
+    for (const auto& item : params.shadows)
+        spec.replicas.push_back({replica_url(item), 1.0, "shadow"});
+    if (!params.shadows.empty()) spec.options.shadow_group = "shadow";
     return spec;
 }
 
@@ -426,55 +492,28 @@ namespace {
 net::awaitable<channel> open_channel(std::string_view url, peer_options o, const handlers* h) {
     if (url.substr(0, 6) == "route+") co_return co_await connect_route(url, std::move(o));
     const address a = parse_address(url);
-    bool pooled = false;
-    std::string lane;  // the channel's default lane
-    pool_options po;
-    std::string kept;  // transport parameters (TLS files...), passed on
-    for (const auto& param : a.params) {
-        // (Named references, not a structured binding: clang 14 cannot capture those.)
-        const std::string& key = param.first;
-        const std::string& value = param.second;
-        auto n = [&] { return detail::number_parameter(url, key, value); };
-        if (key == "mode") {
-            if (value != "ordered" && value != "pooled") bad(url, "mode must be ordered or pooled");
-            pooled = value == "pooled";
-        } else if (key == "lane") {
-            lane = value;
-        } else if (detail::apply_peer_parameter(url, key, value, o)) {
-        } else if (key == "max_connections") {
-            po.max_connections = std::max<std::size_t>(1, n());
-        } else if (key == "max_idle") {
-            po.max_idle = n();
-        } else if (key == "idle_timeout_ms") {
-            po.idle_timeout = std::chrono::milliseconds(n());
-        } else if (key == "connect_timeout_ms") {
-            po.connect_timeout = std::chrono::milliseconds(n());
-        } else if (key == "max_queued") {
-            po.max_queued_calls = n();
-        } else if (is_transport_parameter(key)) {
-            kept += (kept.empty() ? "?" : "&") + key + "=" + value;
-        } else {
-            bad(url, "unknown parameter \"" + key + "\"");
-        }
-    }
+    url_settings params(url, o);
+    for (const auto& [key, value] : a.params) apply_url_parameter(params, channel_url, key, value);
+    const bool pooled = params.pooled;
     if (pooled && o.resume.count() > 0)
         bad(url,
             "resume_ms applies to ordered channels and router replicas, not to mode=pooled "
             "(a pool's calls are independent: a dropped connection fails only its own call)");
     detail::check_resume_scheme(url, o.resume);
     // The transport sees the address with its own parameters only.
-    const std::string where = a.to_string() + kept;
+    const std::string where = a.to_string() + params.kept;
     auto ex = co_await net::this_coro::executor;
     if (pooled) {
+        auto& po = params.po;
         po.peer = o;
         auto p = make_pool(ex, where, po);
         co_await p->async_warm_up();
-        co_return channel(std::move(p)).lane(lane);
+        co_return channel(std::move(p)).lane(params.lane);
     }
     auto t = co_await async_connect_transport(where, o.transport);
     auto p = detail::make_connected_peer(std::move(t), where, std::move(o), h);
     p->start();
-    co_return channel(std::move(p)).lane(lane);
+    co_return channel(std::move(p)).lane(params.lane);
 }
 
 }  // namespace

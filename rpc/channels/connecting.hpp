@@ -1,5 +1,5 @@
 // Pieces of rpc/channels/connect.cpp that pools and routers share: opening a transport within a
-// time limit, and the URL parameters that configure a peer.
+// time limit, and a peer connected to a URL.
 #pragma once
 
 #include <chrono>
@@ -26,11 +26,6 @@ net::awaitable<std::unique_ptr<transport>> open_transport_within(std::string url
 /// errors that already carry an errc (bad_address, timed_out...) keep it. Called while a
 /// std::system_error is handled (in its catch block): that is the failure.
 rpc_error connect_error(std::string_view url);
-
-/// Applies `key=value` if it is a peer parameter (timeout_ms, interval_ms,
-/// liveness_timeout_ms, heartbeat_ms); returns false for other keys.
-bool apply_peer_parameter(std::string_view url, const std::string& key, const std::string& value,
-                          peer_options& o);
 
 /// A peer over `t`, connected to `url`: with o.resume set, its session resumes by reconnecting
 /// to `url` (a server that does not resume sessions makes it a plain one).

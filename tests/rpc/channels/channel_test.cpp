@@ -4,6 +4,7 @@
 #include "ordo/ordo.hpp"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -314,6 +315,97 @@ TEST(Connect, UnknownParametersAndBadValuesAreRejectedByName) {
         }
         co_await f.srv.async_stop();
     });
+}
+
+// Every parameter a channel's URL documents is taken (rpc/channels/connect.cpp's table): one
+// the table lost would be refused as unknown.
+TEST(Connect, EveryChannelParameterIsTaken) {
+    run_test([]() -> net::awaitable<void> {
+        fixture f(co_await net::this_coro::executor);
+        for (std::string q :
+             {"?mode=ordered&lane=bulk&timeout_ms=5000&interval_ms=0&liveness_timeout_ms=9000"
+              "&heartbeat_ms=3000&max_unacked_bytes=1000000&piece_bytes=65536&lane_window=1",
+              "?mode=pooled&max_connections=2&max_idle=1&idle_timeout_ms=5000"
+              "&connect_timeout_ms=5000&max_queued=10"}) {
+            auto ch = co_await async_connect(f.url + q);
+            EXPECT_EQ(co_await ch.async_call<int>("inc", 1), 2) << q;
+        }
+        co_await f.srv.async_stop();
+    });
+}
+
+// Every parameter a route+ URL documents sets its option, on the routes that take it.
+TEST(RouteUrl, EveryParameterSetsItsOptionAndOnlyWhereItApplies) {
+    const route_spec s = parse_route_url(
+        "route+tls://127.0.0.1:1,127.0.0.1:2?max_concurrent=3&max_queued=40&queue=fifo"
+        "&policy=round_robin&aperture=all&idempotent=a,b&weights=1,2&shadow=127.0.0.1:3"
+        "&shadow_fraction=0.5&connect_timeout_ms=11&reconnect_ms=12&reconnect_max_ms=13"
+        "&eject_after=4&eject_ms=14&eject_max_ms=15&max_ejected_percent=30"
+        "&wait_for_replica_ms=16&hedge_after_ms=17&hedge=m:18&token_hosts=127.0.0.1"
+        "&health=off&overload_cooldown_ms=19&retry_budget_percent=25&min_retries_per_s=2.5"
+        "&timeout_ms=20&interval_ms=21&liveness_timeout_ms=22&heartbeat_ms=23&resume_ms=24"
+        "&max_unacked_bytes=1000&piece_bytes=2000&lane_window=3000&ca=/no/ca.pem&verify=none",
+        {});
+    const router_options& o = s.options;
+    EXPECT_EQ(o.max_concurrent, 3u);
+    EXPECT_EQ(o.max_queued_calls, 40u);
+    EXPECT_EQ(o.queue, queue_order::fifo);
+    EXPECT_EQ(o.policy, route_policy::round_robin);
+    EXPECT_FALSE(o.aperture);
+    EXPECT_EQ(o.idempotent_methods, (std::set<std::string>{"a", "b"}));
+    EXPECT_EQ(o.shadow_fraction, 0.5);
+    EXPECT_EQ(o.shadow_group, "shadow");
+    EXPECT_EQ(o.connect_timeout, 11ms);
+    EXPECT_EQ(o.reconnect_initial, 12ms);
+    EXPECT_EQ(o.reconnect_max, 13ms);
+    EXPECT_EQ(o.eject_after, 4u);
+    EXPECT_EQ(o.eject_base, 14ms);
+    EXPECT_EQ(o.eject_max, 15ms);
+    EXPECT_EQ(o.max_ejected_percent, 30u);
+    EXPECT_EQ(o.wait_for_replica, 16ms);
+    EXPECT_EQ(o.hedge.after, 17ms);
+    ASSERT_EQ(o.hedge_methods.count("m"), 1u);
+    EXPECT_EQ(o.hedge_methods.at("m").after, 18ms);
+    EXPECT_EQ(o.token_hosts, std::vector<std::string>{"127.0.0.1"});
+    EXPECT_FALSE(o.watch_health);
+    EXPECT_EQ(o.overload_cooldown, 19ms);
+    EXPECT_EQ(o.retry_budget_percent, 25);
+    EXPECT_EQ(o.min_retries_per_s, 2.5);
+    EXPECT_EQ(o.peer.default_timeout, 20ms);
+    EXPECT_EQ(o.peer.comm.interval, 21ms);
+    EXPECT_EQ(o.peer.liveness_timeout, 22ms);
+    EXPECT_EQ(o.peer.heartbeat_interval, 23ms);
+    EXPECT_EQ(o.peer.resume, 24ms);
+    EXPECT_EQ(o.peer.max_unacked_bytes, 1000u);
+    EXPECT_EQ(o.peer.piece_bytes, 2000u);
+    EXPECT_EQ(o.peer.lane_window, 3000u);
+    ASSERT_EQ(s.replicas.size(), 3u);
+    EXPECT_EQ(s.replicas[1].url, "tls://127.0.0.1:2?ca=/no/ca.pem&verify=none");
+    EXPECT_EQ(s.replicas[1].weight, 2);
+    EXPECT_EQ(s.replicas[2].group, "shadow");
+    // A source's own parameters, each on the sources that take it.
+    EXPECT_TRUE(parse_route_url("route+dns+tcp://svc.test:7000?dns_server=127.0.0.1:53"
+                                "&refresh_ms=100&min_refresh_ms=50",
+                                {})
+                    .source);
+    EXPECT_TRUE(parse_route_url("route+file:///no/replicas?refresh_ms=100", {}).source);
+    EXPECT_TRUE(parse_route_url("route+etcd://127.0.0.1:2379/svc/?etcd_user=u&etcd_ca=/no/ca"
+                                "&etcd_cert=/no/c&etcd_key=/no/k&refresh_ms=100",
+                                {})
+                    .source);
+    for (const char* url :
+         {"route+tcp://127.0.0.1:1?dns_server=127.0.0.1:53", "route+tcp://127.0.0.1:1?etcd_user=u",
+          "route+file:///no/replicas?min_refresh_ms=5", "route+tcp://127.0.0.1:1?refresh_ms=5",
+          "route+tcp://127.0.0.1:1?mode=pooled", "route+tcp://127.0.0.1:1?max_idle=1"}) {
+        try {
+            parse_route_url(url, {});
+            ADD_FAILURE() << url << " accepted";
+        } catch (const std::system_error& e) {
+            EXPECT_EQ(e.code(), errc::bad_address) << url;
+            EXPECT_NE(std::string(e.what()).find("unknown parameter"), std::string::npos)
+                << e.what();
+        }
+    }
 }
 
 TEST(Connect, ARefusedConnectionFailsAtOnceInBothModesNotAfterTheConnectTimeout) {
