@@ -341,14 +341,14 @@ const url_parameter url_parameters[] = {
 };
 
 // Applies `key=value` to `s` for a URL of `kind`: a parameter of the table, or a transport's
-// (kept for the transport; a route's ca=, cert= and key= are etcd's too). Throws
+// (kept as `written` for the transport; a route's ca=, cert= and key= are etcd's too). Throws
 // errc::bad_address naming any other.
 void apply_url_parameter(url_settings& s, url_kind kind, const std::string& key,
-                         const std::string& value) {
+                         const std::string& value, std::string_view written) {
     for (const auto& p : url_parameters)
         if (p.name == key && (p.takes & kind) != 0) return p.set(s, key, value);
     if (!is_transport_parameter(key)) bad(s.url, "unknown parameter \"" + key + "\"");
-    s.kept += (s.kept.empty() ? "?" : "&") + key + "=" + value;
+    s.kept.append(s.kept.empty() ? "?" : "&").append(written);
     if (kind == channel_url) return;
     if (key == "ca") s.route_tls[0] = value;
     if (key == "cert") s.route_tls[1] = value;
@@ -442,7 +442,7 @@ route_spec parse_route_url(std::string_view url, peer_options o) {
         if (item.empty()) continue;
         const auto eq = item.find('=');
         apply_url_parameter(params, kind, item.substr(0, eq),
-                            eq == std::string::npos ? "" : item.substr(eq + 1));
+                            eq == std::string::npos ? "" : item.substr(eq + 1), item);
     }
     auto& access = params.access;
     if (access.ca_file.empty()) access.ca_file = params.route_tls[0];
@@ -493,7 +493,8 @@ net::awaitable<channel> open_channel(std::string_view url, peer_options o, const
     if (url.substr(0, 6) == "route+") co_return co_await connect_route(url, std::move(o));
     const address a = parse_address(url);
     url_settings params(url, o);
-    for (const auto& [key, value] : a.params) apply_url_parameter(params, channel_url, key, value);
+    for (const auto& [key, value] : a.params)
+        apply_url_parameter(params, channel_url, key, value, key + "=" + value);
     const bool pooled = params.pooled;
     if (pooled && o.resume.count() > 0)
         bad(url,

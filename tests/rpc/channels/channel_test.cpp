@@ -383,6 +383,9 @@ TEST(RouteUrl, EveryParameterSetsItsOptionAndOnlyWhereItApplies) {
     EXPECT_EQ(s.replicas[1].url, "tls://127.0.0.1:2?ca=/no/ca.pem&verify=none");
     EXPECT_EQ(s.replicas[1].weight, 2);
     EXPECT_EQ(s.replicas[2].group, "shadow");
+    // A transport parameter goes to every replica as it was written.
+    EXPECT_EQ(parse_route_url("route+tls://127.0.0.1:1?verify", {}).replicas.at(0).url,
+              "tls://127.0.0.1:1?verify");
     // A source's own parameters, each on the sources that take it.
     EXPECT_TRUE(parse_route_url("route+dns+tcp://svc.test:7000?dns_server=127.0.0.1:53"
                                 "&refresh_ms=100&min_refresh_ms=50",
