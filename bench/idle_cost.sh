@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Server memory per idle connection: RSS of `ordo-bench --serve` before and after N idle TCP
 # connections (each sends one ordo.ping and reads the answer, so every per-connection buffer has
-# been used once). Usage: bench/idle_cost.sh [path/to/ordo-bench] [N=2000]
+# been used once, and the server knows it: a silent stranger would be closed, see
+# server_options::strangers). One address may hold max_per_address (1,024) connections.
+# Usage: bench/idle_cost.sh [path/to/ordo-bench] [N=1000]
 set -euo pipefail
 bin=${1:-build/bench/ordo-bench}
-n=${2:-2000}
+n=${2:-1000}
 ulimit -n $((n + 100))
 port=$((30000 + RANDOM % 20000))
 fifo=$(mktemp -u)
@@ -21,12 +23,13 @@ def rss_kib():
         if line.startswith("VmRSS"):
             return int(line.split()[1])
 before = rss_kib()
-socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
 ping = b"\x94\x00\x01\xa9ordo.ping\x90"  # [0, 1, "ordo.ping", []]
-for s in socks:
+socks = []
+for _ in range(n):  # each answered before the next connects: never more than one stranger
+    s = socket.create_connection(("127.0.0.1", port))
     s.sendall(ping)
-for s in socks:
     s.recv(100)
+    socks.append(s)
 time.sleep(2)
 after = rss_kib()
 print(f"RSS {before} KiB -> {after} KiB with {n} idle connections: "
