@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 import warnings
@@ -495,6 +496,38 @@ class NoAsyncioDebug(WorkerPlugin):
 
     def setup(self, worker):
         asyncio.get_running_loop().set_debug(False)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_an_uploaded_file_reaches_its_worker_and_goes_with_the_workers_directory(scheme):
+    """Dask's test_upload_file over ordo, but for its last line (tcp_only.py says why it is
+    skipped in Dask's suite): that asserts the worker's directory is gone when the scheduler's
+    close returns, which does not wait for the workers. Here the workers' close is awaited."""
+    from distributed.core import rpc
+    async with Scheduler(protocol=scheme, host="127.0.0.1", port=0, dashboard=False,
+                         dashboard_address="127.0.0.1:0") as s:
+        async with Worker(s.address, nthreads=1, host="127.0.0.1") as a, \
+                Worker(s.address, nthreads=1, host="127.0.0.1") as b, \
+                Client(s.address, asynchronous=True) as c:
+            assert a.address.startswith(f"{scheme}://") and a.local_directory != b.local_directory
+            # bytes to one worker, str to the other, as Dask's test sends them
+            async with rpc(a.address) as aa, rpc(b.address) as bb:
+                await asyncio.gather(
+                    aa.upload_file(filename="ordo_uploaded.py", data=b"x = 123"),
+                    bb.upload_file(filename="ordo_uploaded.py", data="x = 123"))
+            files = [os.path.join(w.local_directory, "ordo_uploaded.py") for w in (a, b)]
+            assert all(os.path.exists(f) for f in files), files
+
+            def g():
+                import ordo_uploaded
+                return ordo_uploaded.x
+
+            try:
+                assert await c.submit(g, workers=a.address) == 123
+            finally:
+                sys.modules.pop("ordo_uploaded", None)
+        assert not any(os.path.exists(f) for f in files), files
+    await settle()
 
 
 workload_results = {}
