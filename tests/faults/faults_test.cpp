@@ -347,7 +347,8 @@ class ClientCrash : public ::testing::TestWithParam<std::string> {};
 TEST_P(ClientCrash, KillingAClientCancelsItsRunningHandlersAndTheServerServesOthers) {
     auto [client, url_pipe] = fork_sleeping_client();
     reaper reap{client};
-    run_test([&, scheme = GetParam()]() -> net::awaitable<void> {
+    run_test([&, client = client, url_pipe = url_pipe, scheme = GetParam()]()
+                 -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
         int started = 0, cancelled = 0;
         serve_counting_sleep(srv, started, cancelled);
@@ -374,7 +375,7 @@ INSTANTIATE_TEST_SUITE_P(TcpAndZeroMQ, ClientCrash, ::testing::Values("tcp", "zm
 TEST(ClientHang, AStoppedClientsHandlersAreCancelledWithinTheServersLivenessTimeout) {
     auto [client, url_pipe] = fork_sleeping_client();
     reaper reap{client};
-    run_test([&]() -> net::awaitable<void> {
+    run_test([&, client = client, url_pipe = url_pipe]() -> net::awaitable<void> {
         server_options so;
         so.peer.liveness_timeout = 500ms;
         server srv(co_await net::this_coro::executor, so);

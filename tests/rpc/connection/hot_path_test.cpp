@@ -431,8 +431,10 @@ TEST(HotPath, HeadsBuiltInPlaceMatchTheGeneralEncoder) {
 // Pending calls are made and freed once per call; their memory is kept on the thread for the
 // next call (detail::recycled_new). Under AddressSanitizer nothing is kept, so that a use after
 // free is still reported: there the reuse is not checked, only that blocks are good.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)  // GCC's name
 constexpr bool recycling = false;
+#elif defined(__has_feature)  // clang's
+constexpr bool recycling = !__has_feature(address_sanitizer);
 #else
 constexpr bool recycling = true;
 #endif

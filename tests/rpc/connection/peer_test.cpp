@@ -58,13 +58,14 @@ void check_order(handler_options opts, bool suspending) {
                 --running;
                 finished.push_back(i);
             };
+            // The "note" handler calls h by reference: h lives as long as the server.
+            auto h = [&](int i) -> net::awaitable<int> {
+                enter(i);
+                co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
+                leave(i);
+                co_return i;
+            };
             if (suspending) {
-                auto h = [&](int i) -> net::awaitable<int> {
-                    enter(i);
-                    co_await net::post(co_await net::this_coro::executor, net::use_awaitable);
-                    leave(i);
-                    co_return i;
-                };
                 srv.on("rec", h, opts);
                 srv.on(
                     "note", [&](int i) -> net::awaitable<void> { co_await h(i); }, opts);

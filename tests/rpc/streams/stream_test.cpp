@@ -451,7 +451,6 @@ TEST(Stream, TenThousandStreamsAtOnceOnOneConnection) {
 TEST(Stream, ASerialStreamKeepsItsPlaceAmongTheConnectionsMessages) {
     run_test([]() -> net::awaitable<void> {
         server srv(co_await net::this_coro::executor);
-        handler_log serial_log, concurrent_log;
         std::vector<std::string> order;
         srv.on("serial", [&](writer<int>& out, int n) -> net::awaitable<void> {
             for (int i = 0; i < n; ++i) co_await out.write(i);
@@ -1004,8 +1003,8 @@ TEST(Stream, AFloodBeyondTheCreditIsNotBuffered) {
         EXPECT_TRUE(co_await raw.read_until_cancel(msgid, 10s));
         co_await raw.write_end(msgid, 200'000);
         // The call is over on the caller's side, which received no more than the window.
-        EXPECT_TRUE(
-            co_await wait_until([&] { return peer_of(ch)->counters().pending_calls == 0; }));
+        EXPECT_TRUE(co_await wait_until(
+            [&, &ch = ch] { return peer_of(ch)->counters().pending_calls == 0; }));
         EXPECT_EQ(s.received(), 16u);
         const auto r = co_await read_to_end(s);
         EXPECT_EQ(r.items, iota(16));
