@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ordo/detail/shutdown_hook.hpp"
 #include "ordo/rpc/channel.hpp"
 #include "rpc/connection/call_watch.hpp"
 
@@ -52,7 +53,9 @@ enum class wait_order {
 /// Belongs to the executor given at construction; every member runs there. Timers and
 /// cancellation handlers that fire after the queue is gone do nothing. A call whose deadline
 /// passes while it waits is failed with errc::timed_out and never taken (counted by expired()).
-class wait_queue {
+/// If the executor's context is destroyed first, the waiting calls fail with errc::closed
+/// (shutdown_hook).
+class wait_queue final : shutdown_hook {
   public:
     using clock = std::chrono::steady_clock;
 
@@ -68,7 +71,8 @@ class wait_queue {
     wait_queue(net::any_io_executor ex,
                std::function<std::string(std::chrono::milliseconds)> timed_out_reason,
                std::string cancelled_reason, std::function<void()> on_change = {})
-        : ex_(std::move(ex)),
+        : shutdown_hook(ex),
+          ex_(std::move(ex)),
           timed_out_reason_(std::move(timed_out_reason)),
           cancelled_reason_(std::move(cancelled_reason)),
           on_change_(std::move(on_change)) {}
@@ -209,6 +213,13 @@ class wait_queue {
     }
 
   private:
+    // The context is being destroyed: each caller is told, as a call table tells its own
+    // (call_table::on_shutdown).
+    void on_shutdown() noexcept override {
+        fail_all(make_error_code(errc::closed),
+                 "ordo: the io_context was destroyed while the call waited for a connection");
+    }
+
     // Where a call stands: by deadline (max: none, or FIFO order), then by arrival.
     struct place {
         clock::time_point deadline;

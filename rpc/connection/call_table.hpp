@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "ordo/detail/shutdown_hook.hpp"
 #include "ordo/rpc/channel.hpp"
 #include "ordo/rpc/codec.hpp"
 #include "rpc/connection/call_watch.hpp"
@@ -34,8 +35,9 @@ class call_table_host {
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (pending_calls,
-/// calls_completed).
-class call_table {
+/// calls_completed). If the executor's context is destroyed first, the waiting calls fail
+/// with errc::closed (shutdown_hook).
+class call_table final : shutdown_hook {
   public:
     struct options {
         std::uint32_t first_msgid = 0;
@@ -88,6 +90,7 @@ class call_table {
         bool is_ping = false;
     };
 
+    void on_shutdown() noexcept override;
     void withdraw(std::uint32_t msgid, errc why);
     void abandon(std::uint32_t msgid);
     void count();

@@ -56,12 +56,9 @@ void peer::state::hold_until_ended() {
     auto p = self.weak_from_this().lock();
     if (!p) return;  // not shared: whoever owns it decides how long it lives
     kept_for_close = true;
-    net::co_spawn(
-        ex,
-        [](std::shared_ptr<peer> p) -> net::awaitable<void> {
-            co_await p->async_wait_closed();
-        }(std::move(p)),
-        net::detached);
+    // The wait holds the peer: on_ended cancels it, and the peer goes as its handler does (run
+    // on the loop, or destroyed unrun with the io_context).
+    closed_event.async_wait([p = std::move(p)](std::error_code) {});
 }
 
 void peer::state::on_ended(const close_result& r) {

@@ -248,7 +248,7 @@ net::awaitable<admission::ticket::state> admission::wait(const std::shared_ptr<t
                 std::unique_lock lk(self->share_mu_);
                 if (tp->now != ticket::state::waiting) {
                     lk.unlock();
-                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    post_handler(std::move(handler));
                     return;
                 }
                 auto cs = net::get_associated_cancellation_slot(handler);

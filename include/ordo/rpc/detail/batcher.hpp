@@ -102,7 +102,7 @@ class stream_room {
                 std::unique_lock lk(mu_);
                 if (bumps_ != seen) {
                     lk.unlock();
-                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    post_handler(std::move(handler));
                     return;
                 }
                 waiter_ = park(std::move(handler));

@@ -33,6 +33,7 @@
 #include "ordo/rpc/channel_impl.hpp"
 #include "ordo/rpc/detail/msgpack_core.hpp"
 #include "ordo/rpc/detail/pending_call.hpp"
+#include "ordo/detail/shutdown_hook.hpp"
 #include "ordo/error.hpp"
 #include "ordo/net.hpp"
 
@@ -48,31 +49,48 @@ class parked {
     virtual void wake() = 0;
 };
 
+/// Posts `h` to its executor; `work` (tracked work of that executor, or none) ends with it, on
+/// that thread. The handler's cancellation slot (if one was installed) is cleared there too,
+/// where it is emitted.
 template <class H>
-class parked_handler final : public parked {
+void post_handler(H h, net::any_io_executor work = {}) {
+    auto ex = net::get_associated_executor(h);
+    auto slot = net::get_associated_cancellation_slot(h);
+    net::post(ex, [h = std::move(h), w = std::move(work), slot]() mutable {
+        if (slot.is_connected()) slot.clear();
+        std::move(h)();
+    });
+}
+
+template <class H>
+class parked_handler final : public parked, shutdown_hook {
   public:
     // While parked, the handler counts as work of its executor (as an Asio operation in
     // progress would): its io_context does not run out of work and stop meanwhile.
     explicit parked_handler(H h)
-        : h_(std::move(h)),
+        : shutdown_hook(net::get_associated_executor(h)),
+          h_(std::move(h)),
           work_(net::prefer(net::get_associated_executor(h_),
-                            net::execution::outstanding_work.tracked)),
-          slot_(net::get_associated_cancellation_slot(h_)) {}
+                            net::execution::outstanding_work.tracked)) {}
     void wake() override {
-        auto ex = net::get_associated_executor(h_);
         // The work goes with the handler, and ends on its own thread: once posted, the handler
-        // may run, and its io_context end, before this function returns. The handler's
-        // cancellation slot (if one was installed) is cleared there too, where it is emitted.
-        net::post(ex, [h = std::move(h_), w = std::move(work_), slot = slot_]() mutable {
-            if (slot.is_connected()) slot.clear();
-            std::move(h)();
-        });
+        // may run, and its io_context end, before this function returns.
+        if (!dropped_) post_handler(std::move(h_), std::move(work_));
     }
 
   private:
+    // The handler's io_context is being destroyed: the handler goes unrun, as Asio's own go.
+    // (A stream read on one io_context and carried by another: the reader's context must not
+    // be destroyed while the carrier's thread may still wake it.)
+    void on_shutdown() noexcept override {
+        dropped_ = true;
+        auto w = std::move(work_);
+        auto h = std::move(h_);
+    }
+
     H h_;
     net::any_io_executor work_;
-    net::cancellation_slot slot_;
+    bool dropped_ = false;
 };
 
 template <class H>
@@ -353,7 +371,7 @@ class stream_core : public std::enable_shared_from_this<stream_core> {
                 std::unique_lock lk(mu_);
                 if (ready()) {
                     lk.unlock();
-                    parked_handler<decltype(handler)>(std::move(handler)).wake();
+                    post_handler(std::move(handler));
                     return;
                 }
                 auto cs = net::get_associated_cancellation_slot(handler);
