@@ -32,8 +32,10 @@ class shutdown_hooks final : public net::execution_context::service {
 
   private:
     void unlink(shutdown_hook* h) {
-        if (h->prev_) h->prev_->next_ = h->next_;
-        else first_ = h->next_;
+        if (h->prev_)
+            h->prev_->next_ = h->next_;
+        else
+            first_ = h->next_;
         if (h->next_) h->next_->prev_ = h->prev_;
         h->prev_ = h->next_ = nullptr;
     }

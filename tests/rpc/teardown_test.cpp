@@ -60,33 +60,42 @@ struct in_flight {
         srv = std::make_unique<server>(ex);
         handler_options concurrent;
         concurrent.concurrent = true;  // each call's handler starts, whatever runs before it
-        srv->on("sleep", [this](int x) -> net::awaitable<int> {
-            frame_count f(handler);
-            ++handlers_started;
-            co_await sleep_for(1h);
-            co_return x;
-        }, concurrent);
-        srv->on("forever", [this](writer<int>& out) -> net::awaitable<void> {
-            frame_count f(handler);
-            ++handlers_started;
-            for (int i = 0;; ++i) {
-                co_await out.write(i);
-                co_await sleep_for(1ms);
-            }
-        }, concurrent);
-        srv->on("one_then_wait", [this](writer<int>& out) -> net::awaitable<void> {
-            frame_count f(handler);
-            ++handlers_started;
-            co_await out.write(0);
-            co_await sleep_for(1h);
-        }, concurrent);
+        srv->on(
+            "sleep",
+            [this](int x) -> net::awaitable<int> {
+                frame_count f(handler);
+                ++handlers_started;
+                co_await sleep_for(1h);
+                co_return x;
+            },
+            concurrent);
+        srv->on(
+            "forever",
+            [this](writer<int>& out) -> net::awaitable<void> {
+                frame_count f(handler);
+                ++handlers_started;
+                for (int i = 0;; ++i) {
+                    co_await out.write(i);
+                    co_await sleep_for(1ms);
+                }
+            },
+            concurrent);
+        srv->on(
+            "one_then_wait",
+            [this](writer<int>& out) -> net::awaitable<void> {
+                frame_count f(handler);
+                ++handlers_started;
+                co_await out.write(0);
+                co_await sleep_for(1h);
+            },
+            concurrent);
         const auto url = srv->listen("tcp://127.0.0.1:0");
         const auto second = srv->listen("tcp://127.0.0.1:0");  // the router's other replica
         channels.push_back(co_await async_connect(url));
         channels.push_back(co_await async_connect(url + "?mode=pooled&max_connections=2"));
         channels.push_back(co_await async_connect(url + "?resume_ms=5000"));
-        channels.push_back(co_await async_connect("route+tcp://" + url.substr(6) + "," + second.substr(6) +
-                                                  "?max_concurrent=1"));
+        channels.push_back(co_await async_connect("route+tcp://" + url.substr(6) + "," +
+                                                  second.substr(6) + "?max_concurrent=1"));
         for (std::size_t k = 0; k < channels.size(); ++k) {
             const auto& ch = channels[k];
             for (int i = 0; i < calls_per_channel; ++i) {
@@ -124,8 +133,8 @@ struct in_flight {
         // listener has gone, each fails when its resume window has passed.)
         silent.emplace(ex, net::ip::tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
         const auto mute = "127.0.0.1:" + std::to_string(silent->local_endpoint().port());
-        for (const auto& u : {"tcp://" + mute + "?resume_ms=2000",
-                              "route+tcp://" + mute + "?resume_ms=2000"}) {
+        for (const auto& u :
+             {"tcp://" + mute + "?resume_ms=2000", "route+tcp://" + mute + "?resume_ms=2000"}) {
             net::co_spawn(
                 ex,
                 [u]() -> net::awaitable<void> {
@@ -138,7 +147,8 @@ struct in_flight {
                 },
                 net::detached);
         }
-        for (int i = 0; i < 2; ++i) silent_peers.push_back(co_await silent->async_accept(net::use_awaitable));
+        for (int i = 0; i < 2; ++i)
+            silent_peers.push_back(co_await silent->async_accept(net::use_awaitable));
         built = true;
     }
 
@@ -172,14 +182,16 @@ bool start(net::io_context& io, in_flight& w) {
     // The ordered and resumable channels' calls, one call per connection of the pool and per
     // replica of the router (the others wait in their queues), and the two streams' handlers.
     const int handlers = 2 * calls_per_channel + 2 + 2 + 2;
-    return run_until(io, [&] { return w.built && w.handlers_started == handlers && w.items_read == 4; });
+    return run_until(
+        io, [&] { return w.built && w.handlers_started == handlers && w.items_read == 4; });
 }
 
 TEST(Teardown, HandlesDroppedOutsideTheLoopThenTheContextDestroyed) {
     {
         auto io = std::make_unique<net::io_context>();
         in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built << ", items " << w.items_read;
+        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
+                                   << ", items " << w.items_read;
         EXPECT_EQ(w.items_read, 4);
         EXPECT_GT(frame_count::total(), 0);
         // The loop is not run again: the handles go, then the context with what it still holds.
@@ -195,7 +207,8 @@ TEST(Teardown, HandlesDroppedOnTheLoopWhichStopsBeforeTheClosesEnd) {
     {
         auto io = std::make_unique<net::io_context>();
         in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built << ", items " << w.items_read;
+        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
+                                   << ", items " << w.items_read;
         // Dropped on the loop; the loop runs a few more steps (closes begin, handlers are
         // cancelled), then stops for good halfway.
         net::post(*io, [&] { w.drop(); });
@@ -211,7 +224,8 @@ TEST(Teardown, TheLoopIsStoppedThenTheHandlesDroppedAndTheContextDestroyed) {
     {
         auto io = std::make_unique<net::io_context>();
         in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built << ", items " << w.items_read;
+        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
+                                   << ", items " << w.items_read;
         io->stop();
         w.drop();
         // Run after stop() does nothing until restart(): what the drop posted waits.
@@ -228,7 +242,8 @@ TEST(Teardown, HandlesDroppedAndTheLoopRunToTheEndLeavesNothingBehind) {
     // goes with it, without destroying the context.
     auto io = std::make_unique<net::io_context>();
     in_flight w;
-    ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built << ", items " << w.items_read;
+    ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
+                               << ", items " << w.items_read;
     net::post(*io, [&] {
         w.drop();
         w.silent_peers.clear();
@@ -236,8 +251,7 @@ TEST(Teardown, HandlesDroppedAndTheLoopRunToTheEndLeavesNothingBehind) {
     });
     // The handlers' frames end as their server goes; the callers' as their calls fail, the
     // resumable channel's once its window (5 s) has passed, and the dials' (2 s) likewise.
-    EXPECT_TRUE(run_until(*io, [] { return frame_count::total() == 0; }))
-        << frame_count::counts();
+    EXPECT_TRUE(run_until(*io, [] { return frame_count::total() == 0; })) << frame_count::counts();
     EXPECT_EQ(w.calls_ended, 4 * calls_per_channel);
     io.reset();
     EXPECT_EQ(frame_count::total(), 0) << frame_count::counts();
