@@ -5,6 +5,7 @@
 // themselves here, and .ci/run also runs this test under ASan + LeakSanitizer.
 #include "ordo/ordo.hpp"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,14 +153,29 @@ struct in_flight {
         built = true;
     }
 
-    void drop() {
+    // The caller's handles: the stream, the channels, the server.
+    void drop_handles() {
         items.reset();
         // The ordered and the resumable channel are closed first: each then keeps its
         // connection until it has ended.
-        channels[0].impl()->close();
-        channels[2].impl()->close();
+        if (!channels.empty()) {
+            channels[0].impl()->close();
+            channels[2].impl()->close();
+        }
         channels.clear();
         srv.reset();
+    }
+
+    // The handles, and the silent listener with its connections.
+    void drop() {
+        drop_handles();
+        silent_peers.clear();
+        silent.reset();
+    }
+
+    std::string progress() const {
+        return "started " + std::to_string(handlers_started) + ", built " + std::to_string(built) +
+               ", items " + std::to_string(items_read);
     }
 };
 
@@ -186,55 +202,42 @@ bool start(net::io_context& io, in_flight& w) {
         io, [&] { return w.built && w.handlers_started == handlers && w.items_read == 4; });
 }
 
-TEST(Teardown, HandlesDroppedOutsideTheLoopThenTheContextDestroyed) {
+// Starts everything on a fresh io_context, lets `stop` end the loop's work its way, drops the
+// handles and the silent listener, destroys the context, and checks that no frame is left.
+void tear_down(const std::function<void(net::io_context&, in_flight&)>& stop) {
     {
         auto io = std::make_unique<net::io_context>();
         in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
-                                   << ", items " << w.items_read;
-        EXPECT_EQ(w.items_read, 4);
+        ASSERT_TRUE(start(*io, w)) << w.progress();
         EXPECT_GT(frame_count::total(), 0);
-        // The loop is not run again: the handles go, then the context with what it still holds.
+        stop(*io, w);
         w.drop();
-        w.silent_peers.clear();
-        w.silent.reset();
         io.reset();
     }
     EXPECT_EQ(frame_count::total(), 0) << frame_count::counts();
+}
+
+TEST(Teardown, HandlesDroppedOutsideTheLoopThenTheContextDestroyed) {
+    // The loop is not run again: the handles go, then the context with what it still holds.
+    tear_down([](net::io_context&, in_flight&) {});
 }
 
 TEST(Teardown, HandlesDroppedOnTheLoopWhichStopsBeforeTheClosesEnd) {
-    {
-        auto io = std::make_unique<net::io_context>();
-        in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
-                                   << ", items " << w.items_read;
-        // Dropped on the loop; the loop runs a few more steps (closes begin, handlers are
-        // cancelled), then stops for good halfway.
-        net::post(*io, [&] { w.drop(); });
-        for (int i = 0; i < 20; ++i) io->poll_one();
-        w.silent_peers.clear();
-        w.silent.reset();
-        io.reset();
-    }
-    EXPECT_EQ(frame_count::total(), 0) << frame_count::counts();
+    // Dropped on the loop; the loop runs a few more steps (closes begin, handlers are
+    // cancelled), then stops for good halfway.
+    tear_down([](net::io_context& io, in_flight& w) {
+        net::post(io, [&] { w.drop_handles(); });
+        for (int i = 0; i < 20; ++i) io.poll_one();
+    });
 }
 
 TEST(Teardown, TheLoopIsStoppedThenTheHandlesDroppedAndTheContextDestroyed) {
-    {
-        auto io = std::make_unique<net::io_context>();
-        in_flight w;
-        ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
-                                   << ", items " << w.items_read;
-        io->stop();
-        w.drop();
+    tear_down([](net::io_context& io, in_flight& w) {
+        io.stop();
+        w.drop_handles();
         // Run after stop() does nothing until restart(): what the drop posted waits.
-        EXPECT_EQ(io->poll(), 0u);
-        w.silent_peers.clear();
-        w.silent.reset();
-        io.reset();
-    }
-    EXPECT_EQ(frame_count::total(), 0) << frame_count::counts();
+        EXPECT_EQ(io.poll(), 0u);
+    });
 }
 
 TEST(Teardown, HandlesDroppedAndTheLoopRunToTheEndLeavesNothingBehind) {
@@ -242,13 +245,8 @@ TEST(Teardown, HandlesDroppedAndTheLoopRunToTheEndLeavesNothingBehind) {
     // goes with it, without destroying the context.
     auto io = std::make_unique<net::io_context>();
     in_flight w;
-    ASSERT_TRUE(start(*io, w)) << "started " << w.handlers_started << ", built " << w.built
-                               << ", items " << w.items_read;
-    net::post(*io, [&] {
-        w.drop();
-        w.silent_peers.clear();
-        w.silent.reset();
-    });
+    ASSERT_TRUE(start(*io, w)) << w.progress();
+    net::post(*io, [&] { w.drop(); });
     // The handlers' frames end as their server goes; the callers' as their calls fail, the
     // resumable channel's once its window (5 s) has passed, and the dials' (2 s) likewise.
     EXPECT_TRUE(run_until(*io, [] { return frame_count::total() == 0; })) << frame_count::counts();
