@@ -5,9 +5,10 @@
 namespace ordo::detail {
 
 // One per execution context, made by the first hook there (asio::use_service). Services shut
-// down in the reverse order of their making: this one goes before the scheduler and the reactor
-// that the hooked objects' sockets and timers already used, which are still there while the
-// handlers are destroyed.
+// down in the reverse order of their making: this one always goes before the io_context's
+// scheduler, made with the context, which destroys what the hooks queue on it. A reactor or a
+// strand service made later than this one has shut down first; Asio's objects still cancel,
+// close and post after that (a post to a strand then destroys its handler at once).
 class shutdown_hooks final : public net::execution_context::service {
   public:
     using key_type = shutdown_hooks;
@@ -25,9 +26,10 @@ class shutdown_hooks final : public net::execution_context::service {
         return true;
     }
 
+    // Nothing if shutdown() has taken `h` off already (another thread's).
     void remove(shutdown_hook* h) {
         std::lock_guard l(m_);
-        unlink(h);
+        if (h->hooks_) unlink(h);
     }
 
   private:

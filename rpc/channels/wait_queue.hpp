@@ -200,7 +200,9 @@ class wait_queue final : shutdown_hook {
         return true;
     }
 
-    /// Fails every waiting call with `ec` and `why`.
+    /// Fails every waiting call with `ec` and `why`. Each is told to on_failed first, then
+    /// every caller is: completing a call may let go of the queue's owner, so that loop
+    /// touches nothing of the queue.
     void fail_all(std::error_code ec, const std::string& why) {
         auto all = std::move(q_);
         q_.clear();
@@ -208,8 +210,8 @@ class wait_queue final : shutdown_hook {
         for (auto& [at, e] : all) {
             e.watch.disarm(*e.call);
             failed(e, ec, why);
-            fail_call(*e.call, ec, why);
         }
+        for (auto& [at, e] : all) fail_call(*e.call, ec, why);
     }
 
   private:

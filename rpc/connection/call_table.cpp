@@ -12,15 +12,18 @@ call_table::call_table(net::any_io_executor ex, options o, call_table_host& host
 call_table::~call_table() = default;
 
 // The context is being destroyed: each caller is told (errc::closed), through its handler's
-// executor. A handler of this context is queued there and destroyed unrun with it, as Asio's
-// own are; one elsewhere (a blocked sync_client reader, a future) runs. No observer is told:
-// a router would send the call again, on a loop that is going away. The connection is held
-// until every call is failed: what a call lets go may be the last hold on it.
+// executor, as when the connection ends (the host fails them: what waits for ordo.features
+// is then reported undelivered, not sent). A handler of this context is queued there and
+// destroyed unrun with it, as Asio's own are; one elsewhere (a blocked sync_client reader, a
+// future) runs. No observer is told: a router would send the call again, on a loop that is
+// going away. The connection is held until every call has failed: what a call lets go may be
+// the last hold on it.
 void call_table::on_shutdown() noexcept {
     auto keep = host_.owner().lock();
     observer_ = nullptr;
-    fail_all(make_error_code(errc::closed),
-             "ordo: the io_context of the connection was destroyed while the call waited");
+    host_.fail_all_calls(make_error_code(errc::closed),
+                         "ordo: the io_context of the connection was destroyed while the call "
+                         "waited");
 }
 
 std::uint32_t call_table::next_id() {

@@ -32,6 +32,9 @@ class call_table_host {
     virtual void send_cancel(std::uint32_t msgid, std::uint16_t lane) = 0;
     /// Held while a deadline or cancellation handler runs: the connection, kept alive.
     virtual std::weak_ptr<void> owner() = 0;
+    /// Fails every call of the table (call_table::fail_all), as the connection does when it
+    /// ends, with what that means for the rest of it (what waits for ordo.features).
+    virtual void fail_all_calls(std::error_code code, const std::string& why) = 0;
 };
 
 /// Belongs to the connection's executor. Counts into the peer_counters given (pending_calls,

@@ -126,7 +126,7 @@ struct peer::state final : detail::call_table_host,
     // Set while calls.fail_all() runs (the connection or the session ended): the features
     // call's end then means "gone", whatever its code.
     bool failing_calls = false;
-    void fail_all_calls(std::error_code code, const std::string& why) {
+    void fail_all_calls(std::error_code code, const std::string& why) override {
         const bool was = failing_calls;
         failing_calls = true;
         calls.fail_all(code, why);

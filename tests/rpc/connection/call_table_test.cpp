@@ -18,12 +18,17 @@ using test::run_test;
 using test::sleep_for;
 using test::wait_until;
 
-// Records every send_cancel; the owner is a token the test holds.
+// Records every send_cancel; the owner is a token the test holds. Fails the calls of `table`
+// (when set) as a connection would.
 struct fake_host final : detail::call_table_host {
     std::vector<std::uint32_t> cancels;
     std::shared_ptr<int> token = std::make_shared<int>(0);
+    detail::call_table* table = nullptr;
     void send_cancel(std::uint32_t id, std::uint16_t) override { cancels.push_back(id); }
     std::weak_ptr<void> owner() override { return token; }
+    void fail_all_calls(std::error_code code, const std::string& why) override {
+        if (table) table->fail_all(code, why);
+    }
 };
 
 // A call that records how it completed.
@@ -62,7 +67,9 @@ message response(std::uint32_t id, int result) {
 
 struct table_fixture {
     explicit table_fixture(net::any_io_executor ex, std::uint32_t first = 0)
-        : table(ex, {first, 0ms, 4}, host, counters) {}
+        : table(ex, {first, 0ms, 4}, host, counters) {
+        host.table = &table;
+    }
     fake_host host;
     peer_counters counters;
     detail::call_table table;
@@ -186,6 +193,24 @@ TEST(CallTable, FailAllFailsEveryCallOnceAndForgetsAbandonedIds) {
         co_await sleep_for(50ms);  // a's 10 s deadline was disarmed with it
         EXPECT_EQ(a.completions, 1);
     });
+}
+
+TEST(CallTable, CallsWaitingWhenTheirContextIsDestroyedFailClosedThroughTheHost) {
+    // The io_context goes first (as when a program ends with calls out): the table's calls are
+    // failed by its connection, not left holding their callers' handlers for ever.
+    auto io = std::make_unique<net::io_context>();
+    table_fixture f(io->get_executor());
+    outcome a, b;
+    f.table.add(f.table.next_id(), call(a));
+    f.table.add(f.table.next_id(), call(b, 60'000ms));
+    EXPECT_EQ(f.table.waiting(), 2u);
+    io.reset();
+    EXPECT_EQ(f.table.waiting(), 0u);
+    for (const outcome* o : {&a, &b}) {
+        EXPECT_EQ(o->completions, 1);
+        EXPECT_EQ(o->ec, errc::closed);
+        EXPECT_NE(o->detail.find("io_context"), std::string::npos) << o->detail;
+    }
 }
 
 TEST(CallTable, AbandonedIdsAreRememberedUpToTheirLimit) {
