@@ -22,7 +22,7 @@ FOLDERS = ["lib", "comm", "fleet", "rpc", "include", "metrics", "json", "gateway
 COUNTS = {
     "shared_ptr": (r"\bshared_ptr\b", 358, 215),
     "weak_from_this": (r"\bweak_from_this\b", 34, 10),
-    "net::detached": (r"\bnet::detached\b", 2, 0),
+    "net::detached": (r"\bnet::detached\b", 0, 0),
     "[[unlikely]]": (r"\[\[unlikely\]\]", 58, None),
     "always_inline": (r"\balways_inline\b", 28, None),
     "dynamic_cast": (r"\bdynamic_cast\b", 0, 0),

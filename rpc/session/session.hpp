@@ -201,6 +201,7 @@ class session {
 
   private:
     friend class session_registry;
+    friend struct session_test_access;  // tests/rpc/session/resume_test.cpp
     using clock = std::chrono::steady_clock;
     enum class mode {
         plain,      ///< no resumption: the session is its one connection

@@ -209,19 +209,28 @@ void session::resume_here(session_registry& reg, const session_id& id, const std
     session* s = at.s;
     if (s && (s->closing() || s->who_.resume_key() != key)) s = nullptr;
     if (!s) {
-        // It ended while the connection was on its way: say so, and close the connection.
-        auto ex = t->get_executor();
-        auto comm = std::make_shared<batched_comm>(std::move(t), comm_options{},
-                                                   [](std::string_view) {});
+        // It ended while the connection was on its way: say so, and close the connection. The
+        // connection is held by a wait on its loop, which its end cancels (as
+        // peer::state::hold_until_ended): it goes as that wait's handler runs, or with the
+        // io_context if the loop stops first.
+        auto held = std::make_unique<net::steady_timer>(t->get_executor(),
+                                                        net::steady_timer::time_point::max());
+        auto comm = std::make_unique<batched_comm>(
+            std::move(t), comm_options{}, [](std::string_view) {},
+            [h = held.get()](const close_result&) { h->cancel(); });
         buffer b(small_buffer);
         encode_error_response(b, msgid, errc::session_lost, no_session(id));
         comm->send(std::string_view(b.data(), b.size()));
         comm->start();
         comm->close();
-        net::co_spawn(
-            ex,
-            [comm]() -> net::awaitable<void> { co_await comm->async_wait_closed(); },
-            net::detached);
+        // The connection goes before the timer: its on_closed may cancel the timer.
+        struct farewell {
+            std::unique_ptr<net::steady_timer> held;
+            std::unique_ptr<batched_comm> comm;
+            void operator()(std::error_code) {}
+        };
+        auto& wait = *held;
+        wait.async_wait(farewell{std::move(held), std::move(comm)});
         return;
     }
     auto l = std::make_shared<link>(link{s});

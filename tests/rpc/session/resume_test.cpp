@@ -11,12 +11,20 @@
 #include "ordo/rpc/connect.hpp"
 #include "ordo/rpc/router.hpp"
 #include "ordo/rpc/server.hpp"
+#include "rpc/session/session.hpp"
 #include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/streams.hpp"
 
 namespace ordo {
+namespace detail {
+struct session_test_access {
+    static void resume_here(session_registry& reg, std::unique_ptr<transport> t) {
+        session::resume_here(reg, session_id{}, "", std::move(t), "", 7, 0);
+    }
+};
+}  // namespace detail
 namespace {
 
 using namespace std::chrono_literals;
@@ -105,6 +113,63 @@ class ResumeOnLoops : public ::testing::TestWithParam<std::size_t> {
 
 INSTANTIATE_TEST_SUITE_P(Threads, ResumeOnLoops, ::testing::Values(1, 2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "loops"; });
+
+// A resume that claimed its session on one loop finds it ended on the session's loop: the
+// caller is told why, its connection closes, and the server lets the connection go once it
+// has (nothing is left to keep the loop running).
+TEST(Resume, AConnectionWhoseSessionEndedOnItsWayIsToldWhyAndLetGo) {
+    net::io_context io;
+    detail::session_registry reg(std::chrono::seconds(10), 8);
+    std::vector<std::string> got;
+    std::optional<close_result> end;
+    std::unique_ptr<batched_comm> caller;
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+            auto p = co_await test::connect_pair("tcp");
+            caller = std::make_unique<batched_comm>(
+                std::move(p.client), comm_options{},
+                [&](std::string_view m) { got.emplace_back(m); },
+                [&](const close_result& r) { end = r; });
+            caller->start();
+            detail::session_test_access::resume_here(reg, std::move(p.server));
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    // Ends by itself once the caller's connection has closed and the server's is let go.
+    io.run_for(std::chrono::seconds(60));
+    EXPECT_TRUE(io.stopped()) << "the loop still had work after 60 s";
+    ASSERT_TRUE(end.has_value());
+    EXPECT_EQ(end->code, make_error_code(errc::peer_lost)) << end->reason;
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_NE(got[0].find("no session 000000"), std::string::npos) << got[0];
+}
+
+// The same, with the loop destroyed before the server's farewell is written: what holds the
+// connection goes with the io_context (LeakSanitizer checks this under CI's ASan build).
+TEST(Resume, AFarewellToAConnectionGoesWithItsIoContext) {
+    std::unique_ptr<transport> kept;
+    {
+        net::io_context io;
+        detail::session_registry reg(std::chrono::seconds(10), 8);
+        bool handed = false;
+        net::co_spawn(
+            io,
+            [&]() -> net::awaitable<void> {
+                auto p = co_await test::connect_pair("tcp");
+                kept = std::move(p.client);
+                detail::session_test_access::resume_here(reg, std::move(p.server));
+                handed = true;
+            },
+            [](std::exception_ptr e) {
+                if (e) std::rethrow_exception(e);
+            });
+        for (int i = 0; i < 10000 && !handed; ++i) io.run_one_for(std::chrono::milliseconds(10));
+        ASSERT_TRUE(handed);
+        kept.reset();
+    }
+}
 
 TEST(Resume, SessionIsResumableAndCallsWork) {
     run_test([]() -> net::awaitable<void> {
