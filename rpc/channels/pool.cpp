@@ -7,46 +7,38 @@
 #include "lib/task_scope.hpp"
 #include "rpc/channels/connecting.hpp"
 #include "rpc/channels/wait_queue.hpp"
-#include "rpc/context/context.hpp"
 #include "rpc/connection/when_closed.hpp"
+#include "rpc/context/context.hpp"
 
 namespace ordo {
 
 struct pool::state {
     using clock = std::chrono::steady_clock;
 
-    // The call as lent to one connection: forwards the outcome to the caller and gives the
-    // connection back to the pool (posted: never from inside the peer's own code).
+    // The call as lent to one connection, a child of the pool (it holds a ticket of `tasks`):
+    // forwards the outcome to the caller and gives the connection back to the pool. Posted:
+    // never from inside the peer's own code, where this may hold the connection's last
+    // reference (a closed pool only lets it go there).
     class pooled_call final : public detail::pending_call {
       public:
-        pooled_call(std::weak_ptr<pool> pl, std::shared_ptr<peer> conn,
+        pooled_call(state& s, std::shared_ptr<peer> conn,
                     std::unique_ptr<detail::pending_call> inner)
-            : pool_(std::move(pl)), conn_(std::move(conn)), inner_(std::move(inner)) {}
+            : s_(s), t_(s.tasks.hold()), conn_(std::move(conn)), inner_(std::move(inner)) {}
         void wrap(std::unique_ptr<detail::pending_call> inner) { inner_ = std::move(inner); }
 
         void complete(std::error_code ec, call_outcome out) override {
-            if (auto pl = pool_.lock()) {
-                auto ex = pl->s_->ex;
-                net::post(ex, [pl = std::move(pl), conn = std::move(conn_), ok = !ec] {
-                    pl->s_->release(conn, ok);
-                });
-            } else if (conn_) {
-                // The pool has gone: this may hold the connection's last reference, and this
-                // may run inside the connection's own end (failing its calls). Let it go
-                // afterwards, on the connection's executor, not under its feet.
-                auto ex = conn_->get_executor();
-                net::post(ex, [conn = std::move(conn_)] {});
-            }
+            net::post(s_.ex, [&s = s_, t = std::move(t_), conn = std::move(conn_), ok = !ec] {
+                s.release(conn, ok);
+            });
             inner_->complete(ec, std::move(out));
         }
         // The outcome goes straight to the caller's call, which may read it where it lies (a
         // large result then is not copied first).
-        bool takes_borrowed() const noexcept override {
-            return inner_ && inner_->takes_borrowed();
-        }
+        bool takes_borrowed() const noexcept override { return inner_ && inner_->takes_borrowed(); }
 
       private:
-        std::weak_ptr<pool> pool_;
+        state& s_;
+        detail::task_scope::ticket t_;
         std::shared_ptr<peer> conn_;
         std::unique_ptr<detail::pending_call> inner_;
     };
@@ -56,9 +48,8 @@ struct pool::state {
         clock::time_point since;
     };
 
-    state(pool& p, net::any_io_executor e, std::string u, pool_options opt)
-        : self(p),
-          ex(std::move(e)),
+    state(net::any_io_executor e, std::string u, pool_options opt)
+        : ex(std::move(e)),
           url(std::move(u)),
           o(std::move(opt)),
           queue(
@@ -72,7 +63,6 @@ struct pool::state {
         parse_address(url);  // a bad URL fails here, not at the first call
     }
 
-    pool& self;
     net::any_io_executor ex;
     std::string url;
     pool_options o;
@@ -85,7 +75,9 @@ struct pool::state {
     bool sweeping = false;
     net::steady_timer sweeper;
     pool_counters c;
-    detail::task_scope tasks{ex};  // connection attempts, cancelled by close_all()
+    // Its children (connection attempts, calls lent out, waits and posts): cancelled by
+    // close_all(); the state goes once they have ended (~pool).
+    detail::task_scope tasks{ex};
 
     void update() {
         c.open = open.size();
@@ -126,7 +118,7 @@ struct pool::state {
 
     void lend(const std::shared_ptr<peer>& conn, std::unique_ptr<detail::pending_call> call,
               std::chrono::milliseconds timeout) {
-        auto lent = std::make_unique<pooled_call>(self.weak_from_this(), conn, nullptr);
+        auto lent = std::make_unique<pooled_call>(*this, conn, nullptr);
         detail::move_call_fields(*call, *lent, timeout);
         lent->wrap(std::move(call));
         update();
@@ -190,12 +182,11 @@ struct pool::state {
         while (!closed && wanted > connecting && open.size() + connecting < o.max_connections) {
             ++connecting;
             update();
-            tasks.spawn([keep = self.shared_from_this()] { return connect_one(keep); });
+            tasks.spawn([this] { return connect_one(*this); });
         }
     }
 
-    static net::awaitable<void> connect_one(std::shared_ptr<pool> keep) {
-        state& s = *keep->s_;
+    static net::awaitable<void> connect_one(state& s) {
         std::unique_ptr<transport> t;
         std::error_code ec;
         std::string why;
@@ -224,14 +215,12 @@ struct pool::state {
         auto forget = [this, raw = conn.get()](const std::error_code&, const std::string&) {
             forget_idle(raw);
         };
-        detail::when_closed(*conn, ex, self.weak_from_this(), forget);
+        detail::when_closed(*conn, ex, tasks.hold(), forget);
         // Its server drains: an idle connection leaves the pool now; a busy one when its call
         // is done (release).
-        conn->on_goaway([this, w = self.weak_from_this(), raw = conn.get()](
-                            std::chrono::milliseconds, const std::string&) {
-            net::post(ex, [this, w, raw] {
-                if (auto keep = w.lock()) retire_idle(raw);
-            });
+        conn->on_goaway([this, t = tasks.hold(), raw = conn.get()](std::chrono::milliseconds,
+                                                                   const std::string&) {
+            net::post(ex, [this, t, raw] { retire_idle(raw); });
         });
         open.push_back(conn);
         if (closed) {
@@ -298,12 +287,9 @@ struct pool::state {
         if (sweeping || idle.empty()) return;
         sweeping = true;
         sweeper.expires_at(idle.front().since + o.idle_timeout);
-        std::weak_ptr<pool> wp = self.weak_from_this();
-        sweeper.async_wait([wp](std::error_code ec) {
-            auto p = wp.lock();
-            if (!p) return;
-            p->s_->sweeping = false;
-            if (!ec) p->s_->sweep();
+        sweeper.async_wait([this, t = tasks.hold()](std::error_code ec) {
+            sweeping = false;
+            if (!ec && !closed) sweep();
         });
     }
 
@@ -321,7 +307,7 @@ struct pool::state {
     void close_all() {
         if (closed) return;
         closed = true;
-        tasks.close();  // connection attempts end now, and let go of the pool
+        tasks.close();  // connection attempts end now
         queue.fail_all(errc::closed, "ordo: pool for " + url + " closed");
         drop_notes(errc::closed, "ordo: pool for " + url + " closed");
         idle.clear();
@@ -334,11 +320,14 @@ struct pool::state {
 };
 
 pool::pool(private_tag, net::any_io_executor ex, std::string url, pool_options o)
-    : s_(std::make_unique<state>(*this, detail::without_context(std::move(ex)), std::move(url),
+    : s_(std::make_unique<state>(detail::without_context(std::move(ex)), std::move(url),
                                  std::move(o))) {}
 
 pool::~pool() {
     s_->close_all();
+    // The state goes once what it started has ended.
+    state* s = s_.release();
+    s->tasks.when_ended([s] { delete s; });
 }
 
 void pool::start_call(std::unique_ptr<detail::pending_call> call) {

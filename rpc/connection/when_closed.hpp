@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "lib/task_scope.hpp"
 #include "ordo/rpc/peer.hpp"
 
 namespace ordo::detail {
@@ -20,6 +21,16 @@ void when_closed(peer& p, const net::any_io_executor& ex, std::weak_ptr<void> ow
         net::post(ex, [owner, f, code, why] {
             if (auto keep = owner.lock()) f(code, why);
         });
+    });
+}
+
+/// The same for an owner that joins its children (task_scope): `t` keeps it until `f` has run
+/// (or until `p` lets go of its watchers), so `f` checks only whether the owner is closing.
+template <class F>
+void when_closed(peer& p, const net::any_io_executor& ex, task_scope::ticket t, F f) {
+    p.on_closed([ex, t = std::move(t), f = std::move(f)](const std::error_code& code,
+                                                         const std::string& why) {
+        net::post(ex, [t, f, code, why] { f(code, why); });
     });
 }
 

@@ -177,8 +177,7 @@ void session::on_hello_request(message& m) {
         // connection moves there (with what the caller sent after its hello, if anything).
         l->s = nullptr;
         comm->hand_over([reg = rc_.registry, ex = at.ex, id, msgid = m.msgid, their_received,
-                         key = who_.resume_key()](
-                            std::unique_ptr<transport> t, std::string rest) {
+                         key = who_.resume_key()](std::unique_ptr<transport> t, std::string rest) {
             if (!t) return;  // it failed meanwhile: the caller comes back again
             auto moved = t->rehome(ex);
             if (!moved) {
@@ -188,8 +187,7 @@ void session::on_hello_request(message& m) {
             }
             net::post(ex, [reg, id, msgid, their_received, key, rest = std::move(rest),
                            t = std::move(moved)]() mutable {
-                resume_here(*reg, id, key, std::move(t), std::move(rest), msgid,
-                            their_received);
+                resume_here(*reg, id, key, std::move(t), std::move(rest), msgid, their_received);
             });
         });
         dead_comm_ = std::move(comm);

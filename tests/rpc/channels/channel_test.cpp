@@ -187,9 +187,35 @@ TEST(Pool, ClosingCancelsAConnectionAttemptThatHangsAndFreesThePool) {
         p->close();
         ch = channel();
         p.reset();
-        EXPECT_TRUE(co_await wait_until([&] { return done && w.expired(); }, std::chrono::seconds(10)))
+        EXPECT_TRUE(
+            co_await wait_until([&] { return done && w.expired(); }, std::chrono::seconds(10)))
             << "the pool is still held by its connection attempt";
         EXPECT_EQ(heard, errc::closed);
+    });
+}
+
+// A pool whose last handle goes while it dials (no close()): it closes then, not when the
+// dial would have ended. The notification waiting for the dial is reported undelivered at once
+// (closed), the dial ends, and nothing the pool started keeps it open.
+TEST(Pool, DroppedWhileDialingItClosesAtOnceAndReportsItsWaitingNotification) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        test::silent_listener silent(ex);
+        ORDO_CO_ASSERT_TRUE(co_await silent.fill());
+        pool_options o;
+        o.connect_timeout = std::chrono::seconds(120);
+        std::vector<undelivered_notification> lost;
+        o.peer.on_undelivered = [&](const undelivered_notification& u) { lost.push_back(u); };
+        auto p = make_pool(ex, silent.url(), o);
+        channel(p).notify("note", 1);
+        co_await sleep_for(std::chrono::milliseconds(200));
+        ORDO_CO_ASSERT_EQ(p->counters().connecting, 1u);
+        p.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return !lost.empty(); }, std::chrono::seconds(30)))
+            << "the dropped pool kept its notification waiting for its dial";
+        ORDO_CO_ASSERT_EQ(lost.size(), 1u);
+        EXPECT_EQ(lost[0].method, "note");
+        EXPECT_EQ(lost[0].code, errc::closed) << lost[0].reason;
     });
 }
 

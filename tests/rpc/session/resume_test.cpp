@@ -1,8 +1,8 @@
 // Resumable sessions (docs/protocol.md, "Resumable sessions"): across dropped connections, every
 // request, notification and response arrives exactly once and in order. Connections are cut by a
 // userspace proxy (tests/support/cutting_proxy.hpp) on loopback.
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 
@@ -48,13 +48,15 @@ struct counting_server {
     explicit counting_server(net::any_io_executor ex, server_options o = {})
         : srv(ex, std::move(o)) {
         srv.on("add", [this](std::uint64_t i) {
-            if (i != next_add) note("add " + std::to_string(i) + " arrived, expected " +
-                                    std::to_string(next_add.load()));
+            if (i != next_add)
+                note("add " + std::to_string(i) + " arrived, expected " +
+                     std::to_string(next_add.load()));
             next_add = i + 1;
         });
         srv.on("echo", [this](std::uint64_t i) {
-            if (i != next_echo) note("echo " + std::to_string(i) + " arrived, expected " +
-                                     std::to_string(next_echo.load()));
+            if (i != next_echo)
+                note("echo " + std::to_string(i) + " arrived, expected " +
+                     std::to_string(next_echo.load()));
             next_echo = i + 1;
             return i;
         });
@@ -307,7 +309,8 @@ TEST_P(ResumeOnLoops, RandomCutsLoseAndDuplicateNothing) {
                 co_await p->async_drain();
             }
             ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return done == echoes + backs; }, 120s));
-            ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.next_add.load() == one_way; }, 60s));
+            ORDO_CO_ASSERT_TRUE(
+                co_await wait_until([&] { return s.next_add.load() == one_way; }, 60s));
             EXPECT_EQ(failed, 0u);
             EXPECT_FALSE(s.broken()) << *s.broken();
             EXPECT_TRUE(p->is_open());
@@ -558,8 +561,7 @@ TEST_P(ResumeOnLoops, ASenderLoopingOverNotifySurvivesAnEarlyCutWithAShortWindow
         EXPECT_FALSE(s.broken()) << *s.broken();
         EXPECT_EQ(proxy.cuts(), 1u);
         EXPECT_EQ(p->counters().resumes, 1u);
-        for (const auto& e : events)
-            EXPECT_NE(e.what, session_event::kind::lost) << e.reason;
+        for (const auto& e : events) EXPECT_NE(e.what, session_event::kind::lost) << e.reason;
         co_await s.srv.async_stop();
     });
 }
