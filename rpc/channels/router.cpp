@@ -360,16 +360,13 @@ bool router::state::try_again(replica& r, std::unique_ptr<detail::pending_call>&
                                    {again->noted.sent, {}, {}, now});
     // Not from inside the replica's connection, which is still completing this call.
     std::shared_ptr<replica> target = to ? shared(to) : nullptr;
-    net::post(ex, [w = self.weak_from_this(), call = std::move(again),
+    net::post(ex, [this, t = tasks.hold(), call = std::move(again),
                    target = std::move(target)]() mutable {
-        auto rt = w.lock();
-        if (!rt) return detail::fail_call(*call, errc::closed, "ordo: the router was destroyed");
-        state& s = *rt->s_;
-        if (target && s.place.has_room(*target) && !s.closed) {
+        if (target && place.has_room(*target) && !closed) {
             const auto timeout = call->options.timeout;
-            return s.send(*target, std::move(call), timeout, true);
+            return send(*target, std::move(call), timeout, true);
         }
-        s.start_call(std::move(call));  // where there is room now, or to wait for it
+        start_call(std::move(call));  // where there is room now, or to wait for it (or closed)
     });
     schedule_pump();
     return true;
@@ -378,11 +375,9 @@ bool router::state::try_again(replica& r, std::unique_ptr<detail::pending_call>&
 void router::state::schedule_pump() {
     if (pump_posted || queue.empty()) return;
     pump_posted = true;
-    net::post(ex, [w = self.weak_from_this()] {
-        if (auto rt = w.lock()) {
-            rt->s_->pump_posted = false;
-            rt->s_->pump();
-        }
+    net::post(ex, [this, t = tasks.hold()] {
+        pump_posted = false;
+        if (!closed) pump();
     });
 }
 
@@ -440,9 +435,8 @@ void router::state::arm_wait_timer() {
     const auto oldest = queue.oldest_since();
     if (!oldest) return;
     wait_timer.expires_at(*oldest + o.wait_for_replica);
-    wait_timer.async_wait([w = self.weak_from_this()](std::error_code ec) {
-        if (ec) return;
-        if (auto rt = w.lock()) rt->s_->pump();
+    wait_timer.async_wait([this, t = tasks.hold()](std::error_code ec) {
+        if (!ec && !closed) pump();
     });
 }
 
@@ -464,6 +458,9 @@ router::router(private_tag, net::any_io_executor ex, router_options o)
 router::~router() {
     *s_->anchor = nullptr;  // calls that end from here on complete their callers directly
     s_->close_all();
+    // The state goes once what it started has ended.
+    state* s = s_.release();
+    s->tasks.when_ended([s] { delete s; });
 }
 
 void router::start_call(std::unique_ptr<detail::pending_call> call) {

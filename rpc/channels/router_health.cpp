@@ -72,26 +72,25 @@ class health_call final : public detail::pending_call {
 void router::state::watch_health(const std::shared_ptr<replica>& r) {
     if (!o.watch_health || r->shadow || !r->conn) return;
     // Each callback acts only while the connection it watches is the replica's.
-    auto same = [w = self.weak_from_this(), wr = std::weak_ptr<replica>(r),
-                 gen = r->gen]() -> std::pair<std::shared_ptr<router>, std::shared_ptr<replica>> {
-        auto rt = w.lock();
+    auto same = [this, t = tasks.hold(), wr = std::weak_ptr<replica>(r),
+                 gen = r->gen]() -> std::shared_ptr<replica> {
         auto rep = wr.lock();
-        if (!rt || !rep || rep->gen != gen || !rep->conn) return {};
-        return {std::move(rt), std::move(rep)};
+        if (closed || !rep || rep->gen != gen || !rep->conn) return nullptr;
+        return rep;
     };
-    auto s = std::make_shared<health_stream>(r->url, ex, [same](std::string state) {
-        if (auto [rt, rep] = same(); rt) rt->s_->heard_health(*rep, state);
+    auto s = std::make_shared<health_stream>(r->url, ex, [this, same](std::string state) {
+        if (auto rep = same()) heard_health(*rep, state);
     });
-    auto call = std::make_unique<health_call>(s, ex, [same](std::error_code ec) {
-        auto [rt, rep] = same();
-        if (!rt) return;
+    auto call = std::make_unique<health_call>(s, ex, [this, same](std::error_code ec) {
+        auto rep = same();
+        if (!rep) return;
         rep->stop_health = nullptr;
         if (rep->ph != phase::live) return;  // draining: the connection is ending anyway
         // A whole-stream deadline (peer_options::default_timeout) ended it: watch again. Any
         // other end (a server that does not know the method, or stopped the stream) leaves
         // the replica taken as serving.
-        if (ec == errc::timed_out) return rt->s_->watch_health(rep);
-        if (rep->unwell) rt->s_->heard_health(*rep, "serving");
+        if (ec == errc::timed_out) return watch_health(rep);
+        if (rep->unwell) heard_health(*rep, "serving");
     });
     call->method = "ordo.health_watch";
     call->params = detail::pack_params();
@@ -114,10 +113,9 @@ void router::state::close_idle(replica& r) {
     // The connection withdraws the watch from a handler it posts, which sends the server its
     // ordo.cancel: the close comes after it.
     stop();
-    net::post(ex, [w = self.weak_from_this(), wr = shared(&r)->weak_from_this(), gen = r.gen] {
-        auto rt = w.lock();
+    net::post(ex, [t = tasks.hold(), wr = shared(&r)->weak_from_this(), gen = r.gen] {
         auto rep = wr.lock();
-        if (rt && rep && rep->gen == gen && rep->conn && rep->in_flight == 0) rep->conn->close();
+        if (rep && rep->gen == gen && rep->conn && rep->in_flight == 0) rep->conn->close();
     });
 }
 

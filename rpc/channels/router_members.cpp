@@ -94,8 +94,7 @@ std::shared_ptr<router::state::replica> router::state::admit(std::string url, do
 // matters (removed, closed, superseded); else what went wrong. With `drop`, a failed first
 // attempt removes the replica (async_add_replica); without, it is tried again later.
 net::awaitable<std::exception_ptr> router::state::connect_once(std::shared_ptr<replica> r,
-                                                              bool drop) {
-    auto keep = self.shared_from_this();
+                                                               bool drop) {
     const auto gen = ++r->gen;
     std::unique_ptr<transport> t;
     std::exception_ptr failure;
@@ -128,9 +127,7 @@ net::awaitable<std::exception_ptr> router::state::connect_once(std::shared_ptr<r
 }
 
 void router::state::dial(std::shared_ptr<replica> r) {
-    tasks.spawn([keep = self.shared_from_this(), r]() -> net::awaitable<void> {
-        co_await keep->s_->connect_once(r, false);
-    });
+    tasks.spawn([this, r]() -> net::awaitable<void> { co_await connect_once(r, false); });
 }
 
 // Schedules the next attempt (jittered exponential backoff) and says when it will be.
@@ -143,12 +140,10 @@ ms router::state::retry_later(const std::shared_ptr<replica>& r) {
     ++r->attempts;
     r->retry_timer = std::make_unique<net::steady_timer>(ex, delay);
     r->retry_timer->async_wait(
-        [w = self.weak_from_this(), wr = std::weak_ptr<replica>(r)](std::error_code ec) {
+        [this, t = tasks.hold(), wr = std::weak_ptr<replica>(r)](std::error_code ec) {
             if (ec) return;
-            auto rt = w.lock();
             auto rep = wr.lock();
-            if (rt && rep && rep->member && rep->ph == phase::reconnecting && !rt->s_->closed)
-                rt->s_->dial(rep);
+            if (rep && rep->member && rep->ph == phase::reconnecting && !closed) dial(rep);
         });
     return delay;
 }
@@ -183,18 +178,16 @@ void router::state::attach(const std::shared_ptr<replica>& r, std::unique_ptr<tr
     }
     r->conn->observe_calls(std::make_unique<conn_watch>(r, r->gen));
     r->conn->start();
-    detail::when_closed(
-        *r->conn, ex, self.weak_from_this(),
-        [this, wr = std::weak_ptr<replica>(r), gen = r->gen](const std::error_code&,
-                                                             const std::string& why) {
-            if (auto rep = wr.lock(); rep && rep->gen == gen) lose(*rep, why);
-        });
+    detail::when_closed(*r->conn, ex, tasks.hold(),
+                        [this, wr = std::weak_ptr<replica>(r), gen = r->gen](
+                            const std::error_code&, const std::string& why) {
+                            if (auto rep = wr.lock(); rep && rep->gen == gen) lose(*rep, why);
+                        });
     // A server that drains says so first: no new calls there, those in flight finish.
-    r->conn->on_goaway([w = self.weak_from_this(), wr = std::weak_ptr<replica>(r), gen = r->gen](
+    r->conn->on_goaway([this, t = tasks.hold(), wr = std::weak_ptr<replica>(r), gen = r->gen](
                            std::chrono::milliseconds, const std::string& reason) {
-        auto rt = w.lock();
         auto rep = wr.lock();
-        if (rt && rep && rep->gen == gen) rt->s_->heard_goaway(*rep, reason);
+        if (rep && rep->gen == gen && !closed) heard_goaway(*rep, reason);
     });
     const bool again = r->connects > 0;
     ++r->connects;
@@ -240,10 +233,7 @@ void router::state::lose(replica& r, const std::string& why) {
 
 // Keeps `p` alive until the executor comes back (it may be on the stack now).
 void router::state::retire(std::shared_ptr<void> p) {
-    if (retired.empty())
-        net::post(ex, [w = self.weak_from_this()] {
-            if (auto rt = w.lock()) rt->s_->retired.clear();
-        });
+    if (retired.empty()) net::post(ex, [this, t = tasks.hold()] { retired.clear(); });
     retired.push_back(std::move(p));
 }
 
@@ -306,17 +296,15 @@ void router::state::eject(replica& r) {
           std::to_string(o.eject_after) + " calls failed");
     r.eject_timer = std::make_unique<net::steady_timer>(ex, r.ejected_until);
     r.eject_timer->async_wait(
-        [w = self.weak_from_this(), wr = std::weak_ptr<replica>(shared(&r))](std::error_code ec) {
+        [this, t = tasks.hold(), wr = std::weak_ptr<replica>(shared(&r))](std::error_code ec) {
             if (ec) return;
-            auto rt = w.lock();
             auto rep = wr.lock();
-            if (!rt || !rep || rep->ph == phase::gone) return;
-            auto& s = *rt->s_;
+            if (!rep || rep->ph == phase::gone || closed) return;
             rep->ejected_until = {};
             rep->last_ejected_end = clock_type::now();
-            s.place.refresh();
-            s.event("replica " + rep->url + " back from ejection");
-            s.schedule_pump();
+            place.refresh();
+            event("replica " + rep->url + " back from ejection");
+            schedule_pump();
         });
     schedule_pump();  // its waiting keyed calls move on
 }
@@ -413,7 +401,7 @@ void router::state::follow(std::unique_ptr<replica_source> src) {
 void router::state::close_all() {
     if (closed) return;
     closed = true;
-    tasks.close();  // connection attempts end now, and let go of the router
+    tasks.close();  // connection attempts end now
     for (auto& s : sources) s.src->stop();
     queue.fail_all(errc::closed, "ordo: router " + name + " closed");
     update();

@@ -893,6 +893,30 @@ TEST(Router, ClosingCancelsAConnectionAttemptThatHangsAndFreesTheRouter) {
     });
 }
 
+// A router whose last handle goes while it dials (no close()) closes then, not when the dial
+// would have ended: the call waiting for a replica fails with closed at once.
+TEST(Router, DroppedWhileDialingItClosesAtOnceAndFailsTheWaitingCall) {
+    run_test([]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        test::silent_listener silent(ex);
+        ORDO_CO_ASSERT_TRUE(co_await silent.fill());
+        router_options o;
+        o.connect_timeout = 120s;
+        o.wait_for_replica = 120s;
+        auto r = make_router(ex, o);
+        r->add_replica(silent.url());
+        std::optional<std::error_code> heard;
+        channel(r).async_call<int>("inc", 1, [&](std::error_code ec, int) { heard = ec; });
+        co_await sleep_for(200ms);
+        ORDO_CO_ASSERT_EQ(r->replicas().at(0).state, replica_state::connecting);
+        r.reset();
+        EXPECT_TRUE(co_await wait_until([&] { return heard.has_value(); }, 30s))
+            << "the dropped router kept its call waiting for its dial";
+        ORDO_CO_ASSERT_TRUE(heard.has_value());
+        EXPECT_EQ(*heard, errc::closed) << heard->message();
+    });
+}
+
 // A replica that could never connect as the router's options ask (a resumable session over
 // zmq+, which ZeroMQ's own reconnects would make lossy) is refused by name as it is added, not
 // tried again and again in the connect loop.
