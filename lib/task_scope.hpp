@@ -16,6 +16,7 @@
 #include <cassert>
 #include <functional>
 #include <list>
+#include <memory>
 #include <utility>
 
 #include "lib/escaped.hpp"
@@ -103,5 +104,29 @@ class task_scope {
     std::function<void()> done_;
     bool closed_ = false;
 };
+
+/// For an object whose last handle has gone, on any thread: on its state's executor (at once
+/// when this thread runs it, else posted), `close(*s)` closes the state, whose scope
+/// (`s->tasks`) then frees it once its last child has ended. If the io_context is destroyed
+/// before the post runs, the state closes as the io_context is destroyed.
+template <class State, class Close>
+void close_and_join(std::unique_ptr<State> s, Close close) {
+    struct teardown {
+        std::unique_ptr<State> s;
+        Close close;
+        void operator()() { run(); }
+        teardown(std::unique_ptr<State> st, Close c) : s(std::move(st)), close(std::move(c)) {}
+        teardown(teardown&&) noexcept = default;
+        ~teardown() { run(); }  // destroyed unrun with its io_context
+        void run() {
+            if (!s) return;
+            State* st = s.release();
+            close(*st);
+            st->tasks.when_ended([st] { delete st; });
+        }
+    };
+    auto ex = s->ex;
+    net::dispatch(ex, teardown(std::move(s), std::move(close)));
+}
 
 }  // namespace ordo::detail

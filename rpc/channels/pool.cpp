@@ -324,10 +324,7 @@ pool::pool(private_tag, net::any_io_executor ex, std::string url, pool_options o
                                  std::move(o))) {}
 
 pool::~pool() {
-    s_->close_all();
-    // The state goes once what it started has ended.
-    state* s = s_.release();
-    s->tasks.when_ended([s] { delete s; });
+    detail::close_and_join(std::move(s_), [](state& s) { s.close_all(); });
 }
 
 void pool::start_call(std::unique_ptr<detail::pending_call> call) {

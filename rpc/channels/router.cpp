@@ -456,11 +456,13 @@ router::router(private_tag, net::any_io_executor ex, router_options o)
     : s_(std::make_unique<state>(*this, std::move(ex), std::move(o))) {}
 
 router::~router() {
-    *s_->anchor = nullptr;  // calls that end from here on complete their callers directly
-    s_->close_all();
-    // The state goes once what it started has ended.
-    state* s = s_.release();
-    s->tasks.when_ended([s] { delete s; });
+    detail::close_and_join(std::move(s_), [](state& s) {
+        *s.anchor = nullptr;  // calls that end from here on complete their callers directly
+        s.close_all();
+        // What waits for the loop to come back is let go now: a retired connection's watches
+        // hold tickets, and the post that would have cleared them may never run.
+        s.retired.clear();
+    });
 }
 
 void router::start_call(std::unique_ptr<detail::pending_call> call) {

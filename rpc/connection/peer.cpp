@@ -73,6 +73,7 @@ void peer::state::on_ended(const close_result& r) {
     for (auto& l : lanes.parts) l->disp.stop();
     ended = true;
     closed_event.cancel();
+    drain.goaway_fns.clear();  // no goaway comes after the end (nor are its watchers kept)
     auto fns = std::move(closed_fns);
     for (auto& f : fns) f(code, why);
 }
@@ -413,6 +414,7 @@ void peer::observe_calls(std::unique_ptr<detail::call_observer> o) {
 void peer::on_goaway(goaway_fn f) {
     const auto& d = s_->drain;
     if (d.heard_goaway) return f(d.goaway_grace, d.goaway_reason);  // it comes once
+    if (s_->ended) return;                                          // it never comes
     s_->drain.goaway_fns.push_back(std::move(f));
 }
 bool peer::going_away() const noexcept {

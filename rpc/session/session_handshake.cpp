@@ -216,12 +216,8 @@ void session::resume_here(session_registry& reg, const session_id& id, const std
         auto comm = std::make_unique<batched_comm>(
             std::move(t), comm_options{}, [](std::string_view) {},
             [h = held.get()](const close_result&) { h->cancel(); });
-        buffer b(small_buffer);
-        encode_error_response(b, msgid, errc::session_lost, no_session(id));
-        comm->send(std::string_view(b.data(), b.size()));
-        comm->start();
-        comm->close();
-        // The connection goes before the timer: its on_closed may cancel the timer.
+        batched_comm& c = *comm;
+        // Members go in reverse order: the connection before the timer it refers to.
         struct farewell {
             std::unique_ptr<net::steady_timer> held;
             std::unique_ptr<batched_comm> comm;
@@ -229,6 +225,11 @@ void session::resume_here(session_registry& reg, const session_id& id, const std
         };
         auto& wait = *held;
         wait.async_wait(farewell{std::move(held), std::move(comm)});
+        buffer b(small_buffer);
+        encode_error_response(b, msgid, errc::session_lost, no_session(id));
+        c.send(std::string_view(b.data(), b.size()));
+        c.start();
+        c.close();
         return;
     }
     auto l = std::make_shared<link>(link{s});

@@ -17,6 +17,7 @@
 #include "support/cutting_proxy.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
+#include "support/silent_listener.hpp"
 #include "support/streams.hpp"
 
 namespace ordo {
@@ -80,6 +81,52 @@ struct threaded_server {
         return p.get_future().get();
     }
 };
+
+// The last handles of a pool and a router dropped on another thread than their loop's, while
+// they dial (a listener whose accept queue is full): each closes on its own loop, at once, and
+// its waiting call fails with closed. Run under ThreadSanitizer by .ci/run: a close on the
+// dropping thread would race with the loop, which runs the dials and their waits.
+TEST(Loops, APoolAndARouterDroppedOnAnotherThreadCloseOnTheirLoop) {
+    running_loop home;
+    std::optional<test::silent_listener> silent;
+    ASSERT_TRUE(home.run([&]() -> net::awaitable<bool> {
+        silent.emplace(co_await net::this_coro::executor);
+        co_return co_await silent->fill();
+    }));
+    std::promise<std::error_code> pool_heard, router_heard;
+    std::shared_ptr<pool> p;
+    std::shared_ptr<router> r;
+    home.run([&]() -> net::awaitable<void> {
+        auto ex = co_await net::this_coro::executor;
+        pool_options po;
+        po.connect_timeout = 120s;
+        p = make_pool(ex, silent->url(), po);
+        channel(p).async_call<int>("inc", 1,
+                                   [&](std::error_code ec, int) { pool_heard.set_value(ec); });
+        router_options ro;
+        ro.connect_timeout = 120s;
+        ro.wait_for_replica = 120s;
+        r = make_router(ex, ro);
+        r->add_replica(silent->url());
+        channel(r).async_call<int>("inc", 1,
+                                   [&](std::error_code ec, int) { router_heard.set_value(ec); });
+        co_return;
+    });
+    ASSERT_EQ(
+        home.run([&]() -> net::awaitable<std::size_t> { co_return p->counters().connecting; }), 1u);
+    p.reset();  // on this thread
+    r.reset();
+    auto pool_done = pool_heard.get_future();
+    auto router_done = router_heard.get_future();
+    ASSERT_EQ(pool_done.wait_for(60s), std::future_status::ready) << "the pool kept its call";
+    ASSERT_EQ(router_done.wait_for(60s), std::future_status::ready) << "the router kept its call";
+    EXPECT_EQ(pool_done.get(), errc::closed);
+    EXPECT_EQ(router_done.get(), errc::closed);
+    home.run([&]() -> net::awaitable<void> {
+        silent.reset();
+        co_return;
+    });
+}
 
 TEST(Loops, ConnectionsAreSpreadOverTheLoopsAndEachStaysOnOne) {
     thread_set ran_on;
