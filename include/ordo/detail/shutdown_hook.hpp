@@ -10,7 +10,7 @@
 
 namespace ordo::detail {
 
-class shutdown_hooks;
+struct hook_list;
 
 /// Registered with its executor's execution context while it lives. When the context shuts
 /// down first (io_context's destructor), on_shutdown() runs once, on the thread destroying it.
@@ -22,17 +22,27 @@ class shutdown_hook {
 
   protected:
     ~shutdown_hook();
+    /// Takes this hook off its context. If the context's destruction has taken it already, on
+    /// another thread, waits until its on_shutdown() no longer touches this object. A class
+    /// that may be destroyed on another thread than its context's calls it first in its
+    /// destructor, so that on_shutdown() never runs on a half-destroyed object.
+    void withdraw() noexcept;
+    /// From on_shutdown(): this object is no longer touched, and may be destroyed (on another
+    /// thread) from here on, while on_shutdown() goes on to let go of what it took out of it.
+    void shutdown_done() noexcept;
 
   private:
-    friend class shutdown_hooks;
+    friend struct hook_list;
     /// Lets the handlers held go: completes them through their own executors (those of this
     /// context are queued there, and destroyed unrun with it), or destroys them unrun. What
-    /// they own may free this object: nothing of it is touched after that.
+    /// they own may free this object: nothing of it is touched after that, or after
+    /// shutdown_done().
     virtual void on_shutdown() noexcept = 0;
 
-    shutdown_hooks* hooks_;  // null once the context has shut down
+    hook_list* list_;  // the context's hooks, shared with its service; null once withdrawn
     shutdown_hook* prev_ = nullptr;
     shutdown_hook* next_ = nullptr;
+    bool linked_ = false;  // under the list's lock
 };
 
 }  // namespace ordo::detail

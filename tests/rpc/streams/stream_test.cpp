@@ -948,6 +948,78 @@ TEST(BatchStream, ReadersBatchesAndConnectionsOnDifferentThreads) {
     workers.join();
 }
 
+// A stream read on one io_context and carried by another, whose reader's io_context is
+// destroyed while the carrier's thread may be waking the reader for its next item: the reader
+// is woken or let go, once, and nothing of it is touched after it has gone (run under
+// ThreadSanitizer and ASan by .ci/run). The gap before the item and the wait before the
+// destruction vary from round to round, so that the two threads meet in either order.
+TEST(Stream, AReadersIoContextDestroyedWhileItsCarrierWakesIt) {
+    test::running_loop server_loop, client_loop;
+    std::unique_ptr<server> srv;
+    std::string url;
+    net::post(server_loop.io, [&] {
+        srv = std::make_unique<server>(server_loop.io.get_executor());
+        srv->on("two",
+                [](writer<int>& out, int gap_us) -> net::awaitable<void> {
+                    co_await out.write(0);
+                    net::steady_timer t(co_await net::this_coro::executor,
+                                        std::chrono::microseconds(gap_us));
+                    co_await t.async_wait(net::use_awaitable);
+                    co_await out.write(1);
+                },
+                {.concurrent = true});
+        url = srv->listen("tcp://127.0.0.1:0");
+    });
+    net::post(server_loop.io, net::use_future).get();
+    auto ch = net::co_spawn(client_loop.io, async_connect(url), net::use_future).get();
+    int read_both = 0;
+    for (int round = 0; round < 60; ++round) {
+        std::atomic<bool> first{false}, second{false};
+        {
+            net::io_context reader;
+            auto guard = net::make_work_guard(reader);
+            net::co_spawn(
+                reader,
+                [&, gap = (round % 20) * 50]() -> net::awaitable<void> {
+                    auto s = co_await ch.async_stream<int>("two", gap);
+                    if (co_await s.next() == 0) first = true;
+                    if (co_await s.next() == 1) second = true;
+                },
+                [](std::exception_ptr) {});
+            std::thread t([&] { reader.run(); });
+            const auto deadline = std::chrono::steady_clock::now() + 30s;
+            while (!first && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(50us);
+            std::this_thread::sleep_for(std::chrono::microseconds((round % 7) * 100));
+            reader.stop();
+            t.join();
+            ASSERT_TRUE(first) << "round " << round << ": the first item did not come in 30 s";
+            read_both += second ? 1 : 0;
+        }  // the reader's io_context goes, maybe while the carrier wakes its reader
+    }
+    RecordProperty("rounds_that_read_both_items", read_both);
+    // The connection is whole: a stream read on its own loop.
+    auto all = net::co_spawn(
+                   client_loop.io,
+                   [&]() -> net::awaitable<std::vector<int>> {
+                       std::vector<int> got;
+                       auto s = co_await ch.async_stream<int>("two", 0);
+                       while (auto v = co_await s.next()) got.push_back(*v);
+                       co_return got;
+                   },
+                   net::use_future)
+                   .get();
+    EXPECT_EQ(all, (std::vector<int>{0, 1}));
+    net::post(client_loop.io, [&] { ch = channel{}; });
+    net::post(client_loop.io, net::use_future).get();
+    net::co_spawn(
+        server_loop.io, [&]() -> net::awaitable<void> { co_await srv->async_stop(); },
+        net::use_future)
+        .get();
+    net::post(server_loop.io, [&] { srv.reset(); });
+    net::post(server_loop.io, net::use_future).get();
+}
+
 // A caller of count_to on `raw`'s connection, with `window` items of credit (as its request
 // says), and the msgid the server saw.
 struct raw_call {

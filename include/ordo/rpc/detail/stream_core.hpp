@@ -5,6 +5,7 @@
 
 #include "ordo/config.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -72,25 +73,41 @@ class parked_handler final : public parked, shutdown_hook {
           h_(std::move(h)),
           work_(net::prefer(net::get_associated_executor(h_),
                             net::execution::outstanding_work.tracked)) {}
+    // Destroyed on the thread that woke it (a stream's reader, by its connection's), maybe
+    // while the destruction of its io_context takes it on another: the hook goes first.
+    ~parked_handler() override { withdraw(); }
+
     void wake() override {
+        // The handler is taken once: here, or by its io_context's destruction (on_shutdown),
+        // whichever comes first. That destruction waits until the post is made.
+        int parked = state::parked;
+        if (!st_.compare_exchange_strong(parked, state::waking, std::memory_order_acq_rel)) return;
         // The work goes with the handler, and ends on its own thread: once posted, the handler
         // may run, and its io_context end, before this function returns.
-        if (!dropped_) post_handler(std::move(h_), std::move(work_));
+        post_handler(std::move(h_), std::move(work_));
+        st_.store(state::gone, std::memory_order_release);
+        st_.notify_all();
     }
 
   private:
+    enum state : int { parked, waking, gone };
+
     // The handler's io_context is being destroyed: the handler goes unrun, as Asio's own go.
-    // (A stream read on one io_context and carried by another: the reader's context must not
-    // be destroyed while the carrier's thread may still wake it.)
     void on_shutdown() noexcept override {
-        dropped_ = true;
+        int parked = state::parked;
+        if (!st_.compare_exchange_strong(parked, state::gone, std::memory_order_acq_rel)) {
+            // Woken on another thread: its post reaches the context before it goes.
+            while (st_.load(std::memory_order_acquire) == state::waking) st_.wait(state::waking);
+            return shutdown_done();
+        }
         auto w = std::move(work_);
         auto h = std::move(h_);
+        shutdown_done();  // the waker may destroy this object from here on
     }
 
     H h_;
     net::any_io_executor work_;
-    bool dropped_ = false;
+    std::atomic<int> st_{state::parked};
 };
 
 template <class H>
