@@ -10,7 +10,7 @@ namespace ordo::detail {
 // The hooks of one execution context. Shared by its service and every hook made there, so that
 // a hook destroyed on another thread after the context has gone still finds its lock.
 struct hook_list {
-    std::atomic<std::size_t> refs{1};  // the service's, and one per hook not yet withdrawn
+    std::atomic<std::size_t> refs{1};  // the service's, and one per hook not yet unhooked
     std::mutex m;
     std::condition_variable cv;
     shutdown_hook* first = nullptr;
@@ -96,10 +96,10 @@ shutdown_hook::shutdown_hook(const net::any_io_executor& ex)
 }
 
 shutdown_hook::~shutdown_hook() {
-    withdraw();
+    unhook();
 }
 
-void shutdown_hook::withdraw() noexcept {
+void shutdown_hook::unhook() noexcept {
     if (!list_) return;
     {
         std::unique_lock l(list_->m);

@@ -78,6 +78,8 @@ class wait_queue final : shutdown_hook {
           on_change_(std::move(on_change)) {}
     wait_queue(const wait_queue&) = delete;
     wait_queue& operator=(const wait_queue&) = delete;
+    // Off the context's hooks first (see call_table's).
+    ~wait_queue() { unhook(); }
 
     /// Applies to calls pushed from now on (set it before the first).
     void set_order(wait_order o) noexcept { order_ = o; }

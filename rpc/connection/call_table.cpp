@@ -9,7 +9,11 @@ namespace ordo::detail {
 call_table::call_table(net::any_io_executor ex, options o, call_table_host& host, peer_counters& c)
     : shutdown_hook(ex), ex_(std::move(ex)), o_(o), host_(host), c_(c), next_id_(o.first_msgid) {}
 
-call_table::~call_table() = default;
+// Off the context's hooks first: its destruction must not fail the calls of a table that is
+// half destroyed (it waits here if that runs now, on another thread).
+call_table::~call_table() {
+    unhook();
+}
 
 // The context is being destroyed: each caller is told (errc::closed), through its handler's
 // executor, as when the connection ends (the host fails them: what waits for ordo.features

@@ -5,14 +5,19 @@
 // themselves here, and .ci/run also runs this test under ASan + LeakSanitizer.
 #include "ordo/ordo.hpp"
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <asio/bind_executor.hpp>
 #include <asio/ip/tcp.hpp>
 
 namespace ordo {
@@ -253,6 +258,100 @@ TEST(Teardown, HandlesDroppedAndTheLoopRunToTheEndLeavesNothingBehind) {
     EXPECT_EQ(w.calls_ended, 4 * calls_per_channel);
     io.reset();
     EXPECT_EQ(frame_count::total(), 0) << frame_count::counts();
+}
+
+// A parked handler (a stream's reader) woken on one thread while its io_context is destroyed
+// on another: the two meet in each window where one must wait for the other, held there by a
+// handler whose move blocks at a gate (run under ThreadSanitizer by .ci/run as well).
+struct gate {
+    std::mutex m;
+    std::condition_variable cv;
+    bool armed = false, entered = false, open = false;
+    void wait_entered() {
+        std::unique_lock l(m);
+        ASSERT_TRUE(cv.wait_for(l, 30s, [&] { return entered; })) << "the gate was not reached";
+    }
+    void release() {
+        std::lock_guard l(m);
+        open = true;
+        cv.notify_all();
+    }
+};
+
+struct gated_handler {
+    gate* g;
+    std::atomic<int>* runs;
+    std::atomic<int>* alive;
+    gated_handler(gate* gt, std::atomic<int>* r, std::atomic<int>* a) : g(gt), runs(r), alive(a) {
+        ++*alive;
+    }
+    // The first move after the gate is armed waits until it opens.
+    gated_handler(gated_handler&& o) noexcept : g(o.g), runs(o.runs), alive(o.alive) {
+        ++*alive;
+        std::unique_lock l(g->m);
+        if (!g->armed) return;
+        g->armed = false;
+        g->entered = true;
+        g->cv.notify_all();
+        g->cv.wait(l, [&] { return g->open; });
+    }
+    gated_handler(const gated_handler&) = delete;
+    ~gated_handler() { --*alive; }
+    void operator()() { ++*runs; }
+};
+
+// Whether `done` is still false after a while: the thread it belongs to waits.
+bool still_waits(const std::atomic<bool>& done) {
+    std::this_thread::sleep_for(200ms);
+    return !done;
+}
+
+// The waker has taken the handler and is posting it: the context's destruction waits for the
+// post, so that it is not made to a context already gone. The handler goes unrun with it.
+TEST(ParkedHandler, TheContextsDestructionWaitsForAWakeThatIsPosting) {
+    gate g;
+    std::atomic<int> runs{0}, alive{0};
+    auto io = std::make_unique<net::io_context>();
+    auto p = detail::park(net::bind_executor(io->get_executor(), gated_handler(&g, &runs, &alive)));
+    g.armed = true;
+    std::thread waker([&] { p->wake(); });  // its post moves the handler: held at the gate
+    g.wait_entered();
+    std::atomic<bool> destroyed{false};
+    std::thread destroyer([&] {
+        io.reset();
+        destroyed = true;
+    });
+    EXPECT_TRUE(still_waits(destroyed)) << "the context went while its handler was being posted";
+    g.release();
+    waker.join();
+    destroyer.join();
+    p.reset();
+    EXPECT_EQ(runs, 0);
+    EXPECT_EQ(alive, 0);
+}
+
+// The context's destruction has taken the handler and is moving it out: the waker, which owns
+// the parked object, destroys it only once the destruction no longer touches it.
+TEST(ParkedHandler, AParkedObjectDestroyedOnAnotherThreadWaitsForTheContextsDestruction) {
+    gate g;
+    std::atomic<int> runs{0}, alive{0};
+    auto io = std::make_unique<net::io_context>();
+    auto p = detail::park(net::bind_executor(io->get_executor(), gated_handler(&g, &runs, &alive)));
+    g.armed = true;
+    std::thread destroyer([&] { io.reset(); });  // on_shutdown's move: held at the gate
+    g.wait_entered();
+    std::atomic<bool> freed{false};
+    std::thread owner([&] {
+        p->wake();  // taken already: does nothing
+        p.reset();
+        freed = true;
+    });
+    EXPECT_TRUE(still_waits(freed)) << "the parked object went while its context used it";
+    g.release();
+    destroyer.join();
+    owner.join();
+    EXPECT_EQ(runs, 0);
+    EXPECT_EQ(alive, 0);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ class shutdown_hook {
     /// another thread, waits until its on_shutdown() no longer touches this object. A class
     /// that may be destroyed on another thread than its context's calls it first in its
     /// destructor, so that on_shutdown() never runs on a half-destroyed object.
-    void withdraw() noexcept;
+    void unhook() noexcept;
     /// From on_shutdown(): this object is no longer touched, and may be destroyed (on another
     /// thread) from here on, while on_shutdown() goes on to let go of what it took out of it.
     void shutdown_done() noexcept;
@@ -39,7 +39,7 @@ class shutdown_hook {
     /// shutdown_done().
     virtual void on_shutdown() noexcept = 0;
 
-    hook_list* list_;  // the context's hooks, shared with its service; null once withdrawn
+    hook_list* list_;  // the context's hooks, shared with its service; null once unhooked
     shutdown_hook* prev_ = nullptr;
     shutdown_hook* next_ = nullptr;
     bool linked_ = false;  // under the list's lock

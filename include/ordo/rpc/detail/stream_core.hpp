@@ -75,18 +75,23 @@ class parked_handler final : public parked, shutdown_hook {
                             net::execution::outstanding_work.tracked)) {}
     // Destroyed on the thread that woke it (a stream's reader, by its connection's), maybe
     // while the destruction of its io_context takes it on another: the hook goes first.
-    ~parked_handler() override { withdraw(); }
+    ~parked_handler() override { unhook(); }
 
     void wake() override {
         // The handler is taken once: here, or by its io_context's destruction (on_shutdown),
         // whichever comes first. That destruction waits until the post is made.
         int parked = state::parked;
         if (!st_.compare_exchange_strong(parked, state::waking, std::memory_order_acq_rel)) return;
+        struct posted {  // also if the post throws (it allocates)
+            std::atomic<int>& st;
+            ~posted() {
+                st.store(state::gone, std::memory_order_release);
+                st.notify_all();
+            }
+        } done{st_};
         // The work goes with the handler, and ends on its own thread: once posted, the handler
         // may run, and its io_context end, before this function returns.
         post_handler(std::move(h_), std::move(work_));
-        st_.store(state::gone, std::memory_order_release);
-        st_.notify_all();
     }
 
   private:
