@@ -19,6 +19,7 @@
 #include "inc_handlers.hpp"
 #include "ordo/ordo.hpp"
 #include "support/cutting_proxy.hpp"
+#include "support/numbers.hpp"
 #include "support/run_test.hpp"
 #include "support/streams.hpp"
 
@@ -26,6 +27,7 @@ namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::iota;
 using test::run_test;
 using test::wait_until;
 
@@ -50,12 +52,6 @@ net::awaitable<std::vector<int>> read_all(stream<int>& s) {
     std::vector<int> v;
     while (auto x = co_await s.next()) v.push_back(*x);
     co_return v;
-}
-
-std::vector<int> iota(int n) {
-    std::vector<int> v(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
-    return v;
 }
 
 using matrix_case = std::tuple<std::string, std::size_t, bool>;  // scheme, loops, resume

@@ -20,10 +20,13 @@
 #include <asio/bind_executor.hpp>
 #include <asio/ip/tcp.hpp>
 
+#include "support/sleep.hpp"
+
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::sleep_quietly;
 
 // The frames that hold one, by kind: each count is back to zero once they are destroyed.
 enum frame_kind { handler, caller, reader, dial, kinds };
@@ -41,11 +44,6 @@ struct frame_count {
                std::to_string(alive[dial]) + " dials alive";
     }
 };
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(use_tuple);
-}
 
 // Everything the loop holds in flight, made on the loop by build(). Its handles are the
 // caller's to drop; what was spawned is owned by the loop.
@@ -71,7 +69,7 @@ struct in_flight {
             [this](int x) -> net::awaitable<int> {
                 frame_count f(handler);
                 ++handlers_started;
-                co_await sleep_for(1h);
+                co_await sleep_quietly(1h);
                 co_return x;
             },
             concurrent);
@@ -82,7 +80,7 @@ struct in_flight {
                 ++handlers_started;
                 for (int i = 0;; ++i) {
                     co_await out.write(i);
-                    co_await sleep_for(1ms);
+                    co_await sleep_quietly(1ms);
                 }
             },
             concurrent);
@@ -92,7 +90,7 @@ struct in_flight {
                 frame_count f(handler);
                 ++handlers_started;
                 co_await out.write(0);
-                co_await sleep_for(1h);
+                co_await sleep_quietly(1h);
             },
             concurrent);
         const auto url = srv->listen("tcp://127.0.0.1:0");

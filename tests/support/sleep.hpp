@@ -16,6 +16,12 @@ inline net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
     co_await t.async_wait(net::use_awaitable);
 }
 
+/// Waits `d` on the current executor; a cancelled wait ends early, without an error.
+inline net::awaitable<void> sleep_quietly(std::chrono::milliseconds d) {
+    net::steady_timer t(co_await net::this_coro::executor, d);
+    co_await t.async_wait(net::experimental::as_tuple(net::use_awaitable));
+}
+
 /// sleep_for, adding one to `cancelled` when the wait is cancelled (the error is rethrown):
 /// how tests see that a call's cancellation reached its handler.
 /// (`Counter`: an int, or a std::atomic<int> read from other threads.)

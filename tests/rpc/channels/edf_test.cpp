@@ -31,8 +31,8 @@ struct served_log {
 
 // A replica: hold() waits until the gate opens (it keeps the replica busy); take(id, ms)
 // records id, then works ms.
-struct replica_server {
-    replica_server(net::any_io_executor ex, served_log& log, net::steady_timer& gate) : srv(ex) {
+struct held_replica {
+    held_replica(net::any_io_executor ex, served_log& log, net::steady_timer& gate) : srv(ex) {
         srv.on("hold", [&log, &gate]() -> net::awaitable<int> {
             ++log.holding;
             co_await gate.async_wait(use_tuple);
@@ -58,7 +58,7 @@ struct replica_server {
 // n replicas with max_concurrent = 1, a router over them, and the gate their hold() waits on.
 struct bench_setup {
     bench_setup(net::any_io_executor ex, int n) : gate(ex, net::steady_timer::time_point::max()) {
-        for (int i = 0; i < n; ++i) reps.push_back(std::make_unique<replica_server>(ex, log, gate));
+        for (int i = 0; i < n; ++i) reps.push_back(std::make_unique<held_replica>(ex, log, gate));
     }
     net::awaitable<void> start(queue_order order) {
         router_options o;
@@ -103,7 +103,7 @@ struct bench_setup {
 
     served_log log;
     net::steady_timer gate;
-    std::vector<std::unique_ptr<replica_server>> reps;
+    std::vector<std::unique_ptr<held_replica>> reps;
     std::shared_ptr<router> rt;
     channel ch;
     int held_ok = 0;

@@ -28,8 +28,8 @@ using test::wait_until;
 
 // A server whose limit is `limit` calls of "work" at once; held() fills it with calls that
 // wait on the gate, so that every other call of "work" is answered overloaded.
-struct replica_server {
-    explicit replica_server(net::any_io_executor ex, std::size_t limit = 1)
+struct limited_replica {
+    explicit limited_replica(net::any_io_executor ex, std::size_t limit = 1)
         : g(ex), srv(ex, options(limit)) {
         handler_options concurrent;
         concurrent.concurrent = true;
@@ -95,7 +95,7 @@ replica_counters counters_of(const std::vector<replica_counters>& all, const std
 TEST(RouterOverload, AnOverloadedReplicasCallsMoveAndItIsNeverEjected) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex), b(ex), c(ex);
+        limited_replica a(ex), b(ex), c(ex);
         co_await a.hold();
         b.g.open();
         c.g.open();
@@ -128,7 +128,7 @@ TEST(RouterOverload, AnOverloadedReplicasCallsMoveAndItIsNeverEjected) {
 TEST(RouterOverload, ARefusingReplicaGetsFewerCallsForAWhile) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex), b(ex), c(ex);
+        limited_replica a(ex), b(ex), c(ex);
         co_await a.hold();
         b.g.open();
         c.g.open();
@@ -153,7 +153,7 @@ TEST(RouterOverload, ARefusingReplicaGetsFewerCallsForAWhile) {
 TEST(RouterOverload, WithNowhereToGoTheCallerHearsOverloadedWithTheHint) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex), b(ex);
+        limited_replica a(ex), b(ex);
         co_await a.hold();
         co_await b.hold();
         auto rt = make_router(ex, router_options{});
@@ -197,7 +197,7 @@ TEST(RouterOverload, AFailingFleetSeesAtMostTheBudgetOfRetries) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         for (const bool budget : {true, false}) {
-            replica_server a(ex), b(ex), c(ex);
+            limited_replica a(ex), b(ex), c(ex);
             for (auto* s : {&a, &b, &c}) co_await s->hold();
             router_options o;
             o.overload_cooldown = 0ms;
@@ -242,7 +242,7 @@ TEST(RouterOverload, AFailingFleetSeesAtMostTheBudgetOfRetries) {
 TEST(RouterOverload, TheBudgetStartsWithASecondsAllowance) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex), b(ex);
+        limited_replica a(ex), b(ex);
         co_await a.hold();
         co_await b.hold();
         router_options o;
@@ -276,8 +276,8 @@ TEST(RouterOverload, TheBudgetStartsWithASecondsAllowance) {
 }
 
 // A router over a and b (every replica in turn while they tie) that records its events.
-net::awaitable<std::shared_ptr<router>> router_over(net::any_io_executor ex, replica_server& a,
-                                                    replica_server& b,
+net::awaitable<std::shared_ptr<router>> router_over(net::any_io_executor ex, limited_replica& a,
+                                                    limited_replica& b,
                                                     std::vector<std::string>& events) {
     router_options o;
     o.aperture = false;
@@ -293,7 +293,7 @@ net::awaitable<std::shared_ptr<router>> router_over(net::any_io_executor ex, rep
 TEST(RouterHealth, ANotServingReplicaGetsNoNewCallsAndNoCallFails) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex, 64), b(ex, 64);
+        limited_replica a(ex, 64), b(ex, 64);
         std::vector<std::string> events;
         auto rt = co_await router_over(ex, a, b, events);
         channel ch(rt);
@@ -331,7 +331,7 @@ TEST(RouterHealth, ANotServingReplicaGetsNoNewCallsAndNoCallFails) {
 TEST(RouterHealth, ADrainIsHeardBeforeTheGoawayAndNothingFails) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex, 64), b(ex, 64);
+        limited_replica a(ex, 64), b(ex, 64);
         std::vector<std::string> events;
         auto rt = co_await router_over(ex, a, b, events);
         channel ch(rt);
@@ -381,7 +381,7 @@ TEST(RouterHealth, AURLTurnsTheWatchOff) {
 TEST(RouterHedge, AHedgeWinsAgainstAStalledReplicaAndItsLoserIsCancelled) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        replica_server a(ex, 64), b(ex, 64);
+        limited_replica a(ex, 64), b(ex, 64);
         a.stalls = true;
         router_options o;
         o.policy = route_policy::round_robin;  // a first, then b, in turn
@@ -416,7 +416,7 @@ TEST(RouterHedge, AfterTheP95OnceKnownAndWithinTheBudget) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         for (const bool budget : {true, false}) {
-            replica_server a(ex, 64), b(ex, 64);
+            limited_replica a(ex, 64), b(ex, 64);
             a.stalls = true;
             router_options o;
             o.policy = route_policy::round_robin;

@@ -22,7 +22,7 @@ using test::run_test;
 using test::wait_until;
 using test::sleep_for;
 
-struct service : interface {
+struct replica_service : interface {
     method<int()> whoami{"whoami"};
     method<int(int)> work{"work"};            // sleeps ms, concurrent; yields the replica's id
     method<int(std::string, int)> seq{"seq"};  // records (key, n), serial; yields the id
@@ -31,12 +31,12 @@ struct service : interface {
 // One replica, with server-side counts.
 struct replica_server {
     replica_server(net::any_io_executor ex, int id, bool failing = false) : srv(ex), id(id) {
-        srv.on(service{}.whoami, [this, failing]() -> int {
+        srv.on(replica_service{}.whoami, [this, failing]() -> int {
             ++calls;
             if (failing) throw std::runtime_error("shadow replica refuses");
             return this->id;
         });
-        srv.on(service{}.work,
+        srv.on(replica_service{}.work,
                [this](int ms) -> net::awaitable<int> {
                    ++calls;
                    max_in_flight = std::max(max_in_flight, ++in_flight);
@@ -45,7 +45,7 @@ struct replica_server {
                    co_return this->id;
                },
                {.concurrent = true});
-        srv.on(service{}.seq, [this](std::string key, int n) {
+        srv.on(replica_service{}.seq, [this](std::string key, int n) {
             ++calls;
             log[key].push_back(n);
             return this->id;
@@ -140,7 +140,7 @@ TEST(Router, AReplicaWhoseConnectionFailedInsideASendTakesNoMoreCallsThatTurn) {
         auto r = make_router(ex, o);
         co_await r->async_add_replica(proxy.url());
         co_await r->async_add_replica(rs.all[1]->url);
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         for (int i = 0; i < 4; ++i) (void)co_await s.whoami();
         ORDO_CO_ASSERT_EQ(rs.all[0]->calls, 2);
         proxy.set_refusing(true);
@@ -167,7 +167,7 @@ TEST(Router, RoundRobinSendsSequentialCallsToEachReplicaInTurn) {
         replicas rs(co_await net::this_coro::executor, 3);
         const router_options o{.policy = route_policy::round_robin};
         auto r = co_await make(rs, o);
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         std::vector<int> ids;
         for (int i = 0; i < 30; ++i) ids.push_back(co_await s.whoami());
         for (int i = 3; i < 30; ++i) EXPECT_EQ(ids[i], ids[i - 3]) << "call " << i;
@@ -242,7 +242,7 @@ TEST(Router, ACallMadeWhileOthersWaitNeverOvertakesThem) {
         replicas rs(co_await net::this_coro::executor, 1);
         const router_options o{.max_concurrent = 1};
         auto r = co_await make(rs, o);
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         int done = 0;
         // 0 runs, 1 waits; 2 is made the moment 0 completes, when the replica has room again.
         s.seq("", 0, [&](std::error_code, int) {
@@ -289,7 +289,7 @@ TEST(Router, CallsWithOneKeyKeepTheirOrderOnOneReplicaWhileKeysSpreadOverFour) {
         // A small limit makes most keyed calls wait in the queue.
         const router_options o{.max_concurrent = 2};
         auto r = co_await make(rs, o);
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         constexpr int keys = 40, per_key = 25;
         int done = 0, failed = 0;
         std::map<std::string, std::set<int>> served_by;
@@ -326,7 +326,7 @@ TEST(Router, ShadowTrafficIsCountedAndItsResultsAndErrorsNeverReachCallers) {
         auto r = make_router(ex, {.shadow_group = "dark", .shadow_fraction = 0.5});
         co_await r->async_add_replica(rs.all[0]->url);
         co_await r->async_add_replica(shadow.url, 1, "dark");
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         for (int i = 0; i < 100; ++i) EXPECT_EQ(co_await s.whoami(), 0);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] {
             const auto& c = r->counters();
@@ -382,7 +382,7 @@ TEST(Router, AReplicaAddedWithoutWaitingTakesCallsOnceConnectedOrKeepsTryingWith
         r->add_replica(rs.all[0]->url);
         r->add_replica("tcp://127.0.0.1:1");  // nothing listens there
         // A call made while both connect waits for the one that comes up.
-        auto s = stub<service>(channel(r));
+        auto s = stub<replica_service>(channel(r));
         EXPECT_EQ(co_await s.whoami(), 0);
         // A refused connection is reported at once, not after connect_timeout (10 s), and the
         // replica stays a member, trying again with backoff.
@@ -434,7 +434,7 @@ TEST(Router, AUrlBuildsARouterAndBadParametersAreRefusedByName) {
         const std::string hosts = rs.all[0]->url.substr(6) + "," + rs.all[1]->url.substr(6);
         channel ch = co_await async_connect("route+tcp://" + hosts +
                                             "?max_concurrent=3&policy=round_robin&timeout_ms=5000");
-        auto s = stub<service>(ch);
+        auto s = stub<replica_service>(ch);
         std::set<int> ids;
         for (int i = 0; i < 4; ++i) ids.insert(co_await s.whoami());
         EXPECT_EQ(ids.size(), 2u);
@@ -479,7 +479,7 @@ struct shared_cpu {
     shared_cpu(net::any_io_executor ex, int n) {
         for (int id = 0; id < n; ++id) {
             auto s = std::make_unique<server>(ex);
-            s->on(service{}.work, [this, id](int) -> net::awaitable<int> {
+            s->on(replica_service{}.work, [this, id](int) -> net::awaitable<int> {
                 if (sharing) {
                     std::this_thread::sleep_for(last == id ? 100us : 2100us);
                     last = id;
@@ -598,7 +598,7 @@ TEST(Router, ApertureTrialsRunOnLiveCallsAndFailNone) {
         r->on_event([&](const std::string& e) { events.push_back(e); });
         for (int id = 0; id < 3; ++id) {
             auto s = std::make_unique<server>(ex);
-            s->on(service{}.work, [&cost_us, id](int) -> net::awaitable<int> {
+            s->on(replica_service{}.work, [&cost_us, id](int) -> net::awaitable<int> {
                 const auto took = std::chrono::microseconds(std::lround(cost_us));
                 cost_us = std::max(500.0, cost_us * 0.99);
                 net::steady_timer t(co_await net::this_coro::executor, took);

@@ -16,12 +16,14 @@
 #include <asio/ip/tcp.hpp>
 
 #include "ordo/ordo.hpp"
+#include "support/numbers.hpp"
 #include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::iota;
 
 // A server on a thread of its own: add, sleep_ms (cancellable), log (notification), logged;
 // streams count_to(n), pause_after(n, ms) (n items, a cancellable pause, one more), forever
@@ -249,14 +251,14 @@ class mute_server {
 };
 
 // Everything a sync stream yields, and how it ended (code empty: normally).
-struct read_outcome {
+struct sync_outcome {
     std::vector<int> items;
     std::error_code code;
     std::string what;
 };
 
-read_outcome read_to_end(sync_stream<int>& s) {
-    read_outcome r;
+sync_outcome read_to_end(sync_stream<int>& s) {
+    sync_outcome r;
     try {
         while (auto v = s.next(30s)) r.items.push_back(*v);
     } catch (const rpc_error& e) {
@@ -268,12 +270,6 @@ read_outcome read_to_end(sync_stream<int>& s) {
 
 bool contains(const std::string& s, const std::string& part) {
     return s.find(part) != std::string::npos;
-}
-
-std::vector<int> iota(int n) {
-    std::vector<int> v(n);
-    for (int i = 0; i < n; ++i) v[i] = i;
-    return v;
 }
 
 TEST(SyncClient, StreamItemsArriveInOrderThenTheEnd) {

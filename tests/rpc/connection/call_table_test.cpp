@@ -20,7 +20,7 @@ using test::wait_until;
 
 // Records every send_cancel; the owner is a token the test holds. Fails the calls of `table`
 // (when set) as a connection would.
-struct fake_host final : detail::call_table_host {
+struct fake_call_table_host final : detail::call_table_host {
     std::vector<std::uint32_t> cancels;
     std::shared_ptr<int> token = std::make_shared<int>(0);
     detail::call_table* table = nullptr;
@@ -70,7 +70,7 @@ struct table_fixture {
         : table(ex, {first, 0ms, 4}, host, counters) {
         host.table = &table;
     }
-    fake_host host;
+    fake_call_table_host host;
     peer_counters counters;
     detail::call_table table;
 };

@@ -14,6 +14,7 @@
 #include "ordo/rpc/server.hpp"
 #include "rpc/connection/lanes.hpp"
 #include "support/cutting_proxy.hpp"
+#include "support/peers.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
 
@@ -22,14 +23,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
+using test::port_of;
 using test::run_test;
 using test::wait_until;
 
-std::uint16_t port_of(const std::string& url) {
-    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
-}
-
-std::shared_ptr<peer> peer_of(const channel& c) {
+std::shared_ptr<peer> base_peer_of(const channel& c) {
     return std::dynamic_pointer_cast<peer>(c.impl()->lane_base(c.impl()));
 }
 
@@ -137,7 +135,7 @@ TEST(Lanes, OrderHoldsWithinEachLane) {
             else
                 ch.notify("rec", std::string("default"), i);
             if (i % 100 == 3) ch.notify("rec", std::string("default"), i);
-            if (i % 64 == 0) co_await peer_of(ch)->async_drain();
+            if (i % 64 == 0) co_await base_peer_of(ch)->async_drain();
         }
         const bool all = co_await wait_until(
             [&] { return rec.count("a") == n && rec.count("b") == n && rec.count("default") == n; },
@@ -433,7 +431,7 @@ TEST(Lanes, ACancelReachesItsHandlerOnANamedLane) {
         EXPECT_TRUE(co_await wait_until([&] { return saw_cancel; }, 20s))
             << "the cancel did not reach the handler on lane bulk";
         EXPECT_TRUE(co_await wait_until([&] { return stored == 8; }, 20s));
-        EXPECT_EQ(peer_of(ch)->counters().notifications_undelivered, 0u);
+        EXPECT_EQ(base_peer_of(ch)->counters().notifications_undelivered, 0u);
         co_await srv.async_stop();
     });
 }
@@ -576,7 +574,7 @@ TEST(Lanes, CutsInsidePiecesLoseAndDuplicateNothingOnAnyLane) {
                                                      ++answered;
                                                  });
                 }
-                if (i % 8 == 0) co_await peer_of(ch)->async_drain();
+                if (i % 8 == 0) co_await base_peer_of(ch)->async_drain();
             }
             ORDO_CO_ASSERT_TRUE(co_await wait_until(
                 [&] {
@@ -593,7 +591,7 @@ TEST(Lanes, CutsInsidePiecesLoseAndDuplicateNothingOnAnyLane) {
             EXPECT_EQ(rec.count("broken"), 0u);
             EXPECT_EQ(failed, 0u);
             EXPECT_GE(proxy.cuts(), 10u);
-            EXPECT_TRUE(peer_of(ch)->is_open());
+            EXPECT_TRUE(base_peer_of(ch)->is_open());
             co_await srv.async_stop();
         },
         240s);

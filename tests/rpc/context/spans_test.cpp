@@ -297,15 +297,16 @@ TEST(Spans, ValidTraceparentAgreesWithTheTextOfTheStandardOnEveryOneByteChange) 
 }
 
 // What the nested call's handler saw: its trace id and whether it had a deadline.
-struct seen {
+struct nested_seen {
     std::string trace;
     bool deadline = false;
     MSGPACK_DEFINE(trace, deadline)
 };
 
-net::awaitable<seen> relay_lazily(std::string url, std::shared_ptr<std::optional<channel>> ch) {
+net::awaitable<nested_seen> relay_lazily(std::string url,
+                                         std::shared_ptr<std::optional<channel>> ch) {
     if (!*ch) *ch = co_await async_connect(url);
-    co_return co_await (*ch)->async_call<seen>("see");
+    co_return co_await (*ch)->async_call<nested_seen>("see");
 }
 
 TEST(Spans, AConnectionMadeInsideATracedHandlerDoesNotCarryThatCallsContextIntoLaterCalls) {
@@ -314,7 +315,8 @@ TEST(Spans, AConnectionMadeInsideATracedHandlerDoesNotCarryThatCallsContextIntoL
         servers s(ex);
         s.b.on("see", [] {
             const call_context* c = current_context();
-            return seen{c ? std::string(c->trace_id()) : std::string(), c && c->has_deadline()};
+            return nested_seen{c ? std::string(c->trace_id()) : std::string(),
+                               c && c->has_deadline()};
         });
         auto lazy = std::make_shared<std::optional<channel>>();
         const std::string b_url = s.b_url;
@@ -322,11 +324,11 @@ TEST(Spans, AConnectionMadeInsideATracedHandlerDoesNotCarryThatCallsContextIntoL
         channel ch = co_await async_connect(s.a_url);
         call_options first = traced(trace_id(7000));
         first.timeout = 5s;
-        const auto one = co_await ch.async_call<seen>("relay", first);
+        const auto one = co_await ch.async_call<nested_seen>("relay", first);
         EXPECT_EQ(one.trace, trace_id(7000));
         EXPECT_TRUE(one.deadline);
         // The channel the first call opened serves the second, which has no context.
-        const auto two = co_await ch.async_call<seen>("relay");
+        const auto two = co_await ch.async_call<nested_seen>("relay");
         EXPECT_EQ(two.trace, "");
         EXPECT_FALSE(two.deadline);
     });

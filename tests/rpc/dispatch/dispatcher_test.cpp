@@ -28,7 +28,7 @@ struct answer {
 };
 
 // Records what the dispatcher sends and asks for.
-struct fake_host final : detail::dispatcher_host {
+struct fake_dispatcher_host final : detail::dispatcher_host {
     std::vector<answer> answers;
     std::vector<bool> pauses;
     int started = 0;
@@ -82,7 +82,7 @@ message notification(std::string_view method, std::uint32_t arg) {
 // A dispatcher over `h` with a fake host. Handlers that take ordo::peer& get a real peer over
 // an in-memory transport that is never started.
 struct rig {
-    fake_host host;
+    fake_dispatcher_host host;
     peer_counters counters;
     test::transport_pair pair;
     std::shared_ptr<peer> self;
@@ -101,9 +101,10 @@ struct rig {
     void feed(message m, std::size_t bytes = 16) { d->on_message(m, bytes); }
 };
 
-// A gate handlers wait at until the test opens it; open, it lets everyone through.
-struct gate {
-    explicit gate(net::any_io_executor ex) : t(ex, std::chrono::steady_clock::time_point::max()) {}
+// A handler_gate handlers wait at until the test opens it; open, it lets everyone through.
+struct handler_gate {
+    explicit handler_gate(net::any_io_executor ex)
+        : t(ex, std::chrono::steady_clock::time_point::max()) {}
     net::awaitable<void> wait() {
         if (!opened) co_await t.async_wait(use_tuple);
     }
@@ -116,7 +117,7 @@ struct gate {
 };
 
 // A handler that records its argument, waits at `g` and returns its argument.
-auto gated(gate& g, std::vector<int>& ran) {
+auto gated(handler_gate& g, std::vector<int>& ran) {
     return [&g, &ran](int x) -> net::awaitable<int> {
         ran.push_back(x);
         co_await g.wait();
@@ -126,7 +127,7 @@ auto gated(gate& g, std::vector<int>& ran) {
 
 TEST(Dispatcher, ASerialHandlerHoldsTheNextMessageUntilItEnds) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
         h.on("slow", gated(g, ran));
@@ -156,7 +157,7 @@ TEST(Dispatcher, ASerialHandlerHoldsTheNextMessageUntilItEnds) {
 
 TEST(Dispatcher, ConcurrentHandlersOverlapAndStartInOrder) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         std::vector<int> started;
         int inside = 0, most = 0;
         handlers h;
@@ -187,7 +188,7 @@ TEST(Dispatcher, ConcurrentHandlersOverlapAndStartInOrder) {
 // before; the next waits in the queue, as behind any serial handler, until one of them ends.
 TEST(Dispatcher, APipelinedSerialHandlerTakesUpToItsWindowThenQueues) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
         detail::handler_entry e;
@@ -245,7 +246,7 @@ TEST(Dispatcher, CancelOfARunningRequestCancelsItsHandler) {
 
 TEST(Dispatcher, CancelOfAQueuedRequestAnswersItWithoutRunningIt) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
         h.on("slow", gated(g, ran));
@@ -268,7 +269,7 @@ TEST(Dispatcher, CancelOfAQueuedRequestAnswersItWithoutRunningIt) {
 
 TEST(Dispatcher, AFullQueuePausesReadingUntilItHalves) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         handlers h;
         h.on("slow", [&](int x) -> net::awaitable<int> {
             if (x == 0) co_await g.wait();
@@ -290,7 +291,7 @@ TEST(Dispatcher, AFullQueuePausesReadingUntilItHalves) {
 
 TEST(Dispatcher, QueuedBytesOverTheirLimitPauseReadingToo) {
     run_test([]() -> net::awaitable<void> {
-        gate g(co_await net::this_coro::executor);
+        handler_gate g(co_await net::this_coro::executor);
         std::vector<int> ran;
         handlers h;
         h.on("slow", gated(g, ran));

@@ -17,6 +17,7 @@
 #include "ordo/rpc/server.hpp"
 #include "ordo/rpc/stream_call.hpp"
 #include "support/cutting_proxy.hpp"
+#include "support/peers.hpp"
 #include "support/processes.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
@@ -26,16 +27,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
+using test::peer_of;
+using test::port_of;
 using test::run_test;
 using test::wait_until;
-
-std::shared_ptr<peer> peer_of(const channel& c) {
-    return std::dynamic_pointer_cast<peer>(c.impl());
-}
-
-std::uint16_t port_of(const std::string& url) {
-    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
-}
 
 // The server's drain events (on_event runs on the server's executor, the test's).
 struct drain_events {

@@ -17,13 +17,17 @@
 
 #include "ordo/ordo.hpp"
 #include "rpc/wire/errors.hpp"
+#include "support/peers.hpp"
 #include "support/run_test.hpp"
 #include "support/sleep.hpp"
+#include "support/tokens.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::alice_token;
+using test::port_of;
 using test::run_test;
 using test::wait_until;
 using tcp = net::ip::tcp;
@@ -31,9 +35,7 @@ using tcp = net::ip::tcp;
 #define EXPECT_CONTAINS(text, part) \
     EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
-const std::string alice_token = "alice-token-0123456789";
-
-struct event_log {
+struct stranger_events {
     std::vector<server_event> events;
     std::function<void(const server_event&)> recorder() {
         return [this](const server_event& e) { events.push_back(e); };
@@ -46,7 +48,7 @@ struct event_log {
     }
 };
 
-server_options with_tokens(event_log& log) {
+server_options with_tokens(stranger_events& log) {
     server_options o;
     o.authenticate = authenticate_tokens({{alice_token, "alice"}});
     o.on_event = log.recorder();
@@ -57,10 +59,6 @@ peer_options as_alice() {
     peer_options o;
     o.credentials.token = alice_token;
     return o;
-}
-
-std::uint16_t port_of(const std::string& url) {
-    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
 }
 
 // A raw connection from `source` (an address of 127.0.0.0/8), as a stranger opens one.
@@ -118,7 +116,7 @@ net::awaitable<void> write_all(tcp::socket& s, const buffer& b) {
 TEST(Strangers, ABigMessageBeforeAuthenticationIsRefusedAtItsHeader) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server srv(ex, with_tokens(log));
         srv.on("size", [](const std::string& s) { return s.size(); });
         const std::string url = srv.listen("tcp://127.0.0.1:0");
@@ -144,7 +142,7 @@ TEST(Strangers, SilentConnectionsAreClosedAfterTheirDeadline) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
         for (const bool auth : {true, false}) {
-            event_log log;
+            stranger_events log;
             server_options o;
             if (auth) o = with_tokens(log);
             o.strangers.auth_timeout = 300ms;
@@ -175,7 +173,7 @@ TEST(Strangers, SilentConnectionsAreClosedAfterTheirDeadline) {
 TEST(Strangers, ConnectionsPerAddressAreCappedAndTheRefusalSaysWhy) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o;
         o.on_event = log.recorder();
         o.strangers.max_per_address = 3;
@@ -203,7 +201,7 @@ TEST(Strangers, ConnectionsPerAddressAreCappedAndTheRefusalSaysWhy) {
 TEST(Strangers, TheOldestStrangerMakesRoomAndANamedCallerIsServed) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o = with_tokens(log);
         o.max_connections = 24;
         o.strangers.max_strangers = 8;
@@ -242,7 +240,7 @@ TEST(Strangers, TheOldestStrangerMakesRoomAndANamedCallerIsServed) {
 TEST(Strangers, FailedAuthenticationsFromOneAddressAreLimited) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o = with_tokens(log);
         o.strangers.max_auth_failures = 3;
         o.strangers.auth_failure_window = 60s;
@@ -281,7 +279,7 @@ TEST(Strangers, FailedAuthenticationsFromOneAddressAreLimited) {
 TEST(Strangers, AFloodIsReportedInSumsNotLineByLine) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o = with_tokens(log);
         o.strangers.max_auth_failures = 0;
         server srv(ex, o);
@@ -375,7 +373,7 @@ TEST(Strangers, EventLinesEscapeControlCharacters) {
 TEST(Strangers, ABatchHandlerRefusesCallersItsRuleDoesNotAllow) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o = with_tokens(log);
         const std::string bob_token = "bob-token-0123456789ab";
         o.authenticate = authenticate_tokens({{alice_token, "alice"}, {bob_token, "bob"}});
@@ -407,7 +405,7 @@ TEST(Strangers, ABatchHandlerRefusesCallersItsRuleDoesNotAllow) {
 TEST(Strangers, ARouteGivesItsTokenOnlyToHostsItTrusts) {
     run_test([]() -> net::awaitable<void> {
         auto ex = co_await net::this_coro::executor;
-        event_log log;
+        stranger_events log;
         server_options o = with_tokens(log);
         // The untrusted replica's connections fail again and again: not counted against the
         // address here (the trusted ones come from it too).

@@ -12,10 +12,11 @@
 #include "ordo/ordo.hpp"
 #include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
+#include "support/peers.hpp"
 #include "support/run_test.hpp"
-#include "support/tokens.hpp"
 #include "support/sleep.hpp"
 #include "support/streams.hpp"
+#include "support/tokens.hpp"
 
 namespace ordo {
 namespace {
@@ -24,6 +25,7 @@ using namespace std::chrono_literals;
 using test::alice_token;
 using test::as;
 using test::bob_token;
+using test::peer_of;
 using test::run_test;
 using test::wait_until;
 
@@ -100,10 +102,6 @@ net::awaitable<std::pair<std::error_code, std::string>> failure(F f) {
         co_return std::make_pair(e.code(), std::string(e.what()));
     }
     co_return std::make_pair(std::error_code{}, std::string());
-}
-
-std::shared_ptr<peer> peer_of(const channel& c) {
-    return std::dynamic_pointer_cast<peer>(c.impl());
 }
 
 #define EXPECT_CONTAINS(text, part) \

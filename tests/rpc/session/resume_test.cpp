@@ -14,6 +14,7 @@
 #include "rpc/session/session.hpp"
 #include "rpc/wire/errors.hpp"
 #include "support/cutting_proxy.hpp"
+#include "support/peers.hpp"
 #include "support/run_test.hpp"
 #include "support/streams.hpp"
 
@@ -30,16 +31,10 @@ namespace {
 using namespace std::chrono_literals;
 using test::cut_options;
 using test::cutting_proxy;
+using test::peer_of;
+using test::port_of;
 using test::run_test;
 using test::wait_until;
-
-std::uint16_t port_of(const std::string& url) {
-    return static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
-}
-
-std::shared_ptr<peer> peer_of(const channel& c) {
-    return std::dynamic_pointer_cast<peer>(c.impl());
-}
 
 // Counts ("add" notifications must arrive as 0, 1, 2...: broken() names the first that did
 // not) and answers calls, some of which call back to the caller. Its handlers may run on any

@@ -18,14 +18,20 @@
 #include <msgpack.hpp>
 
 #include "support/cutting_proxy.hpp"
+#include "support/numbers.hpp"
+#include "support/peers.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
+using test::iota;
+using test::peer_of;
 using test::run_test;
+using test::sleep_quietly;
 using test::wait_until;
 
 struct numbers : interface {
@@ -41,15 +47,6 @@ struct handler_log {
     int running = 0;
     int started = 0;
 };
-
-std::shared_ptr<peer> peer_of(const channel& c) {
-    return std::dynamic_pointer_cast<peer>(c.impl());
-}
-
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(use_tuple);
-}
 
 // count_to(n) that records its progress in `log`, and `forever` that writes until cancelled.
 void serve_numbers(server& srv, handler_log& log, handler_options o = {}) {
@@ -78,7 +75,7 @@ void serve_numbers(server& srv, handler_log& log, handler_options o = {}) {
             for (int i = 0;; ++i) {
                 co_await out.write(i);
                 log.written = out.written();
-                co_await sleep_for(1ms);
+                co_await sleep_quietly(1ms);
             }
         } catch (const std::system_error&) {
             log.cancelled = true;
@@ -112,12 +109,6 @@ net::awaitable<read_outcome<T>> read_to_end(stream<T>& s) {
         r.what = e.what();
     }
     co_return r;
-}
-
-std::vector<int> iota(int n) {
-    std::vector<int> v(n);
-    for (int i = 0; i < n; ++i) v[i] = i;
-    return v;
 }
 
 // A hand-written server's end of one TCP connection on loopback, speaking msgpack-rpc as
@@ -164,9 +155,9 @@ class raw_server {
         using namespace net::experimental::awaitable_operators;
         const auto deadline = std::chrono::steady_clock::now() + limit;
         while (std::chrono::steady_clock::now() < deadline) {
-            auto r =
-                co_await (read() || sleep_for(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        deadline - std::chrono::steady_clock::now())));
+            auto r = co_await (read() ||
+                               sleep_quietly(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now())));
             if (r.index() != 0) co_return false;
             const auto& m = std::get<0>(r).get();
             if (m.type == msgpack::type::ARRAY && m.via.array.size == 3 &&
@@ -246,13 +237,13 @@ TEST(Stream, CreditBoundsBothSidesWhenTheReaderStops) {
         o.window = 16;
         auto s = co_await c.count_to(100'000, o);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.written == 16; }));
-        co_await sleep_for(1500ms);  // a reader that stops for seconds
+        co_await sleep_quietly(1500ms);  // a reader that stops for seconds
         EXPECT_EQ(log.written, 16u);
         EXPECT_EQ(s.received(), 16u);
         // Reading half the window grants that much again.
         for (int i = 0; i < 8; ++i) EXPECT_EQ(*co_await s.next(), i);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.written == 24; }));
-        co_await sleep_for(300ms);
+        co_await sleep_quietly(300ms);
         EXPECT_EQ(log.written, 24u);
         EXPECT_LE(s.received(), 24u);
         std::vector<int> rest;
@@ -345,7 +336,7 @@ TEST(Stream, ADeadPeerEndsItsStreamsOnBothSides) {
         srv.on("five_then_hang", [&](peer& p, writer<int>& out) -> net::awaitable<void> {
             for (int i = 0; i < 5; ++i) co_await out.write(i);
             served = p.shared_from_this();
-            co_await sleep_for(60s);
+            co_await sleep_quietly(60s);
         });
         handler_log log;
         serve_numbers(srv, log);
@@ -386,7 +377,7 @@ TEST(Stream, AWindowInBytesBoundsLargeItems) {
         o.window_bytes = 4096;
         auto s = co_await ch.async_stream<std::string>("kilobytes", 200, o);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return written >= 4; }));
-        co_await sleep_for(500ms);
+        co_await sleep_quietly(500ms);
         EXPECT_LE(written, 5u);  // four fit in 4096 bytes, and one more while some were left
         EXPECT_LE(s.received(), 5u);
         int n = 0;
@@ -408,7 +399,7 @@ TEST(Stream, AWaitingReaderCanBeCancelled) {
         server srv(co_await net::this_coro::executor);
         bool go = false;
         srv.on("later", [&](writer<int>& out) -> net::awaitable<void> {
-            while (!go) co_await sleep_for(5ms);
+            while (!go) co_await sleep_quietly(5ms);
             co_await out.write(7);
         });
         auto ch = co_await async_connect(srv.listen("tcp://127.0.0.1:0"));
@@ -469,7 +460,7 @@ TEST(Stream, ASerialStreamKeepsItsPlaceAmongTheConnectionsMessages) {
         auto s = co_await ch.async_stream<int>("serial", 10, o);
         ch.notify("mark", std::string("after serial"));
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return s.received() == 4; }));
-        co_await sleep_for(200ms);
+        co_await sleep_quietly(200ms);
         EXPECT_TRUE(order.empty());  // the notification waits behind the stream
         std::vector<int> got = co_await read_all(s);
         EXPECT_EQ(got, iota(10));
@@ -616,7 +607,7 @@ void serve_batch_count(server& srv, batch_log& log, batch_options o,
                 }
                 log.batches.back().push_back(seen);
                 co_await out.step(std::move(step));
-                if (pause.count() > 0) co_await sleep_for(pause);
+                if (pause.count() > 0) co_await sleep_quietly(pause);
             }
             log.running = false;
         });
@@ -777,7 +768,7 @@ TEST(BatchStream, ASlowReaderIsLeftBehindAndGetsEveryItem) {
             [&]() -> net::awaitable<void> {
                 while (auto v = co_await slow.next()) {
                     got.push_back(*v);
-                    co_await sleep_for(70ms);
+                    co_await sleep_quietly(70ms);
                 }
                 slow_done = true;
             },
@@ -803,7 +794,7 @@ TEST(BatchStream, ALoneStalledReaderIsWaitedFor) {
         o.window = 4;
         auto s = co_await ch.async_stream<int>("count", 20000, o);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return log.running; }));
-        co_await sleep_for(1500ms);  // longer than a caller is waited for when others gain
+        co_await sleep_quietly(1500ms);  // longer than a caller is waited for when others gain
         EXPECT_LE(log.batches[0].size(), 4u + detail::stream_batch::max_buffered + 2);
         EXPECT_EQ(co_await read_all(s), iota(20000));
         co_await srv.async_stop();
@@ -826,7 +817,7 @@ TEST(BatchStream, StoppingTheServerEndsItsRunningBatches) {
                                         std::vector<stream_step<int>> step(out.open().size(),
                                                                            stream_step<int>(k));
                                         co_await out.step(std::move(step));
-                                        co_await sleep_for(1ms);
+                                        co_await sleep_quietly(1ms);
                                     }
                                 } catch (const std::system_error&) {
                                     // Cancelled where it awaits (after the stop, any co_await

@@ -22,12 +22,14 @@
 #include "support/delay_relay.hpp"
 #include "support/run_test.hpp"
 #include "support/running_loop.hpp"
+#include "support/sleep.hpp"
 
 namespace ordo {
 namespace {
 
 using namespace std::chrono_literals;
 using test::run_test;
+using test::sleep_quietly;
 using test::wait_until;
 
 struct store : interface {
@@ -56,11 +58,6 @@ struct reader_log {
     bool returned = false;
 };
 
-net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-    net::steady_timer t(co_await net::this_coro::executor, d);
-    co_await t.async_wait(use_tuple);
-}
-
 // collect(): every item, in order. put(limit): the bytes of the items, answering early after
 // `limit` items (0: none), and failing on "boom". scale(k): each item times k, written back.
 void serve_store(server& srv, reader_log& log) {
@@ -73,7 +70,7 @@ void serve_store(server& srv, reader_log& log) {
         std::uint64_t bytes = 0;
         try {
             for (;;) {
-                while (!log.open) co_await sleep_for(2ms);
+                while (!log.open) co_await sleep_quietly(2ms);
                 auto v = co_await in.next();
                 if (!v) break;
                 ++log.read;
@@ -114,7 +111,7 @@ void serve_store(server& srv, reader_log& log) {
 net::awaitable<bool> write_until_ended(upload<std::string, std::uint64_t>& up, std::string item) {
     for (int i = 0; i < 200000; ++i) {
         if (!co_await up.write(item)) co_return true;
-        if (i % 64 == 0) co_await sleep_for(1ms);
+        if (i % 64 == 0) co_await sleep_quietly(1ms);
     }
     co_return false;
 }
@@ -217,7 +214,7 @@ TEST(ClientStream, AHandlerThatDoesNotReadHoldsTheWriterAtTheWindow) {
         {
             using namespace net::experimental::awaitable_operators;
             // The writes stop at the window; 2 s later they are still stopped.
-            auto r = co_await (writes() || sleep_for(2s));
+            auto r = co_await (writes() || sleep_quietly(2s));
             blocked = r.index() == 1;
         }
         EXPECT_TRUE(blocked);
@@ -373,7 +370,7 @@ TEST(TwoWay, AReaderThatStopsHoldsBothSides) {
         bool blocked = false;
         {
             using namespace net::experimental::awaitable_operators;
-            auto r = co_await (writes() || sleep_for(2s));
+            auto r = co_await (writes() || sleep_quietly(2s));
             blocked = r.index() == 1;
         }
         EXPECT_TRUE(blocked);
@@ -608,9 +605,9 @@ TEST(Stream, AWindowGrowsToThePathAndStillHoldsAReaderThatStops) {
         EXPECT_LE(s.window_bytes(), 1024u * 1024);
         // The reader stops: the handler stops at the window (each item is 16 KiB and a few bytes
         // of head), one more item at most; it grows no more, as the reader is behind.
-        co_await sleep_for(500ms);
+        co_await sleep_quietly(500ms);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return written == s.received(); }));
-        co_await sleep_for(300ms);
+        co_await sleep_quietly(300ms);
         const std::uint64_t window = s.window_bytes();
         EXPECT_LE(written - read, window / (16 * 1024) + 1) << window;
         EXPECT_LE(window, 1024u * 1024);
@@ -632,7 +629,7 @@ void serve_hold_after(server& srv, std::uint64_t& read, std::uint64_t stop_at) {
     srv.on("hold_after",
            [&read, stop_at](reader<std::string_view>& in) -> net::awaitable<std::uint64_t> {
                while (read < stop_at && co_await in.next()) ++read;
-               co_await sleep_for(60s);  // until cancelled
+               co_await sleep_quietly(60s);  // until cancelled
                co_return read;
            });
 }
@@ -642,7 +639,7 @@ net::awaitable<void> until_still(const std::uint64_t& n) {
     std::uint64_t seen = ~std::uint64_t{0};
     while (seen != n) {
         seen = n;
-        co_await sleep_for(300ms);
+        co_await sleep_quietly(300ms);
     }
 }
 
@@ -682,7 +679,7 @@ TEST(ClientStream, ItsCreditGrowsOverALongPathAndStillHoldsAReaderThatStops) {
                 EXPECT_LE(written - read, grow_to / item.size() + 1);
             }
             up.cancel();
-            co_await sleep_for(50ms);
+            co_await sleep_quietly(50ms);
         }
         co_await srv.async_stop();
     });
@@ -706,14 +703,14 @@ TEST(ClientStream, ASteadyWriterThatNeverWaitsDoesNotGrowItsCredit) {
             for (int i = 0; i < 1000; ++i) {
                 if (!co_await up.write(std::string_view(item))) co_return;
                 ++written;
-                if (written < stop_at) co_await sleep_for(2ms);
+                if (written < stop_at) co_await sleep_quietly(2ms);
             }
         }, net::detached);
         ORDO_CO_ASSERT_TRUE(co_await wait_until([&] { return read == stop_at; }, 60s));
         co_await until_still(written);
         EXPECT_LE(written - read, 17u) << "a writer that never waited made the credit grow";
         up.cancel();
-        co_await sleep_for(50ms);
+        co_await sleep_quietly(50ms);
         co_await srv.async_stop();
     });
 }
@@ -764,7 +761,7 @@ TEST(ClientStream, ACallerBeyondTheCreditFailsTheReadWithProtocolError) {
         std::string failure;
         bool go = false;
         srv.on("count", [&](reader<int>& in) -> net::awaitable<std::uint64_t> {
-            while (!go) co_await sleep_for(2ms);
+            while (!go) co_await sleep_quietly(2ms);
             try {
                 while (co_await in.next()) ++read;
             } catch (const std::system_error& e) {
